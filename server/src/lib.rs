@@ -1,0 +1,2 @@
+//! The viewtape server. Not built yet.
+#![deny(missing_docs)]

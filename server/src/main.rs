@@ -1,0 +1,2 @@
+//! The `viewtape` binary.
+fn main() {}
