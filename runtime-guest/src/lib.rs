@@ -1,2 +1,209 @@
-//! The viewtape guest SDK (see `DESIGN.md` §6). Not built yet.
+//! # Writing a viewtape ingestion runtime
+//!
+//! A **runtime** turns raw input (lines of a file, the body of an HTTP POST) into keyed events
+//! in named **views**, which viewtape keeps on a replayable tape and streams to web clients over
+//! SSE. A runtime is an ordinary Rust library compiled to `wasm32-unknown-unknown`; the server
+//! runs it in a sandbox that bounds its memory and its time per batch.
+//!
+//! You write a type that implements [`Runtime`] and export it with [`export_runtime!`]. The
+//! SDK owns the ABI (`ABI.md`): your code has no `unsafe`, no pointers, no allocator tricks.
+//!
+//! ## The lifecycle
+//!
+//! 1. [`Runtime::init`] builds the runtime from its config bytes (from the server's config).
+//! 2. [`Runtime::restore`] reloads saved state, when the server has some (after a restart, a
+//!    snapshot restore, or a crash of the guest).
+//! 3. [`Runtime::on_batch`] is called once per batch of input. Publish, delete and report gaps
+//!    through the [`Context`]. Return `Err` to reject the whole batch: nothing of it is
+//!    published, and the runtime is rolled back to its state after the last good batch.
+//! 4. [`Runtime::save`] serializes the state. The server calls it after every successful batch
+//!    and stores it in snapshots.
+//!
+//! A panic is a failed batch too; its message reaches the server's log. Running out of memory
+//! or time fails the batch with the cause named.
+//!
+//! ## A complete guest
+//!
+//! `Cargo.toml`:
+//!
+//! ```toml
+//! [package]
+//! name = "counter"
+//! edition = "2021"
+//!
+//! [lib]
+//! crate-type = ["cdylib", "rlib"]   # cdylib for wasm, rlib for native unit tests
+//!
+//! [dependencies]
+//! viewtape-guest = "0.1"
+//! ```
+//!
+//! `src/lib.rs` — counts words per line and publishes the running totals in view `words`:
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//! use viewtape_guest::{export_runtime, Context, Error, Level, Result, Runtime};
+//!
+//! #[derive(Default)]
+//! pub struct Counter {
+//!     counts: BTreeMap<String, u64>,
+//! }
+//!
+//! impl Runtime for Counter {
+//!     fn init(_config: &[u8]) -> Result<Self> {
+//!         Ok(Counter::default())
+//!     }
+//!
+//!     fn on_batch(&mut self, input: &[u8], ctx: &mut Context) -> Result<()> {
+//!         let text = std::str::from_utf8(input).map_err(|e| Error::msg(format!("not UTF-8: {e}")))?;
+//!         for (n, line) in text.lines().enumerate() {
+//!             if line.trim() == "!reset" {
+//!                 for word in std::mem::take(&mut self.counts).into_keys() {
+//!                     ctx.delete("words", &word);
+//!                 }
+//!                 continue;
+//!             }
+//!             if line.contains('\0') {
+//!                 // Rejects the whole batch: nothing of it is published.
+//!                 return Err(Error::msg(format!("line {}: NUL byte", n + 1)));
+//!             }
+//!             for word in line.split_whitespace() {
+//!                 let count = self.counts.entry(word.to_owned()).or_default();
+//!                 *count += 1;
+//!                 ctx.publish("words", word, count.to_string().as_bytes());
+//!             }
+//!         }
+//!         ctx.log(Level::Debug, "batch done");
+//!         Ok(())
+//!     }
+//!
+//!     fn save(&self) -> Vec<u8> {
+//!         let mut out = String::new();
+//!         for (word, n) in &self.counts {
+//!             out.push_str(&format!("{word} {n}\n"));
+//!         }
+//!         out.into_bytes()
+//!     }
+//!
+//!     fn restore(&mut self, state: &[u8]) -> Result<()> {
+//!         let text = std::str::from_utf8(state).map_err(Error::msg)?;
+//!         self.counts.clear();
+//!         for line in text.lines() {
+//!             let (word, n) = line.split_once(' ').ok_or("bad state line")?;
+//!             self.counts.insert(word.to_owned(), n.parse().map_err(Error::msg)?);
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//!
+//! export_runtime!(Counter);
+//!
+//! // Unit tests run natively with the harness, no wasm needed:
+//! use viewtape_guest::{testing::Harness, Output};
+//! let mut h = Harness::<Counter>::new(b"")?;
+//! let out = h.batch(b"a b a")?;
+//! assert_eq!(out.len(), 3);
+//! assert!(h.batch(b"c\n\0").is_err());          // rejected: nothing published,
+//! assert_eq!(h.runtime().counts.get("c"), None); // and the state rolled back
+//! # Ok::<(), Error>(())
+//! ```
+//!
+//! Build it with `cargo build --target wasm32-unknown-unknown --release` (once:
+//! `rustup target add wasm32-unknown-unknown`) and point the server at
+//! `target/wasm32-unknown-unknown/release/counter.wasm`.
+//!
+//! ## Rules of the sandbox
+//!
+//! - No WASI: no files, clock, randomness or network. Put what you need (timestamps) in the
+//!   input.
+//! - View names are 1–128 bytes of `[A-Za-z0-9._-]`; keys are any UTF-8.
+//! - Memory (64 MiB by default), time per batch (1 s by default), batch size and event payload
+//!   size are bounded by the server.
+//! - Events are committed in the order you emit them; gaps before the batch's events.
+//!
+//! See `examples/guests/ticker` and `examples/guests/logstats` in the viewtape repository for
+//! real runtimes.
 #![deny(missing_docs)]
+
+pub mod abi;
+mod context;
+mod export;
+pub mod testing;
+
+pub use context::{Context, Level, Output};
+
+/// The glue the [`export_runtime!`] macro expands to. Not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::export::{init, input, on_batch, restore, save};
+}
+
+/// An ingestion runtime. See the [crate docs](crate) for a complete example.
+pub trait Runtime: Sized + 'static {
+    /// Builds the runtime from its config bytes (whatever the server's config gives it; empty
+    /// when there is none).
+    ///
+    /// # Errors
+    /// A config the runtime cannot use; the server refuses to start the runtime.
+    fn init(config: &[u8]) -> Result<Self>;
+
+    /// Processes one batch of input, emitting events through `ctx`.
+    ///
+    /// # Errors
+    /// Any error rejects the whole batch: nothing emitted during it is published and the
+    /// runtime is rolled back to its state after the last good batch. Name what was wrong
+    /// and where (e.g. the line number): the message reaches the client that sent the batch.
+    fn on_batch(&mut self, input: &[u8], ctx: &mut Context) -> Result<()>;
+
+    /// Serializes the runtime's state; [`Runtime::restore`] must accept the result.
+    fn save(&self) -> Vec<u8>;
+
+    /// Replaces the runtime's state with one produced by [`Runtime::save`].
+    ///
+    /// # Errors
+    /// State the runtime cannot read.
+    fn restore(&mut self, state: &[u8]) -> Result<()>;
+}
+
+/// The result type of [`Runtime`] methods.
+pub type Result<T, E = Error> = core::result::Result<T, E>;
+
+/// An error a runtime reports: a message for the server's log and the client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    message: String,
+}
+
+impl Error {
+    /// An error with `message`.
+    pub fn msg(message: impl core::fmt::Display) -> Self {
+        Self {
+            message: message.to_string(),
+        }
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl core::fmt::Display for Error {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<String> for Error {
+    fn from(message: String) -> Self {
+        Self { message }
+    }
+}
+
+impl From<&str> for Error {
+    fn from(message: &str) -> Self {
+        Self::msg(message)
+    }
+}

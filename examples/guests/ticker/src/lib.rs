@@ -1,0 +1,153 @@
+//! `ticker`: the embedded demo runtime of viewtape.
+//!
+//! Input: NDJSON, one tick per line: `{"symbol":"ACME","price":12.5,"seq":7}`.
+//! Output: view `prices`, key = the symbol, payload = the tick as normalized JSON (fields in
+//! the order `symbol`, `price`, `seq`, no whitespace, unknown fields dropped).
+//!
+//! - A malformed line rejects the whole batch; the error names the line number (1-based
+//!   within the batch).
+//! - `seq` is the feed's sequence number. A jump (`seq > last + 1`) reports a gap naming the
+//!   missing range; a tick with `seq <= last` was already seen (a redelivery) and is skipped.
+//! - State: the last `seq` seen.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+use viewtape_guest::{export_runtime, Context, Error, Result, Runtime};
+
+/// The view this runtime publishes into.
+pub const VIEW: &str = "prices";
+
+/// One tick, as read and as published.
+#[derive(Debug, Deserialize, Serialize)]
+pub struct Tick<'a> {
+    /// The instrument, e.g. `ACME`.
+    #[serde(borrow)]
+    pub symbol: Cow<'a, str>,
+    /// The price.
+    pub price: f64,
+    /// The feed's sequence number.
+    pub seq: u64,
+}
+
+/// The runtime: remembers the last sequence number.
+#[derive(Debug, Default)]
+pub struct Ticker {
+    last_seq: Option<u64>,
+}
+
+impl Ticker {
+    /// The last sequence number seen, if any.
+    pub fn last_seq(&self) -> Option<u64> {
+        self.last_seq
+    }
+}
+
+impl Runtime for Ticker {
+    fn init(_config: &[u8]) -> Result<Self> {
+        Ok(Self::default())
+    }
+
+    fn on_batch(&mut self, input: &[u8], ctx: &mut Context) -> Result<()> {
+        for (index, line) in input.split(|&b| b == b'\n').enumerate() {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let tick: Tick<'_> = serde_json::from_slice(line)
+                .map_err(|e| Error::msg(format!("line {}: malformed tick: {e}", index + 1)))?;
+            if tick.symbol.is_empty() {
+                return Err(Error::msg(format!("line {}: empty symbol", index + 1)));
+            }
+            if !tick.price.is_finite() {
+                return Err(Error::msg(format!(
+                    "line {}: price is not finite",
+                    index + 1
+                )));
+            }
+            match self.last_seq {
+                Some(last) if tick.seq <= last => continue,
+                Some(last) if tick.seq > last + 1 => ctx.report_gap(&format!(
+                    "ticker seq jumped from {last} to {}: {} tick(s) missing",
+                    tick.seq,
+                    tick.seq - last - 1
+                )),
+                _ => {}
+            }
+            self.last_seq = Some(tick.seq);
+            ctx.publish_with(VIEW, &tick.symbol, |buf| serde_json::to_writer(buf, &tick))
+                .map_err(|e| Error::msg(format!("line {}: {e}", index + 1)))?;
+        }
+        Ok(())
+    }
+
+    fn save(&self) -> Vec<u8> {
+        self.last_seq
+            .map(|s| s.to_string())
+            .unwrap_or_default()
+            .into_bytes()
+    }
+
+    fn restore(&mut self, state: &[u8]) -> Result<()> {
+        self.last_seq = if state.is_empty() {
+            None
+        } else {
+            let text = std::str::from_utf8(state).map_err(Error::msg)?;
+            Some(
+                text.parse()
+                    .map_err(|e| Error::msg(format!("bad ticker state: {e}")))?,
+            )
+        };
+        Ok(())
+    }
+}
+
+export_runtime!(Ticker);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use viewtape_guest::{testing::Harness, Output};
+
+    #[test]
+    fn publishes_normalized_json_keyed_by_symbol() {
+        let mut h = Harness::<Ticker>::new(b"").unwrap();
+        let out = h
+            .batch(b"{ \"seq\": 1, \"price\": 12.5, \"symbol\": \"ACME\", \"x\": 0 }\n")
+            .unwrap();
+        assert_eq!(
+            out,
+            vec![Output::Update {
+                view: "prices".into(),
+                key: "ACME".into(),
+                payload: br#"{"symbol":"ACME","price":12.5,"seq":1}"#.to_vec(),
+            }]
+        );
+    }
+
+    #[test]
+    fn malformed_line_rejects_batch_with_line_number() {
+        let mut h = Harness::<Ticker>::new(b"").unwrap();
+        let err = h
+            .batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}\n\nnope\n")
+            .unwrap_err();
+        assert!(err.message().starts_with("line 3:"), "{err}");
+        assert_eq!(h.runtime().last_seq(), None, "rolled back");
+    }
+
+    #[test]
+    fn seq_jump_reports_gap_and_redelivery_is_skipped() {
+        let mut h = Harness::<Ticker>::new(b"").unwrap();
+        h.batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}")
+            .unwrap();
+        let out = h
+            .batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}\n{\"symbol\":\"A\",\"price\":2,\"seq\":5}")
+            .unwrap();
+        assert!(matches!(&out[0], Output::Gap { reason } if reason.contains("3 tick(s) missing")));
+        assert_eq!(out.len(), 2);
+        let state = h.save();
+        assert_eq!(state, b"5");
+        h.restore(&state).unwrap();
+        assert_eq!(h.runtime().last_seq(), Some(5));
+    }
+}
