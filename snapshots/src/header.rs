@@ -1,0 +1,221 @@
+//! The fixed-size header at the start of every snapshot file.
+//!
+//! Layout (all integers little-endian), [`HEADER_LEN`] = 36 bytes:
+//!
+//! | bytes    | field          | notes                                                   |
+//! |----------|----------------|---------------------------------------------------------|
+//! | `0..8`   | magic          | [`MAGIC`]; stable across every format version           |
+//! | `8..10`  | version `u16`  | [`FORMAT_VERSION`]; stable position across versions     |
+//! | `10..12` | flags `u16`    | bit 0: [`FLAG_EXACT`]; other bits must be zero          |
+//! | `12..20` | created-at `u64` | unix milliseconds                                     |
+//! | `20..28` | body length `u64` | bytes of MessagePack body after the header           |
+//! | `28..32` | body crc32c `u32` | CRC-32C (Castagnoli) of the body                     |
+//! | `32..36` | header crc32c `u32` | CRC-32C of bytes `0..32`                           |
+
+use crate::error::FormatError;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The first eight bytes of every snapshot file.
+///
+/// PNG-style: the non-ASCII first byte catches 7-bit transfers and text sniffing, the trailing
+/// `\n` catches newline conversion.
+pub const MAGIC: [u8; 8] = *b"\x89VTSNAP\n";
+
+/// The format version this build writes, and the newest it reads.
+pub const FORMAT_VERSION: u16 = 1;
+
+/// Length of the fixed header, in bytes. The body starts right after it.
+pub const HEADER_LEN: usize = 36;
+
+/// Header flag: the snapshot was taken at a graceful shutdown, under the consistency cut, after
+/// `seal` — its epoch and offsets may be adopted (once: see the crate docs).
+pub const FLAG_EXACT: u16 = 0x0001;
+
+const KNOWN_FLAGS: u16 = FLAG_EXACT;
+const VERSION_END: usize = 10;
+const HEADER_CRC_AT: usize = 32;
+
+/// What the writer states about a snapshot: kind and creation time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotMeta {
+    /// Taken at a graceful shutdown under the consistency cut, after `seal`.
+    pub exact: bool,
+    /// Creation time, unix milliseconds.
+    pub created_at_ms: u64,
+}
+
+impl SnapshotMeta {
+    /// An exact snapshot created now.
+    pub fn exact_now() -> Self {
+        SnapshotMeta {
+            exact: true,
+            created_at_ms: unix_ms_now(),
+        }
+    }
+
+    /// A periodic snapshot created now.
+    pub fn periodic_now() -> Self {
+        SnapshotMeta {
+            exact: false,
+            created_at_ms: unix_ms_now(),
+        }
+    }
+}
+
+/// A parsed, validated snapshot header.
+///
+/// Invariant: only built by [`SnapshotHeader::parse`] (magic, version, header checksum and flags
+/// verified) or by the encoder; it says nothing yet about the body unless it came from
+/// [`crate::verify`], [`crate::decode`] or a directory load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotHeader {
+    version: u16,
+    flags: u16,
+    created_at_ms: u64,
+    body_len: u64,
+    body_crc32c: u32,
+}
+
+impl SnapshotHeader {
+    pub(crate) fn new(meta: &SnapshotMeta, body_len: u64, body_crc32c: u32) -> Self {
+        SnapshotHeader {
+            version: FORMAT_VERSION,
+            flags: if meta.exact { FLAG_EXACT } else { 0 },
+            created_at_ms: meta.created_at_ms,
+            body_len,
+            body_crc32c,
+        }
+    }
+
+    /// The format version the file was written with.
+    pub fn version(&self) -> u16 {
+        self.version
+    }
+
+    /// The raw flags.
+    pub fn flags(&self) -> u16 {
+        self.flags
+    }
+
+    /// Whether the writer marked the snapshot exact. A directory may still treat it as
+    /// periodic once consumed: see [`crate::SnapshotInfo::is_exact`].
+    pub fn is_exact(&self) -> bool {
+        self.flags & FLAG_EXACT != 0
+    }
+
+    /// Creation time, unix milliseconds.
+    pub fn created_at_ms(&self) -> u64 {
+        self.created_at_ms
+    }
+
+    /// Length of the body in bytes.
+    pub fn body_len(&self) -> u64 {
+        self.body_len
+    }
+
+    /// Total file length: header plus body.
+    pub fn file_len(&self) -> u64 {
+        HEADER_LEN as u64 + self.body_len
+    }
+
+    /// CRC-32C of the body, as stored.
+    pub fn body_crc32c(&self) -> u32 {
+        self.body_crc32c
+    }
+
+    /// The header's on-disk bytes.
+    pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
+        let mut out = [0u8; HEADER_LEN];
+        out[0..8].copy_from_slice(&MAGIC);
+        out[8..10].copy_from_slice(&self.version.to_le_bytes());
+        out[10..12].copy_from_slice(&self.flags.to_le_bytes());
+        out[12..20].copy_from_slice(&self.created_at_ms.to_le_bytes());
+        out[20..28].copy_from_slice(&self.body_len.to_le_bytes());
+        out[28..32].copy_from_slice(&self.body_crc32c.to_le_bytes());
+        let crc = crc32c::crc32c(&out[..HEADER_CRC_AT]);
+        out[HEADER_CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// Parses and validates the header at the start of `bytes` (which may be just the header,
+    /// or a whole file). Checks, in order: magic, version, length, header checksum, flags.
+    /// The body is not looked at.
+    ///
+    /// # Errors
+    /// [`FormatError::Short`], [`FormatError::ForeignMagic`], [`FormatError::UnsupportedVersion`],
+    /// [`FormatError::HeaderChecksum`] or [`FormatError::UnknownFlags`].
+    pub fn parse(bytes: &[u8]) -> Result<Self, FormatError> {
+        let short = || FormatError::Short {
+            len: bytes.len() as u64,
+            needed: HEADER_LEN as u64,
+        };
+        let magic_len = bytes.len().min(MAGIC.len());
+        if bytes[..magic_len] != MAGIC[..magic_len] {
+            return Err(FormatError::ForeignMagic {
+                found: bytes[..magic_len].to_vec(),
+            });
+        }
+        if bytes.len() < VERSION_END {
+            return Err(short());
+        }
+        let version = u16::from_le_bytes([bytes[8], bytes[9]]);
+        if version == 0 || version > FORMAT_VERSION {
+            return Err(FormatError::UnsupportedVersion {
+                found: version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        let Some(raw) = bytes.get(..HEADER_LEN) else {
+            return Err(short());
+        };
+        let stored = u32::from_le_bytes([raw[32], raw[33], raw[34], raw[35]]);
+        let computed = crc32c::crc32c(&raw[..HEADER_CRC_AT]);
+        if stored != computed {
+            return Err(FormatError::HeaderChecksum { stored, computed });
+        }
+        let flags = u16::from_le_bytes([raw[10], raw[11]]);
+        if flags & !KNOWN_FLAGS != 0 {
+            return Err(FormatError::UnknownFlags { flags });
+        }
+        let u64_at = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&raw[at..at + 8]);
+            u64::from_le_bytes(b)
+        };
+        Ok(SnapshotHeader {
+            version,
+            flags,
+            created_at_ms: u64_at(12),
+            body_len: u64_at(20),
+            body_crc32c: u32::from_le_bytes([raw[28], raw[29], raw[30], raw[31]]),
+        })
+    }
+
+    /// Checks that `actual` body bytes are exactly what the header announces.
+    ///
+    /// # Errors
+    /// [`FormatError::Truncated`] or [`FormatError::TrailingBytes`].
+    pub(crate) fn check_body_len(&self, actual: u64) -> Result<(), FormatError> {
+        if actual < self.body_len {
+            Err(FormatError::Truncated {
+                expected: self.body_len,
+                actual,
+            })
+        } else if actual > self.body_len {
+            Err(FormatError::TrailingBytes {
+                expected: self.body_len,
+                actual,
+            })
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Current time in unix milliseconds (0 if the clock is before 1970).
+pub(crate) fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
