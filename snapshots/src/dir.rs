@@ -563,7 +563,7 @@ impl SnapshotDir {
 
     fn scan_newest_first(&self) -> Result<Vec<(PathBuf, FileName)>, SnapshotError> {
         let mut files = scan(&self.dir)?;
-        files.sort_by(|a, b| b.1.cmp(&a.1));
+        files.sort_by_key(|f| std::cmp::Reverse(f.1));
         Ok(files)
     }
 }
@@ -949,7 +949,7 @@ mod tests {
         fs::write(&torn, b"\x89VTSNAP\n torn")?;
         assert!(dir.list()?.is_empty());
         assert!(dir.load_newest_valid::<State>()?.loaded.is_none());
-        assert_eq!(dir.remove_temp_files()?, [torn.clone()]);
+        assert_eq!(dir.remove_temp_files()?, std::slice::from_ref(&torn));
         assert!(!torn.exists());
         Ok(())
     }
