@@ -1,0 +1,102 @@
+//! `viewtape-journal`: the tape behind every view.
+//!
+//! An [`EventJournal`] keeps, for each named view, a bounded and replayable
+//! *tape* of encoded frames. Web clients resume from a [`Cursor`]; the journal
+//! either hands them exactly the records they missed, in order, or refuses
+//! with a typed [`ReplayError`]. It never returns a partial or silently
+//! shortened replay. The crate knows nothing of HTTP, WebAssembly or files.
+//!
+//! # Offsets
+//!
+//! Every view numbers its records `1, 2, 3, …` with no holes. An offset is
+//! issued by [`EventJournal::append_with`] under the journal's lock, and the
+//! frame is built *from* that offset inside the same critical section, so the
+//! offset a frame embeds is always the offset its record takes. A frame builder
+//! that fails consumes no offset. Within one epoch an offset is never issued
+//! twice, whatever the sequence of seals, gaps, dumps and exact hydrates.
+//!
+//! # Epochs
+//!
+//! A [`JournalEpoch`] names one continuous numbering of the whole journal. It
+//! is 64 random bits taken from the operating system's randomness (through
+//! std's `RandomState`, which is seeded from it), never a counter or a clock,
+//! so a cursor from another life of the server cannot be mistaken for one of
+//! this life. A fresh epoch is taken when a journal is created and by a
+//! non-exact [`EventJournal::hydrate`]: whenever continuity cannot be proven.
+//!
+//! # Cursors
+//!
+//! A [`Cursor`] is `(epoch, offset)` and means "I have seen every record of
+//! this view up to and including `offset`". Offset `0` means "nothing yet".
+//! Its text form, used as the SSE `id:`, is `<16 lowercase hex digits>-<offset>`,
+//! e.g. `00f3a9c1d2e4b5a6-42`: short, URL-safe, free of whitespace. Parsing
+//! accepts exactly the strings `Display` produces and nothing else.
+//!
+//! # Retention
+//!
+//! A record leaves its tape when it is older than [`JournalConfig::max_age`],
+//! or when the view holds more than `max_records_per_view` records or more
+//! than `max_bytes_per_view` frame bytes (oldest first). Pruning only ever
+//! advances a view's first offset. Age is checked on every append *and* on
+//! every read ([`EventJournal::window`], [`EventJournal::replay_after`], …),
+//! so a view no one appends to still obeys the age bound. Time comes from a
+//! [`Clock`], which tests replace with a [`ManualClock`].
+//!
+//! A replay fails closed, with the first matching reason in this order:
+//! [`ReplayError::Disabled`], [`ReplayError::StaleEpoch`],
+//! [`ReplayError::Ahead`], [`ReplayError::Expired`], [`ReplayError::Gap`].
+//!
+//! # Seal and gaps
+//!
+//! [`EventJournal::seal`] stops offset issuance, permanently and
+//! idempotently: later appends return `Ok(None)` without calling the frame
+//! builder, and the caller publishes a cursorless frame to live subscribers.
+//! The retained tape stays readable.
+//!
+//! [`EventJournal::mark_gap`] records that events were lost *now*: for every
+//! view, cursors issued before this moment fail with [`ReplayError::Gap`],
+//! while cursors issued afterwards replay normally. (A view that is still
+//! empty after a gap cannot tell an old `offset 0` cursor from a new one, so
+//! such cursors keep failing closed until the view's first record arrives.)
+//! An ingestion runtime running inside [`EventJournal::scope`] reports a gap
+//! with the free function [`report_gap`], without being handed the journal.
+//!
+//! # Snapshots
+//!
+//! [`EventJournal::dump`] clones `Arc`s, not bytes, so it is cheap enough to
+//! run inside a consistency cut. [`EventJournal::hydrate`] with `exact`
+//! adopts the snapshot's epoch, offsets and gap marks (and unseals); without
+//! `exact` it takes a fresh epoch and starts every view with an empty tape,
+//! because a retained frame embeds the cursor of its old epoch and must not be
+//! served under a new one. A snapshot without an epoch is discarded. Retention
+//! is re-applied on load, with record ages carried across the restart.
+//!
+//! # Counters
+//!
+//! [`EventJournal::stats`] returns a [`JournalStats`]: appends, cursorless
+//! publishes, pruned records by cause, replays served and refused by reason,
+//! gaps marked. The server turns them into metrics.
+#![deny(missing_docs)]
+
+mod clock;
+mod config;
+mod cursor;
+mod epoch;
+mod error;
+mod journal;
+mod scope;
+mod snapshot;
+mod stats;
+mod tape;
+mod view;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::JournalConfig;
+pub use cursor::{Cursor, CursorParseError};
+pub use epoch::{EpochParseError, JournalEpoch};
+pub use error::ReplayError;
+pub use journal::{EventJournal, JournalRecord, ReplayWindow};
+pub use scope::{current, report_gap, GapReport};
+pub use snapshot::{JournalSnapshot, SnapshotInvalid, SnapshotRecord, SnapshotView};
+pub use stats::JournalStats;
+pub use view::{ViewName, ViewNameError};

@@ -1,0 +1,125 @@
+//! The journal's durable form: what `dump` returns and `hydrate` takes.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::epoch::JournalEpoch;
+
+/// Every view's tape with its epoch, as of one instant.
+///
+/// Serde-serializable; frames serialize as byte strings (not arrays of
+/// integers), so a MessagePack encoding of a dump runs at memcpy-like speed.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct JournalSnapshot {
+    /// The epoch the offsets belong to; `None` for a disabled journal, whose
+    /// snapshot `hydrate` discards.
+    pub epoch: Option<JournalEpoch>,
+    /// Wall-clock time of the dump; record ages are relative to it.
+    pub taken_at_unix_ms: u64,
+    /// Whether a gap was marked in this epoch before the dump.
+    pub gap_in_epoch: bool,
+    /// One entry per view.
+    pub views: Vec<SnapshotView>,
+}
+
+/// One view's tape in a [`JournalSnapshot`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SnapshotView {
+    /// The view's name.
+    pub name: String,
+    /// Offset of the first record (the next offset when there is none).
+    pub first: u64,
+    /// Cursors below this offset fail with a gap.
+    pub gap_floor: u64,
+    /// Retained records, oldest first, at offsets `first, first + 1, …`.
+    pub records: Vec<SnapshotRecord>,
+}
+
+/// One retained record in a [`SnapshotView`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    /// The entity the event is about.
+    pub key: String,
+    /// Age at the time of the dump, in milliseconds.
+    pub age_ms: u64,
+    /// The encoded frame.
+    #[serde(with = "arc_bytes")]
+    pub frame: Arc<Bytes>,
+}
+
+/// Why a [`SnapshotView`] cannot be hydrated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotInvalid {
+    /// The view name is not a valid [`crate::ViewName`].
+    #[error("view name {0:?} is invalid")]
+    Name(String),
+    /// `first` is 0, or `first + records` overflows.
+    #[error("view {0:?} has impossible offsets")]
+    Offsets(String),
+    /// The gap floor lies past the view's next offset.
+    #[error("view {0:?} has a gap floor past its head")]
+    GapFloor(String),
+}
+
+impl SnapshotView {
+    /// The offset the view will issue next.
+    pub fn next(&self) -> u64 {
+        self.first.saturating_add(self.records.len() as u64)
+    }
+
+    /// Checks the view's invariants.
+    ///
+    /// # Errors
+    /// A [`SnapshotInvalid`] naming the broken invariant.
+    pub fn validate(&self) -> Result<(), SnapshotInvalid> {
+        if crate::ViewName::new(&self.name).is_err() {
+            return Err(SnapshotInvalid::Name(self.name.clone()));
+        }
+        if self.first == 0 || self.first.checked_add(self.records.len() as u64).is_none() {
+            return Err(SnapshotInvalid::Offsets(self.name.clone()));
+        }
+        if self.gap_floor > self.next() {
+            return Err(SnapshotInvalid::GapFloor(self.name.clone()));
+        }
+        Ok(())
+    }
+}
+
+impl JournalSnapshot {
+    /// Checks every view's invariants (hydrate skips views that fail).
+    ///
+    /// # Errors
+    /// The first [`SnapshotInvalid`] found.
+    pub fn validate(&self) -> Result<(), SnapshotInvalid> {
+        self.views.iter().try_for_each(SnapshotView::validate)
+    }
+
+    /// Retained records in all views.
+    pub fn record_count(&self) -> usize {
+        self.views.iter().map(|view| view.records.len()).sum()
+    }
+}
+
+mod arc_bytes {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(
+        frame: &Arc<Bytes>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(frame)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Arc<Bytes>, D::Error> {
+        let buf = serde_bytes::ByteBuf::deserialize(deserializer)?;
+        Ok(Arc::new(Bytes::from(buf.into_vec())))
+    }
+}

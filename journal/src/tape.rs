@@ -1,0 +1,120 @@
+//! One view's tape: its retained records and the offsets around them.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use compact_str::CompactString;
+
+use crate::config::JournalConfig;
+use crate::error::ReplayError;
+use crate::stats::JournalStats;
+
+/// One retained record. Its offset is not stored: it is `first + index`.
+///
+/// 40 bytes: the frame pointer, the key (inline up to 24 bytes, so short keys
+/// cost no allocation) and the append time.
+#[derive(Debug, Clone)]
+pub(crate) struct Slot {
+    pub(crate) frame: Arc<Bytes>,
+    pub(crate) key: CompactString,
+    /// Append time in nanoseconds on the journal clock. Signed, because a
+    /// hydrated record may predate the clock's base.
+    pub(crate) at: i64,
+}
+
+/// A view's tape.
+///
+/// Invariants: `first >= 1`; `next() == first + records.len()`;
+/// `bytes == sum of records' frame lengths`; `gap_floor <= next()`.
+#[derive(Debug, Clone)]
+pub(crate) struct Tape {
+    /// Offset of `records[0]`; equals `next()` when the tape is empty.
+    pub(crate) first: u64,
+    pub(crate) records: VecDeque<Slot>,
+    pub(crate) bytes: usize,
+    /// Cursors with an offset below this fail with [`ReplayError::Gap`].
+    pub(crate) gap_floor: u64,
+}
+
+impl Tape {
+    pub(crate) fn new(first: u64, gap_floor: u64) -> Self {
+        Self {
+            first,
+            records: VecDeque::new(),
+            bytes: 0,
+            gap_floor,
+        }
+    }
+
+    pub(crate) fn next(&self) -> u64 {
+        self.first + self.records.len() as u64
+    }
+
+    pub(crate) fn push(&mut self, slot: Slot) {
+        self.bytes += slot.frame.len();
+        self.records.push_back(slot);
+    }
+
+    fn pop_front(&mut self) {
+        if let Some(slot) = self.records.pop_front() {
+            self.bytes -= slot.frame.len();
+            self.first += 1;
+        }
+    }
+
+    /// Drops records past the age, count and byte bounds, oldest first.
+    pub(crate) fn prune(&mut self, config: &JournalConfig, now: i64, stats: &mut JournalStats) {
+        let max_age = duration_nanos(config.max_age);
+        while self
+            .records
+            .front()
+            .is_some_and(|slot| now.saturating_sub(slot.at) > max_age)
+        {
+            self.pop_front();
+            stats.pruned_age += 1;
+        }
+        while self.records.len() > config.max_records_per_view {
+            self.pop_front();
+            stats.pruned_count += 1;
+        }
+        while self.bytes > config.max_bytes_per_view {
+            self.pop_front();
+            stats.pruned_bytes += 1;
+        }
+        debug_assert_eq!(
+            self.bytes,
+            self.records.iter().map(|s| s.frame.len()).sum::<usize>()
+        );
+    }
+
+    /// Where a replay after `offset` (in the current epoch) starts, as an
+    /// index into `records`.
+    pub(crate) fn start_after(&self, offset: u64) -> Result<usize, ReplayError> {
+        let next = self.next();
+        if offset >= next {
+            return Err(ReplayError::Ahead {
+                cursor: offset,
+                next,
+            });
+        }
+        if offset + 1 < self.first {
+            return Err(ReplayError::Expired {
+                cursor: offset,
+                first: self.first,
+            });
+        }
+        if offset < self.gap_floor {
+            return Err(ReplayError::Gap {
+                cursor: offset,
+                resume_from: self.gap_floor,
+            });
+        }
+        Ok((offset + 1 - self.first) as usize)
+    }
+}
+
+pub(crate) fn duration_nanos(duration: Duration) -> i64 {
+    i64::try_from(duration.as_nanos()).unwrap_or(i64::MAX)
+}
