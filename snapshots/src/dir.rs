@@ -317,8 +317,8 @@ impl SnapshotDir {
     /// [`SnapshotError::Invalid`] when `bytes` do not verify (nothing is written), or
     /// [`SnapshotError::Io`].
     pub fn write_encoded(&self, bytes: &[u8]) -> Result<SnapshotInfo, SnapshotError> {
-        let header =
-            codec::verify(bytes).map_err(|e| SnapshotError::invalid("<to be written>", e))?;
+        let header = codec::verify(bytes)
+            .map_err(|e| SnapshotError::invalid("<encoded bytes to write>", e))?;
         let name = self.next_name(&header);
         let path = self.dir.join(name.render());
         let tmp = self.dir.join(format!("{TEMP_PREFIX}{}", name.render()));
