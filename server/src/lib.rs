@@ -1,2 +1,4 @@
 //! The viewtape server. Not built yet.
 #![deny(missing_docs)]
+
+pub mod host;

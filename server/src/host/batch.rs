@@ -1,0 +1,146 @@
+//! What a guest emitted for one batch, decoded from its output buffer (`ABI.md`).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use viewtape_guest::abi;
+
+use super::GuestError;
+
+/// Whether an event sets or deletes its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    /// The payload is the key's new value.
+    Update,
+    /// The key was deleted; the payload is empty.
+    Delete,
+}
+
+/// One event a guest emitted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuestEvent {
+    /// The view, validated (1–128 bytes of `[A-Za-z0-9._-]`) and interned per runtime.
+    pub view: Arc<str>,
+    /// The key (UTF-8).
+    pub key: String,
+    /// Update or delete.
+    pub kind: EventKind,
+    /// The payload: a zero-copy slice of the batch's output buffer. Empty for deletes.
+    pub payload: Bytes,
+}
+
+/// Everything one successful batch emitted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GuestBatch {
+    /// The events, in the order the guest emitted them.
+    pub events: Vec<GuestEvent>,
+    /// The reasons of the gaps the guest reported, in order. They precede the events.
+    pub gaps: Vec<String>,
+}
+
+/// Interns view names so an event costs an `Arc` clone, not a `String`.
+#[derive(Debug, Default)]
+pub(crate) struct ViewNames {
+    names: Vec<Arc<str>>,
+}
+
+impl ViewNames {
+    fn get(&mut self, view: &[u8]) -> Result<Arc<str>, GuestError> {
+        if let Some(name) = self.names.iter().find(|n| n.as_bytes() == view) {
+            return Ok(Arc::clone(name));
+        }
+        let name = std::str::from_utf8(view)
+            .ok()
+            .filter(|_| abi::is_valid_view(view))
+            .ok_or_else(|| {
+                GuestError::Protocol(format!(
+                    "invalid view name {:?} (want 1-128 bytes of [A-Za-z0-9._-])",
+                    String::from_utf8_lossy(view)
+                ))
+            })?;
+        let name: Arc<str> = Arc::from(name);
+        self.names.push(Arc::clone(&name));
+        Ok(name)
+    }
+}
+
+struct Reader {
+    buf: Bytes,
+    at: usize,
+}
+
+impl Reader {
+    fn field(&mut self) -> Result<(usize, usize), GuestError> {
+        let len = self
+            .buf
+            .get(self.at..self.at + 4)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map(u32::from_le_bytes)
+            .ok_or_else(|| GuestError::Protocol("output buffer truncated".into()))?
+            as usize;
+        let start = self.at + 4;
+        let end = start
+            .checked_add(len)
+            .filter(|&end| end <= self.buf.len())
+            .ok_or_else(|| GuestError::Protocol("output field runs past the buffer".into()))?;
+        self.at = end;
+        Ok((start, end))
+    }
+
+    fn text(&mut self, what: &str) -> Result<String, GuestError> {
+        let (start, end) = self.field()?;
+        std::str::from_utf8(&self.buf[start..end])
+            .map(str::to_owned)
+            .map_err(|_| GuestError::Protocol(format!("{what} is not UTF-8")))
+    }
+}
+
+/// Decodes an output buffer, enforcing the event size limit.
+pub(crate) fn decode(
+    buf: Bytes,
+    views: &mut ViewNames,
+    max_event_bytes: usize,
+) -> Result<GuestBatch, GuestError> {
+    let mut batch = GuestBatch::default();
+    let mut r = Reader { buf, at: 0 };
+    while let Some(&tag) = r.buf.get(r.at) {
+        r.at += 1;
+        match tag {
+            abi::TAG_UPDATE | abi::TAG_DELETE => {
+                let (vs, ve) = r.field()?;
+                let view = views.get(&r.buf[vs..ve])?;
+                let key = r.text("key")?;
+                let (kind, payload) = if tag == abi::TAG_UPDATE {
+                    let (ps, pe) = r.field()?;
+                    if pe - ps > max_event_bytes {
+                        return Err(GuestError::EventTooLarge {
+                            view: view.to_string(),
+                            key,
+                            size: pe - ps,
+                            limit: max_event_bytes,
+                        });
+                    }
+                    (EventKind::Update, r.buf.slice(ps..pe))
+                } else {
+                    (EventKind::Delete, Bytes::new())
+                };
+                batch.events.push(GuestEvent {
+                    view,
+                    key,
+                    kind,
+                    payload,
+                });
+            }
+            abi::TAG_GAP => {
+                let reason = r.text("gap reason")?;
+                batch.gaps.push(reason);
+            }
+            other => {
+                return Err(GuestError::Protocol(format!(
+                    "unknown output record tag {other}"
+                )))
+            }
+        }
+    }
+    Ok(batch)
+}

@@ -1,0 +1,54 @@
+//! Limits per runtime and engine-wide settings, with safe defaults.
+
+use std::time::Duration;
+
+/// What one runtime may use. `Limits { batch_timeout, ..Default::default() }` works.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest linear memory, in bytes. Default 64 MiB. Capped by
+    /// [`EngineConfig::max_memory_bytes`].
+    pub max_memory_bytes: usize,
+    /// Wall time one call into the guest (a batch, a save, init) may take. Default 1 s.
+    pub batch_timeout: Duration,
+    /// Largest batch of input, in bytes; bigger batches are refused before the guest sees
+    /// them. Default 4 MiB.
+    pub max_batch_bytes: usize,
+    /// Largest event payload, in bytes. Default 1 MiB.
+    pub max_event_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_memory_bytes: 64 << 20,
+            batch_timeout: Duration::from_secs(1),
+            max_batch_bytes: 4 << 20,
+            max_event_bytes: 1 << 20,
+        }
+    }
+}
+
+/// Engine-wide settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Instance slots of the pooling allocator, i.e. the most guest instances alive at once
+    /// (a runtime holds one, two for an instant while it is re-instantiated). `0` uses on-demand
+    /// allocation instead. Default 64. Each slot reserves virtual address space (about 4 GiB
+    /// with the default guard regions), no physical memory.
+    pub pooled_instances: u32,
+    /// Largest linear memory any runtime may be given (the pool's slot size). Default 64 MiB.
+    pub max_memory_bytes: usize,
+    /// Period of the epoch ticker: the granularity of time limits, and how often a running
+    /// guest yields to other tasks. Default 5 ms.
+    pub epoch_tick: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            pooled_instances: 64,
+            max_memory_bytes: 64 << 20,
+            epoch_tick: Duration::from_millis(5),
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! The shared wasmtime engine, its linker with the ABI's host functions, and the epoch ticker.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use viewtape_guest::abi;
+use wasmtime::{
+    Caller, Config, Engine, InstanceAllocationStrategy, Linker, Memory, OptLevel,
+    PoolingAllocationConfig, ResourceLimiter,
+};
+
+use super::{EngineConfig, LoadError};
+
+/// Longest guest error or log message kept, in bytes.
+const MAX_MESSAGE_BYTES: usize = 4096;
+
+/// The engine every guest of the server runs on. Cheap to clone.
+///
+/// Creating it starts one `std::thread` (not a tokio task, so a busy executor cannot starve
+/// it) that increments the engine's epoch every [`EngineConfig::epoch_tick`]; the thread ends
+/// by itself once the last clone is dropped.
+#[derive(Clone)]
+pub struct GuestEngine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: Engine,
+    linker: Linker<HostState>,
+    config: EngineConfig,
+    pooled: bool,
+}
+
+impl std::fmt::Debug for GuestEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuestEngine")
+            .field("config", &self.inner.config)
+            .field("pooled", &self.inner.pooled)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GuestEngine {
+    /// Creates the engine. If the pooling allocator cannot reserve its address space, falls
+    /// back to on-demand allocation (logged).
+    ///
+    /// # Errors
+    /// [`LoadError::Engine`] if wasmtime refuses the configuration.
+    pub fn new(config: EngineConfig) -> Result<Self, LoadError> {
+        let (engine, pooled) = match config.pooled_instances {
+            0 => (build(&config, false)?, false),
+            _ => match build(&config, true) {
+                Ok(engine) => (engine, true),
+                Err(err) => {
+                    tracing::warn!(error = %err, "pooling allocator unavailable; allocating instances on demand");
+                    (build(&config, false)?, false)
+                }
+            },
+        };
+        let linker = linker(&engine).map_err(|e| LoadError::Engine(e.into_boxed_dyn_error()))?;
+        spawn_ticker(&engine, config.epoch_tick);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                engine,
+                linker,
+                config,
+                pooled,
+            }),
+        })
+    }
+
+    /// The wasmtime engine.
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    /// The settings it was made with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// Whether instances come from the pooling allocator.
+    pub fn is_pooled(&self) -> bool {
+        self.inner.pooled
+    }
+
+    pub(crate) fn linker(&self) -> &Linker<HostState> {
+        &self.inner.linker
+    }
+}
+
+fn build(config: &EngineConfig, pooled: bool) -> Result<Engine, LoadError> {
+    let mut c = Config::new();
+    c.cranelift_opt_level(OptLevel::Speed)
+        .epoch_interruption(true)
+        .consume_fuel(false)
+        .wasm_memory64(false)
+        .max_wasm_stack(512 << 10);
+    if pooled {
+        let slots = config.pooled_instances;
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_core_instances(slots)
+            .total_memories(slots)
+            .total_tables(slots)
+            .total_stacks(slots)
+            .total_component_instances(0)
+            .max_memory_size(config.max_memory_bytes)
+            .max_unused_warm_slots(slots.min(8))
+            .linear_memory_keep_resident(1 << 20)
+            .table_elements(20_000);
+        c.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    }
+    Engine::new(&c).map_err(|e| LoadError::Engine(e.into_boxed_dyn_error()))
+}
+
+fn spawn_ticker(engine: &Engine, tick: Duration) {
+    let weak = engine.weak();
+    let spawned = std::thread::Builder::new()
+        .name("viewtape-epoch".into())
+        .spawn(move || loop {
+            std::thread::sleep(tick);
+            match weak.upgrade() {
+                Some(engine) => engine.increment_epoch(),
+                None => break,
+            }
+        });
+    if let Err(err) = spawned {
+        // Without a ticker no guest can be interrupted; deadlines then rely on the tokio
+        // timeout around each call (see `instance.rs`), which still cancels the call.
+        tracing::error!(error = %err, "failed to start the epoch ticker thread");
+    }
+}
+
+/// The data of every guest `Store`.
+pub(crate) struct HostState {
+    pub(crate) runtime: Arc<str>,
+    pub(crate) limiter: Limiter,
+    /// Cached after instantiation so host calls do not look it up by name.
+    pub(crate) memory: Option<Memory>,
+    /// What the guest handed over with `reply` during the current call.
+    pub(crate) reply: Option<Bytes>,
+    /// What the guest reported with `error` during the current call.
+    pub(crate) error: Option<String>,
+    /// When the current call must stop.
+    pub(crate) deadline: Instant,
+}
+
+/// The memory limiter; remembers that it refused growth, so the failure that follows (a Rust
+/// guest aborts when allocation fails) is reported as [`super::GuestError::MemoryExceeded`].
+pub(crate) struct Limiter {
+    pub(crate) max_memory_bytes: usize,
+    pub(crate) memory_exceeded: bool,
+}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.max_memory_bytes {
+            self.memory_exceeded = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 20_000)
+    }
+
+    fn instances(&self) -> usize {
+        1
+    }
+
+    fn tables(&self) -> usize {
+        4
+    }
+
+    fn memories(&self) -> usize {
+        1
+    }
+}
+
+/// Copies `len` bytes at `ptr` out of the guest's memory.
+fn guest_bytes<'a>(
+    caller: &'a Caller<'_, HostState>,
+    ptr: i32,
+    len: i32,
+) -> wasmtime::Result<&'a [u8]> {
+    let memory = caller
+        .data()
+        .memory
+        .ok_or_else(|| wasmtime::Error::msg("host call before the memory was bound"))?;
+    let (ptr, len) = (ptr as u32 as usize, len as u32 as usize);
+    memory
+        .data(caller)
+        .get(ptr..ptr.saturating_add(len))
+        .ok_or_else(|| wasmtime::Error::msg(format!("guest pointer {ptr}+{len} is out of bounds")))
+}
+
+fn message(bytes: &[u8]) -> String {
+    let bytes = &bytes[..bytes.len().min(MAX_MESSAGE_BYTES)];
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
+    let mut linker = Linker::new(engine);
+    linker.func_wrap(
+        abi::IMPORT_MODULE,
+        abi::IMPORT_REPLY,
+        |mut caller: Caller<'_, HostState>, ptr: i32, len: i32| -> wasmtime::Result<()> {
+            let reply = Bytes::copy_from_slice(guest_bytes(&caller, ptr, len)?);
+            caller.data_mut().reply = Some(reply);
+            Ok(())
+        },
+    )?;
+    linker.func_wrap(
+        abi::IMPORT_MODULE,
+        abi::IMPORT_ERROR,
+        |mut caller: Caller<'_, HostState>, ptr: i32, len: i32| -> wasmtime::Result<()> {
+            let msg = message(guest_bytes(&caller, ptr, len)?);
+            caller.data_mut().error = Some(msg);
+            Ok(())
+        },
+    )?;
+    linker.func_wrap(
+        abi::IMPORT_MODULE,
+        abi::IMPORT_LOG,
+        |caller: Caller<'_, HostState>, level: i32, ptr: i32, len: i32| -> wasmtime::Result<()> {
+            let msg = message(guest_bytes(&caller, ptr, len)?);
+            let runtime = &*caller.data().runtime;
+            match level {
+                1 => tracing::error!(runtime, guest = %msg),
+                2 => tracing::warn!(runtime, guest = %msg),
+                3 => tracing::info!(runtime, guest = %msg),
+                4 => tracing::debug!(runtime, guest = %msg),
+                _ => tracing::trace!(runtime, guest = %msg),
+            }
+            Ok(())
+        },
+    )?;
+    Ok(linker)
+}

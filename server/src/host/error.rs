@@ -1,0 +1,118 @@
+//! Typed errors of the host: one enum for loading a guest, one for running it.
+
+use std::time::Duration;
+
+/// A boxed source error (wasmtime's `Error` is not a `std::error::Error` itself).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a guest module was refused at load.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// The bytes are not a valid WebAssembly module, or wasmtime could not compile them.
+    #[error("guest module failed to compile")]
+    Compile(#[source] BoxError),
+    /// The module was built for another ABI version.
+    #[error(
+        "guest was built for viewtape ABI version {found}, this server speaks version {expected}; \
+         rebuild the guest against a matching viewtape-guest"
+    )]
+    AbiVersion {
+        /// The version the guest's marker export names.
+        found: String,
+        /// The version this host speaks.
+        expected: u32,
+    },
+    /// A required export is missing.
+    #[error("not a viewtape guest: missing export `{name}` (is `viewtape_guest::export_runtime!` used?)")]
+    MissingExport {
+        /// The export's name.
+        name: &'static str,
+    },
+    /// An export has the wrong kind or signature.
+    #[error("guest export `{name}` has the wrong type: expected {expected}")]
+    ExportType {
+        /// The export's name.
+        name: &'static str,
+        /// What the ABI requires.
+        expected: &'static str,
+    },
+    /// The module imports something the host does not provide (e.g. WASI).
+    #[error(
+        "guest imports what the host does not provide (only `viewtape` imports exist; no WASI)"
+    )]
+    Link(#[source] BoxError),
+    /// The engine could not be created.
+    #[error("failed to create the wasm engine")]
+    Engine(#[source] BoxError),
+}
+
+/// Why a call into a guest failed. After any of these the instance must not be reused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GuestError {
+    /// The guest returned an error (e.g. a malformed input line); its message says why.
+    #[error("guest rejected the batch: {message}")]
+    GuestRejected {
+        /// The guest's message.
+        message: String,
+    },
+    /// The guest trapped (a panic, an out-of-bounds access, `unreachable`, a stack overflow).
+    #[error("guest trapped: {trap}{}", message.as_deref().map(|m| format!(" ({m})")).unwrap_or_default())]
+    Trap {
+        /// The trap as wasmtime describes it.
+        trap: String,
+        /// What the guest reported before trapping (its panic message), if anything.
+        message: Option<String>,
+    },
+    /// The guest ran past its time limit and was interrupted.
+    #[error("guest exceeded its time limit of {limit:?}")]
+    Timeout {
+        /// The limit.
+        limit: Duration,
+    },
+    /// The guest tried to grow its memory past its limit.
+    #[error("guest exceeded its memory limit of {limit} bytes")]
+    MemoryExceeded {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// The guest emitted an event whose payload is over the limit.
+    #[error("guest emitted an event of {size} bytes in view `{view}` (key {key:?}); the limit is {limit} bytes")]
+    EventTooLarge {
+        /// The event's view.
+        view: String,
+        /// The event's key.
+        key: String,
+        /// The payload size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The batch is over the size limit; the guest never saw it.
+    #[error("batch of {size} bytes exceeds the limit of {limit} bytes")]
+    BatchTooLarge {
+        /// The batch size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The guest broke the ABI (a malformed output buffer, an invalid view name, a pointer out
+    /// of bounds).
+    #[error("guest broke the ABI: {0}")]
+    Protocol(String),
+    /// Creating the instance failed (e.g. the instance pool is exhausted).
+    #[error("failed to instantiate the guest")]
+    Instantiate(#[source] BoxError),
+}
+
+impl GuestError {
+    /// Whether the input itself was refused (the guest rejected it, or it is too large), as
+    /// opposed to the guest failing.
+    pub fn is_input_error(&self) -> bool {
+        matches!(
+            self,
+            Self::GuestRejected { .. } | Self::BatchTooLarge { .. }
+        )
+    }
+}

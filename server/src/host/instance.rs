@@ -1,0 +1,279 @@
+//! One running guest: a `Store` and its instance.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use viewtape_guest::abi;
+use wasmtime::{Store, Trap, TypedFunc, UpdateDeadline, WasmParams};
+
+use super::batch::{decode, ViewNames};
+use super::engine::{HostState, Limiter};
+use super::{GuestBatch, GuestError, GuestModule, Limits};
+
+/// Slack on top of [`Limits::batch_timeout`] before the tokio timeout cancels a call that the
+/// epoch deadline did not stop (it cannot stop a guest blocked in a host call).
+const CANCEL_GRACE: Duration = Duration::from_millis(250);
+
+/// A running guest. Owned by one task; every method takes `&mut self`.
+///
+/// After any method returns an error the instance must be dropped (see the module docs of
+/// `host`); the methods do not stop you from calling them again, but the guest's state is
+/// unspecified.
+pub struct GuestInstance {
+    store: Store<HostState>,
+    input: TypedFunc<i32, i32>,
+    restore: TypedFunc<i32, i32>,
+    on_batch: TypedFunc<i32, i32>,
+    save: TypedFunc<(), i32>,
+    /// The guest's input buffer: its address and capacity (0 until first asked for).
+    input_buf: (usize, usize),
+    views: ViewNames,
+    limits: Limits,
+}
+
+impl std::fmt::Debug for GuestInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuestInstance")
+            .field("runtime", &self.store.data().runtime)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GuestInstance {
+    /// Instantiates `module` for the runtime named `runtime`, calls `init(config)`, then
+    /// `restore(state)` if a state is given.
+    ///
+    /// # Errors
+    /// [`GuestError::Instantiate`] if no instance can be made (e.g. the pool is exhausted);
+    /// whatever `init` or `restore` failed with otherwise.
+    pub async fn new(
+        module: &GuestModule,
+        runtime: &str,
+        limits: &Limits,
+        config: &[u8],
+        state: Option<&[u8]>,
+    ) -> Result<Self, GuestError> {
+        let engine = module.engine();
+        let mut limits = limits.clone();
+        limits.max_memory_bytes = limits
+            .max_memory_bytes
+            .min(engine.config().max_memory_bytes);
+        let mut store = Store::new(
+            engine.engine(),
+            HostState {
+                runtime: Arc::from(runtime),
+                limiter: Limiter {
+                    max_memory_bytes: limits.max_memory_bytes,
+                    memory_exceeded: false,
+                },
+                memory: None,
+                reply: None,
+                error: None,
+                deadline: Instant::now(),
+            },
+        );
+        store.limiter(|s| &mut s.limiter);
+        store.epoch_deadline_callback(|ctx| {
+            if Instant::now() >= ctx.data().deadline {
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                Ok(UpdateDeadline::YieldCustom(
+                    1,
+                    Box::pin(tokio::task::yield_now()),
+                ))
+            }
+        });
+        store.set_epoch_deadline(1);
+        let instance = module
+            .pre()
+            .instantiate_async(&mut store)
+            .await
+            .map_err(|e| classify(e, &mut store, &limits))?;
+        let memory = instance
+            .get_memory(&mut store, abi::EXPORT_MEMORY)
+            .ok_or_else(|| GuestError::Protocol("no memory export".into()))?;
+        store.data_mut().memory = Some(memory);
+        let func = |store: &mut Store<HostState>, name: &str| {
+            instance
+                .get_typed_func::<i32, i32>(store, name)
+                .map_err(|e| GuestError::Protocol(format!("export `{name}`: {e}")))
+        };
+        let input = func(&mut store, abi::EXPORT_INPUT)?;
+        let init = func(&mut store, abi::EXPORT_INIT)?;
+        let restore = func(&mut store, abi::EXPORT_RESTORE)?;
+        let on_batch = func(&mut store, abi::EXPORT_ON_BATCH)?;
+        let save = instance
+            .get_typed_func::<(), i32>(&mut store, abi::EXPORT_SAVE)
+            .map_err(|e| GuestError::Protocol(format!("export `{}`: {e}", abi::EXPORT_SAVE)))?;
+        let mut this = Self {
+            store,
+            input,
+            restore,
+            on_batch,
+            save,
+            input_buf: (0, 0),
+            views: ViewNames::default(),
+            limits,
+        };
+        let len = this.write_input(config).await?;
+        this.call(init, len).await?;
+        if let Some(state) = state {
+            let len = this.write_input(state).await?;
+            let f = this.restore.clone();
+            this.call(f, len).await?;
+        }
+        Ok(this)
+    }
+
+    /// The runtime's name.
+    pub fn runtime(&self) -> &str {
+        &self.store.data().runtime
+    }
+
+    /// The limits it runs under.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Runs one batch and returns what the guest emitted.
+    ///
+    /// # Errors
+    /// [`GuestError::BatchTooLarge`] before the guest is called; otherwise any failure of the
+    /// guest, each naming its cause.
+    pub async fn on_batch(&mut self, input: &[u8]) -> Result<GuestBatch, GuestError> {
+        if input.len() > self.limits.max_batch_bytes {
+            return Err(GuestError::BatchTooLarge {
+                size: input.len(),
+                limit: self.limits.max_batch_bytes,
+            });
+        }
+        let len = self.write_input(input).await?;
+        let f = self.on_batch.clone();
+        self.call(f, len).await?;
+        let reply = self.take_reply()?;
+        decode(reply, &mut self.views, self.limits.max_event_bytes)
+    }
+
+    /// Asks the guest for its state.
+    ///
+    /// # Errors
+    /// Any failure of the guest.
+    pub async fn save(&mut self) -> Result<Bytes, GuestError> {
+        let f = self.save.clone();
+        self.call(f, ()).await?;
+        self.take_reply()
+    }
+
+    fn take_reply(&mut self) -> Result<Bytes, GuestError> {
+        self.store
+            .data_mut()
+            .reply
+            .take()
+            .ok_or_else(|| GuestError::Protocol("guest returned success without a reply".into()))
+    }
+
+    /// Writes `bytes` into the guest's input buffer (growing it if needed); returns the length
+    /// to pass to the export.
+    async fn write_input(&mut self, bytes: &[u8]) -> Result<i32, GuestError> {
+        let len = i32::try_from(bytes.len()).map_err(|_| GuestError::BatchTooLarge {
+            size: bytes.len(),
+            limit: i32::MAX as usize,
+        })?;
+        if bytes.len() > self.input_buf.1 || self.input_buf.1 == 0 {
+            let f = self.input.clone();
+            let ptr = self.call_raw(f, len.max(1)).await?;
+            if ptr == 0 {
+                return Err(self.memory_error("guest could not allocate its input buffer"));
+            }
+            self.input_buf = (ptr as u32 as usize, bytes.len().max(1));
+        }
+        let memory = self
+            .store
+            .data()
+            .memory
+            .ok_or_else(|| GuestError::Protocol("memory not bound".into()))?;
+        memory
+            .write(&mut self.store, self.input_buf.0, bytes)
+            .map_err(|_| GuestError::Protocol("guest input buffer is out of bounds".into()))?;
+        Ok(len)
+    }
+
+    fn memory_error(&self, fallback: &str) -> GuestError {
+        if self.store.data().limiter.memory_exceeded {
+            GuestError::MemoryExceeded {
+                limit: self.limits.max_memory_bytes,
+            }
+        } else {
+            GuestError::Protocol(fallback.into())
+        }
+    }
+
+    /// Calls an export that returns a status.
+    async fn call<P: WasmParams + Sync>(
+        &mut self,
+        f: TypedFunc<P, i32>,
+        params: P,
+    ) -> Result<(), GuestError> {
+        match self.call_raw(f, params).await? {
+            abi::STATUS_OK => Ok(()),
+            abi::STATUS_ERROR => Err(GuestError::GuestRejected {
+                message: self
+                    .store
+                    .data_mut()
+                    .error
+                    .take()
+                    .unwrap_or_else(|| "(the guest gave no message)".into()),
+            }),
+            other => Err(GuestError::Protocol(format!("unknown status {other}"))),
+        }
+    }
+
+    /// Calls an export under the time limit.
+    async fn call_raw<P: WasmParams + Sync>(
+        &mut self,
+        f: TypedFunc<P, i32>,
+        params: P,
+    ) -> Result<i32, GuestError> {
+        let limit = self.limits.batch_timeout;
+        let data = self.store.data_mut();
+        data.error = None;
+        data.reply = None;
+        data.deadline = Instant::now() + limit;
+        self.store.set_epoch_deadline(1);
+        match tokio::time::timeout(limit + CANCEL_GRACE, f.call_async(&mut self.store, params))
+            .await
+        {
+            Err(_elapsed) => Err(GuestError::Timeout { limit }),
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(classify(err, &mut self.store, &self.limits)),
+        }
+    }
+}
+
+/// Names the cause of a failed call.
+fn classify(err: wasmtime::Error, store: &mut Store<HostState>, limits: &Limits) -> GuestError {
+    let data = store.data_mut();
+    if data.limiter.memory_exceeded {
+        return GuestError::MemoryExceeded {
+            limit: limits.max_memory_bytes,
+        };
+    }
+    match err.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => GuestError::Timeout {
+            limit: limits.batch_timeout,
+        },
+        Some(trap) => GuestError::Trap {
+            trap: trap.to_string(),
+            message: data.error.take(),
+        },
+        None if err.is::<wasmtime::OutOfMemory>() => {
+            GuestError::Instantiate(err.into_boxed_dyn_error())
+        }
+        None => GuestError::Trap {
+            trap: format!("{err:#}"),
+            message: data.error.take(),
+        },
+    }
+}

@@ -1,0 +1,51 @@
+//! The wasmtime host: runs ingestion runtimes compiled to WebAssembly against the
+//! `viewtape-guest` ABI (`runtime-guest/ABI.md`).
+//!
+//! ## Why the types are split
+//!
+//! - [`GuestEngine`] — one per server: the wasmtime `Engine` (epoch interruption, pooling
+//!   allocator), the `Linker` with the ABI's host functions, and the epoch ticker thread.
+//! - [`GuestModule`] — one per guest binary: compiled once, checked once (ABI version, exports),
+//!   pre-linked into an `InstancePre` so instantiating is cheap. Cheap to clone.
+//! - [`GuestInstance`] — one per running runtime: a `Store` and its instance, owned by exactly
+//!   one task and never put behind a lock (`runtime::RuntimeHandle` talks to that task).
+//!
+//! ## Limits
+//!
+//! Every instance runs under [`Limits`]: linear memory (through a `ResourceLimiter`), wall time
+//! per call (through epoch interruption: the engine's ticker bumps the epoch every
+//! [`EngineConfig::epoch_tick`]; at each tick a running guest yields to tokio, and traps once its
+//! deadline has passed), batch size (checked before the guest sees the batch) and event payload
+//! size (checked on the guest's output). Each failure is a typed [`GuestError`] naming the
+//! cause.
+//!
+//! ## After a failure
+//!
+//! A trap, a timeout or running out of memory may leave the guest's heap mid-update, and a
+//! `Store` keeps every instance it ever made until dropped. So after *any* failed call the
+//! instance is dropped and a fresh one is made from the `InstancePre`, then restored from the
+//! last good saved state (see `runtime`). A rejected batch is treated the same way, so a guest
+//! never has to undo a half-applied batch.
+//!
+//! ## Output
+//!
+//! A guest replies once per batch with one buffer (see `ABI.md`); the host copies it out of
+//! linear memory once into a `Bytes`, and every payload is a zero-copy slice of it.
+
+mod batch;
+mod config;
+mod engine;
+mod error;
+pub mod guests;
+mod instance;
+mod module;
+
+pub use batch::{EventKind, GuestBatch, GuestEvent};
+pub use config::{EngineConfig, Limits};
+pub use engine::GuestEngine;
+pub use error::{GuestError, LoadError};
+pub use instance::GuestInstance;
+pub use module::GuestModule;
+
+#[cfg(test)]
+mod tests;

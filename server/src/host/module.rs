@@ -1,0 +1,112 @@
+//! A compiled, checked and pre-linked guest module.
+
+use std::sync::Arc;
+
+use viewtape_guest::abi;
+use wasmtime::{ExternType, InstancePre, Module, ValType};
+
+use super::engine::HostState;
+use super::{GuestEngine, LoadError};
+
+/// A guest module: compiled once, checked against the ABI, pre-linked. Cheap to clone; every
+/// runtime running this guest instantiates from it.
+#[derive(Clone)]
+pub struct GuestModule {
+    engine: GuestEngine,
+    pre: Arc<InstancePre<HostState>>,
+}
+
+impl std::fmt::Debug for GuestModule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuestModule").finish_non_exhaustive()
+    }
+}
+
+/// Function exports of ABI v1: (name, params, has an i32 result).
+const FUNCS: [(&str, usize, &str); 5] = [
+    (abi::EXPORT_INPUT, 1, "func (i32) -> i32"),
+    (abi::EXPORT_INIT, 1, "func (i32) -> i32"),
+    (abi::EXPORT_RESTORE, 1, "func (i32) -> i32"),
+    (abi::EXPORT_ON_BATCH, 1, "func (i32) -> i32"),
+    (abi::EXPORT_SAVE, 0, "func () -> i32"),
+];
+
+impl GuestModule {
+    /// Compiles `wasm` (binary) and checks it is a guest of this ABI version.
+    ///
+    /// # Errors
+    /// [`LoadError::Compile`] for bytes that are not a valid module, [`LoadError::AbiVersion`]
+    /// for a guest built against another ABI, [`LoadError::MissingExport`] /
+    /// [`LoadError::ExportType`] for a module that is not a guest, [`LoadError::Link`] for one
+    /// that imports what the host lacks.
+    pub fn new(engine: &GuestEngine, wasm: &[u8]) -> Result<Self, LoadError> {
+        let module = Module::new(engine.engine(), wasm)
+            .map_err(|e| LoadError::Compile(e.into_boxed_dyn_error()))?;
+        check_abi(&module)?;
+        let pre = engine
+            .linker()
+            .instantiate_pre(&module)
+            .map_err(|e| LoadError::Link(e.into_boxed_dyn_error()))?;
+        Ok(Self {
+            engine: engine.clone(),
+            pre: Arc::new(pre),
+        })
+    }
+
+    /// The engine it was compiled for.
+    pub fn engine(&self) -> &GuestEngine {
+        &self.engine
+    }
+
+    pub(crate) fn pre(&self) -> &InstancePre<HostState> {
+        &self.pre
+    }
+}
+
+fn check_abi(module: &Module) -> Result<(), LoadError> {
+    if module.get_export(abi::ABI_MARKER).is_none() {
+        let other = module.exports().find_map(|e| {
+            e.name()
+                .strip_prefix(abi::ABI_MARKER_PREFIX)
+                .map(str::to_owned)
+        });
+        return Err(match other {
+            Some(found) => LoadError::AbiVersion {
+                found,
+                expected: abi::ABI_VERSION,
+            },
+            None => LoadError::MissingExport {
+                name: abi::ABI_MARKER,
+            },
+        });
+    }
+    match module.get_export(abi::EXPORT_MEMORY) {
+        None => {
+            return Err(LoadError::MissingExport {
+                name: abi::EXPORT_MEMORY,
+            })
+        }
+        Some(ExternType::Memory(m)) if !m.is_64() && !m.is_shared() => {}
+        Some(_) => {
+            return Err(LoadError::ExportType {
+                name: abi::EXPORT_MEMORY,
+                expected: "a 32-bit, unshared memory",
+            })
+        }
+    }
+    for (name, params, expected) in FUNCS {
+        let ty = match module.get_export(name) {
+            None => return Err(LoadError::MissingExport { name }),
+            Some(ExternType::Func(ty)) => ty,
+            Some(_) => return Err(LoadError::ExportType { name, expected }),
+        };
+        let ok = ty.params().len() == params
+            && ty.params().all(|p| matches!(p, ValType::I32))
+            && ty.results().len() == 1
+            && ty.results().all(|r| matches!(r, ValType::I32));
+        if !ok {
+            return Err(LoadError::ExportType { name, expected });
+        }
+    }
+    Ok(())
+}

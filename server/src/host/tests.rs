@@ -1,0 +1,370 @@
+//! Host tests with the real compiled guests (`guests.rs`) and small WAT modules.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+fn engine() -> &'static GuestEngine {
+    static ENGINE: OnceLock<GuestEngine> = OnceLock::new();
+    ENGINE.get_or_init(|| GuestEngine::new(EngineConfig::default()).unwrap())
+}
+
+fn misbehave() -> &'static GuestModule {
+    static M: OnceLock<GuestModule> = OnceLock::new();
+    M.get_or_init(|| GuestModule::new(engine(), guests::MISBEHAVE_WASM).unwrap())
+}
+
+fn ticker() -> &'static GuestModule {
+    static M: OnceLock<GuestModule> = OnceLock::new();
+    M.get_or_init(|| GuestModule::new(engine(), guests::TICKER_WASM).unwrap())
+}
+
+async fn instance(module: &GuestModule, limits: Limits) -> GuestInstance {
+    GuestInstance::new(module, "test", &limits, b"", None)
+        .await
+        .unwrap()
+}
+
+fn updates(batch: &GuestBatch) -> Vec<(String, String, String)> {
+    batch
+        .events
+        .iter()
+        .map(|e| {
+            let payload = String::from_utf8(e.payload.to_vec()).unwrap();
+            (e.view.to_string(), e.key.clone(), payload)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn ticker_publishes_normalized_ticks() {
+    let mut g = instance(ticker(), Limits::default()).await;
+    let batch = g
+        .on_batch(b"{\"symbol\":\"ACME\",\"seq\":1,\"price\":12.50}\n{\"symbol\":\"XYZ\",\"price\":3,\"seq\":2}\n")
+        .await
+        .unwrap();
+    assert_eq!(
+        updates(&batch),
+        vec![
+            (
+                "prices".into(),
+                "ACME".into(),
+                r#"{"symbol":"ACME","price":12.5,"seq":1}"#.into()
+            ),
+            (
+                "prices".into(),
+                "XYZ".into(),
+                r#"{"symbol":"XYZ","price":3.0,"seq":2}"#.into()
+            ),
+        ]
+    );
+    assert!(batch.gaps.is_empty());
+}
+
+#[tokio::test]
+async fn ticker_malformed_line_names_the_line() {
+    let mut g = instance(ticker(), Limits::default()).await;
+    let err = g
+        .on_batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}\n{oops\n")
+        .await
+        .unwrap_err();
+    match err {
+        GuestError::GuestRejected { message } => {
+            assert!(message.starts_with("line 2:"), "{message}")
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn ticker_seq_jump_reports_gap() {
+    let mut g = instance(ticker(), Limits::default()).await;
+    g.on_batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}")
+        .await
+        .unwrap();
+    let batch = g
+        .on_batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":4}")
+        .await
+        .unwrap();
+    assert_eq!(batch.gaps.len(), 1);
+    assert!(
+        batch.gaps[0].contains("2 tick(s) missing"),
+        "{:?}",
+        batch.gaps
+    );
+    assert_eq!(batch.events.len(), 1);
+}
+
+#[tokio::test]
+async fn publish_delete_and_gap_in_order() {
+    let mut g = instance(misbehave(), Limits::default()).await;
+    let batch = g
+        .on_batch(b"publish v1 k1 hello\ndelete v1 k0\ngap feed restarted\npublish v2 k2 world")
+        .await
+        .unwrap();
+    assert_eq!(batch.gaps, vec!["feed restarted".to_string()]);
+    let kinds: Vec<_> = batch
+        .events
+        .iter()
+        .map(|e| (&*e.view, e.key.as_str(), e.kind))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ("v1", "k1", EventKind::Update),
+            ("v1", "k0", EventKind::Delete),
+            ("v2", "k2", EventKind::Update),
+        ]
+    );
+    assert_eq!(&batch.events[0].payload[..], b"hello");
+    assert!(batch.events[1].payload.is_empty());
+}
+
+#[tokio::test]
+async fn rejected_batch_returns_the_guest_message_and_nothing_else() {
+    let mut g = instance(misbehave(), Limits::default()).await;
+    let err = g
+        .on_batch(b"publish v k x\nfail bad input on line 2")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, GuestError::GuestRejected { message } if message == "bad input on line 2"),
+        "{err}"
+    );
+    assert!(err.is_input_error());
+}
+
+#[tokio::test]
+async fn save_restore_round_trip() {
+    let mut g = instance(misbehave(), Limits::default()).await;
+    g.on_batch(b"count\ncount").await.unwrap();
+    let state = g.save().await.unwrap();
+    assert_eq!(&state[..], b"2");
+    let mut fresh = GuestInstance::new(misbehave(), "test", &Limits::default(), b"", Some(&state))
+        .await
+        .unwrap();
+    let batch = fresh.on_batch(b"count").await.unwrap();
+    assert_eq!(&batch.events[0].payload[..], b"3");
+}
+
+#[tokio::test]
+async fn init_failure_is_reported() {
+    let err = GuestInstance::new(misbehave(), "test", &Limits::default(), b"fail", None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, GuestError::GuestRejected { message } if message == "config says fail"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn panic_is_a_trap_with_its_message() {
+    let mut g = instance(misbehave(), Limits::default()).await;
+    let err = g.on_batch(b"panic kaboom").await.unwrap_err();
+    match &err {
+        GuestError::Trap {
+            message: Some(m), ..
+        } => assert!(m.contains("kaboom"), "{m}"),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(err.to_string().contains("kaboom"));
+}
+
+#[tokio::test]
+async fn infinite_loop_is_stopped_within_the_deadline() {
+    let limits = Limits {
+        batch_timeout: Duration::from_millis(200),
+        ..Limits::default()
+    };
+    let mut g = instance(misbehave(), limits).await;
+    let started = Instant::now();
+    let err = g.on_batch(b"loop").await.unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, GuestError::Timeout { .. }), "{err}");
+    assert!(
+        took >= Duration::from_millis(200) && took < Duration::from_millis(450),
+        "{took:?}"
+    );
+}
+
+#[tokio::test]
+async fn memory_bomb_is_stopped() {
+    let limits = Limits {
+        max_memory_bytes: 16 << 20,
+        ..Limits::default()
+    };
+    let mut g = instance(misbehave(), limits).await;
+    let err = g.on_batch(b"oom").await.unwrap_err();
+    assert!(
+        matches!(err, GuestError::MemoryExceeded { limit } if limit == 16 << 20),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn oversized_event_is_refused() {
+    let limits = Limits {
+        max_event_bytes: 1000,
+        ..Limits::default()
+    };
+    let mut g = instance(misbehave(), limits).await;
+    g.on_batch(b"big v 1000").await.unwrap();
+    let err = g.on_batch(b"big v 1001").await.unwrap_err();
+    assert!(
+        matches!(&err, GuestError::EventTooLarge { view, size: 1001, limit: 1000, .. } if view == "v"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn oversized_batch_is_refused_before_the_guest() {
+    let limits = Limits {
+        max_batch_bytes: 10,
+        ..Limits::default()
+    };
+    let mut g = instance(misbehave(), limits).await;
+    let err = g.on_batch(b"publish v k 12345").await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GuestError::BatchTooLarge {
+                size: 17,
+                limit: 10
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn invalid_view_name_is_a_protocol_error() {
+    let mut g = instance(misbehave(), Limits::default()).await;
+    let err = g.on_batch(b"publish bad/view k x").await.unwrap_err();
+    assert!(matches!(err, GuestError::Protocol(_)), "{err}");
+}
+
+#[tokio::test]
+async fn input_buffer_grows() {
+    let mut g = instance(misbehave(), Limits::default()).await;
+    g.on_batch(b"count").await.unwrap();
+    let big = format!("publish v k {}", "y".repeat(100_000));
+    let batch = g.on_batch(big.as_bytes()).await.unwrap();
+    assert_eq!(batch.events[0].payload.len(), 100_000);
+}
+
+#[test]
+fn compile_failure_is_refused() {
+    let err = GuestModule::new(engine(), b"\0asm not really").unwrap_err();
+    assert!(matches!(err, LoadError::Compile(_)), "{err}");
+}
+
+const GOOD_EXPORTS: &str = r#"
+    (memory (export "memory") 1)
+    (func (export "viewtape_input") (param i32) (result i32) i32.const 1024)
+    (func (export "viewtape_init") (param i32) (result i32) i32.const 0)
+    (func (export "viewtape_restore") (param i32) (result i32) i32.const 0)
+    (func (export "viewtape_save") (result i32) i32.const 0)
+"#;
+
+fn wat_module(body: &str) -> Result<GuestModule, LoadError> {
+    let wasm = wat::parse_str(format!("(module {body})")).unwrap();
+    GuestModule::new(engine(), &wasm)
+}
+
+#[test]
+fn missing_marker_is_not_a_guest() {
+    let err = wat_module(GOOD_EXPORTS).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::MissingExport {
+                name: "viewtape_abi_v1"
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("not a viewtape guest"));
+}
+
+#[test]
+fn missing_export_is_named() {
+    let err = wat_module(&format!(
+        r#"(func (export "viewtape_abi_v1")) {GOOD_EXPORTS}"#
+    ))
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::MissingExport {
+                name: "viewtape_on_batch"
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn wrong_abi_version_is_refused() {
+    let err = wat_module(&format!(
+        r#"(func (export "viewtape_abi_v2")) {GOOD_EXPORTS}"#
+    ))
+    .unwrap_err();
+    assert!(
+        matches!(&err, LoadError::AbiVersion { found, expected: 1 } if found == "2"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("ABI version 2"), "{err}");
+}
+
+#[test]
+fn wrong_export_type_is_refused() {
+    let err = wat_module(&format!(
+        r#"(func (export "viewtape_abi_v1")) (func (export "viewtape_on_batch") (result i32) i32.const 0) {GOOD_EXPORTS}"#
+    ))
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::ExportType {
+                name: "viewtape_on_batch",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn wasi_imports_are_refused() {
+    let err = wat_module(&format!(
+        r#"(import "wasi_snapshot_preview1" "fd_write" (func (param i32 i32 i32 i32) (result i32)))
+           (func (export "viewtape_abi_v1"))
+           (func (export "viewtape_on_batch") (param i32) (result i32) i32.const 0) {GOOD_EXPORTS}"#
+    ))
+    .unwrap_err();
+    assert!(matches!(err, LoadError::Link(_)), "{err}");
+}
+
+#[tokio::test]
+async fn hand_written_guest_with_bad_reply_pointer_is_a_trap_not_a_crash() {
+    let module = wat_module(
+        r#"(import "viewtape" "reply" (func $reply (param i32 i32)))
+           (memory (export "memory") 1)
+           (func (export "viewtape_abi_v1"))
+           (func (export "viewtape_input") (param i32) (result i32) i32.const 1024)
+           (func (export "viewtape_init") (param i32) (result i32) i32.const 0)
+           (func (export "viewtape_restore") (param i32) (result i32) i32.const 0)
+           (func (export "viewtape_save") (result i32) i32.const 0)
+           (func (export "viewtape_on_batch") (param i32) (result i32)
+              i32.const 65000 i32.const 100000 call $reply i32.const 0)"#,
+    )
+    .unwrap();
+    let mut g = instance(&module, Limits::default()).await;
+    let err = g.on_batch(b"x").await.unwrap_err();
+    assert!(
+        matches!(&err, GuestError::Trap { trap, .. } if trap.contains("out of bounds")),
+        "{err}"
+    );
+}
