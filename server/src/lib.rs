@@ -2,3 +2,5 @@
 #![deny(missing_docs)]
 
 pub mod host;
+pub mod runtime;
+pub mod source;
