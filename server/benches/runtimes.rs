@@ -1,1 +1,320 @@
-fn main() {}
+//! Runtime benchmarks (issue 3). `cargo bench -p viewtape-server --bench runtimes`.
+//!
+//! - `ticker_end_to_end`: 100-byte NDJSON ticks, batches of 1,000, through `RuntimeHandle`
+//!   (queue, guest parse + publish, save, decode, journal append with an SSE frame).
+//! - `publish_path`: the same path with a guest that does almost no parsing (`misbehave`'s
+//!   `publish` command), to isolate the cost per published event.
+//! - `instantiate`: `GuestInstance::new` from the `InstancePre` (Store, instance, `init` call),
+//!   pooling vs on-demand.
+//! - `output_design`: one host call per event vs one buffer per batch, 1,000 events of 90 bytes,
+//!   with hand-written WAT guests so only the boundary and the copying differ.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use viewtape_journal::{EventJournal, JournalConfig};
+use viewtape_server::host::{
+    decode_output, guests, EngineConfig, GuestBatch, GuestEngine, GuestInstance, GuestModule,
+    Limits,
+};
+use viewtape_server::runtime::{BatchSink, BatchSummary, RuntimeConfig, RuntimeHandle};
+
+const BATCH: usize = 1000;
+
+/// Appends each event to the journal with an SSE frame built from its offset.
+struct JournalSink;
+
+impl BatchSink for JournalSink {
+    async fn commit(&self, _runtime: &str, batch: GuestBatch) -> BatchSummary {
+        let Some(journal) = viewtape_journal::current() else {
+            return BatchSummary::default();
+        };
+        let epoch = journal.epoch().await.to_string();
+        let mut summary = BatchSummary::default();
+        for e in batch.events {
+            let _ = journal
+                .append_with(&e.view, &e.key, |offset| {
+                    let mut f = BytesMut::with_capacity(e.payload.len() + 64);
+                    f.put_slice(b"id: ");
+                    f.put_slice(epoch.as_bytes());
+                    f.put_slice(format!("-{offset}\nevent: update\ndata: ").as_bytes());
+                    f.put_slice(&e.payload);
+                    f.put_slice(b"\n\n");
+                    Ok::<_, ()>(Arc::new(f.freeze()))
+                })
+                .await;
+            *summary.per_view.entry(e.view.to_string()).or_default() += 1;
+        }
+        summary
+    }
+}
+
+/// 1,000 ticks of ~100 bytes each, seq continuing from `first_seq`.
+fn ticks(first_seq: u64) -> Bytes {
+    let mut out = String::with_capacity(BATCH * 101);
+    for i in 0..BATCH as u64 {
+        let seq = first_seq + i;
+        let line = format!(
+            "{{\"symbol\":\"SYM{:04}\",\"price\":{}.{:04},\"seq\":{seq},\"venue\":\"XNAS\",\"note\":\"",
+            seq % 100,
+            100 + seq % 900,
+            seq % 10_000
+        );
+        out.push_str(&line);
+        out.push_str(&"x".repeat(99usize.saturating_sub(line.len() + 2)));
+        out.push_str("\"}\n");
+    }
+    Bytes::from(out)
+}
+
+fn tokio_rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+fn ticker_end_to_end(c: &mut Criterion) {
+    let rt = tokio_rt();
+    let engine = GuestEngine::new(EngineConfig::default()).expect("engine");
+    let module = GuestModule::new(&engine, guests::TICKER_WASM).expect("ticker");
+    let journal = Arc::new(EventJournal::new(JournalConfig::default()));
+    let handle = rt
+        .block_on(RuntimeHandle::spawn(
+            module,
+            RuntimeConfig::new("ticker"),
+            None,
+            journal,
+            Arc::new(JournalSink),
+        ))
+        .expect("spawn");
+    let sample = ticks(1);
+    eprintln!("ticker line: {} bytes", sample.len() / BATCH);
+    let mut seq = 1;
+    let mut g = c.benchmark_group("ticker_end_to_end");
+    g.throughput(Throughput::Elements(BATCH as u64));
+    g.bench_function("batch_1000x100B", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let input = ticks(seq);
+                seq += BATCH as u64;
+                let start = Instant::now();
+                let summary = rt.block_on(handle.ingest(input)).expect("ingest");
+                total += start.elapsed();
+                debug_assert_eq!(summary.per_view.get("prices"), Some(&(BATCH as u64)));
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+fn publish_path(c: &mut Criterion) {
+    let rt = tokio_rt();
+    let engine = GuestEngine::new(EngineConfig::default()).expect("engine");
+    let module = GuestModule::new(&engine, guests::MISBEHAVE_WASM).expect("misbehave");
+    let mut input = String::new();
+    for i in 0..BATCH {
+        input.push_str(&format!(
+            "publish prices SYM{:04} {}\n",
+            i % 100,
+            "p".repeat(90)
+        ));
+    }
+    let input = Bytes::from(input);
+    let mut g = c.benchmark_group("publish_path");
+    g.throughput(Throughput::Elements(BATCH as u64));
+
+    let mut instance = rt
+        .block_on(GuestInstance::new(
+            &module,
+            "bench",
+            &Limits::default(),
+            b"",
+            None,
+        ))
+        .expect("instance");
+    g.bench_function("guest_and_decode", |b| {
+        b.iter(|| rt.block_on(instance.on_batch(&input)).expect("batch"))
+    });
+
+    let journal = Arc::new(EventJournal::new(JournalConfig::default()));
+    let handle = rt
+        .block_on(RuntimeHandle::spawn(
+            module,
+            RuntimeConfig::new("bench"),
+            None,
+            journal,
+            Arc::new(JournalSink),
+        ))
+        .expect("spawn");
+    g.bench_function("end_to_end_into_journal", |b| {
+        b.iter(|| rt.block_on(handle.ingest(input.clone())).expect("ingest"))
+    });
+    g.finish();
+}
+
+fn instantiate(c: &mut Criterion) {
+    let rt = tokio_rt();
+    let mut g = c.benchmark_group("instantiate");
+    for (name, slots) in [("pooling", 64), ("on_demand", 0)] {
+        let engine = GuestEngine::new(EngineConfig {
+            pooled_instances: slots,
+            ..EngineConfig::default()
+        })
+        .expect("engine");
+        let module = GuestModule::new(&engine, guests::TICKER_WASM).expect("ticker");
+        let limits = Limits::default();
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let i = GuestInstance::new(&module, "bench", &limits, b"", None)
+                            .await
+                            .expect("instance");
+                        drop(black_box(i));
+                    }
+                    start.elapsed()
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+/// One host call per event vs one buffer per batch, measured with raw wasmtime and WAT guests
+/// whose memory already holds the data, so only the boundary, the copies and the decode differ.
+fn output_design(c: &mut Criterion) {
+    use wasmtime::{Caller, Engine, Linker, Module, Store};
+
+    struct Staged {
+        events: Vec<(Arc<str>, String, Bytes)>,
+        view: Arc<str>,
+        reply: Option<Bytes>,
+    }
+    let engine = Engine::default();
+    let per_event_wat = format!(
+        r#"(module
+            (import "viewtape" "publish" (func $p (param i32 i32 i32 i32 i32 i32)))
+            (memory (export "memory") 2)
+            (func (export "run") (local $i i32)
+              (loop $l
+                (call $p (i32.const 0) (i32.const 6) (i32.const 8) (i32.const 7) (i32.const 16) (i32.const 90))
+                (local.set $i (i32.add (local.get $i) (i32.const 1)))
+                (br_if $l (i32.lt_u (local.get $i) (i32.const {BATCH})))))
+            (data (i32.const 0) "prices\00\00SYM0042\00"))"#
+    );
+    let mut linker = Linker::<Staged>::new(&engine);
+    linker
+        .func_wrap(
+            "viewtape",
+            "publish",
+            |mut caller: Caller<'_, Staged>,
+             vp: i32,
+             vl: i32,
+             kp: i32,
+             kl: i32,
+             pp: i32,
+             pl: i32| {
+                let Some(mem) = caller.get_export("memory").and_then(|e| e.into_memory()) else {
+                    return;
+                };
+                let (data, st) = mem.data_and_store_mut(&mut caller);
+                let view = &data[vp as usize..(vp + vl) as usize];
+                let view = if st.view.as_bytes() == view {
+                    Arc::clone(&st.view)
+                } else {
+                    Arc::from(String::from_utf8_lossy(view).as_ref())
+                };
+                let key =
+                    String::from_utf8_lossy(&data[kp as usize..(kp + kl) as usize]).into_owned();
+                let payload = Bytes::copy_from_slice(&data[pp as usize..(pp + pl) as usize]);
+                st.events.push((view, key, payload));
+            },
+        )
+        .expect("publish");
+    linker
+        .func_wrap(
+            "viewtape",
+            "reply",
+            |mut caller: Caller<'_, Staged>, p: i32, l: i32| {
+                let Some(mem) = caller.get_export("memory").and_then(|e| e.into_memory()) else {
+                    return;
+                };
+                let (data, st) = mem.data_and_store_mut(&mut caller);
+                st.reply = Some(Bytes::copy_from_slice(&data[p as usize..(p + l) as usize]));
+            },
+        )
+        .expect("reply");
+    // The batch buffer, laid out as ABI.md says.
+    let mut buf = Vec::new();
+    for _ in 0..BATCH {
+        buf.extend_from_slice(&[viewtape_guest::abi::TAG_UPDATE]);
+        for field in [&b"prices"[..], b"SYM0042", &[b'p'; 90]] {
+            buf.extend_from_slice(&(field.len() as u32).to_le_bytes());
+            buf.extend_from_slice(field);
+        }
+    }
+    let per_batch_wat = format!(
+        r#"(module
+            (import "viewtape" "reply" (func $r (param i32 i32)))
+            (memory (export "memory") 4)
+            (func (export "run") (call $r (i32.const 0) (i32.const {})))))"#,
+        buf.len()
+    );
+    let staged = || Staged {
+        events: Vec::with_capacity(BATCH),
+        view: Arc::from("prices"),
+        reply: None,
+    };
+    let mut g = c.benchmark_group("output_design");
+    g.throughput(Throughput::Elements(BATCH as u64));
+
+    let module =
+        Module::new(&engine, wat::parse_str(&per_event_wat).expect("wat")).expect("module");
+    let mut store = Store::new(&engine, staged());
+    let instance = linker.instantiate(&mut store, &module).expect("instance");
+    let run = instance
+        .get_typed_func::<(), ()>(&mut store, "run")
+        .expect("run");
+    g.bench_function("host_call_per_event", |b| {
+        b.iter(|| {
+            store.data_mut().events.clear();
+            run.call(&mut store, ()).expect("run");
+            black_box(store.data().events.len())
+        })
+    });
+
+    let module =
+        Module::new(&engine, wat::parse_str(&per_batch_wat).expect("wat")).expect("module");
+    let mut store = Store::new(&engine, staged());
+    let instance = linker.instantiate(&mut store, &module).expect("instance");
+    let memory = instance.get_memory(&mut store, "memory").expect("memory");
+    memory.write(&mut store, 0, &buf).expect("write");
+    let run = instance
+        .get_typed_func::<(), ()>(&mut store, "run")
+        .expect("run");
+    g.bench_function("one_buffer_per_batch", |b| {
+        b.iter(|| {
+            run.call(&mut store, ()).expect("run");
+            let reply = store.data_mut().reply.take().expect("reply");
+            black_box(decode_output(reply, 1 << 20).expect("decode").events.len())
+        })
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    targets = ticker_end_to_end, publish_path, instantiate, output_design
+}
+criterion_main!(benches);

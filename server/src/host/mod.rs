@@ -47,5 +47,16 @@ pub use error::{GuestError, LoadError};
 pub use instance::GuestInstance;
 pub use module::GuestModule;
 
+/// Decodes a guest's batch output buffer (`ABI.md`) the way [`GuestInstance::on_batch`] does.
+/// Exposed for the benchmarks that compare output designs; not needed to run guests.
+///
+/// # Errors
+/// [`GuestError::Protocol`] for a malformed buffer, [`GuestError::EventTooLarge`] for a payload
+/// over `max_event_bytes`.
+#[doc(hidden)]
+pub fn decode_output(buf: bytes::Bytes, max_event_bytes: usize) -> Result<GuestBatch, GuestError> {
+    batch::decode(buf, &mut batch::ViewNames::default(), max_event_bytes)
+}
+
 #[cfg(test)]
 mod tests;
