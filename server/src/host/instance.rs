@@ -90,7 +90,15 @@ impl GuestInstance {
             .pre()
             .instantiate_async(&mut store)
             .await
-            .map_err(|e| classify(e, &mut store, &limits))?;
+            .map_err(|e| {
+                if store.data().limiter.memory_exceeded {
+                    GuestError::MemoryExceeded {
+                        limit: limits.max_memory_bytes,
+                    }
+                } else {
+                    GuestError::Instantiate(e.into_boxed_dyn_error())
+                }
+            })?;
         let memory = instance
             .get_memory(&mut store, abi::EXPORT_MEMORY)
             .ok_or_else(|| GuestError::Protocol("no memory export".into()))?;

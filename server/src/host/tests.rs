@@ -368,3 +368,32 @@ async fn hand_written_guest_with_bad_reply_pointer_is_a_trap_not_a_crash() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn memory_limit_below_the_initial_memory_refuses_instantiation() {
+    let limits = Limits {
+        max_memory_bytes: 64 << 10,
+        ..Limits::default()
+    };
+    let err = GuestInstance::new(misbehave(), "test", &limits, b"", None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, GuestError::MemoryExceeded { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn exhausted_pool_is_an_instantiation_error() {
+    let engine = GuestEngine::new(EngineConfig {
+        pooled_instances: 1,
+        ..EngineConfig::default()
+    })
+    .unwrap();
+    let module = GuestModule::new(&engine, guests::MISBEHAVE_WASM).unwrap();
+    let _first = GuestInstance::new(&module, "a", &Limits::default(), b"", None)
+        .await
+        .unwrap();
+    let err = GuestInstance::new(&module, "b", &Limits::default(), b"", None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, GuestError::Instantiate(_)), "{err}");
+}
