@@ -1,1 +1,23 @@
-//! End-to-end test support for viewtape.
+//! End-to-end test support for viewtape: the real binary, spoken to over loopback HTTP/SSE.
+//!
+//! - [`server`]: spawn `viewtape serve` on a free port with a temp data dir; graceful stop,
+//!   kill -9, restart on the same data dir.
+//! - [`http`]: a minimal HTTP/1.1 client with a timeout on every read.
+//! - [`sse`]: a WHATWG-conformant, incremental SSE parser.
+//! - [`stream`]: an SSE subscription ([`EventStream`]) built from the two.
+//! - [`feed`]: NDJSON ticks for the embedded `ticker` guest, and cursor helpers.
+//!
+//! Shared by the end-to-end tests in `tests/tests/` and by the `viewtape-bench` load tool.
+//! Everything here talks to 127.0.0.0/8 or ::1 only ([`http::ensure_loopback`]).
+
+pub mod feed;
+pub mod http;
+pub mod server;
+pub mod sse;
+pub mod stream;
+
+pub use feed::{cursor_offset, parse_cursor, Feed};
+pub use http::Response;
+pub use server::Server;
+pub use sse::{SseEvent, SseEventRef, SseParser};
+pub use stream::EventStream;

@@ -1,0 +1,444 @@
+//! Spawning the real `viewtape` binary.
+//!
+//! ## Finding the binary
+//! `$VIEWTAPE_BIN` when set; otherwise `viewtape` in the profile directory of the running
+//! executable (`target/debug/deps/foo-…` → `target/debug/viewtape`). Once per process the
+//! harness runs `cargo build -p viewtape-server --bin viewtape` (with `--release` from a release
+//! profile) so tests never run a stale server; set `VIEWTAPE_NO_BUILD=1` to skip that (the
+//! binary must then exist).
+//!
+//! ## Lifecycle
+//! [`Server::start`] adds `--listen 127.0.0.1:0`, a temporary `--data-dir` and
+//! `--demo-rate 0` unless the caller passed them, waits (≤ 60 s) for the first stdout line
+//! `viewtape listening on http://127.0.0.1:PORT/`, and keeps draining stdout and stderr so the
+//! child never blocks on a full pipe. The last 64 KiB of stderr is kept and printed when a test
+//! panics with the server alive. Dropping a [`Server`] kills the child (SIGKILL).
+//! [`Server::stop_graceful`] sends SIGTERM and waits for the exit status;
+//! [`Server::restart`] starts the same arguments again on the same data directory.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context as _};
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::http::{self, Response};
+use crate::stream::EventStream;
+
+/// How long the server may take to print its listening line.
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a graceful stop may take before it counts as a failure.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How much of the server's stderr is kept for failure reports.
+const LOG_TAIL: usize = 64 * 1024;
+
+/// The line prefix the server prints first on stdout.
+const LISTENING_PREFIX: &str = "viewtape listening on http://";
+
+/// The data directory: a temporary one owned by the harness, or the caller's.
+#[derive(Debug, Clone)]
+enum DataDir {
+    Temp(Arc<tempfile::TempDir>),
+    Given(PathBuf),
+}
+
+impl DataDir {
+    fn path(&self) -> &Path {
+        match self {
+            Self::Temp(dir) => dir.path(),
+            Self::Given(path) => path,
+        }
+    }
+}
+
+/// A running `viewtape serve`.
+#[derive(Debug)]
+pub struct Server {
+    child: Option<Child>,
+    pid: u32,
+    addr: SocketAddr,
+    data_dir: DataDir,
+    /// The caller's arguments (without the harness's defaults).
+    args: Vec<String>,
+    logs: Arc<Mutex<Vec<u8>>>,
+}
+
+/// Locates the binary, building it once per process.
+///
+/// # Errors
+/// When the build fails or the binary cannot be found.
+pub async fn binary() -> anyhow::Result<PathBuf> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    if let Some(found) = BUILT.get() {
+        return found.clone().map_err(|e| anyhow!(e));
+    }
+    let found = tokio::task::spawn_blocking(|| {
+        BUILT
+            .get_or_init(|| locate_or_build().map_err(|e| format!("{e:#}")))
+            .clone()
+    })
+    .await
+    .context("build task")?;
+    found.map_err(|e| anyhow!(e))
+}
+
+fn locate_or_build() -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os("VIEWTAPE_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe().context("current_exe")?;
+    let mut dir = exe
+        .parent()
+        .ok_or_else(|| anyhow!("{} has no parent", exe.display()))?
+        .to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let bin = dir.join("viewtape");
+    if std::env::var_os("VIEWTAPE_NO_BUILD").is_none() {
+        let release = dir.file_name().is_some_and(|n| n == "release");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = std::process::Command::new(cargo);
+        cmd.args(["build", "--quiet", "-p", "viewtape-server", "--bin", "viewtape"]);
+        if release {
+            cmd.arg("--release");
+        }
+        // Build into the same target directory the running executable came from.
+        if let Some(target) = dir.parent() {
+            cmd.env("CARGO_TARGET_DIR", target);
+        }
+        let status = cmd
+            .stdin(Stdio::null())
+            .status()
+            .context("run cargo build")?;
+        if !status.success() && !bin.exists() {
+            bail!("cargo build -p viewtape-server --bin viewtape failed: {status}");
+        }
+    }
+    if !bin.exists() {
+        bail!("no viewtape binary at {}", bin.display());
+    }
+    Ok(bin)
+}
+
+fn has_flag(args: &[String], flag: &str) -> bool {
+    args.iter()
+        .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+}
+
+/// Parses the listening line into a loopback address.
+///
+/// # Errors
+/// When the line is not `viewtape listening on http://HOST:PORT/` with a loopback host.
+pub fn parse_listening_line(line: &str) -> anyhow::Result<SocketAddr> {
+    let rest = line
+        .trim_end()
+        .strip_prefix(LISTENING_PREFIX)
+        .ok_or_else(|| anyhow!("first stdout line is not the listening line: {line:?}"))?;
+    let hostport = rest.strip_suffix('/').unwrap_or(rest);
+    let addr: SocketAddr = hostport
+        .parse()
+        .with_context(|| format!("bad address in {line:?}"))?;
+    http::ensure_loopback(addr)?;
+    Ok(addr)
+}
+
+impl Server {
+    /// Starts `viewtape serve` with `args` plus the harness defaults.
+    ///
+    /// # Errors
+    /// When the binary is missing, exits early, or does not print the listening line in time.
+    pub async fn start(args: &[&str]) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("viewtape-test-")
+            .tempdir()
+            .context("temp data dir")?;
+        Self::spawn(
+            DataDir::Temp(Arc::new(dir)),
+            args.iter().map(|s| (*s).to_owned()).collect(),
+        )
+        .await
+    }
+
+    /// Starts with a caller-owned data directory.
+    ///
+    /// # Errors
+    /// See [`Server::start`].
+    pub async fn start_in(data_dir: &Path, args: &[&str]) -> anyhow::Result<Self> {
+        Self::spawn(
+            DataDir::Given(data_dir.to_owned()),
+            args.iter().map(|s| (*s).to_owned()).collect(),
+        )
+        .await
+    }
+
+    async fn spawn(data_dir: DataDir, args: Vec<String>) -> anyhow::Result<Self> {
+        let bin = binary().await?;
+        let mut full = vec!["serve".to_owned()];
+        full.extend(args.iter().cloned());
+        if !has_flag(&args, "--listen") {
+            full.extend(["--listen".into(), "127.0.0.1:0".into()]);
+        }
+        if !has_flag(&args, "--data-dir") {
+            full.extend(["--data-dir".into(), data_dir.path().display().to_string()]);
+        }
+        if !has_flag(&args, "--demo-rate") {
+            full.extend(["--demo-rate".into(), "0".into()]);
+        }
+        let mut child = Command::new(&bin)
+            .args(&full)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("spawn {}", bin.display()))?;
+        let pid = child.id().ok_or_else(|| anyhow!("child has no pid"))?;
+
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        if let Some(mut stderr) = child.stderr.take() {
+            let logs = Arc::clone(&logs);
+            tokio::spawn(async move {
+                let mut buf = [0u8; 8192];
+                while let Ok(n) = stderr.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    if let Ok(mut logs) = logs.lock() {
+                        logs.extend_from_slice(&buf[..n]);
+                        let len = logs.len();
+                        if len > LOG_TAIL * 2 {
+                            logs.drain(..len - LOG_TAIL);
+                        }
+                    }
+                }
+            });
+        }
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("no stdout pipe"))?;
+        let mut lines = BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(START_TIMEOUT, lines.next_line()).await;
+        let mut server = Self {
+            child: Some(child),
+            pid,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir,
+            args,
+            logs,
+        };
+        let line = match first {
+            Ok(Ok(Some(line))) => line,
+            Ok(Ok(None)) => {
+                let status = server.wait_exit(Duration::from_secs(5)).await.ok();
+                bail!(
+                    "{} {full:?} closed stdout before the listening line (exit {status:?}); stderr:\n{}",
+                    bin.display(),
+                    server.logs()
+                )
+            }
+            Ok(Err(e)) => bail!("reading server stdout: {e}"),
+            Err(_) => bail!(
+                "no listening line within {START_TIMEOUT:?}; stderr:\n{}",
+                server.logs()
+            ),
+        };
+        server.addr = parse_listening_line(&line)
+            .with_context(|| format!("stderr so far:\n{}", server.logs()))?;
+        // Keep draining stdout so the server never blocks writing to it.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(server)
+    }
+
+    /// The address it listens on (loopback).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        self.data_dir.path()
+    }
+
+    /// The tail of the server's stderr.
+    pub fn logs(&self) -> String {
+        self.logs
+            .lock()
+            .map(|l| String::from_utf8_lossy(&l).into_owned())
+            .unwrap_or_default()
+    }
+
+    fn signal(&self, signal: libc::c_int) -> anyhow::Result<()> {
+        if self.child.is_none() {
+            bail!("the server is not running");
+        }
+        let pid = libc::pid_t::try_from(self.pid).context("pid out of range")?;
+        // SAFETY: kill(2) with a pid we spawned and have not reaped (the child is still owned
+        // by `self.child`, so the pid cannot have been reused).
+        let rc = unsafe { libc::kill(pid, signal) };
+        if rc != 0 {
+            bail!("kill({pid}, {signal}): {}", std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    async fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        let child = self
+            .child
+            .as_mut()
+            .ok_or_else(|| anyhow!("the server is not running"))?;
+        let status = tokio::time::timeout(timeout, child.wait())
+            .await
+            .map_err(|_| anyhow!("the server did not exit within {timeout:?}"))?
+            .context("wait")?;
+        self.child = None;
+        Ok(status)
+    }
+
+    /// SIGTERM, then waits (≤ [`STOP_TIMEOUT`]) for the exit status. The server is then stopped;
+    /// [`Server::restart`] brings it back on the same data directory.
+    ///
+    /// # Errors
+    /// When the signal fails or the server does not exit in time (it is then killed).
+    pub async fn stop_graceful(&mut self) -> anyhow::Result<ExitStatus> {
+        self.signal(libc::SIGTERM)?;
+        match self.wait_exit(STOP_TIMEOUT).await {
+            Ok(status) => Ok(status),
+            Err(e) => {
+                let _ = self.kill9().await;
+                Err(e.context(format!("stderr:\n{}", self.logs())))
+            }
+        }
+    }
+
+    /// SIGINT, then waits like [`Server::stop_graceful`].
+    ///
+    /// # Errors
+    /// See [`Server::stop_graceful`].
+    pub async fn stop_interrupt(&mut self) -> anyhow::Result<ExitStatus> {
+        self.signal(libc::SIGINT)?;
+        self.wait_exit(STOP_TIMEOUT).await
+    }
+
+    /// SIGKILL (a crash), and reaps the child.
+    ///
+    /// # Errors
+    /// When the server is not running or does not die.
+    pub async fn kill9(&mut self) -> anyhow::Result<ExitStatus> {
+        self.signal(libc::SIGKILL)?;
+        self.wait_exit(STOP_TIMEOUT).await
+    }
+
+    /// Starts the same arguments again on the same data directory (a new port). Stops the
+    /// current process with SIGKILL first if it is still running.
+    ///
+    /// # Errors
+    /// See [`Server::start`].
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        if self.child.is_some() {
+            self.kill9().await?;
+        }
+        let next = Self::spawn(self.data_dir.clone(), self.args.clone()).await?;
+        *self = next;
+        Ok(())
+    }
+
+    /// `GET path`.
+    ///
+    /// # Errors
+    /// On connection or framing errors.
+    pub async fn get(&self, path: &str) -> anyhow::Result<Response> {
+        http::request(self.addr, "GET", path, &[], b"").await
+    }
+
+    /// `POST path` with `body`.
+    ///
+    /// # Errors
+    /// On connection or framing errors.
+    pub async fn post(&self, path: &str, body: &[u8]) -> anyhow::Result<Response> {
+        http::request(self.addr, "POST", path, &[], body).await
+    }
+
+    /// `POST /runtimes/{runtime}/ingest` with an NDJSON body.
+    ///
+    /// # Errors
+    /// On connection or framing errors (not on HTTP error statuses).
+    pub async fn ingest(&self, runtime: &str, ndjson: &str) -> anyhow::Result<Response> {
+        self.post(
+            &format!("/runtimes/{runtime}/ingest"),
+            ndjson.as_bytes(),
+        )
+        .await
+    }
+
+    /// Ingests into `demo` and requires a 200.
+    ///
+    /// # Errors
+    /// On any other status.
+    pub async fn ingest_ok(&self, ndjson: &str) -> anyhow::Result<serde_json::Value> {
+        let resp = self.ingest("demo", ndjson).await?;
+        if resp.status() != 200 {
+            bail!("ingest: status {}: {}", resp.status(), resp.text());
+        }
+        resp.json()
+    }
+
+    /// Opens an SSE stream at `path` with extra headers.
+    ///
+    /// # Errors
+    /// See [`EventStream::connect`].
+    pub async fn sse(&self, path: &str, headers: &[(&str, &str)]) -> anyhow::Result<EventStream> {
+        EventStream::connect(self.addr, path, headers).await
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.is_some() && std::thread::panicking() {
+            eprintln!(
+                "---- viewtape server {} stderr (tail) ----\n{}",
+                self.addr,
+                self.logs()
+            );
+        }
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.start_kill();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listening_line() {
+        let addr = parse_listening_line("viewtape listening on http://127.0.0.1:4567/\n").unwrap();
+        assert_eq!(addr, "127.0.0.1:4567".parse().unwrap());
+        assert!(parse_listening_line("hello").is_err());
+        assert!(parse_listening_line("viewtape listening on http://10.1.1.1:80/").is_err());
+    }
+
+    #[test]
+    fn flags() {
+        let args = vec!["--listen=127.0.0.1:1".to_owned(), "--x".into()];
+        assert!(has_flag(&args, "--listen"));
+        assert!(!has_flag(&args, "--data-dir"));
+    }
+}

@@ -1,0 +1,246 @@
+//! An SSE subscription: one TCP connection, its HTTP head, and the event stream in its body.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use tokio::io::AsyncWriteExt as _;
+use tokio::net::TcpStream;
+
+use crate::http::{self, Framing, Head, READ_TIMEOUT};
+use crate::sse::{SseEvent, SseEventRef, SseParser};
+
+/// An open `GET …/events` stream with a 200 status.
+#[derive(Debug)]
+pub struct EventStream {
+    stream: TcpStream,
+    head: Head,
+    framing: Framing,
+    /// Raw bytes read but not yet decoded (chunk framing).
+    raw: Vec<u8>,
+    /// Decoded body bytes awaiting the SSE parser.
+    body: Vec<u8>,
+    parser: SseParser,
+    eof: bool,
+}
+
+impl EventStream {
+    /// Opens `path` (e.g. `/views/prices/events?cursor=…`) with extra request headers
+    /// (e.g. `("Last-Event-ID", …)`).
+    ///
+    /// # Errors
+    /// On connection or timeout errors, and when the status is not 200 (the error carries
+    /// the status and the start of the body).
+    pub async fn connect(
+        addr: SocketAddr,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        let mut stream = http::connect(addr).await?;
+        let mut all_headers = vec![("Accept", "text/event-stream")];
+        all_headers.extend_from_slice(headers);
+        let req = http::encode_request(addr, "GET", path, &all_headers, b"", true);
+        tokio::time::timeout(READ_TIMEOUT, stream.write_all(&req))
+            .await
+            .context("write timed out")?
+            .context("write request")?;
+        let mut raw = Vec::new();
+        let head = http::read_head(&mut stream, &mut raw).await?;
+        if head.status != 200 {
+            let mut tail = raw;
+            let _ = http::read_some(&mut stream, &mut tail, Duration::from_millis(200)).await;
+            bail!(
+                "GET {path}: status {} (expected 200): {:.300}",
+                head.status,
+                String::from_utf8_lossy(&tail)
+            );
+        }
+        let framing = head.framing()?;
+        Ok(Self {
+            stream,
+            head,
+            framing,
+            raw,
+            body: Vec::new(),
+            parser: SseParser::new(),
+            eof: false,
+        })
+    }
+
+    /// The response head.
+    pub fn head(&self) -> &Head {
+        &self.head
+    }
+
+    /// See [`Head::header`].
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.header(name)
+    }
+
+    /// The sticky last event ID, what a reconnecting browser would send.
+    pub fn last_event_id(&self) -> Option<&str> {
+        self.parser.last_event_id()
+    }
+
+    /// The last `retry:` hint.
+    pub fn retry(&self) -> Option<u64> {
+        self.parser.retry()
+    }
+
+    /// Heartbeat comments seen.
+    pub fn comments(&self) -> u64 {
+        self.parser.comments()
+    }
+
+    /// Whether the server ended the body (or closed the connection).
+    pub fn is_closed(&self) -> bool {
+        self.eof
+    }
+
+    /// The next event, waiting at most `timeout`; `Ok(None)` when the stream ended cleanly.
+    ///
+    /// # Errors
+    /// On a timeout, I/O or framing error.
+    pub async fn next_within(&mut self, timeout: Duration) -> anyhow::Result<Option<SseEvent>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(event) = self.parser.pop() {
+                return Ok(Some(event));
+            }
+            if self.eof {
+                return Ok(None);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                bail!("no SSE event within {timeout:?}");
+            }
+            self.read_into_parser(left).await?;
+            let body = std::mem::take(&mut self.body);
+            self.parser.feed(&body);
+            self.body = body;
+            self.body.clear();
+        }
+    }
+
+    /// The next event within [`READ_TIMEOUT`].
+    ///
+    /// # Errors
+    /// On timeout, I/O or framing errors, and when the stream ended.
+    pub async fn next_event(&mut self) -> anyhow::Result<SseEvent> {
+        match self.next_within(READ_TIMEOUT).await? {
+            Some(event) => Ok(event),
+            None => bail!("the event stream ended"),
+        }
+    }
+
+    /// The next event that is not of the given kinds (e.g. skip nothing: `&[]`).
+    ///
+    /// # Errors
+    /// See [`EventStream::next_event`].
+    pub async fn next_except(&mut self, skip: &[&str]) -> anyhow::Result<SseEvent> {
+        for _ in 0..1_000_000 {
+            let event = self.next_event().await?;
+            if !skip.contains(&event.event.as_str()) {
+                return Ok(event);
+            }
+        }
+        bail!("more than a million skipped events")
+    }
+
+    /// Collects events until one satisfies `stop` (included), at most `max` events and
+    /// [`READ_TIMEOUT`] per read.
+    ///
+    /// # Errors
+    /// On timeout, end of stream, or more than `max` events.
+    pub async fn collect_until(
+        &mut self,
+        max: usize,
+        mut stop: impl FnMut(&SseEvent) -> bool,
+    ) -> anyhow::Result<Vec<SseEvent>> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            let event = self.next_event().await?;
+            let done = stop(&event);
+            out.push(event);
+            if done {
+                return Ok(out);
+            }
+        }
+        bail!("no stopping event among {max} events: last {:?}", out.last())
+    }
+
+    /// Expects no event for `quiet` (heartbeat comments are fine).
+    ///
+    /// # Errors
+    /// When an event arrives, or on I/O errors.
+    pub async fn expect_silence(&mut self, quiet: Duration) -> anyhow::Result<()> {
+        match self.next_within(quiet).await {
+            Ok(Some(event)) => bail!("expected silence, got {event:?}"),
+            Ok(None) => bail!("expected silence, the stream ended"),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// One read (at most `timeout`), handing every event it completes to `on_event` without
+    /// allocating per event. Returns `false` once the stream ended. Do not mix with
+    /// [`EventStream::next_within`] on the same stream.
+    ///
+    /// # Errors
+    /// On timeout, I/O or framing errors.
+    pub async fn read_with(
+        &mut self,
+        timeout: Duration,
+        on_event: impl FnMut(SseEventRef<'_>),
+    ) -> anyhow::Result<bool> {
+        if self.eof {
+            return Ok(false);
+        }
+        self.read_into_parser(timeout).await?;
+        let body = std::mem::take(&mut self.body);
+        self.parser.feed_with(&body, on_event);
+        self.body = body;
+        self.body.clear();
+        Ok(!self.eof)
+    }
+
+    /// Decodes buffered bytes, reading once (at most `timeout`) when they yield nothing.
+    async fn read_into_parser(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        if !self.raw.is_empty() {
+            self.decode()?;
+            if !self.body.is_empty() || self.eof {
+                return Ok(());
+            }
+        }
+        let n = http::read_some(&mut self.stream, &mut self.raw, timeout).await?;
+        if n == 0 {
+            return match self.framing {
+                Framing::UntilClose => {
+                    self.eof = true;
+                    Ok(())
+                }
+                _ => bail!("connection closed inside the event stream body"),
+            };
+        }
+        self.decode()
+    }
+
+    fn decode(&mut self) -> anyhow::Result<()> {
+        match &mut self.framing {
+            Framing::Chunked(decoder) => {
+                if decoder.decode(&mut self.raw, &mut self.body)? {
+                    self.eof = true;
+                }
+            }
+            Framing::Length(left) => {
+                let take = (*left).min(self.raw.len() as u64) as usize;
+                self.body.extend(self.raw.drain(..take));
+                *left -= take as u64;
+                if *left == 0 {
+                    self.eof = true;
+                }
+            }
+            Framing::UntilClose => self.body.append(&mut self.raw),
+        }
+        Ok(())
+    }
+}
