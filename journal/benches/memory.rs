@@ -58,7 +58,9 @@ fn main() {
     rt.block_on(async {
         for (i, frame) in frames.iter().enumerate() {
             journal
-                .append_with("prices", keys[i % keys.len()], |_| Ok::<_, ()>(frame.clone()))
+                .append_with("prices", keys[i % keys.len()], |_| {
+                    Ok::<_, ()>(frame.clone())
+                })
                 .await
                 .expect("append");
         }

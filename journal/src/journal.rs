@@ -56,18 +56,11 @@ pub struct EventJournal {
 struct Inner {
     epoch: JournalEpoch,
     sealed: bool,
-    /// Whether a gap was marked in this epoch; views created afterwards
-    /// start with a gap floor of 1, so `offset 0` cursors fail closed.
-    gap_in_epoch: bool,
     views: HashMap<String, Tape>,
     stats: JournalStats,
 }
 
 impl Inner {
-    fn new_view_floor(&self) -> u64 {
-        u64::from(self.gap_in_epoch)
-    }
-
     /// The view's tape pruned to `now`, if the view exists.
     fn pruned(&mut self, view_id: &str, config: &JournalConfig, now: i64) -> Option<&Tape> {
         let tape = self.views.get_mut(view_id)?;
@@ -109,10 +102,9 @@ impl Inner {
                 current: self.epoch,
             });
         }
-        let floor = self.new_view_floor();
         match self.pruned(view_id, config, now) {
             Some(tape) => tape.start_after(cursor.offset()),
-            None => Tape::new(1, floor).start_after(cursor.offset()),
+            None => Tape::new(1, 0).start_after(cursor.offset()),
         }
     }
 }
@@ -131,7 +123,6 @@ impl EventJournal {
             inner: Mutex::new(Inner {
                 epoch: JournalEpoch::random(),
                 sealed: false,
-                gap_in_epoch: false,
                 views: HashMap::new(),
                 stats: JournalStats::default(),
             }),
@@ -206,14 +197,13 @@ impl EventJournal {
             inner.stats.cursorless_after_seal += 1;
             return Ok(None);
         }
-        let floor = inner.new_view_floor();
         let epoch = inner.epoch;
         let Inner { views, stats, .. } = &mut *inner;
         let tape = match views.get_mut(view_id) {
             Some(tape) => tape,
             None => views
                 .entry(view_id.to_owned())
-                .or_insert_with(|| Tape::new(1, floor)),
+                .or_insert_with(|| Tape::new(1, 0)),
         };
         let cursor = Cursor::new(epoch, tape.next());
         let frame = build_frame(cursor)?;
@@ -236,17 +226,41 @@ impl EventJournal {
     /// Records that events were lost now: every cursor issued before this
     /// call fails closed with [`ReplayError::Gap`]; cursors issued after it
     /// replay normally.
+    ///
+    /// The gap takes one offset on the tape of every view that has issued
+    /// one: a record with an empty key and an empty frame, so that the head
+    /// cursor right after the gap differs from every cursor before it. While
+    /// sealed no offset can be taken; the gap is then recorded as pending and
+    /// takes its offset when an exact hydrate unseals the tape.
     pub async fn mark_gap(&self) {
+        let now = self.now();
         let mut inner = self.lock();
-        inner.gap_in_epoch = true;
-        for tape in inner.views.values_mut() {
-            tape.gap_floor = tape.next();
+        let Inner {
+            sealed,
+            views,
+            stats,
+            ..
+        } = &mut *inner;
+        for tape in views.values_mut().filter(|tape| tape.next() > 1) {
+            if *sealed {
+                tape.gap_floor = tape.next();
+            } else {
+                tape.push_gap(now);
+                tape.prune(&self.config, now, stats);
+            }
         }
-        inner.stats.gaps_marked += 1;
+        stats.gaps_marked += 1;
     }
 
     /// The view's window, after pruning by age.
     pub async fn window(&self, view_id: &str) -> ReplayWindow {
+        self.window_now(view_id)
+    }
+
+    /// [`EventJournal::window`], synchronously: for callers that must read
+    /// the window under a lock of their own, such as a view's state, which
+    /// is only consistent with the head cursor read in the same section.
+    pub fn window_now(&self, view_id: &str) -> ReplayWindow {
         let now = self.now();
         self.lock().window(view_id, &self.config, now)
     }
@@ -324,7 +338,6 @@ impl EventJournal {
         let mut inner = self.lock();
         let Inner {
             epoch,
-            gap_in_epoch,
             views,
             stats,
             ..
@@ -353,7 +366,6 @@ impl EventJournal {
         JournalSnapshot {
             epoch: self.config.enabled.then_some(*epoch),
             taken_at_unix_ms,
-            gap_in_epoch: *gap_in_epoch,
             views,
         }
     }
@@ -397,6 +409,10 @@ impl EventJournal {
                         at: now.saturating_sub(age),
                     });
                 }
+                if tape.gap_floor == next && next > 1 {
+                    // A gap marked while sealed takes its offset now.
+                    tape.push_gap(now);
+                }
                 tape
             } else {
                 Tape::new(next, 0)
@@ -412,14 +428,12 @@ impl EventJournal {
         inner.sealed = false;
         if exact {
             inner.epoch = snapshot_epoch;
-            inner.gap_in_epoch = snapshot.gap_in_epoch;
         } else {
             let mut epoch = JournalEpoch::random_other_than(snapshot_epoch);
             while epoch == inner.epoch {
                 epoch = JournalEpoch::random_other_than(snapshot_epoch);
             }
             inner.epoch = epoch;
-            inner.gap_in_epoch = false;
         }
     }
 
@@ -732,13 +746,20 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_gap_fails_older_cursors_only() {
+    async fn a_gap_takes_an_offset_and_fails_older_cursors_only() {
         let (journal, _) = journal_with(JournalConfig::default());
         append(&journal, "a", "k").await;
         append(&journal, "a", "k").await;
         journal.mark_gap().await;
-        append(&journal, "a", "k").await;
         let epoch = journal.epoch().await;
+        // The head right after the gap is a cursor no one held before it.
+        assert_eq!(journal.window("a").await.next, 4);
+        assert!(journal
+            .replay_after("a", Some(&Cursor::new(epoch, 3)))
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(append(&journal, "a", "k").await, Some(4));
         for offset in [0, 1, 2] {
             assert_eq!(
                 journal
@@ -750,27 +771,54 @@ mod tests {
                 })
             );
         }
-        assert!(journal
+        let after = journal
             .replay_after("a", Some(&Cursor::new(epoch, 3)))
             .await
-            .unwrap()
-            .is_empty());
-        // Without a cursor the whole retained tape is still served.
-        assert_eq!(journal.replay_after("a", None).await.unwrap().len(), 3);
-        // A view created after the gap: offset-0 cursors fail closed, later ones work.
-        assert!(matches!(
-            journal
-                .replay_after("b", Some(&Cursor::new(epoch, 0)))
-                .await,
-            Err(ReplayError::Gap { .. })
-        ));
-        append(&journal, "b", "k").await;
+            .unwrap();
+        assert_eq!(after.iter().map(|r| r.offset).collect::<Vec<_>>(), [4]);
+        // Without a cursor the whole retained tape is served, the gap
+        // record (empty key and frame) included.
+        let all = journal.replay_after("a", None).await.unwrap();
+        assert_eq!(all.len(), 4);
+        assert!(all[2].key.is_empty() && all[2].frame.is_empty());
+        // A view with no offsets issued has nothing to protect.
         assert!(journal
-            .replay_after("b", Some(&Cursor::new(epoch, 1)))
+            .replay_after("b", Some(&Cursor::new(epoch, 0)))
             .await
             .unwrap()
             .is_empty());
-        assert_eq!(journal.stats().replays_refused_gap, 4);
+        assert_eq!(journal.stats().replays_refused_gap, 3);
+    }
+
+    #[tokio::test]
+    async fn a_gap_marked_while_sealed_takes_its_offset_in_the_next_life() {
+        let (journal, clock) = journal_with(JournalConfig::default());
+        append(&journal, "a", "k").await;
+        journal.seal();
+        journal.mark_gap().await;
+        let epoch = journal.epoch().await;
+        assert!(matches!(
+            journal
+                .replay_after("a", Some(&Cursor::new(epoch, 1)))
+                .await,
+            Err(ReplayError::Gap {
+                cursor: 1,
+                resume_from: 2
+            })
+        ));
+        let next = EventJournal::with_clock(JournalConfig::default(), clock);
+        next.hydrate(journal.dump().await, true).await;
+        let window = next.window("a").await;
+        assert_eq!((window.first, window.next), (1, 3));
+        assert!(next
+            .replay_after("a", Some(&Cursor::new(epoch, 2)))
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(matches!(
+            next.replay_after("a", Some(&Cursor::new(epoch, 1))).await,
+            Err(ReplayError::Gap { .. })
+        ));
     }
 
     #[tokio::test]
@@ -788,7 +836,8 @@ mod tests {
         journal.seal();
         let epoch = journal.epoch().await;
         let dump = journal.dump().await;
-        assert_eq!(dump.record_count(), 3);
+        // k1, k2, the gap record (offset 3), k3 (offset 4).
+        assert_eq!(dump.record_count(), 4);
 
         // The next life starts 5 s later: k1 is 11 s old, k2 exactly 10 s.
         let later = Arc::new(ManualClock::new(clock.unix_ms() + 5_000));
@@ -796,16 +845,16 @@ mod tests {
         next.hydrate(dump, true).await;
         assert_eq!(next.epoch().await, epoch);
         let window = next.window("a").await;
-        assert_eq!((window.first, window.next, window.sealed), (2, 4, false));
-        assert_eq!(append(&next, "a", "k4").await, Some(4));
+        assert_eq!((window.first, window.next, window.sealed), (2, 5, false));
+        assert_eq!(append(&next, "a", "k5").await, Some(5));
         let records = next
-            .replay_after("a", Some(&Cursor::new(epoch, 3)))
+            .replay_after("a", Some(&Cursor::new(epoch, 4)))
             .await
             .unwrap();
         assert_eq!(records.len(), 1);
         assert_eq!(
             (&records[0].frame[..], records[0].key.as_str()),
-            (&b"a:4"[..], "k4")
+            (&b"a:5"[..], "k5")
         );
         assert_eq!(
             next.replay_after("a", Some(&Cursor::new(epoch, 2))).await,

@@ -55,9 +55,12 @@
 //!
 //! [`EventJournal::mark_gap`] records that events were lost *now*: for every
 //! view, cursors issued before this moment fail with [`ReplayError::Gap`],
-//! while cursors issued afterwards replay normally. (A view that is still
-//! empty after a gap cannot tell an old `offset 0` cursor from a new one, so
-//! such cursors keep failing closed until the view's first record arrives.)
+//! while cursors issued afterwards replay normally. To tell the two apart,
+//! the gap takes one offset on every view that has issued one: a *gap
+//! record* with an empty key and an empty frame (writing it to a socket
+//! writes nothing). A cursor at or after the gap record replays normally; so
+//! the head cursor read right after a gap is already valid. A view that has
+//! issued no offset in this epoch has nothing to protect and takes none.
 //! An ingestion runtime running inside [`EventJournal::scope`] reports a gap
 //! with the free function [`report_gap`], without being handed the journal.
 //!

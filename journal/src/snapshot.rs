@@ -18,8 +18,6 @@ pub struct JournalSnapshot {
     pub epoch: Option<JournalEpoch>,
     /// Wall-clock time of the dump; record ages are relative to it.
     pub taken_at_unix_ms: u64,
-    /// Whether a gap was marked in this epoch before the dump.
-    pub gap_in_epoch: bool,
     /// One entry per view.
     pub views: Vec<SnapshotView>,
 }

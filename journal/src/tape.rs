@@ -34,7 +34,9 @@ pub(crate) struct Tape {
     pub(crate) first: u64,
     pub(crate) records: VecDeque<Slot>,
     pub(crate) bytes: usize,
-    /// Cursors with an offset below this fail with [`ReplayError::Gap`].
+    /// Cursors with an offset below this fail with [`ReplayError::Gap`]. It
+    /// is the offset of the newest gap record, or `next()` while a gap
+    /// marked under seal waits for its offset, or 0.
     pub(crate) gap_floor: u64,
 }
 
@@ -55,6 +57,16 @@ impl Tape {
     pub(crate) fn push(&mut self, slot: Slot) {
         self.bytes += slot.frame.len();
         self.records.push_back(slot);
+    }
+
+    /// Records a gap: an empty record whose offset becomes the gap floor.
+    pub(crate) fn push_gap(&mut self, now: i64) {
+        self.gap_floor = self.next();
+        self.push(Slot {
+            frame: Arc::new(Bytes::new()),
+            key: CompactString::default(),
+            at: now,
+        });
     }
 
     fn pop_front(&mut self) {

@@ -77,14 +77,21 @@ fn threads_appending_to_many_views_keep_each_view_dense() {
             });
         }
     });
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let epoch = rt.block_on(journal.epoch());
     for view in 0..8 {
-        let records = rt.block_on(journal.replay_after(&format!("v{view}"), None)).unwrap();
+        let records = rt
+            .block_on(journal.replay_after(&format!("v{view}"), None))
+            .unwrap();
         assert_eq!(records.len(), 2_000);
         for (i, record) in records.iter().enumerate() {
             assert_eq!(record.offset, i as u64 + 1);
-            assert_eq!(&record.frame[..], format!("{epoch}-{}", record.offset).as_bytes());
+            assert_eq!(
+                &record.frame[..],
+                format!("{epoch}-{}", record.offset).as_bytes()
+            );
         }
     }
 }

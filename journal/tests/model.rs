@@ -17,16 +17,24 @@ const MAX_AGE_MS: u64 = 3_000;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Append { view: usize, len: usize },
+    Append {
+        view: usize,
+        len: usize,
+    },
     Seal,
     Gap,
-    Advance { ms: u64 },
+    Advance {
+        ms: u64,
+    },
     Dump,
     /// Graceful restart: seal, dump, and an exact hydrate into a new journal.
     Restart,
     /// Crash restore: a periodic hydrate of the newest stored dump.
     RestorePeriodic,
-    Replay { view: usize, pick: usize },
+    Replay {
+        view: usize,
+        pick: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -54,7 +62,11 @@ struct ModelView {
 
 impl ModelView {
     fn new(floor: u64) -> Self {
-        Self { records: VecDeque::new(), first: 1, floor }
+        Self {
+            records: VecDeque::new(),
+            first: 1,
+            floor,
+        }
     }
     fn next(&self) -> u64 {
         self.first + self.records.len() as u64
@@ -64,7 +76,11 @@ impl ModelView {
             view.records.pop_front();
             view.first += 1;
         };
-        while self.records.front().is_some_and(|r| now_ms - r.2 > MAX_AGE_MS) {
+        while self
+            .records
+            .front()
+            .is_some_and(|r| now_ms - r.2 > MAX_AGE_MS)
+        {
             pop(self);
         }
         while self.records.len() > config.max_records_per_view {
@@ -76,11 +92,17 @@ impl ModelView {
     }
 }
 
+/// A gap takes one offset: an empty record that becomes the gap floor.
+fn push_gap(view: &mut ModelView, now_ms: u64) {
+    view.floor = view.next();
+    view.records.push_back((view.next(), Bytes::new(), now_ms));
+    view.prune(&config(), now_ms);
+}
+
 #[derive(Clone)]
 struct Model {
     epoch: JournalEpoch,
     sealed: bool,
-    gap_in_epoch: bool,
     views: HashMap<&'static str, ModelView>,
     now_ms: u64,
 }
@@ -101,9 +123,8 @@ fn check_replay(
     got: Result<Vec<viewtape_journal::JournalRecord>, ReplayError>,
 ) -> Result<(), TestCaseError> {
     let config = config();
-    let floor = u64::from(model.gap_in_epoch);
     let now = model.now_ms;
-    let entry = model.views.entry(view).or_insert_with(|| ModelView::new(floor));
+    let entry = model.views.entry(view).or_insert_with(|| ModelView::new(0));
     entry.prune(&config, now);
     let expected: Result<Vec<(u64, Bytes)>, &str> = match cursor {
         None => Ok(entry.records.iter().map(|r| (r.0, r.1.clone())).collect()),
@@ -120,7 +141,10 @@ fn check_replay(
     };
     match (expected, got) {
         (Ok(expected), Ok(got)) => {
-            let got: Vec<(u64, Bytes)> = got.into_iter().map(|r| (r.offset, (*r.frame).clone())).collect();
+            let got: Vec<(u64, Bytes)> = got
+                .into_iter()
+                .map(|r| (r.offset, (*r.frame).clone()))
+                .collect();
             prop_assert_eq!(got, expected);
         }
         (Err(reason), Err(error)) => prop_assert_eq!(error.reason(), reason, "{:?}", error),
@@ -140,7 +164,6 @@ proptest! {
         let mut model = Model {
             epoch: rt.block_on(journal.epoch()),
             sealed: false,
-            gap_in_epoch: false,
             views: HashMap::new(),
             now_ms: 0,
         };
@@ -160,9 +183,8 @@ proptest! {
                     let built = rt.block_on(journal.append_with(view, "k", |offset| {
                         Ok::<_, ()>(Arc::new(Bytes::from(format!("{offset}/{body}"))))
                     })).unwrap();
-                    let floor = u64::from(model.gap_in_epoch);
                     let now = model.now_ms;
-                    let entry = model.views.entry(view).or_insert_with(|| ModelView::new(floor));
+                    let entry = model.views.entry(view).or_insert_with(|| ModelView::new(0));
                     if model.sealed {
                         prop_assert!(built.is_none());
                     } else {
@@ -184,9 +206,12 @@ proptest! {
                 }
                 Op::Gap => {
                     rt.block_on(journal.mark_gap());
-                    model.gap_in_epoch = true;
-                    for view in model.views.values_mut() {
-                        view.floor = view.next();
+                    for view in model.views.values_mut().filter(|view| view.next() > 1) {
+                        if model.sealed {
+                            view.floor = view.next();
+                        } else {
+                            push_gap(view, model.now_ms);
+                        }
                     }
                 }
                 Op::Advance { ms } => {
@@ -199,7 +224,6 @@ proptest! {
                     let snapshot_model = Model {
                         epoch: model.epoch,
                         sealed: false,
-                        gap_in_epoch: model.gap_in_epoch,
                         views: model.views.clone(),
                         now_ms: model.now_ms,
                     };
@@ -212,6 +236,11 @@ proptest! {
                     rt.block_on(next.hydrate(dump, true));
                     journal = next;
                     model.sealed = false;
+                    for view in model.views.values_mut() {
+                        if view.floor == view.next() && view.next() > 1 {
+                            push_gap(view, model.now_ms);
+                        }
+                    }
                     prop_assert_eq!(rt.block_on(journal.epoch()), model.epoch);
                 }
                 Op::RestorePeriodic => {
@@ -223,7 +252,6 @@ proptest! {
                     old_epochs.push(model.epoch);
                     model.epoch = epoch;
                     model.sealed = false;
-                    model.gap_in_epoch = false;
                     model.views = snapshot_model
                         .views
                         .iter()
