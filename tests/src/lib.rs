@@ -5,11 +5,13 @@
 //! - [`http`]: a minimal HTTP/1.1 client with a timeout on every read.
 //! - [`sse`]: a WHATWG-conformant, incremental SSE parser.
 //! - [`stream`]: an SSE subscription ([`EventStream`]) built from the two.
+//! - [`expect`]: assertions over the wire format (updates, resets, the tape).
 //! - [`feed`]: NDJSON ticks for the embedded `ticker` guest, and cursor helpers.
 //!
 //! Shared by the end-to-end tests in `tests/tests/` and by the `viewtape-bench` load tool.
 //! Everything here talks to 127.0.0.0/8 or ::1 only ([`http::ensure_loopback`]).
 
+pub mod expect;
 pub mod feed;
 pub mod http;
 pub mod server;

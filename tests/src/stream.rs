@@ -169,6 +169,29 @@ impl EventStream {
         bail!("no stopping event among {max} events: last {:?}", out.last())
     }
 
+    /// Reads a state transfer: `state` events until `synced`. Returns the states and the
+    /// synced event (whose `id` is the cursor the state reflects).
+    ///
+    /// # Errors
+    /// On any other event kind before `synced`, more than `max_states` states, or timeouts.
+    pub async fn until_synced(
+        &mut self,
+        max_states: usize,
+    ) -> anyhow::Result<(Vec<SseEvent>, SseEvent)> {
+        let mut states = Vec::new();
+        loop {
+            let event = self.next_event().await?;
+            match event.event.as_str() {
+                "state" if states.len() < max_states => states.push(event),
+                "synced" => return Ok((states, event)),
+                _ => bail!(
+                    "expected state or synced after {} states, got {event:?}",
+                    states.len()
+                ),
+            }
+        }
+    }
+
     /// Expects no event for `quiet` (heartbeat comments are fine).
     ///
     /// # Errors

@@ -1,0 +1,92 @@
+//! Assertions shared by the end-to-end tests, over the wire format of DESIGN §5.
+
+use anyhow::{bail, ensure, Context as _};
+use viewtape_journal::Cursor;
+
+use crate::feed::{event_seq, parse_cursor};
+use crate::server::Server;
+use crate::sse::SseEvent;
+
+/// The cursor of an event that must carry one.
+///
+/// # Errors
+/// When the event has no `id` or it is not a cursor.
+pub fn cursor_of(event: &SseEvent) -> anyhow::Result<Cursor> {
+    let id = event
+        .id
+        .as_deref()
+        .with_context(|| format!("event without id: {event:?}"))?;
+    parse_cursor(id)
+}
+
+/// Checks an `update` event: kind, id offset, key, and the ticker payload's `seq`.
+///
+/// # Errors
+/// On any mismatch.
+pub fn update(event: &SseEvent, offset: u64, key: &str, seq: u64) -> anyhow::Result<Cursor> {
+    ensure!(event.event == "update", "expected update, got {event:?}");
+    let cursor = cursor_of(event)?;
+    ensure!(
+        cursor.offset() == offset,
+        "expected offset {offset}, got {event:?}"
+    );
+    let data = event.json()?;
+    ensure!(data["key"] == key, "expected key {key}, got {event:?}");
+    ensure!(
+        event_seq(&data)? == seq,
+        "expected seq {seq}, got {event:?}"
+    );
+    ensure!(
+        data["value"]["symbol"] == key,
+        "payload symbol is not the key: {event:?}"
+    );
+    Ok(cursor)
+}
+
+/// Checks a `reset` event and returns its JSON data (`reason`, `epoch`, `first`, `next`).
+///
+/// # Errors
+/// When the event is not a reset with that reason and a well-formed window.
+pub fn reset(event: &SseEvent, reason: &str) -> anyhow::Result<serde_json::Value> {
+    ensure!(event.event == "reset", "expected reset ({reason}), got {event:?}");
+    ensure!(event.id.is_none(), "a reset carries no id: {event:?}");
+    let data = event.json()?;
+    ensure!(
+        data["reason"] == reason,
+        "expected reason {reason:?}, got {data}"
+    );
+    let epoch = data["epoch"]
+        .as_str()
+        .with_context(|| format!("reset without epoch: {data}"))?;
+    ensure!(
+        epoch.len() == 16 && epoch.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+        "reset epoch is not 16 lowercase hex: {data}"
+    );
+    let first = data["first"].as_u64();
+    let next = data["next"].as_u64();
+    match (first, next) {
+        (Some(first), Some(next)) if first <= next => {}
+        _ => bail!("reset window is not first <= next: {data}"),
+    }
+    Ok(data)
+}
+
+/// The first `n` events of the retained tape of `view` (`?from=tape`, no cursor).
+///
+/// # Errors
+/// On connection errors, timeouts, or a non-update/delete event.
+pub async fn tape(server: &Server, view: &str, n: usize) -> anyhow::Result<Vec<SseEvent>> {
+    let mut stream = server
+        .sse(&format!("/views/{view}/events?from=tape"), &[])
+        .await?;
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let event = stream.next_event().await?;
+        ensure!(
+            event.event == "update" || event.event == "delete",
+            "tape replay yielded {event:?}"
+        );
+        out.push(event);
+    }
+    Ok(out)
+}

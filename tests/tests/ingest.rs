@@ -1,0 +1,107 @@
+//! `POST /runtimes/{runtime}/ingest`: all-or-nothing batches, 404, 413, 422.
+
+use std::time::Duration;
+
+use anyhow::ensure;
+use viewtape_tests::{expect, feed::tick, Feed, Server};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_batch_reports_events_per_view() -> anyhow::Result<()> {
+    let server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME", "BOLT"]);
+    let reply = server.ingest_ok(&feed.batch(3)).await?;
+    ensure!(reply["events"]["prices"] == 3, "{reply}");
+    // Blank lines and CRLF are fine.
+    let body = format!("\r\n{}\r\n\n", feed.line().trim_end());
+    let reply = server.ingest_ok(&body).await?;
+    ensure!(reply["events"]["prices"] == 1, "{reply}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_line_publishes_nothing_from_its_batch() -> anyhow::Result<()> {
+    let server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME"]);
+    server.ingest_ok(&feed.batch(1)).await?;
+    let mut live = server.sse("/views/prices/events?from=tape", &[]).await?;
+    expect::update(&live.next_event().await?, 1, "ACME", 1)?;
+
+    // Lines 1 and 2 are valid (seq 2, 3), line 3 is not.
+    let mut attempt = feed.clone();
+    let body = format!("{}{}{{\"symbol\":\"ACME\",\"price\":\n", attempt.line(), attempt.line());
+    let resp = server.ingest("demo", &body).await?;
+    ensure!(resp.status() == 422, "{} {}", resp.status(), resp.text());
+    let error = resp.json()?;
+    ensure!(error["error"].is_string() && error["message"].is_string(), "{error}");
+    ensure!(
+        error["message"].as_str().unwrap_or_default().contains("line 3"),
+        "the message names the line: {error}"
+    );
+    live.expect_silence(Duration::from_millis(300)).await?;
+
+    // The guest rolled back too: seq 2 and 3 are new to it, not redeliveries.
+    let reply = server.ingest_ok(&feed.batch(2)).await?;
+    ensure!(reply["events"]["prices"] == 2, "{reply}");
+    expect::update(&live.next_event().await?, 2, "ACME", 2)?;
+    expect::update(&live.next_event().await?, 3, "ACME", 3)?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_invalid_ticks_are_422() -> anyhow::Result<()> {
+    let server = Server::start(&[]).await?;
+    for body in [
+        "not json\n".to_owned(),
+        "{\"symbol\":\"\",\"price\":1,\"seq\":1}\n".to_owned(),
+        "{\"symbol\":\"A\",\"price\":1}\n".to_owned(),
+        tick("A", 1.0, 1).replace("1,", "\"x\","),
+    ] {
+        let resp = server.ingest("demo", &body).await?;
+        ensure!(resp.status() == 422, "{body:?}: {} {}", resp.status(), resp.text());
+        let error = resp.json()?;
+        ensure!(error["error"].is_string() && error["message"].is_string(), "{error}");
+    }
+    let view = server.get("/views/prices").await?.json()?;
+    ensure!(
+        view["entries"].as_object().is_none_or(|e| e.is_empty()),
+        "nothing published: {view}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_runtime_is_404() -> anyhow::Result<()> {
+    let server = Server::start(&[]).await?;
+    let resp = server
+        .ingest("nosuch", &Feed::new(&["ACME"]).batch(1))
+        .await?;
+    ensure!(resp.status() == 404, "{} {}", resp.status(), resp.text());
+    resp.json()?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn body_over_one_mebibyte_is_413() -> anyhow::Result<()> {
+    let server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME"]);
+    let mut body = String::new();
+    while body.len() <= 1024 * 1024 {
+        body.push_str(&feed.line());
+    }
+    let resp = server.ingest("demo", &body).await?;
+    ensure!(resp.status() == 413, "{} {:.200}", resp.status(), resp.text());
+
+    // Just under the limit is accepted.
+    let mut feed = Feed::new(&["ACME"]);
+    let mut body = String::new();
+    loop {
+        let line = feed.line();
+        if body.len() + line.len() > 1024 * 1024 {
+            break;
+        }
+        body.push_str(&line);
+    }
+    let resp = server.ingest("demo", &body).await?;
+    ensure!(resp.status() == 200, "{} {:.200}", resp.status(), resp.text());
+    Ok(())
+}
