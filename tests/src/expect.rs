@@ -48,7 +48,10 @@ pub fn update(event: &SseEvent, offset: u64, key: &str, seq: u64) -> anyhow::Res
 /// # Errors
 /// When the event is not a reset with that reason and a well-formed window.
 pub fn reset(event: &SseEvent, reason: &str) -> anyhow::Result<serde_json::Value> {
-    ensure!(event.event == "reset", "expected reset ({reason}), got {event:?}");
+    ensure!(
+        event.event == "reset",
+        "expected reset ({reason}), got {event:?}"
+    );
     ensure!(event.id.is_none(), "a reset carries no id: {event:?}");
     let data = event.json()?;
     ensure!(
@@ -59,7 +62,10 @@ pub fn reset(event: &SseEvent, reason: &str) -> anyhow::Result<serde_json::Value
         .as_str()
         .with_context(|| format!("reset without epoch: {data}"))?;
     ensure!(
-        epoch.len() == 16 && epoch.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+        epoch.len() == 16
+            && epoch
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
         "reset epoch is not 16 lowercase hex: {data}"
     );
     let first = data["first"].as_u64();

@@ -43,7 +43,11 @@ impl Head {
 
     pub(crate) fn framing(&self) -> anyhow::Result<Framing> {
         if let Some(te) = self.header("transfer-encoding") {
-            if te.to_ascii_lowercase().split(',').any(|t| t.trim() == "chunked") {
+            if te
+                .to_ascii_lowercase()
+                .split(',')
+                .any(|t| t.trim() == "chunked")
+            {
                 return Ok(Framing::Chunked(ChunkedDecoder::default()));
             }
         }

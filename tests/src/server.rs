@@ -105,7 +105,14 @@ fn locate_or_build() -> anyhow::Result<PathBuf> {
         let release = dir.file_name().is_some_and(|n| n == "release");
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut cmd = std::process::Command::new(cargo);
-        cmd.args(["build", "--quiet", "-p", "viewtape-server", "--bin", "viewtape"]);
+        cmd.args([
+            "build",
+            "--quiet",
+            "-p",
+            "viewtape-server",
+            "--bin",
+            "viewtape",
+        ]);
         if release {
             cmd.arg("--release");
         }
@@ -380,11 +387,8 @@ impl Server {
     /// # Errors
     /// On connection or framing errors (not on HTTP error statuses).
     pub async fn ingest(&self, runtime: &str, ndjson: &str) -> anyhow::Result<Response> {
-        self.post(
-            &format!("/runtimes/{runtime}/ingest"),
-            ndjson.as_bytes(),
-        )
-        .await
+        self.post(&format!("/runtimes/{runtime}/ingest"), ndjson.as_bytes())
+            .await
     }
 
     /// Ingests into `demo` and requires a 200.

@@ -35,8 +35,13 @@ impl SseEvent {
     /// # Errors
     /// When the data is not JSON.
     pub fn json(&self) -> anyhow::Result<serde_json::Value> {
-        serde_json::from_str(&self.data)
-            .map_err(|e| anyhow::anyhow!("event {:?} data is not JSON ({e}): {}", self.event, self.data))
+        serde_json::from_str(&self.data).map_err(|e| {
+            anyhow::anyhow!(
+                "event {:?} data is not JSON ({e}): {}",
+                self.event,
+                self.data
+            )
+        })
     }
 }
 

@@ -166,7 +166,10 @@ impl EventStream {
                 return Ok(out);
             }
         }
-        bail!("no stopping event among {max} events: last {:?}", out.last())
+        bail!(
+            "no stopping event among {max} events: last {:?}",
+            out.last()
+        )
     }
 
     /// Reads a state transfer: `state` events until `synced`. Returns the states and the

@@ -28,13 +28,23 @@ async fn a_bad_line_publishes_nothing_from_its_batch() -> anyhow::Result<()> {
 
     // Lines 1 and 2 are valid (seq 2, 3), line 3 is not.
     let mut attempt = feed.clone();
-    let body = format!("{}{}{{\"symbol\":\"ACME\",\"price\":\n", attempt.line(), attempt.line());
+    let body = format!(
+        "{}{}{{\"symbol\":\"ACME\",\"price\":\n",
+        attempt.line(),
+        attempt.line()
+    );
     let resp = server.ingest("demo", &body).await?;
     ensure!(resp.status() == 422, "{} {}", resp.status(), resp.text());
     let error = resp.json()?;
-    ensure!(error["error"].is_string() && error["message"].is_string(), "{error}");
     ensure!(
-        error["message"].as_str().unwrap_or_default().contains("line 3"),
+        error["error"].is_string() && error["message"].is_string(),
+        "{error}"
+    );
+    ensure!(
+        error["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("line 3"),
         "the message names the line: {error}"
     );
     live.expect_silence(Duration::from_millis(300)).await?;
@@ -57,9 +67,17 @@ async fn malformed_and_invalid_ticks_are_422() -> anyhow::Result<()> {
         tick("A", 1.0, 1).replace("1,", "\"x\","),
     ] {
         let resp = server.ingest("demo", &body).await?;
-        ensure!(resp.status() == 422, "{body:?}: {} {}", resp.status(), resp.text());
+        ensure!(
+            resp.status() == 422,
+            "{body:?}: {} {}",
+            resp.status(),
+            resp.text()
+        );
         let error = resp.json()?;
-        ensure!(error["error"].is_string() && error["message"].is_string(), "{error}");
+        ensure!(
+            error["error"].is_string() && error["message"].is_string(),
+            "{error}"
+        );
     }
     let view = server.get("/views/prices").await?.json()?;
     ensure!(
@@ -89,7 +107,12 @@ async fn body_over_one_mebibyte_is_413() -> anyhow::Result<()> {
         body.push_str(&feed.line());
     }
     let resp = server.ingest("demo", &body).await?;
-    ensure!(resp.status() == 413, "{} {:.200}", resp.status(), resp.text());
+    ensure!(
+        resp.status() == 413,
+        "{} {:.200}",
+        resp.status(),
+        resp.text()
+    );
 
     // Just under the limit is accepted.
     let mut feed = Feed::new(&["ACME"]);
@@ -102,6 +125,11 @@ async fn body_over_one_mebibyte_is_413() -> anyhow::Result<()> {
         body.push_str(&line);
     }
     let resp = server.ingest("demo", &body).await?;
-    ensure!(resp.status() == 200, "{} {:.200}", resp.status(), resp.text());
+    ensure!(
+        resp.status() == 200,
+        "{} {:.200}",
+        resp.status(),
+        resp.text()
+    );
     Ok(())
 }

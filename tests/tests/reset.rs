@@ -18,10 +18,18 @@ async fn heals(
 ) -> anyhow::Result<()> {
     let (states, synced) = stream.until_synced(1000).await?;
     ensure!(states.len() == keys, "{} states, want {keys}", states.len());
-    ensure!(cursor_offset(synced.id.as_deref().unwrap_or(""))? == head, "{synced:?}");
+    ensure!(
+        cursor_offset(synced.id.as_deref().unwrap_or(""))? == head,
+        "{synced:?}"
+    );
     let seq = feed.next_seq();
     server.ingest_ok(&feed.batch(1)).await?;
-    expect::update(&stream.next_event().await?, head + 1, feed.symbol_of(seq), seq)?;
+    expect::update(
+        &stream.next_event().await?,
+        head + 1,
+        feed.symbol_of(seq),
+        seq,
+    )?;
     Ok(())
 }
 
@@ -36,7 +44,12 @@ async fn malformed_cursor_resets() -> anyhow::Result<()> {
     let server = Server::start(&[]).await?;
     let mut feed = Feed::new(&["ACME", "BOLT"]);
     let head = five_events(&server, &mut feed).await?;
-    for bad in ["zzz", "00f3a9c1d2e4b5a6-", "00F3A9C1D2E4B5A6-1", "00f3a9c1d2e4b5a6-01"] {
+    for bad in [
+        "zzz",
+        "00f3a9c1d2e4b5a6-",
+        "00F3A9C1D2E4B5A6-1",
+        "00f3a9c1d2e4b5a6-01",
+    ] {
         let mut stream = server
             .sse(&format!("/views/prices/events?cursor={bad}"), &[])
             .await?;
@@ -61,7 +74,10 @@ async fn cursor_from_another_epoch_resets() -> anyhow::Result<()> {
     let head = five_events(&server, &mut feed).await?;
     let other = Cursor::new(JournalEpoch::random_other_than(head.epoch()), 3);
     let mut stream = server
-        .sse("/views/prices/events", &[("Last-Event-ID", &other.to_string())])
+        .sse(
+            "/views/prices/events",
+            &[("Last-Event-ID", &other.to_string())],
+        )
         .await?;
     let data = expect::reset(&stream.next_event().await?, "stale_epoch")?;
     ensure!(data["epoch"] == head.epoch().to_string().as_str(), "{data}");
@@ -116,7 +132,10 @@ wasm = "builtin:ticker"
 
     let stale = Cursor::new(first.epoch(), 2);
     let mut stream = server
-        .sse("/views/prices/events", &[("Last-Event-ID", &stale.to_string())])
+        .sse(
+            "/views/prices/events",
+            &[("Last-Event-ID", &stale.to_string())],
+        )
         .await?;
     let data = expect::reset(&stream.next_event().await?, "expired")?;
     ensure!(data["first"] == 16 && data["next"] == 21, "{data}");
@@ -126,14 +145,23 @@ wasm = "builtin:ticker"
     // pruned offset) still resumes whole, one at 15 does not.
     let edge = Cursor::new(first.epoch(), 16);
     let mut stream = server
-        .sse("/views/prices/events", &[("Last-Event-ID", &edge.to_string())])
+        .sse(
+            "/views/prices/events",
+            &[("Last-Event-ID", &edge.to_string())],
+        )
         .await?;
     let event = stream.next_event().await?;
-    ensure!(event.event == "update", "cursor 16 with window 17..=21: {event:?}");
+    ensure!(
+        event.event == "update",
+        "cursor 16 with window 17..=21: {event:?}"
+    );
     ensure!(parse_cursor(event.id.as_deref().unwrap_or(""))?.offset() == 17);
     let below = Cursor::new(first.epoch(), 15);
     let mut stream = server
-        .sse("/views/prices/events", &[("Last-Event-ID", &below.to_string())])
+        .sse(
+            "/views/prices/events",
+            &[("Last-Event-ID", &below.to_string())],
+        )
         .await?;
     expect::reset(&stream.next_event().await?, "expired")?;
     Ok(())
@@ -151,7 +179,10 @@ async fn cursor_across_a_gap_resets() -> anyhow::Result<()> {
     feed.skip(5);
     server.ingest_ok(&feed.batch(2)).await?;
     let mut stream = server
-        .sse("/views/prices/events", &[("Last-Event-ID", &before_gap.to_string())])
+        .sse(
+            "/views/prices/events",
+            &[("Last-Event-ID", &before_gap.to_string())],
+        )
         .await?;
     expect::reset(&stream.next_event().await?, "gap")?;
     let (states, synced) = stream.until_synced(100).await?;

@@ -36,7 +36,12 @@ async fn resume_after_cursor_has_no_duplicate_and_no_loss() -> anyhow::Result<()
         .sse("/views/prices/events", &[("Last-Event-ID", &last)])
         .await?;
     for offset in 11..=15 {
-        expect::update(&stream.next_event().await?, offset, feed.symbol_of(offset), offset)?;
+        expect::update(
+            &stream.next_event().await?,
+            offset,
+            feed.symbol_of(offset),
+            offset,
+        )?;
     }
     stream.expect_silence(QUIET).await?;
     // And then live.
@@ -113,7 +118,10 @@ async fn state_transfer_then_synced_then_live() -> anyhow::Result<()> {
     }
     let synced_id = synced.id.clone().unwrap_or_default();
     let data = synced.json()?;
-    ensure!(data["cursor"] == synced_id.as_str(), "{data} vs id {synced_id}");
+    ensure!(
+        data["cursor"] == synced_id.as_str(),
+        "{data} vs id {synced_id}"
+    );
     ensure!(data["keys"] == 3, "{data}");
     ensure!(cursor_offset(&synced_id)? == 7);
 
@@ -123,7 +131,10 @@ async fn state_transfer_then_synced_then_live() -> anyhow::Result<()> {
     let view = view.json()?;
     ensure!(view["cursor"] == synced_id.as_str(), "{view}");
     ensure!(view["entries"]["ACME"]["seq"] == 7, "{view}");
-    ensure!(view["entries"].as_object().map(|o| o.len()) == Some(3), "{view}");
+    ensure!(
+        view["entries"].as_object().map(|o| o.len()) == Some(3),
+        "{view}"
+    );
 
     server.ingest_ok(&feed.batch(1)).await?;
     expect::update(&stream.next_event().await?, 8, "BOLT", 8)?;
@@ -137,7 +148,12 @@ async fn from_tape_replays_the_retained_tape_then_live() -> anyhow::Result<()> {
     server.ingest_ok(&feed.batch(4)).await?;
     let mut stream = server.sse("/views/prices/events?from=tape", &[]).await?;
     for offset in 1..=4 {
-        expect::update(&stream.next_event().await?, offset, feed.symbol_of(offset), offset)?;
+        expect::update(
+            &stream.next_event().await?,
+            offset,
+            feed.symbol_of(offset),
+            offset,
+        )?;
     }
     stream.expect_silence(QUIET).await?;
     server.ingest_ok(&feed.batch(1)).await?;
@@ -168,7 +184,12 @@ async fn unknown_view_is_404_before_streaming() -> anyhow::Result<()> {
         "/views/nosuch",
     ] {
         let resp = server.get(path).await?;
-        ensure!(resp.status() == 404, "{path}: {} {}", resp.status(), resp.text());
+        ensure!(
+            resp.status() == 404,
+            "{path}: {} {}",
+            resp.status(),
+            resp.text()
+        );
         ensure!(
             !resp
                 .header("content-type")
@@ -187,7 +208,10 @@ async fn stream_headers_forbid_caching_and_buffering() -> anyhow::Result<()> {
     let server = Server::start(&[]).await?;
     let stream = server.sse("/views/prices/events", &[]).await?;
     let content_type = stream.header("content-type").unwrap_or_default();
-    ensure!(content_type.starts_with("text/event-stream"), "{content_type}");
+    ensure!(
+        content_type.starts_with("text/event-stream"),
+        "{content_type}"
+    );
     let cache = stream.header("cache-control").unwrap_or_default();
     ensure!(cache.contains("no-store"), "{cache}");
     ensure!(stream.header("x-accel-buffering") == Some("no"));
@@ -204,7 +228,10 @@ async fn health_views_and_metrics() -> anyhow::Result<()> {
     let views = server.get("/views").await?;
     ensure!(views.status() == 200, "{}", views.text());
     let text = views.text();
-    ensure!(views.json()?.is_array() || views.json()?.is_object(), "{text}");
+    ensure!(
+        views.json()?.is_array() || views.json()?.is_object(),
+        "{text}"
+    );
     ensure!(text.contains("\"prices\""), "{text}");
 
     let metrics = server.get("/metrics").await?;
@@ -217,6 +244,10 @@ async fn health_views_and_metrics() -> anyhow::Result<()> {
         "{:?}",
         metrics.header("content-type")
     );
-    ensure!(metrics.text().lines().any(|l| l.starts_with("# TYPE ")), "{}", metrics.text());
+    ensure!(
+        metrics.text().lines().any(|l| l.starts_with("# TYPE ")),
+        "{}",
+        metrics.text()
+    );
     Ok(())
 }
