@@ -439,11 +439,21 @@ impl EventJournal {
 
     /// Retained records per view, after pruning by age, sorted by view.
     pub async fn entry_counts(&self) -> Vec<(String, u64)> {
+        self.entry_counts_now()
+    }
+
+    /// [`EventJournal::entry_counts`], synchronously.
+    pub fn entry_counts_now(&self) -> Vec<(String, u64)> {
         self.per_view(|tape| tape.records.len() as u64)
     }
 
     /// Retained frame bytes per view, after pruning by age, sorted by view.
     pub async fn retained_bytes(&self) -> Vec<(String, u64)> {
+        self.retained_bytes_now()
+    }
+
+    /// [`EventJournal::retained_bytes`], synchronously.
+    pub fn retained_bytes_now(&self) -> Vec<(String, u64)> {
         self.per_view(|tape| tape.bytes as u64)
     }
 

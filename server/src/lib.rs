@@ -1,6 +1,29 @@
-//! The viewtape server. Not built yet.
+//! The viewtape server: hosts WebAssembly ingestion runtimes and serves
+//! their views over Server-Sent Events.
+//!
+//! - [`server`] — `viewtape serve`: start-up, snapshots, shutdown.
+//! - [`http`] — the routes and the API error type.
+//! - [`sse`] — one subscriber's stream: replay or state, then live.
+//! - [`hub`] — views, their state, and the commit path into the journal.
+//! - [`frame`] — the SSE wire format of events, resets and state transfers.
+//! - [`runtime`] — the task that owns one guest instance.
+//! - [`host`] — the wasmtime host: engine, modules, instances, limits.
+//! - [`source`] — pull sources (file tail).
+//! - [`config`] — settings and the `--config` file.
+//! - [`metrics`] — Prometheus counters.
+//! - [`demo`] — the embedded demo feed.
+//! - [`inspect`] — `viewtape snapshot inspect|verify`.
 #![deny(missing_docs)]
 
+pub mod config;
+pub mod demo;
+pub(crate) mod frame;
 pub mod host;
+pub mod http;
+pub mod hub;
+pub mod inspect;
+pub mod metrics;
 pub mod runtime;
+pub mod server;
 pub mod source;
+pub(crate) mod sse;

@@ -1,2 +1,91 @@
-//! The `viewtape` binary.
-fn main() {}
+//! The `viewtape` binary: parses arguments and hands over to the library.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+use viewtape_server::config::Config;
+use viewtape_server::server::{serve, ServeOptions};
+
+/// A streaming server for WebAssembly ingestion runtimes, with resumable SSE views.
+#[derive(Debug, Parser)]
+#[command(name = "viewtape", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the server. Without --config: the embedded demo (runtime `demo`, view `prices`).
+    Serve {
+        /// Address to listen on (port 0 picks a free one).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// Where snapshots are kept.
+        #[arg(long, default_value = "./viewtape-data")]
+        data_dir: PathBuf,
+        /// A TOML config file naming runtimes, limits and retention.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Synthetic ticks per second into the `demo` runtime (0 turns the feed off).
+        #[arg(long, default_value_t = 5)]
+        demo_rate: u32,
+    },
+    /// Inspect snapshot files.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum SnapshotCommand {
+    /// Print a snapshot's header, epoch, views and validity.
+    Inspect {
+        /// The snapshot file.
+        file: PathBuf,
+    },
+    /// Check every snapshot in a directory.
+    Verify {
+        /// The snapshot directory (`<data-dir>/snapshots`).
+        dir: PathBuf,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Serve {
+            listen,
+            data_dir,
+            config,
+            demo_rate,
+        } => {
+            let config = match &config {
+                Some(path) => Config::load(path)?,
+                None => Config::default(),
+            };
+            serve(ServeOptions {
+                listen,
+                data_dir,
+                config,
+                demo_rate,
+            })
+            .await
+        }
+        Command::Snapshot(SnapshotCommand::Inspect { file }) => {
+            let ok = viewtape_server::inspect::inspect_file(&file, &mut std::io::stdout())?;
+            std::process::exit(if ok { 0 } else { 1 })
+        }
+        Command::Snapshot(SnapshotCommand::Verify { dir }) => {
+            let ok = viewtape_server::inspect::verify_dir(&dir, &mut std::io::stdout())?;
+            std::process::exit(if ok { 0 } else { 1 })
+        }
+    }
+}

@@ -151,6 +151,17 @@ enum Command {
     Save {
         reply: oneshot::Sender<RuntimeSnapshot>,
     },
+    Pause {
+        reply: oneshot::Sender<RuntimeSnapshot>,
+        release: oneshot::Receiver<()>,
+    },
+}
+
+/// Holds a runtime paused (see [`RuntimeHandle::pause`]); dropping it
+/// lets the runtime run again.
+#[derive(Debug)]
+pub struct PauseGuard {
+    _release: oneshot::Sender<()>,
 }
 
 /// The cloneable handle of a runtime task. The task stops when every handle is dropped.
@@ -271,6 +282,24 @@ impl RuntimeHandle {
         rx.await.map_err(|_| self.stopped())
     }
 
+    /// Stops the runtime between batches and keeps it stopped until the
+    /// returned [`PauseGuard`] is dropped: the runtime's side of a
+    /// consistency cut. Returns the state and checkpoint at that point,
+    /// which match exactly what it has committed.
+    ///
+    /// # Errors
+    /// [`IngestError::Stopped`] if the task has stopped.
+    pub async fn pause(&self) -> Result<(RuntimeSnapshot, PauseGuard), IngestError> {
+        let (reply, rx) = oneshot::channel();
+        let (guard, release) = oneshot::channel();
+        self.tx
+            .send(Command::Pause { reply, release })
+            .await
+            .map_err(|_| self.stopped())?;
+        let saved = rx.await.map_err(|_| self.stopped())?;
+        Ok((saved, PauseGuard { _release: guard }))
+    }
+
     fn stopped(&self) -> IngestError {
         IngestError::Stopped {
             runtime: self.name.to_string(),
@@ -310,6 +339,12 @@ impl<S: BatchSink> Task<S> {
                 }
                 Command::Save { reply } => {
                     let _ = reply.send(self.last.clone());
+                }
+                Command::Pause { reply, release } => {
+                    if reply.send(self.last.clone()).is_ok() {
+                        // Released when the guard is dropped (or sent to).
+                        let _ = release.await;
+                    }
                 }
             }
         }

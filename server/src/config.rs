@@ -1,0 +1,454 @@
+//! The server's settings: defaults, and the TOML file given with `--config`.
+//!
+//! ```toml
+//! [server]
+//! max_connections = 10000     # SSE connections; past it, 503
+//! heartbeat = "15s"           # comment lines on idle streams
+//! retry = "2s"                # the `retry:` hint sent to clients
+//! max_body = "1MiB"           # ingest body limit; past it, 413
+//! snapshot_interval = "30s"   # periodic snapshots; "0s" turns them off
+//! keep_snapshots = 5          # periodic snapshots kept (plus the newest exact one)
+//!
+//! [journal]
+//! enabled = true
+//! max_age = "1h"
+//! max_records_per_view = 100000
+//! max_bytes_per_view = "64MiB"
+//!
+//! [[runtime]]
+//! name = "demo"
+//! wasm = "builtin:ticker"     # or a path to a .wasm file
+//! views = ["prices"]          # views that exist (and can be subscribed to) from the start
+//! config = ""                 # bytes handed to the guest's `init`
+//! [runtime.limits]
+//! memory = "64MiB"
+//! batch_timeout = "1s"
+//! max_batch = "4MiB"
+//! max_event = "1MiB"
+//! [runtime.source]            # optional pull source besides HTTP ingest
+//! file = "/var/log/app.log"
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+use viewtape_journal::{JournalConfig, ViewName};
+
+use crate::host::Limits;
+
+/// The built-in guests, by the name a config uses after `builtin:`.
+pub const BUILTIN_GUESTS: [(&str, &[u8]); 2] = [
+    ("ticker", crate::host::guests::TICKER_WASM),
+    ("logstats", crate::host::guests::LOGSTATS_WASM),
+];
+
+/// Why a config file was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema; the message names the line.
+    #[error("invalid config {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// The file parses but says something impossible.
+    #[error("invalid config {path}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// Everything `viewtape serve` runs with.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// HTTP and snapshot settings.
+    pub server: ServerConfig,
+    /// Journal retention.
+    pub journal: JournalSection,
+    /// The runtimes to host. A file without any `[[runtime]]` runs the
+    /// embedded demo runtime.
+    #[serde(rename = "runtime")]
+    pub runtimes: Vec<RuntimeSection>,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Most concurrent SSE connections.
+    pub max_connections: usize,
+    /// Idle time after which a stream gets a heartbeat comment.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat: Duration,
+    /// Reconnection delay suggested to clients.
+    #[serde(with = "humantime_serde")]
+    pub retry: Duration,
+    /// Largest ingest body.
+    #[serde(deserialize_with = "byte_size")]
+    pub max_body: usize,
+    /// Period of periodic snapshots; zero turns them off.
+    #[serde(with = "humantime_serde")]
+    pub snapshot_interval: Duration,
+    /// Periodic snapshots kept.
+    pub keep_snapshots: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 10_000,
+            heartbeat: Duration::from_secs(15),
+            retry: Duration::from_secs(2),
+            max_body: 1 << 20,
+            snapshot_interval: Duration::from_secs(30),
+            keep_snapshots: 5,
+        }
+    }
+}
+
+/// `[journal]`: the journal's retention.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JournalSection {
+    /// Whether offsets are issued.
+    pub enabled: bool,
+    /// Age bound.
+    #[serde(with = "humantime_serde")]
+    pub max_age: Duration,
+    /// Record bound per view.
+    pub max_records_per_view: usize,
+    /// Byte bound per view.
+    #[serde(deserialize_with = "byte_size")]
+    pub max_bytes_per_view: usize,
+}
+
+impl Default for JournalSection {
+    fn default() -> Self {
+        let journal = JournalConfig::default();
+        Self {
+            enabled: journal.enabled,
+            max_age: journal.max_age,
+            max_records_per_view: journal.max_records_per_view,
+            max_bytes_per_view: journal.max_bytes_per_view,
+        }
+    }
+}
+
+impl JournalSection {
+    /// The journal's own config.
+    pub fn to_journal_config(&self) -> JournalConfig {
+        JournalConfig {
+            enabled: self.enabled,
+            max_age: self.max_age,
+            max_records_per_view: self.max_records_per_view,
+            max_bytes_per_view: self.max_bytes_per_view,
+        }
+    }
+}
+
+/// `[[runtime]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeSection {
+    /// The runtime's name (ingest URL, logs, metrics).
+    pub name: String,
+    /// `builtin:<guest>` or a path to a `.wasm` file.
+    pub wasm: String,
+    /// Views that exist from the start.
+    #[serde(default)]
+    pub views: Vec<String>,
+    /// Bytes handed to the guest's `init`.
+    #[serde(default)]
+    pub config: String,
+    /// Limits.
+    #[serde(default)]
+    pub limits: LimitsSection,
+    /// An optional pull source.
+    #[serde(default)]
+    pub source: Option<SourceSection>,
+}
+
+/// `[runtime.limits]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsSection {
+    /// Largest linear memory.
+    #[serde(deserialize_with = "byte_size")]
+    pub memory: usize,
+    /// Wall time per batch.
+    #[serde(with = "humantime_serde")]
+    pub batch_timeout: Duration,
+    /// Largest batch.
+    #[serde(deserialize_with = "byte_size")]
+    pub max_batch: usize,
+    /// Largest event payload.
+    #[serde(deserialize_with = "byte_size")]
+    pub max_event: usize,
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        let limits = Limits::default();
+        Self {
+            memory: limits.max_memory_bytes,
+            batch_timeout: limits.batch_timeout,
+            max_batch: limits.max_batch_bytes,
+            max_event: limits.max_event_bytes,
+        }
+    }
+}
+
+impl LimitsSection {
+    /// The host's limits.
+    pub fn to_limits(&self) -> Limits {
+        Limits {
+            max_memory_bytes: self.memory,
+            batch_timeout: self.batch_timeout,
+            max_batch_bytes: self.max_batch,
+            max_event_bytes: self.max_event,
+        }
+    }
+}
+
+/// `[runtime.source]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSection {
+    /// Follow this file like `tail -F`.
+    pub file: PathBuf,
+}
+
+impl Default for Config {
+    /// The embedded default: runtime `demo` running the ticker guest into
+    /// the view `prices`.
+    fn default() -> Self {
+        Self {
+            server: ServerConfig::default(),
+            journal: JournalSection::default(),
+            runtimes: vec![RuntimeSection {
+                name: "demo".to_owned(),
+                wasm: "builtin:ticker".to_owned(),
+                views: vec!["prices".to_owned()],
+                config: String::new(),
+                limits: LimitsSection::default(),
+                source: None,
+            }],
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the file, and the line for syntax errors.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let config: Self = toml::from_str(&text).map_err(|error| ConfigError::Parse {
+            path: path.to_owned(),
+            message: error.to_string().trim_end().to_owned(),
+        })?;
+        config.validate().map_err(|message| ConfigError::Invalid {
+            path: path.to_owned(),
+            message,
+        })?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let mut names = std::collections::HashSet::new();
+        for runtime in &self.runtimes {
+            ViewName::new(&runtime.name).map_err(|_| {
+                format!(
+                    "runtime name {:?}: use 1-128 of A-Z a-z 0-9 . _ -",
+                    runtime.name
+                )
+            })?;
+            if !names.insert(&runtime.name) {
+                return Err(format!("runtime {:?} is configured twice", runtime.name));
+            }
+            for view in &runtime.views {
+                ViewName::new(view).map_err(|_| {
+                    format!(
+                        "runtime {:?}: view name {view:?}: use 1-128 of A-Z a-z 0-9 . _ -",
+                        runtime.name
+                    )
+                })?;
+            }
+            if let Some(builtin) = runtime.wasm.strip_prefix("builtin:") {
+                if !BUILTIN_GUESTS.iter().any(|(name, _)| *name == builtin) {
+                    return Err(format!(
+                        "runtime {:?}: no built-in guest {builtin:?} (built-in: ticker, logstats)",
+                        runtime.name
+                    ));
+                }
+            }
+            if runtime.limits.batch_timeout.is_zero() {
+                return Err(format!(
+                    "runtime {:?}: batch_timeout must be above zero",
+                    runtime.name
+                ));
+            }
+        }
+        if self.server.max_connections == 0 {
+            return Err("server.max_connections must be above zero".to_owned());
+        }
+        Ok(())
+    }
+}
+
+impl RuntimeSection {
+    /// The guest module's bytes.
+    ///
+    /// # Errors
+    /// The `.wasm` file cannot be read.
+    pub fn wasm_bytes(&self) -> std::io::Result<Vec<u8>> {
+        match self.wasm.strip_prefix("builtin:") {
+            Some(builtin) => Ok(BUILTIN_GUESTS
+                .iter()
+                .find(|(name, _)| *name == builtin)
+                .map(|(_, bytes)| bytes.to_vec())
+                .unwrap_or_default()),
+            None => std::fs::read(&self.wasm),
+        }
+    }
+}
+
+/// A byte size: an integer, or a string such as `"64MiB"`, `"512 KiB"`, `"1MB"`.
+fn byte_size<'de, D: Deserializer<'de>>(deserializer: D) -> Result<usize, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Number(usize),
+        Text(String),
+    }
+    match Size::deserialize(deserializer)? {
+        Size::Number(n) => Ok(n),
+        Size::Text(text) => parse_byte_size(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "{text:?} is not a byte size (use e.g. 1048576, \"512KiB\", \"64MiB\", \"1GB\")"
+            ))
+        }),
+    }
+}
+
+fn parse_byte_size(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: usize = number.parse().ok()?;
+    let multiplier: usize = match unit.trim() {
+        "" | "B" => 1,
+        "KB" | "kB" => 1_000,
+        "KiB" => 1 << 10,
+        "MB" => 1_000_000,
+        "MiB" => 1 << 20,
+        "GB" => 1_000_000_000,
+        "GiB" => 1 << 30,
+        _ => return None,
+    };
+    number.checked_mul(multiplier)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("viewtape.toml");
+        std::fs::write(&path, text).unwrap();
+        Config::load(&path)
+    }
+
+    #[test]
+    fn parses_a_full_file() {
+        let config = load(
+            r#"
+            [server]
+            max_body = "2MiB"
+            heartbeat = "5s"
+            [journal]
+            max_age = "10m"
+            max_bytes_per_view = 1000
+            [[runtime]]
+            name = "demo"
+            wasm = "builtin:ticker"
+            views = ["prices"]
+            [runtime.limits]
+            memory = "32MiB"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.server.max_body, 2 << 20);
+        assert_eq!(config.server.heartbeat, Duration::from_secs(5));
+        assert_eq!(config.journal.max_age, Duration::from_secs(600));
+        assert_eq!(config.journal.max_bytes_per_view, 1000);
+        assert_eq!(
+            config.runtimes[0].limits.to_limits().max_memory_bytes,
+            32 << 20
+        );
+    }
+
+    #[test]
+    fn syntax_errors_name_the_line() {
+        let error =
+            load("[journal]\nmax_age = \"1h\"\nmax_records_per_view = \"many\"\n").unwrap_err();
+        let message = error.to_string();
+        assert!(message.contains("line 3"), "{message}");
+        let error = load("[server]\nnope = 1\n").unwrap_err().to_string();
+        assert!(
+            error.contains("line 2") && error.contains("nope"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn impossible_settings_are_refused() {
+        for (text, needle) in [
+            (
+                "[[runtime]]\nname = \"a b\"\nwasm = \"builtin:ticker\"\n",
+                "runtime name",
+            ),
+            (
+                "[[runtime]]\nname = \"a\"\nwasm = \"builtin:nope\"\n",
+                "no built-in guest",
+            ),
+            ("[server]\nmax_body = \"12 parsecs\"\n", "not a byte size"),
+        ] {
+            let error = load(text).unwrap_err().to_string();
+            assert!(error.contains(needle), "{text:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_byte_size("64MiB"), Some(64 << 20));
+        assert_eq!(parse_byte_size("1 KB"), Some(1000));
+        assert_eq!(parse_byte_size("12"), Some(12));
+        assert_eq!(parse_byte_size("1.5MiB"), None);
+        assert_eq!(parse_byte_size("99999999999999999999GiB"), None);
+    }
+}

@@ -1,0 +1,90 @@
+//! The embedded demo: a synthetic ticker feed into the `demo` runtime.
+//!
+//! A handful of symbols random-walk at `rate` ticks per second. The feed
+//! continues the sequence numbers and prices it finds in the `prices` view,
+//! so a restarted server carries on without reporting a gap.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use crate::frame;
+use crate::hub::Hub;
+use crate::runtime::RuntimeHandle;
+
+const SYMBOLS: [(&str, f64); 5] = [
+    ("ACME", 101.25),
+    ("GLOBEX", 54.10),
+    ("INITECH", 12.80),
+    ("UMBRELLA", 230.00),
+    ("HOOLI", 77.70),
+];
+
+/// Starts the feed; abort the handle to stop it.
+pub fn spawn_feed(runtime: RuntimeHandle, hub: Arc<Hub>, rate: u32) -> JoinHandle<()> {
+    let span = tracing::info_span!("demo_feed", rate);
+    tokio::spawn(
+        async move {
+            let (mut seq, mut prices) = resume_point(&hub);
+            // At most 100 batches a second; higher rates send several ticks per batch.
+            let batches_per_second = rate.clamp(1, 100);
+            let per_batch = rate.div_ceil(batches_per_second) as usize;
+            let mut ticker = tokio::time::interval(Duration::from_secs(1) / batches_per_second);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut state = seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            loop {
+                ticker.tick().await;
+                let mut lines = String::new();
+                for _ in 0..per_batch {
+                    seq += 1;
+                    // xorshift: a cheap, seedable random walk.
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    let i = (state % SYMBOLS.len() as u64) as usize;
+                    let step = ((state >> 8) % 201) as f64 / 100.0 - 1.0;
+                    prices[i] = (prices[i] + step).max(1.0);
+                    lines.push_str(&format!(
+                        "{{\"symbol\":\"{}\",\"price\":{:.2},\"seq\":{seq}}}\n",
+                        SYMBOLS[i].0, prices[i]
+                    ));
+                }
+                if let Err(error) = runtime.ingest(Bytes::from(lines)).await {
+                    tracing::warn!(%error, "demo feed batch refused");
+                }
+            }
+        }
+        .instrument(span),
+    )
+}
+
+/// The highest sequence number and the last price per symbol found in the
+/// `prices` view.
+fn resume_point(hub: &Hub) -> (u64, [f64; SYMBOLS.len()]) {
+    let mut prices = SYMBOLS.map(|(_, price)| price);
+    let mut seq = 0;
+    let Some(view) = hub.view("prices") else {
+        return (seq, prices);
+    };
+    for entry in view.cut(hub.journal()).frames {
+        let member = frame::state_member(&entry);
+        let Ok(object) =
+            serde_json::from_slice::<serde_json::Value>(&[b"{", &member[..], b"}"].concat())
+        else {
+            continue;
+        };
+        for (symbol, tick) in object.as_object().into_iter().flatten() {
+            seq = seq.max(tick["seq"].as_u64().unwrap_or(0));
+            if let (Some(i), Some(price)) = (
+                SYMBOLS.iter().position(|(s, _)| s == symbol),
+                tick["price"].as_f64(),
+            ) {
+                prices[i] = price;
+            }
+        }
+    }
+    (seq, prices)
+}

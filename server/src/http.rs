@@ -1,0 +1,282 @@
+//! The HTTP API: routes, the shared application state, and the one error
+//! type every handler returns.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::Deserialize;
+use tokio::sync::{watch, Semaphore};
+use viewtape_journal::Cursor;
+
+use crate::config::ServerConfig;
+use crate::frame;
+use crate::hub::Hub;
+use crate::metrics::Metrics;
+use crate::runtime::{IngestError, RuntimeHandle};
+use crate::sse::{Start, Subscriber};
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    /// Views, journal, commit path.
+    pub hub: Arc<Hub>,
+    /// The runtimes, by name.
+    pub runtimes: Arc<BTreeMap<String, RuntimeHandle>>,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// HTTP settings.
+    pub config: Arc<ServerConfig>,
+    /// Permits for SSE connections.
+    pub connections: Arc<Semaphore>,
+    /// Flips to `true` when the server shuts down; streams then end.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// The router. Tests drive it without a socket.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/", get(index))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics))
+        .route("/views", get(list_views))
+        .route("/views/{view}", get(view_state))
+        .route("/views/{view}/events", get(events))
+        .route("/runtimes/{runtime}/ingest", post(ingest))
+        .fallback(|| async { ApiError::NotFound("no such route".to_owned()) })
+        .with_state(state)
+}
+
+/// Every error a handler returns: a status and a short JSON body, never
+/// internal detail. Logged once, here.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 404.
+    #[error("{0}")]
+    NotFound(String),
+    /// 413.
+    #[error("request body is larger than {0} bytes")]
+    TooLarge(usize),
+    /// 422: the guest refused or failed on the batch.
+    #[error("{0}")]
+    Rejected(String),
+    /// 503.
+    #[error("{0}")]
+    Unavailable(String),
+    /// 400.
+    #[error("{0}")]
+    BadRequest(String),
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = match &self {
+            Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            Self::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
+            Self::Rejected(_) => (StatusCode::UNPROCESSABLE_ENTITY, "batch_rejected"),
+            Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+        };
+        if status.is_server_error() {
+            tracing::warn!(error = %self, "request failed");
+        } else {
+            tracing::debug!(error = %self, "request refused");
+        }
+        let body = serde_json::json!({ "error": code, "message": self.to_string() });
+        (status, Json(body)).into_response()
+    }
+}
+
+async fn index() -> Html<&'static str> {
+    Html(include_str!("../static/index.html"))
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let runtimes: Vec<RuntimeHandle> = state.runtimes.values().cloned().collect();
+    let body = state.metrics.render(&state.hub, &runtimes);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+async fn list_views(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let journal = state.hub.journal();
+    let counts: BTreeMap<String, u64> = journal.entry_counts_now().into_iter().collect();
+    let bytes: BTreeMap<String, u64> = journal.retained_bytes_now().into_iter().collect();
+    let views: Vec<serde_json::Value> = state
+        .hub
+        .views()
+        .iter()
+        .map(|view| {
+            let window = journal.window_now(view.name());
+            serde_json::json!({
+                "name": view.name(),
+                "keys": view.keys(),
+                "retained": counts.get(view.name()).copied().unwrap_or(0),
+                "bytes": bytes.get(view.name()).copied().unwrap_or(0),
+                "epoch": window.epoch.to_string(),
+                "first": window.first,
+                "next": window.next,
+                "sealed": window.sealed,
+            })
+        })
+        .collect();
+    Json(serde_json::json!({ "views": views }))
+}
+
+/// `GET /views/{view}`: `{"cursor": C, "entries": {key: payload}}`, read in
+/// one critical section with the cursor, written in chunks.
+async fn view_state(
+    State(state): State<AppState>,
+    Path(view): Path<String>,
+) -> Result<Response, ApiError> {
+    let view = state
+        .hub
+        .view(&view)
+        .ok_or_else(|| ApiError::NotFound(format!("no view named {view:?}")))?;
+    let cut = view.cut(state.hub.journal());
+    let head = Bytes::from(format!("{{\"cursor\":\"{}\",\"entries\":{{", cut.cursor));
+    let total = cut.frames.len();
+    let chunks = futures_util::stream::iter(
+        std::iter::once(head)
+            .chain(cut.frames.chunks(512).enumerate().map(move |(i, frames)| {
+                let mut out = BytesMut::new();
+                for (j, frame) in frames.iter().enumerate() {
+                    if i + j > 0 {
+                        out.put_u8(b',');
+                    }
+                    out.extend_from_slice(&frame::state_member(frame));
+                }
+                out.freeze()
+            }))
+            .chain(std::iter::once(Bytes::from_static(b"}}\n")))
+            .map(Ok::<_, std::convert::Infallible>)
+            .collect::<Vec<_>>(),
+    );
+    tracing::debug!(view = view.name(), keys = total, "state read");
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        Body::from_stream(chunks),
+    )
+        .into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct EventsQuery {
+    cursor: Option<String>,
+    from: Option<String>,
+}
+
+/// `GET /views/{view}/events`: the SSE stream.
+async fn events(
+    State(state): State<AppState>,
+    Path(view): Path<String>,
+    Query(query): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let view = state
+        .hub
+        .view(&view)
+        .ok_or_else(|| ApiError::NotFound(format!("no view named {view:?}")))?;
+    let permit = Arc::clone(&state.connections)
+        .try_acquire_owned()
+        .map_err(|_| {
+            state
+                .metrics
+                .connections_refused
+                .fetch_add(1, Ordering::Relaxed);
+            ApiError::Unavailable(format!(
+                "too many SSE connections (limit {})",
+                state.config.max_connections
+            ))
+        })?;
+    let header_cursor = headers
+        .get("last-event-id")
+        .map(|value| value.to_str().unwrap_or("\u{fffd}").to_owned());
+    let start = match header_cursor
+        .or(query.cursor)
+        .filter(|text| !text.is_empty())
+    {
+        Some(text) => match text.parse::<Cursor>() {
+            Ok(cursor) => Start::Cursor(cursor),
+            Err(_) => Start::Malformed,
+        },
+        None if query.from.as_deref() == Some("tape") => Start::Tape,
+        None => Start::State,
+    };
+    let span = tracing::debug_span!("subscriber", view = view.name());
+    span.in_scope(|| tracing::debug!(?start, "subscribed"));
+    let subscriber = Subscriber::new(
+        Arc::clone(&state.hub),
+        view,
+        Arc::clone(&state.metrics),
+        start,
+        state.shutdown.clone(),
+        state.config.heartbeat,
+        state.config.retry,
+        permit,
+    );
+    let mut response = Body::from_stream(subscriber.into_stream()).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(response)
+}
+
+/// `POST /runtimes/{runtime}/ingest`: one all-or-nothing batch.
+async fn ingest(
+    State(state): State<AppState>,
+    Path(runtime): Path<String>,
+    body: Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let handle = state
+        .runtimes
+        .get(&runtime)
+        .ok_or_else(|| ApiError::NotFound(format!("no runtime named {runtime:?}")))?;
+    let limit = state.config.max_body;
+    let input = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        state
+            .metrics
+            .ingest_rejected
+            .fetch_add(1, Ordering::Relaxed);
+        ApiError::TooLarge(limit)
+    })?;
+    match handle.ingest(input).await {
+        Ok(summary) => {
+            state
+                .metrics
+                .ingest_accepted
+                .fetch_add(1, Ordering::Relaxed);
+            Ok(Json(serde_json::json!({ "events": summary.per_view })))
+        }
+        Err(error) => {
+            state
+                .metrics
+                .ingest_rejected
+                .fetch_add(1, Ordering::Relaxed);
+            Err(match error {
+                IngestError::Guest { .. } => ApiError::Rejected(error.to_string()),
+                _ => ApiError::Unavailable(error.to_string()),
+            })
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! The hub: every view's state and live notification, and the commit path
+//! from runtimes into the journal.
+//!
+//! ## Views
+//!
+//! A [`View`] holds the view's *state* — per key, the frame of its latest
+//! update — plus two ways to wake subscribers: a `watch` ticked after
+//! journaled appends (subscribers then read the tape from their cursor), and
+//! a bounded `broadcast` of cursorless frames (journal sealed or disabled).
+//! Subscribers are cursors over the shared tape, never queues of copies.
+//!
+//! ## Consistency
+//!
+//! An event is appended to the journal and applied to its view's state in
+//! one critical section of the view's lock, so the state read under that
+//! lock, with the head cursor read in the same section, is exactly "every
+//! event up to that cursor". Lock order: view lock, then the journal's lock.
+//! Subscribers are woken after the lock is released.
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{broadcast, watch};
+use viewtape_journal::{Cursor, EventJournal, JournalSnapshot};
+
+use crate::frame;
+use crate::host::{EventKind, GuestBatch};
+use crate::runtime::{BatchSink, BatchSummary};
+
+/// Cursorless frames a slow subscriber may fall behind by before it is reset.
+const LIVE_BACKLOG: usize = 1024;
+
+/// One view: its state and its subscribers' wake-ups.
+#[derive(Debug)]
+pub struct View {
+    name: String,
+    state: Mutex<HashMap<String, Bytes>>,
+    tick: watch::Sender<u64>,
+    live: broadcast::Sender<Bytes>,
+}
+
+/// A view's state as of one cursor.
+#[derive(Debug, Clone)]
+pub struct StateCut {
+    /// Every event up to and including this cursor is in `frames`; none after.
+    pub cursor: Cursor,
+    /// The latest update frame of each key.
+    pub frames: Vec<Bytes>,
+}
+
+impl View {
+    fn new(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            state: Mutex::new(HashMap::new()),
+            tick: watch::Sender::new(0),
+            live: broadcast::Sender::new(LIVE_BACKLOG),
+        }
+    }
+
+    /// The view's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Wakes on every journaled append (and on restores).
+    pub fn ticks(&self) -> watch::Receiver<u64> {
+        self.tick.subscribe()
+    }
+
+    /// Cursorless frames published after the journal was sealed (or while it
+    /// is disabled).
+    pub fn live(&self) -> broadcast::Receiver<Bytes> {
+        self.live.subscribe()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Bytes>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The state and the cursor it reflects, read atomically.
+    pub fn cut(&self, journal: &EventJournal) -> StateCut {
+        let state = self.lock();
+        let window = journal.window_now(&self.name);
+        StateCut {
+            cursor: Cursor::new(window.epoch, window.next - 1),
+            frames: state.values().cloned().collect(),
+        }
+    }
+
+    /// Number of keys.
+    pub fn keys(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+/// Counters the hub keeps for metrics.
+#[derive(Debug, Default)]
+pub struct HubStats {
+    /// Events published (journaled or cursorless).
+    pub published: AtomicU64,
+    /// Events published without a cursor (journal sealed or disabled).
+    pub cursorless: AtomicU64,
+}
+
+/// Every view, the journal, and the commit path.
+#[derive(Debug)]
+pub struct Hub {
+    journal: Arc<EventJournal>,
+    views: RwLock<BTreeMap<String, Arc<View>>>,
+    stats: HubStats,
+}
+
+/// One view's state in a snapshot: each key's latest update frame.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ViewStateDump {
+    /// The view.
+    pub view: String,
+    /// `(key, frame)` pairs.
+    pub entries: Vec<(String, Bytes)>,
+}
+
+impl Hub {
+    /// A hub over `journal` with no views yet.
+    pub fn new(journal: Arc<EventJournal>) -> Self {
+        Self {
+            journal,
+            views: RwLock::new(BTreeMap::new()),
+            stats: HubStats::default(),
+        }
+    }
+
+    /// The journal.
+    pub fn journal(&self) -> &Arc<EventJournal> {
+        &self.journal
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &HubStats {
+        &self.stats
+    }
+
+    /// The view named `name`, if it has been declared or published to.
+    pub fn view(&self, name: &str) -> Option<Arc<View>> {
+        self.views
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
+    /// All views, sorted by name.
+    pub fn views(&self) -> Vec<Arc<View>> {
+        self.views
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// The view named `name`, created if new. Names are validated by the
+    /// host before events reach the hub.
+    pub fn declare(&self, name: &str) -> Arc<View> {
+        if let Some(view) = self.view(name) {
+            return view;
+        }
+        let mut views = self.views.write().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(
+            views
+                .entry(name.to_owned())
+                .or_insert_with(|| Arc::new(View::new(name))),
+        )
+    }
+
+    /// Publishes one event: journal append and state update under the
+    /// view's lock. Returns whether it was journaled. Does not wake anyone.
+    fn publish(&self, view: &View, kind: EventKind, key: &str, payload: &[u8]) -> bool {
+        let mut state = view.lock();
+        let appended = self.journal.append_with_cursor(&view.name, key, |cursor| {
+            Ok::<_, Infallible>(Arc::new(frame::event(Some(cursor), kind, key, payload)))
+        });
+        let (frame, journaled) = match appended {
+            Ok(Some((_, frame))) => ((*frame).clone(), true),
+            Ok(None) | Err(_) => (frame::event(None, kind, key, payload), false),
+        };
+        match kind {
+            EventKind::Update => {
+                state.insert(key.to_owned(), frame.clone());
+            }
+            EventKind::Delete => {
+                state.remove(key);
+            }
+        }
+        drop(state);
+        self.stats.published.fetch_add(1, Ordering::Relaxed);
+        if !journaled {
+            self.stats.cursorless.fetch_add(1, Ordering::Relaxed);
+            // No receiver is fine: nobody is listening live.
+            let _ = view.live.send(frame);
+        }
+        journaled
+    }
+
+    /// Wakes every subscriber of every view (after a restore or a seal).
+    pub fn wake_all(&self) {
+        for view in self.views() {
+            view.tick.send_modify(|tick| *tick += 1);
+        }
+    }
+
+    /// Every view's state, for a snapshot. Take it inside the consistency
+    /// cut, with the journal's dump.
+    pub fn dump_states(&self) -> Vec<ViewStateDump> {
+        self.views()
+            .iter()
+            .map(|view| ViewStateDump {
+                view: view.name.clone(),
+                entries: view
+                    .lock()
+                    .iter()
+                    .map(|(key, frame)| (key.clone(), frame.clone()))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Replaces the journal and every view's state (a restore), then wakes
+    /// every subscriber so each re-checks its cursor.
+    pub async fn restore(&self, journal: JournalSnapshot, exact: bool, states: Vec<ViewStateDump>) {
+        self.journal.hydrate(journal, exact).await;
+        for dump in states {
+            let view = self.declare(&dump.view);
+            *view.lock() = dump.entries.into_iter().collect();
+        }
+        self.wake_all();
+    }
+}
+
+impl BatchSink for Hub {
+    async fn commit(&self, _runtime: &str, batch: GuestBatch) -> BatchSummary {
+        let mut summary = BatchSummary::default();
+        let mut touched: Vec<Arc<View>> = Vec::new();
+        for event in &batch.events {
+            let view = match touched.iter().find(|v| v.name == *event.view) {
+                Some(view) => Arc::clone(view),
+                None => {
+                    let view = self.declare(&event.view);
+                    touched.push(Arc::clone(&view));
+                    view
+                }
+            };
+            self.publish(&view, event.kind, &event.key, &event.payload);
+            *summary.per_view.entry(event.view.to_string()).or_default() += 1;
+        }
+        // One wake-up per view per batch, after every lock is released.
+        for view in touched {
+            view.tick.send_modify(|tick| *tick += 1);
+        }
+        summary
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::GuestEvent;
+    use viewtape_journal::JournalConfig;
+
+    fn event(kind: EventKind, key: &str, payload: &str) -> GuestEvent {
+        GuestEvent {
+            view: Arc::from("prices"),
+            key: key.to_owned(),
+            kind,
+            payload: Bytes::copy_from_slice(payload.as_bytes()),
+        }
+    }
+
+    #[tokio::test]
+    async fn commit_appends_updates_state_and_wakes_once() {
+        let hub = Hub::new(Arc::new(EventJournal::new(JournalConfig::default())));
+        let view = hub.declare("prices");
+        let mut ticks = view.ticks();
+        let batch = GuestBatch {
+            events: vec![
+                event(EventKind::Update, "A", "1"),
+                event(EventKind::Update, "B", "2"),
+                event(EventKind::Delete, "A", ""),
+            ],
+            gaps: vec![],
+        };
+        let summary = hub.commit("demo", batch).await;
+        assert_eq!(summary.per_view["prices"], 3);
+        assert!(ticks.has_changed().unwrap());
+        assert_eq!(*ticks.borrow_and_update(), 1);
+        let cut = view.cut(hub.journal());
+        assert_eq!(cut.cursor.offset(), 3);
+        assert_eq!(cut.frames.len(), 1);
+        assert_eq!(frame::state_member(&cut.frames[0]), b"\"B\":2");
+    }
+
+    #[tokio::test]
+    async fn sealed_journal_publishes_cursorless_frames_live() {
+        let hub = Hub::new(Arc::new(EventJournal::new(JournalConfig::default())));
+        let view = hub.declare("prices");
+        let mut live = view.live();
+        hub.journal().seal();
+        let batch = GuestBatch {
+            events: vec![event(EventKind::Update, "A", "1")],
+            gaps: vec![],
+        };
+        hub.commit("demo", batch).await;
+        let frame = live.recv().await.unwrap();
+        assert!(frame.starts_with(b"event: update\n"), "no id after seal");
+        assert_eq!(view.keys(), 1);
+        assert_eq!(hub.stats().cursorless.load(Ordering::Relaxed), 1);
+    }
+}
