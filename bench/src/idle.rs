@@ -1,0 +1,79 @@
+//! `idle`: opens N idle SSE connections (resuming at the head, so nothing is sent but
+//! heartbeats) and reports the server's resident memory per connection.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use viewtape_tests::{http::HttpConn, Feed};
+
+use crate::args::Args;
+use crate::fanout::connect_all;
+use crate::replay::ingest_batch;
+use crate::target::{rss_kib, Target};
+
+/// What to run.
+#[derive(Debug)]
+pub struct Options {
+    connections: usize,
+    hold_seconds: u64,
+}
+
+impl Options {
+    /// `--connections` (1..=50k, default 10k; must fit under the fd limit), `--hold-seconds`
+    /// (0..=600, default 3) before RSS is read.
+    ///
+    /// # Errors
+    /// On out-of-bounds values or a file-descriptor limit too low for the count.
+    pub fn from_args(args: &Args, nofile: u64) -> anyhow::Result<Self> {
+        let connections = args.num("connections", 10_000usize, 1, 50_000)?;
+        if connections as u64 + 100 > nofile {
+            bail!(
+                "--connections {connections} needs RLIMIT_NOFILE > {}, have {nofile}",
+                connections + 100
+            );
+        }
+        Ok(Self {
+            connections,
+            hold_seconds: args.num("hold-seconds", 3u64, 0, 600)?,
+        })
+    }
+}
+
+/// Runs it and prints the figures.
+///
+/// # Errors
+/// Without a server pid (`--pid` or a spawned server), or on connection errors.
+pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
+    let Some(pid) = target.pid else {
+        bail!("idle needs the server's pid: pass --pid with --addr, or let the tool spawn it");
+    };
+    let mut conn = HttpConn::connect(target.addr).await?;
+    ingest_batch(&mut conn, &Feed::new(&["ACME"]).batch(1)).await?;
+    let head = target.head_cursor().await?;
+    // Warm the server's connection path first, so one-time allocations are not counted.
+    drop(connect_all(target, 100, &head.to_string()).await?);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let before = rss_kib(pid)?;
+    let start = Instant::now();
+    let streams = connect_all(target, options.connections, &head.to_string())
+        .await
+        .context("opening idle connections")?;
+    let opened_in = start.elapsed();
+    tokio::time::sleep(Duration::from_secs(options.hold_seconds)).await;
+    let after = rss_kib(pid)?;
+    let per = (after.saturating_sub(before)) as f64 * 1024.0 / options.connections as f64;
+    println!(
+        "idle connections={} opened_in_ms={:.0} server_rss_kib before={before} after={after} per_connection_bytes={per:.0} ({:.2} KB)",
+        options.connections,
+        opened_in.as_secs_f64() * 1000.0,
+        per / 1000.0
+    );
+    // Every connection is still open and healthy.
+    let closed = streams.iter().filter(|s| s.is_closed()).count();
+    if closed > 0 {
+        println!("idle closed_by_server={closed}");
+    }
+    drop(streams);
+    Ok(())
+}

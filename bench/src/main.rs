@@ -1,0 +1,79 @@
+//! `viewtape-bench`: load for a viewtape server, on loopback only, bounded in count and time.
+//!
+//! ```text
+//! viewtape-bench fanout --subscribers N --rate R --seconds S [--batch-ms 5]
+//! viewtape-bench replay --events 100000 [--runs 7]
+//! viewtape-bench idle   --connections 10000 [--hold-seconds 3]
+//! common: --addr 127.0.0.1:PORT [--pid PID]   (a running server; PID for RSS/CPU)
+//!         or nothing: spawns target/<profile>/viewtape serve --demo-rate 0 [--server-arg …]
+//!         --threads 2   client runtime worker threads
+//! ```
+//!
+//! Input goes through `POST /runtimes/demo/ingest` as ticker NDJSON with a global `seq`;
+//! subscribers are raw TCP + minimal HTTP/1.1 + SSE parsing (the `viewtape-tests` harness), so
+//! thousands fit next to the server on a 2-core box. Latency is measured publish→receive: the
+//! publisher notes the send time of every `seq`, subscribers look it up on receipt.
+
+mod args;
+mod fanout;
+mod histogram;
+mod idle;
+mod replay;
+mod target;
+
+use anyhow::{bail, Context as _};
+
+use crate::args::Args;
+use crate::target::Target;
+
+const USAGE: &str = "usage: viewtape-bench <fanout|replay|idle> [options]; see the module docs in bench/src/main.rs";
+
+fn main() -> anyhow::Result<()> {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let Some((command, rest)) = argv.split_first() else {
+        bail!("{USAGE}");
+    };
+    if command == "-h" || command == "--help" {
+        println!("{USAGE}");
+        return Ok(());
+    }
+    let args = Args::parse(rest)?;
+    let threads = args.num("threads", 2usize, 1, 64)?;
+    let nofile = target::raise_nofile()?;
+    eprintln!("RLIMIT_NOFILE soft limit: {nofile}");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    runtime.block_on(async move {
+        let target_and_run = async {
+            let target = Target::from_args(&args).await?;
+            let result = match command.as_str() {
+                "fanout" => {
+                    let options = fanout::Options::from_args(&args)?;
+                    args.finish()?;
+                    fanout::run(&target, &options).await
+                }
+                "replay" => {
+                    let options = replay::Options::from_args(&args)?;
+                    args.finish()?;
+                    replay::run(&target, &options).await
+                }
+                "idle" => {
+                    let options = idle::Options::from_args(&args, nofile)?;
+                    args.finish()?;
+                    idle::run(&target, &options).await
+                }
+                other => bail!("unknown command {other:?}; {USAGE}"),
+            };
+            if result.is_err() {
+                if let Some(logs) = target.logs() {
+                    eprintln!("---- spawned server stderr (tail) ----\n{logs}");
+                }
+            }
+            result
+        };
+        target_and_run.await
+    })
+}

@@ -1,0 +1,171 @@
+//! The server under test: a running one (`--addr`, `--pid`) or one the tool spawns, and what
+//! the tool reads of it from `/proc`.
+
+use std::net::SocketAddr;
+
+use anyhow::{bail, Context as _};
+use std::time::Duration;
+
+use viewtape_journal::Cursor;
+use viewtape_tests::{expect, http::ensure_loopback, EventStream, Server};
+
+use crate::args::Args;
+
+/// Where the load goes.
+#[derive(Debug)]
+pub struct Target {
+    /// The server's address (loopback).
+    pub addr: SocketAddr,
+    /// Its process, when known (for RSS and CPU).
+    pub pid: Option<u32>,
+    /// Kept alive while benchmarking a spawned server; killed on drop.
+    server: Option<Server>,
+}
+
+impl Target {
+    /// `--addr ADDR [--pid PID]`, or spawns `viewtape serve --demo-rate 0` plus each
+    /// `--server-arg` (e.g. `--server-arg=--config --server-arg=bench.toml`).
+    ///
+    /// # Errors
+    /// On a non-loopback address or a server that does not start.
+    pub async fn from_args(args: &Args) -> anyhow::Result<Self> {
+        let pid = match args.get("pid") {
+            Some(pid) => Some(pid.parse().context("--pid")?),
+            None => None,
+        };
+        let server_args: Vec<&str> = args.all("server-arg");
+        if let Some(addr) = args.get("addr") {
+            let addr: SocketAddr = addr.parse().context("--addr")?;
+            ensure_loopback(addr)?;
+            if !server_args.is_empty() {
+                bail!("--server-arg only applies to a spawned server (no --addr)");
+            }
+            return Ok(Self {
+                addr,
+                pid,
+                server: None,
+            });
+        }
+        let server = Server::start(&server_args).await?;
+        eprintln!(
+            "spawned viewtape (pid {}) on {} with {:?}",
+            server.pid(),
+            server.addr(),
+            server_args
+        );
+        Ok(Self {
+            addr: server.addr(),
+            pid: Some(server.pid()),
+            server: Some(server),
+        })
+    }
+
+    /// The server's stderr tail when the tool spawned it.
+    pub fn logs(&self) -> Option<String> {
+        self.server.as_ref().map(Server::logs)
+    }
+
+    /// Publishes nothing; reads the tape (`?from=tape`) to its end and returns the newest
+    /// cursor, so subscribers can resume at the head. The view must hold at least one event.
+    ///
+    /// # Errors
+    /// On connection errors or an empty tape.
+    pub async fn head_cursor(&self) -> anyhow::Result<Cursor> {
+        let mut tape =
+            EventStream::connect(self.addr, "/views/prices/events?from=tape", &[]).await?;
+        let mut head = expect::cursor_of(&tape.next_event().await?)?;
+        for _ in 0..10_000_000 {
+            match tape.next_within(Duration::from_millis(200)).await {
+                Ok(Some(event)) => head = expect::cursor_of(&event)?,
+                _ => break,
+            }
+        }
+        Ok(head)
+    }
+}
+
+/// `VmRSS` of a process, in KiB.
+///
+/// # Errors
+/// When `/proc/<pid>/status` cannot be read or has no `VmRSS`.
+pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("read /proc/{pid}/status"))?;
+    parse_vm_rss(&status).with_context(|| format!("no VmRSS in /proc/{pid}/status"))
+}
+
+fn parse_vm_rss(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// User + system CPU time of a process, in seconds.
+///
+/// # Errors
+/// When `/proc/<pid>/stat` cannot be read or parsed.
+pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("read /proc/{pid}/stat"))?;
+    let ticks = parse_cpu_ticks(&stat).context("parse /proc/<pid>/stat")?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    Ok(ticks as f64 / if hz > 0 { hz as f64 } else { 100.0 })
+}
+
+fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+    // The command name may contain spaces: fields start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After ')': state is field 3; utime and stime are fields 14 and 15.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns the new soft limit.
+///
+/// # Errors
+/// When the limit cannot be read or set.
+pub fn raise_nofile() -> anyhow::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        bail!("getrlimit: {}", std::io::Error::last_os_error());
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: setrlimit reads the struct we pass.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+            bail!("setrlimit: {}", std::io::Error::last_os_error());
+        }
+    }
+    Ok(limit.rlim_cur)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_proc_files() {
+        assert_eq!(
+            parse_vm_rss("Name:\tx\nVmRSS:\t   12345 kB\nVmData: 1 kB\n"),
+            Some(12345)
+        );
+        let stat = "42 (a b) S 1 42 42 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 1 0";
+        assert_eq!(parse_cpu_ticks(stat), Some(10));
+    }
+
+    #[test]
+    fn reads_own_process() {
+        let pid = std::process::id();
+        assert!(rss_kib(pid).unwrap() > 0);
+        assert!(cpu_seconds(pid).unwrap() >= 0.0);
+        assert!(raise_nofile().unwrap() > 0);
+    }
+}
