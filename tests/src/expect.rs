@@ -52,7 +52,12 @@ pub fn reset(event: &SseEvent, reason: &str) -> anyhow::Result<serde_json::Value
         event.event == "reset",
         "expected reset ({reason}), got {event:?}"
     );
-    ensure!(event.id.is_none(), "a reset carries no id: {event:?}");
+    // No cursor; an empty `id:` is fine (it clears a browser's last event ID, so its next
+    // reconnect does not resend the cursor that was refused).
+    ensure!(
+        event.id.as_deref().is_none_or(str::is_empty),
+        "a reset carries no cursor: {event:?}"
+    );
     let data = event.json()?;
     ensure!(
         data["reason"] == reason,
