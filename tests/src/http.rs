@@ -290,6 +290,27 @@ pub async fn connect(addr: SocketAddr) -> anyhow::Result<TcpStream> {
     Ok(stream)
 }
 
+/// Connects with a small kernel receive buffer (`SO_RCVBUF`), so a client that stops reading
+/// pushes back on the server quickly (the slow-consumer test).
+///
+/// # Errors
+/// See [`connect`].
+pub async fn connect_with_recv_buffer(addr: SocketAddr, bytes: u32) -> anyhow::Result<TcpStream> {
+    ensure_loopback(addr)?;
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_recv_buffer_size(bytes)?;
+    let stream = tokio::time::timeout(READ_TIMEOUT, socket.connect(addr))
+        .await
+        .with_context(|| format!("connect to {addr} timed out"))?
+        .with_context(|| format!("connect to {addr}"))?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
 /// Reads once into `buf` with `timeout`; returns the byte count (0 at EOF).
 pub(crate) async fn read_some(
     stream: &mut TcpStream,

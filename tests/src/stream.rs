@@ -36,7 +36,30 @@ impl EventStream {
         path: &str,
         headers: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
-        let mut stream = http::connect(addr).await?;
+        Self::open(http::connect(addr).await?, addr, path, headers).await
+    }
+
+    /// Like [`EventStream::connect`], with a small kernel receive buffer: a client that then
+    /// stops reading makes the server's writes to it block almost at once.
+    ///
+    /// # Errors
+    /// See [`EventStream::connect`].
+    pub async fn connect_with_recv_buffer(
+        addr: SocketAddr,
+        path: &str,
+        headers: &[(&str, &str)],
+        recv_buffer: u32,
+    ) -> anyhow::Result<Self> {
+        let stream = http::connect_with_recv_buffer(addr, recv_buffer).await?;
+        Self::open(stream, addr, path, headers).await
+    }
+
+    async fn open(
+        mut stream: TcpStream,
+        addr: SocketAddr,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let mut all_headers = vec![("Accept", "text/event-stream")];
         all_headers.extend_from_slice(headers);
         let req = http::encode_request(addr, "GET", path, &all_headers, b"", true);

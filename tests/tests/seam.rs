@@ -174,7 +174,13 @@ async fn a_slow_consumer_does_not_stall_a_fast_one() -> anyhow::Result<()> {
     server.ingest_ok(&feed.batch(1)).await?;
 
     // Connected, then never read until the end: its socket buffers fill up.
-    let mut slow = server.sse("/views/prices/events?from=tape", &[]).await?;
+    let mut slow = EventStream::connect_with_recv_buffer(
+        server.addr(),
+        "/views/prices/events?from=tape",
+        &[],
+        4096,
+    )
+    .await?;
     let mut fast = server.sse("/views/prices/events?from=tape", &[]).await?;
     expect::update(&fast.next_event().await?, 1, "ACME", 1)?;
 
