@@ -111,16 +111,7 @@ fn replay(c: &mut Criterion) {
     let cursor = Cursor::new(epoch, 45_000);
     let mut group = c.benchmark_group("replay");
     group.throughput(Throughput::Elements(10_000));
-    group.bench_function("replay_after_10k_of_100k", |b| {
-        b.iter(|| {
-            let records = rt
-                .block_on(journal.replay_after("prices", Some(&cursor)))
-                .expect("replay");
-            // 45,001 ..= 100,000 is 55,000 records; take the first 10,000 as
-            // the case through frames_after, below.
-            black_box(records.len())
-        })
-    });
+    // A subscriber's page: 10,000 frames from the middle of the view.
     group.bench_function("frames_after_10k_of_100k", |b| {
         b.iter(|| {
             let frames = journal

@@ -354,7 +354,7 @@ impl EventJournal {
                         .records
                         .iter()
                         .map(|slot| SnapshotRecord {
-                            key: slot.key.to_string(),
+                            key: slot.key.clone(),
                             age_ms: u64::try_from(now.saturating_sub(slot.at) / 1_000_000)
                                 .unwrap_or(0),
                             frame: Arc::clone(&slot.frame),
@@ -404,7 +404,7 @@ impl EventJournal {
                         .unwrap_or(i64::MAX)
                         .saturating_mul(1_000_000);
                     tape.push(Slot {
-                        key: CompactString::from(record.key),
+                        key: record.key,
                         frame: record.frame,
                         at: now.saturating_sub(age),
                     });

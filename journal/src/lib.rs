@@ -94,6 +94,7 @@ mod tape;
 mod view;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use compact_str::CompactString;
 pub use config::JournalConfig;
 pub use cursor::{Cursor, CursorParseError};
 pub use epoch::{EpochParseError, JournalEpoch};

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
 use crate::epoch::JournalEpoch;
@@ -38,8 +39,9 @@ pub struct SnapshotView {
 /// One retained record in a [`SnapshotView`].
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SnapshotRecord {
-    /// The entity the event is about.
-    pub key: String,
+    /// The entity the event is about (inline up to 24 bytes, so a dump of
+    /// short keys copies no heap memory).
+    pub key: CompactString,
     /// Age at the time of the dump, in milliseconds.
     pub age_ms: u64,
     /// The encoded frame.
