@@ -1,0 +1,287 @@
+//! Real clients nobody here wrote, end to end against the real binary: headless Chromium's
+//! `EventSource` on the demo page (`clients/browser`), Node's `eventsource` package
+//! (`clients/node-eventsource`) and Python's `httpx-sse` (`clients/python-httpx-sse`).
+//!
+//! Each test starts the server with the harness, then runs the client's script as a child with
+//! the server's base URL. The script ingests, subscribes and asserts on its own; when it needs
+//! the server restarted it prints a control line (`@@ctl graceful-restart`,
+//! `@@ctl kill9-restart`) and waits for `ok` (or `err …`) on its stdin. The tests that restart
+//! pin the port (`--listen 127.0.0.1:PORT`) so the clients' own reconnection reaches the new
+//! process. Everything the child prints is forwarded into the test's output.
+//!
+//! Prerequisites (`.ci/run` installs them): Node.js with `npm ci --prefix clients`, Debian's
+//! `chromium`, and `pip install -r clients/python-httpx-sse/requirements.txt`. A missing
+//! prerequisite fails the test with the command that installs it; nothing is skipped.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, ensure, Context as _};
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
+use tokio::process::Command;
+use viewtape_tests::Server;
+
+/// The most one client script may take, restarts included.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The prefix of a control line a client script prints.
+const CONTROL: &str = "@@ctl ";
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from(".."), Path::to_path_buf)
+}
+
+fn clients_dir() -> PathBuf {
+    repo_root().join("clients")
+}
+
+/// Runs `program --version`-like probes; `Ok(())` when it exits 0.
+fn probe(program: &str, args: &[&str]) -> bool {
+    std::process::Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn require_node_modules(packages: &[&str]) -> anyhow::Result<()> {
+    ensure!(
+        probe("node", &["--version"]),
+        "`node` is not on PATH: install Node.js (>= 20), then run `npm ci --prefix clients`"
+    );
+    for package in packages {
+        let dir = clients_dir().join("node_modules").join(package);
+        ensure!(
+            dir.join("package.json").exists(),
+            "{} is missing: run `npm ci --prefix clients` (as .ci/run does)",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn require_chromium() -> anyhow::Result<()> {
+    let chromium = Path::new("/usr/bin/chromium");
+    ensure!(
+        chromium.exists(),
+        "{} is missing: run `apt-get update && apt-get install -y --no-install-recommends chromium` (as .ci/run does)",
+        chromium.display()
+    );
+    Ok(())
+}
+
+fn require_httpx_sse() -> anyhow::Result<()> {
+    ensure!(
+        probe("python3", &["-c", "import httpx, httpx_sse"]),
+        "python3 cannot import httpx and httpx_sse: run \
+         `python3 -m pip install -r clients/python-httpx-sse/requirements.txt` (as .ci/run does)"
+    );
+    Ok(())
+}
+
+/// A loopback port nobody listens on right now (bound, read, released).
+fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("bind 127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// The `misbehave` fixture guest the server's build script compiled, next to the binary's
+/// target directory (`<target>/wasm-guests/wasm32-unknown-unknown/release/misbehave.wasm`).
+async fn misbehave_wasm() -> anyhow::Result<PathBuf> {
+    let bin = viewtape_tests::server::binary().await?;
+    let target = bin
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| anyhow!("{} has no target directory", bin.display()))?;
+    let wasm = target.join("wasm-guests/wasm32-unknown-unknown/release/misbehave.wasm");
+    ensure!(
+        wasm.exists(),
+        "{} is missing (server/build.rs builds it with the server)",
+        wasm.display()
+    );
+    Ok(wasm)
+}
+
+/// A config with the demo ticker (`demo` → `prices`) and the `misbehave` fixture
+/// (`fixture` → `notes`), which can publish any payload, multi-line JSON included.
+async fn config_with_fixture(dir: &Path) -> anyhow::Result<PathBuf> {
+    let wasm = misbehave_wasm().await?;
+    let path = dir.join("clients.toml");
+    let text = format!(
+        "[[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n\n\
+         [[runtime]]\nname = \"fixture\"\nwasm = {}\nviews = [\"notes\"]\n",
+        serde_json::Value::String(wasm.display().to_string())
+    );
+    std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
+    Ok(path)
+}
+
+/// Carries out one control line; `Ok` means the server is up again.
+async fn control(server: &mut Server, command: &str) -> anyhow::Result<()> {
+    match command {
+        "graceful-restart" => {
+            let status = server.stop_graceful().await?;
+            ensure!(status.success(), "graceful stop exited with {status}");
+            server.restart().await
+        }
+        "kill9-restart" => {
+            server.kill9().await?;
+            server.restart().await
+        }
+        other => bail!("unknown control command {other:?}"),
+    }
+}
+
+/// Runs a client script against `server` and requires exit status 0 within
+/// [`CLIENT_TIMEOUT`]. Its output is forwarded, and shown again in the error on failure.
+async fn run_client(
+    server: &mut Server,
+    program: &str,
+    script: &str,
+    extra: &[String],
+) -> anyhow::Result<()> {
+    let script = clients_dir().join(script);
+    let base = format!("http://{}", server.addr());
+    let mut child = Command::new(program)
+        .arg(&script)
+        .arg(&base)
+        .args(extra)
+        .current_dir(clients_dir())
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("spawn {program} {}", script.display()))?;
+    let mut stdin = child.stdin.take().ok_or_else(|| anyhow!("no stdin pipe"))?;
+    let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout pipe"))?;
+    let mut stderr = child.stderr.take().ok_or_else(|| anyhow!("no stderr pipe"))?;
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let drain = {
+        let errors = Arc::clone(&errors);
+        tokio::spawn(async move {
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = stderr.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                if let Ok(mut errors) = errors.lock() {
+                    errors.extend_from_slice(&buf[..n]);
+                }
+            }
+        })
+    };
+
+    let mut transcript = String::new();
+    let mut lines = BufReader::new(stdout).lines();
+    let deadline = tokio::time::Instant::now() + CLIENT_TIMEOUT;
+    let outcome: anyhow::Result<std::process::ExitStatus> = async {
+        loop {
+            let line = tokio::time::timeout_at(deadline, lines.next_line())
+                .await
+                .map_err(|_| anyhow!("the client did not finish within {CLIENT_TIMEOUT:?}"))?
+                .context("read the client's stdout")?;
+            let Some(line) = line else { break };
+            eprintln!("[client] {line}");
+            let _ = writeln!(transcript, "{line}");
+            if let Some(command) = line.strip_prefix(CONTROL) {
+                let reply = match control(server, command.trim()).await {
+                    Ok(()) => format!("ok {}\n", server.addr()),
+                    Err(e) => format!("err {:#}\n", e).replace('\n', " ") + "\n",
+                };
+                eprintln!("[driver] {command} -> {}", reply.trim_end());
+                stdin
+                    .write_all(reply.as_bytes())
+                    .await
+                    .context("answer the client")?;
+                stdin.flush().await.context("answer the client")?;
+            }
+        }
+        tokio::time::timeout_at(deadline, child.wait())
+            .await
+            .map_err(|_| anyhow!("the client did not exit within {CLIENT_TIMEOUT:?}"))?
+            .context("wait for the client")
+    }
+    .await;
+    if outcome.is_err() {
+        let _ = child.start_kill();
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
+    let errors = errors
+        .lock()
+        .map(|e| String::from_utf8_lossy(&e).into_owned())
+        .unwrap_or_default();
+    if !errors.is_empty() {
+        eprintln!("[client stderr]\n{errors}");
+    }
+    let status = outcome.with_context(|| {
+        format!("{program} {}\nstdout:\n{transcript}\nstderr:\n{errors}", script.display())
+    })?;
+    ensure!(
+        status.success(),
+        "{program} {} exited with {status}\nstdout:\n{transcript}\nstderr:\n{errors}\nserver stderr (tail):\n{}",
+        script.display(),
+        server.logs()
+    );
+    Ok(())
+}
+
+/// Chromium on the demo page: live events through `EventSource`; a graceful restart resumes
+/// with no duplicate, no loss and no reset; a kill -9 restart shows exactly one reset and the
+/// page ends with the rows `GET /views/prices` has. Takes a screenshot of the page
+/// (`$VIEWTAPE_DEMO_SCREENSHOT`, else a temporary file; `docs/demo.png` was made this way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_demo_page_resumes_and_handles_a_reset() -> anyhow::Result<()> {
+    require_node_modules(&["playwright-core"])?;
+    require_chromium()?;
+    let listen = format!("127.0.0.1:{}", free_port()?);
+    let mut server = Server::start(&["--listen", &listen]).await?;
+    let scratch = tempfile::tempdir()?;
+    let screenshot = std::env::var_os("VIEWTAPE_DEMO_SCREENSHOT")
+        .map_or_else(|| scratch.path().join("demo.png"), PathBuf::from);
+    run_client(
+        &mut server,
+        "node",
+        "browser/test.mjs",
+        &[screenshot.display().to_string()],
+    )
+    .await?;
+    ensure!(
+        std::fs::metadata(&screenshot).is_ok_and(|m| m.len() > 1000),
+        "no screenshot at {}",
+        screenshot.display()
+    );
+    Ok(())
+}
+
+/// Node's `eventsource`: resume with `Last-Event-ID` (set by hand, and by the library's own
+/// reconnection across a graceful restart), reset on a stale cursor, multi-line data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_eventsource_resumes_resets_and_joins_lines() -> anyhow::Result<()> {
+    require_node_modules(&["eventsource"])?;
+    let dir = tempfile::tempdir()?;
+    let config = config_with_fixture(dir.path()).await?;
+    let config = config.display().to_string();
+    let listen = format!("127.0.0.1:{}", free_port()?);
+    let mut server = Server::start(&["--listen", &listen, "--config", &config]).await?;
+    run_client(&mut server, "node", "node-eventsource/test.mjs", &[]).await
+}
+
+/// Python's `httpx-sse`: resume with `Last-Event-ID`, reset on a stale cursor, multi-line data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_httpx_sse_resumes_resets_and_joins_lines() -> anyhow::Result<()> {
+    require_httpx_sse()?;
+    let dir = tempfile::tempdir()?;
+    let config = config_with_fixture(dir.path()).await?;
+    let config = config.display().to_string();
+    let mut server = Server::start(&["--config", &config]).await?;
+    run_client(&mut server, "python3", "python-httpx-sse/test.py", &[]).await
+}
