@@ -38,6 +38,8 @@ pub struct AppState {
     pub connections: Arc<Semaphore>,
     /// Flips to `true` when the server shuts down; streams then end.
     pub shutdown: watch::Receiver<bool>,
+    /// Operator actions (`/admin/*`) and their token.
+    pub admin: Arc<crate::admin::Admin>,
 }
 
 /// The router. Tests drive it without a socket.
@@ -50,6 +52,7 @@ pub fn app(state: AppState) -> Router {
         .route("/views/{view}", get(view_state))
         .route("/views/{view}/events", get(events))
         .route("/runtimes/{runtime}/ingest", post(ingest))
+        .merge(crate::admin::routes())
         .fallback(|| async { ApiError::NotFound("no such route".to_owned()) })
         .with_state(state)
 }

@@ -231,12 +231,17 @@ impl Hub {
 
     /// Replaces the journal and every view's state (a restore), then wakes
     /// every subscriber so each re-checks its cursor.
+    ///
+    /// The states are replaced before the journal: a state read in between
+    /// pairs the new state with a cursor of the old epoch, which then fails
+    /// closed (a reset), whereas the other order could pair the new epoch's
+    /// cursor with the old state, silently, during a live restore.
     pub async fn restore(&self, journal: JournalSnapshot, exact: bool, states: Vec<ViewStateDump>) {
-        self.journal.hydrate(journal, exact).await;
         for dump in states {
             let view = self.declare(&dump.view);
             *view.lock() = dump.entries.into_iter().collect();
         }
+        self.journal.hydrate(journal, exact).await;
         self.wake_all();
     }
 }

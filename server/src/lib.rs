@@ -13,8 +13,10 @@
 //! - [`metrics`] — Prometheus counters.
 //! - [`demo`] — the embedded demo feed.
 //! - [`inspect`] — `viewtape snapshot inspect|verify`.
+//! - [`admin`] — operator routes: snapshot now, list, live restore.
 #![deny(missing_docs)]
 
+pub mod admin;
 pub mod config;
 pub mod demo;
 pub(crate) mod frame;

@@ -153,15 +153,80 @@ enum Command {
     },
     Pause {
         reply: oneshot::Sender<RuntimeSnapshot>,
-        release: oneshot::Receiver<()>,
+        /// Closed when the [`PauseGuard`] is dropped; carries what the holder of the cut asks of
+        /// the paused runtime meanwhile.
+        control: mpsc::Receiver<PauseOp>,
     },
+}
+
+/// What the holder of a [`PauseGuard`] may ask of the paused runtime.
+enum PauseOp {
+    /// Instantiate a guest from this state, and keep it aside.
+    Stage {
+        snapshot: RuntimeSnapshot,
+        reply: oneshot::Sender<Result<(), GuestError>>,
+    },
+    /// Swap the staged guest in (`false`: nothing was staged).
+    Commit { reply: oneshot::Sender<bool> },
 }
 
 /// Holds a runtime paused (see [`RuntimeHandle::pause`]); dropping it
 /// lets the runtime run again.
+///
+/// ## Restoring inside the cut
+///
+/// A live restore replaces the guest's state while every runtime is paused, in two steps so
+/// that a guest refusing its state leaves everything untouched: [`PauseGuard::stage_restore`]
+/// instantiates a new guest from the snapshot's state next to the running one, and
+/// [`PauseGuard::commit_restore`] swaps it in (with the snapshot's checkpoint as the last good
+/// position). Dropping the guard without committing discards the staged guest.
 #[derive(Debug)]
 pub struct PauseGuard {
-    _release: oneshot::Sender<()>,
+    runtime: Arc<str>,
+    control: mpsc::Sender<PauseOp>,
+}
+
+impl PauseGuard {
+    /// Instantiates a guest from `snapshot.state` (an empty state runs the guest's `init`
+    /// instead) and keeps it aside until [`PauseGuard::commit_restore`]. The running guest is
+    /// untouched.
+    ///
+    /// # Errors
+    /// [`IngestError::Guest`] when the guest refuses the state or cannot be instantiated;
+    /// [`IngestError::Stopped`] if the task has stopped.
+    pub async fn stage_restore(&self, snapshot: RuntimeSnapshot) -> Result<(), IngestError> {
+        let (reply, rx) = oneshot::channel();
+        self.control
+            .send(PauseOp::Stage { snapshot, reply })
+            .await
+            .map_err(|_| self.stopped())?;
+        rx.await
+            .map_err(|_| self.stopped())?
+            .map_err(|source| IngestError::Guest {
+                runtime: self.runtime.to_string(),
+                source,
+            })
+    }
+
+    /// Replaces the running guest and its last good state and checkpoint with the staged ones.
+    /// Returns `false` when nothing was staged.
+    ///
+    /// # Errors
+    /// [`IngestError::Stopped`] if the task has stopped.
+    pub async fn commit_restore(&self) -> Result<bool, IngestError> {
+        let (reply, rx) = oneshot::channel();
+        self.control
+            .send(PauseOp::Commit { reply })
+            .await
+            .map_err(|_| self.stopped())?;
+        rx.await.map_err(|_| self.stopped())
+    }
+
+    fn stopped(&self) -> IngestError {
+        IngestError::Stopped {
+            runtime: self.runtime.to_string(),
+        }
+    }
 }
 
 /// The cloneable handle of a runtime task. The task stops when every handle is dropped.
@@ -291,13 +356,22 @@ impl RuntimeHandle {
     /// [`IngestError::Stopped`] if the task has stopped.
     pub async fn pause(&self) -> Result<(RuntimeSnapshot, PauseGuard), IngestError> {
         let (reply, rx) = oneshot::channel();
-        let (guard, release) = oneshot::channel();
+        let (control, ops) = mpsc::channel(1);
         self.tx
-            .send(Command::Pause { reply, release })
+            .send(Command::Pause {
+                reply,
+                control: ops,
+            })
             .await
             .map_err(|_| self.stopped())?;
         let saved = rx.await.map_err(|_| self.stopped())?;
-        Ok((saved, PauseGuard { _release: guard }))
+        Ok((
+            saved,
+            PauseGuard {
+                runtime: Arc::clone(&self.name),
+                control,
+            },
+        ))
     }
 
     fn stopped(&self) -> IngestError {
@@ -340,15 +414,49 @@ impl<S: BatchSink> Task<S> {
                 Command::Save { reply } => {
                     let _ = reply.send(self.last.clone());
                 }
-                Command::Pause { reply, release } => {
+                Command::Pause { reply, control } => {
                     if reply.send(self.last.clone()).is_ok() {
-                        // Released when the guard is dropped (or sent to).
-                        let _ = release.await;
+                        // Paused until the guard is dropped.
+                        self.paused(control).await;
                     }
                 }
             }
         }
         tracing::debug!("runtime task stopped");
+    }
+
+    /// Serves the holder of the cut until it drops its guard.
+    async fn paused(&mut self, mut control: mpsc::Receiver<PauseOp>) {
+        let mut staged: Option<(GuestInstance, RuntimeSnapshot)> = None;
+        while let Some(op) = control.recv().await {
+            match op {
+                PauseOp::Stage { snapshot, reply } => {
+                    let state = (!snapshot.state.is_empty()).then_some(&snapshot.state[..]);
+                    let made = GuestInstance::new(
+                        &self.module,
+                        &self.name,
+                        &self.config.limits,
+                        &self.config.guest_config,
+                        state,
+                    )
+                    .await;
+                    let result = made.map(|instance| staged = Some((instance, snapshot)));
+                    let _ = reply.send(result);
+                }
+                PauseOp::Commit { reply } => {
+                    let committed = match staged.take() {
+                        Some((instance, snapshot)) => {
+                            self.instance = Some(instance);
+                            self.last = snapshot;
+                            tracing::info!("guest state restored from a snapshot");
+                            true
+                        }
+                        None => false,
+                    };
+                    let _ = reply.send(committed);
+                }
+            }
+        }
     }
 
     async fn instance(&mut self) -> Result<&mut GuestInstance, GuestError> {
@@ -645,6 +753,38 @@ mod tests {
         .unwrap();
         rt.ingest(Bytes::from_static(b"count")).await.unwrap();
         assert_eq!(sink.events.lock().unwrap()[0].2, "42");
+    }
+
+    #[tokio::test]
+    async fn restore_inside_a_pause_replaces_the_guest_only_when_committed() {
+        let (rt, _journal, sink) = spawn(guests::MISBEHAVE_WASM, Limits::default()).await;
+        rt.ingest(Bytes::from_static(b"count")).await.unwrap();
+        let snapshot = RuntimeSnapshot {
+            state: Bytes::from_static(b"41"),
+            checkpoint: None,
+        };
+        // Staged but not committed: dropped with the guard.
+        let (saved, guard) = rt.pause().await.unwrap();
+        assert_eq!(&saved.state[..], b"1");
+        guard.stage_restore(snapshot.clone()).await.unwrap();
+        drop(guard);
+        rt.ingest(Bytes::from_static(b"count")).await.unwrap();
+        // Committed: the next batch runs on the restored state.
+        let (_, guard) = rt.pause().await.unwrap();
+        assert!(!guard.commit_restore().await.unwrap(), "nothing staged");
+        guard.stage_restore(snapshot).await.unwrap();
+        assert!(guard.commit_restore().await.unwrap());
+        drop(guard);
+        assert_eq!(&rt.save().await.unwrap().state[..], b"41");
+        rt.ingest(Bytes::from_static(b"count")).await.unwrap();
+        let counts: Vec<_> = sink
+            .events
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|e| e.2.clone())
+            .collect();
+        assert_eq!(counts, vec!["1", "2", "42"]);
     }
 
     #[tokio::test]

@@ -102,30 +102,7 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     );
     let _ = snapshots.remove_temp_files();
 
-    let mut restored_runtimes = BTreeMap::new();
-    let start = snapshots.load_for_start::<SnapshotBody>()?;
-    for skipped in &start.skipped {
-        tracing::warn!(file = %skipped.path.display(), error = %skipped.error, "snapshot skipped; falling back to an older one");
-    }
-    if let Some(error) = &start.consume_error {
-        tracing::warn!(%error, "could not mark the exact snapshot consumed; taking a fresh epoch");
-    }
-    if let Some(loaded) = start.loaded {
-        let body = loaded.body;
-        hub.restore(body.journal, start.adopt_epoch, body.views)
-            .await;
-        tracing::info!(
-            file = %loaded.info.path().display(),
-            exact = start.adopt_epoch,
-            epoch = %journal.epoch().await,
-            "restored snapshot"
-        );
-        restored_runtimes = body
-            .runtimes
-            .into_iter()
-            .map(|r| (r.name.clone(), r))
-            .collect();
-    }
+    let mut restored_runtimes = restore_at_start(&hub, &snapshots).await?;
 
     let engine = GuestEngine::new(EngineConfig::default())?;
     let mut runtimes: BTreeMap<String, Runtime> = BTreeMap::new();
@@ -203,6 +180,10 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         config: Arc::new(config.server.clone()),
         connections: Arc::new(Semaphore::new(config.server.max_connections)),
         shutdown: shutdown_rx,
+        admin: Arc::new(crate::admin::Admin::from_env(
+            Arc::clone(&snapshots),
+            runtime_list(&runtimes),
+        )),
     };
 
     if options.demo_rate > 0 {
@@ -253,8 +234,45 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         periodic.abort();
     }
     let written = write_snapshot(&hub, &snapshots, &runtime_list(&runtimes), true).await?;
-    tracing::info!(file = %written, "exact snapshot written; bye");
+    tracing::info!(file = %written.info.path().display(), "exact snapshot written; bye");
     Ok(())
+}
+
+/// Start-up step 2: restores the newest valid snapshot into `hub` by the one-life rule
+/// ([`SnapshotDir::load_for_start`]: an exact snapshot is consumed before its epoch is adopted;
+/// anything else takes a fresh epoch), logging every file it passed over. Returns the runtimes'
+/// dumps by name, for their tasks to start from. Call it before any offset is issued.
+///
+/// # Errors
+/// When the snapshot directory cannot be read.
+pub async fn restore_at_start(
+    hub: &Hub,
+    snapshots: &SnapshotDir,
+) -> Result<BTreeMap<String, RuntimeDump>, viewtape_snapshots::SnapshotError> {
+    let start = snapshots.load_for_start::<SnapshotBody>()?;
+    for skipped in &start.skipped {
+        tracing::warn!(file = %skipped.path.display(), error = %skipped.error, "snapshot skipped; falling back to an older one");
+    }
+    if let Some(error) = &start.consume_error {
+        tracing::warn!(%error, "could not mark the exact snapshot consumed; taking a fresh epoch");
+    }
+    let Some(loaded) = start.loaded else {
+        return Ok(BTreeMap::new());
+    };
+    let body = loaded.body;
+    hub.restore(body.journal, start.adopt_epoch, body.views)
+        .await;
+    tracing::info!(
+        file = %loaded.info.path().display(),
+        exact = start.adopt_epoch,
+        epoch = %hub.journal().epoch().await,
+        "restored snapshot"
+    );
+    Ok(body
+        .runtimes
+        .into_iter()
+        .map(|r| (r.name.clone(), r))
+        .collect())
 }
 
 fn runtime_list(runtimes: &BTreeMap<String, Runtime>) -> Vec<(String, RuntimeHandle, String)> {
@@ -264,14 +282,27 @@ fn runtime_list(runtimes: &BTreeMap<String, Runtime>) -> Vec<(String, RuntimeHan
         .collect()
 }
 
+/// A snapshot [`write_snapshot`] wrote.
+#[derive(Debug)]
+pub(crate) struct WrittenSnapshot {
+    /// The file.
+    pub(crate) info: viewtape_snapshots::SnapshotInfo,
+    /// Journal records it holds.
+    pub(crate) records: usize,
+}
+
 /// Takes the consistency cut, dumps, and writes a snapshot. For `exact`,
 /// the journal is sealed inside the cut first.
-async fn write_snapshot(
+///
+/// `runtimes` is `(name, handle, module fingerprint)` **in name order**: every
+/// cut (this one, a live restore) pauses runtimes in that one order, so two
+/// cuts never wait on each other's runtimes crosswise.
+pub(crate) async fn write_snapshot(
     hub: &Hub,
     snapshots: &Arc<SnapshotDir>,
     runtimes: &[(String, RuntimeHandle, String)],
     exact: bool,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<WrittenSnapshot> {
     let mut dumps = Vec::with_capacity(runtimes.len());
     let mut paused = Vec::with_capacity(runtimes.len());
     for (name, handle, module) in runtimes {
@@ -291,6 +322,7 @@ async fn write_snapshot(
     let journal = hub.journal().dump().await;
     let views = hub.dump_states();
     drop(paused);
+    let records = journal.record_count();
     let body = SnapshotBody {
         journal,
         views,
@@ -308,7 +340,7 @@ async fn write_snapshot(
         Ok::<_, anyhow::Error>(info)
     })
     .await??;
-    Ok(info.path().display().to_string())
+    Ok(WrittenSnapshot { info, records })
 }
 
 fn spawn_periodic_snapshots(
@@ -325,7 +357,7 @@ fn spawn_periodic_snapshots(
             loop {
                 ticker.tick().await;
                 match write_snapshot(&hub, &snapshots, &runtimes, false).await {
-                    Ok(file) => tracing::debug!(%file, "periodic snapshot written"),
+                    Ok(written) => tracing::debug!(file = %written.info.path().display(), "periodic snapshot written"),
                     Err(error) => tracing::warn!(%error, "periodic snapshot failed"),
                 }
             }
