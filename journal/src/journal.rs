@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
 use compact_str::CompactString;
+use tokio::sync::watch;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::JournalConfig;
@@ -50,6 +51,9 @@ pub struct EventJournal {
     config: JournalConfig,
     clock: Arc<dyn Clock>,
     inner: Mutex<Inner>,
+    /// Ticked (after the lock is released) whenever cursors may have become
+    /// invalid: a gap was marked or the journal was hydrated.
+    invalidations: watch::Sender<u64>,
 }
 
 #[derive(Debug)]
@@ -126,7 +130,15 @@ impl EventJournal {
                 views: HashMap::new(),
                 stats: JournalStats::default(),
             }),
+            invalidations: watch::Sender::new(0),
         }
+    }
+
+    /// Wakes whenever cursors may have become invalid — a gap was marked or
+    /// the journal was hydrated — so followers re-check their position
+    /// instead of waiting for the next append.
+    pub fn invalidations(&self) -> watch::Receiver<u64> {
+        self.invalidations.subscribe()
     }
 
     /// The journal's settings.
@@ -250,6 +262,8 @@ impl EventJournal {
             }
         }
         stats.gaps_marked += 1;
+        drop(inner);
+        self.invalidations.send_modify(|n| *n += 1);
     }
 
     /// The view's window, after pruning by age.
@@ -435,6 +449,8 @@ impl EventJournal {
             }
             inner.epoch = epoch;
         }
+        drop(inner);
+        self.invalidations.send_modify(|n| *n += 1);
     }
 
     /// Retained records per view, after pruning by age, sorted by view.

@@ -31,7 +31,8 @@ use crate::hub::{Hub, StateCut, View};
 use crate::metrics::Metrics;
 
 /// Frames per chunk, and state entries per chunk during a state transfer.
-pub(crate) const MAX_FRAMES_PER_CHUNK: usize = 512;
+/// Tests use a tiny chunk so that disconnects land inside state transfers.
+pub(crate) const MAX_FRAMES_PER_CHUNK: usize = if cfg!(test) { 3 } else { 512 };
 
 /// How the stream begins.
 #[derive(Debug)]
@@ -63,6 +64,7 @@ pub(crate) struct Subscriber {
     view: Arc<View>,
     metrics: Arc<Metrics>,
     ticks: watch::Receiver<u64>,
+    invalidations: watch::Receiver<u64>,
     live: broadcast::Receiver<Bytes>,
     shutdown: watch::Receiver<bool>,
     heartbeat: Duration,
@@ -86,6 +88,8 @@ impl Subscriber {
     ) -> Self {
         let mut ticks = view.ticks();
         ticks.borrow_and_update();
+        let mut invalidations = hub.journal().invalidations();
+        invalidations.borrow_and_update();
         let live = view.live();
         let mut pending = BytesMut::from(format!("retry: {}\n\n", retry.as_millis()).as_bytes());
         let journal = hub.journal();
@@ -133,6 +137,7 @@ impl Subscriber {
             view,
             metrics,
             ticks,
+            invalidations,
             live,
             shutdown,
             heartbeat,
@@ -240,6 +245,12 @@ impl Subscriber {
                 }
                 None
             }
+            changed = self.invalidations.changed() => {
+                if changed.is_err() {
+                    self.phase = Phase::Done;
+                }
+                None
+            }
             received = self.live.recv() => match received {
                 Ok(frame) => {
                     self.metrics.delivered.fetch_add(1, Ordering::Relaxed);
@@ -287,5 +298,192 @@ fn reset_to_state(
 impl Drop for Subscriber {
     fn drop(&mut self) {
         self.metrics.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A client that applies what it receives — across random publishes,
+    //! deletes, disconnects (also in the middle of a state transfer), resets
+    //! by restore and gaps — always ends equal to the view's state at the
+    //! same cursor.
+
+    use std::collections::BTreeMap;
+
+    use futures_util::StreamExt;
+    use proptest::prelude::*;
+    use tokio::sync::Semaphore;
+    use viewtape_journal::{EventJournal, JournalConfig};
+
+    use super::*;
+    use crate::host::{EventKind, GuestBatch, GuestEvent};
+    use crate::runtime::BatchSink;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Publish(Vec<(u8, Option<u8>)>),
+        Read(usize),
+        Disconnect,
+        Gap,
+        Restore,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => prop::collection::vec((0..12u8, prop::option::weighted(0.8, 0..100u8)), 1..6).prop_map(Op::Publish),
+            4 => (1..6usize).prop_map(Op::Read),
+            2 => Just(Op::Disconnect),
+            1 => Just(Op::Gap),
+            1 => Just(Op::Restore),
+        ]
+    }
+
+    /// The state a client builds, like the demo page does.
+    #[derive(Default)]
+    struct Client {
+        state: BTreeMap<String, String>,
+        incoming: Option<BTreeMap<String, String>>,
+        last_id: String,
+        resets: usize,
+    }
+
+    impl Client {
+        fn apply(&mut self, chunk: &[u8]) {
+            let text = std::str::from_utf8(chunk).unwrap();
+            for block in text.split("\n\n").filter(|b| !b.is_empty()) {
+                let (mut id, mut event, mut data) = (None, "message", String::new());
+                for line in block.lines() {
+                    if line == "id" {
+                        id = Some(String::new());
+                    } else if let Some(v) = line.strip_prefix("id: ") {
+                        id = Some(v.to_owned());
+                    } else if let Some(v) = line.strip_prefix("event: ") {
+                        event = v;
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        data.push_str(v);
+                    }
+                }
+                if let Some(id) = id {
+                    self.last_id = id;
+                }
+                let json: serde_json::Value = match data.as_str() {
+                    "" => serde_json::Value::Null,
+                    d => serde_json::from_str(d).unwrap(),
+                };
+                let key = json["key"].as_str().map(str::to_owned);
+                match event {
+                    "update" => {
+                        self.state.insert(key.unwrap(), json["value"].to_string());
+                    }
+                    "delete" => {
+                        self.state.remove(&key.unwrap());
+                    }
+                    "reset" => {
+                        self.resets += 1;
+                        self.incoming = Some(BTreeMap::new());
+                    }
+                    "state" => {
+                        self.incoming
+                            .get_or_insert_with(BTreeMap::new)
+                            .insert(key.unwrap(), json["value"].to_string());
+                    }
+                    "synced" => self.state = self.incoming.take().unwrap_or_default(),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn connect(
+        hub: &Arc<Hub>,
+        client: &Client,
+        shutdown: &watch::Receiver<bool>,
+    ) -> futures_util::stream::BoxStream<'static, Result<Bytes, std::convert::Infallible>> {
+        let start = match client.last_id.as_str() {
+            "" => Start::State,
+            id => id.parse().map_or(Start::Malformed, Start::Cursor),
+        };
+        let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+        let view = hub.view("v").unwrap();
+        Subscriber::new(
+            Arc::clone(hub),
+            view,
+            Arc::new(Metrics::default()),
+            start,
+            shutdown.clone(),
+            Duration::from_secs(3600),
+            Duration::from_secs(1),
+            permit,
+        )
+        .into_stream()
+        .boxed()
+    }
+
+    /// Reads every chunk that is ready without waiting for new events.
+    async fn read_ready(
+        stream: &mut futures_util::stream::BoxStream<
+            'static,
+            Result<Bytes, std::convert::Infallible>,
+        >,
+        client: &mut Client,
+        max: usize,
+    ) {
+        for _ in 0..max {
+            match tokio::time::timeout(Duration::from_millis(20), stream.next()).await {
+                Ok(Some(Ok(chunk))) => client.apply(&chunk),
+                _ => break,
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        #[test]
+        fn a_client_that_applies_the_stream_matches_the_state(ops in prop::collection::vec(op(), 1..40)) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+            rt.block_on(async {
+                let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(JournalConfig::default()))));
+                hub.declare("v");
+                let (_shutdown_tx, shutdown) = watch::channel(false);
+                let mut client = Client::default();
+                let mut stream = connect(&hub, &client, &shutdown);
+                for op in ops {
+                    match op {
+                        Op::Publish(events) => {
+                            let events = events.into_iter().map(|(key, value)| GuestEvent {
+                                view: Arc::from("v"),
+                                key: format!("k{key}"),
+                                kind: if value.is_some() { EventKind::Update } else { EventKind::Delete },
+                                payload: value.map(|v| Bytes::from(format!("{{\"v\":{v}}}"))).unwrap_or_default(),
+                            }).collect();
+                            hub.commit("test", GuestBatch { events, gaps: vec![] }).await;
+                        }
+                        Op::Read(chunks) => read_ready(&mut stream, &mut client, chunks).await,
+                        Op::Disconnect => {
+                            client.incoming = None;
+                            stream = connect(&hub, &client, &shutdown);
+                        }
+                        Op::Gap => hub.journal().mark_gap().await,
+                        Op::Restore => {
+                            let dump = hub.journal().dump().await;
+                            hub.restore(dump, false, hub.dump_states()).await;
+                        }
+                    }
+                }
+                read_ready(&mut stream, &mut client, 10_000).await;
+                let cut = hub.view("v").unwrap().cut(hub.journal());
+                prop_assert_eq!(&client.last_id, &cut.cursor.to_string(), "the client reached the head");
+                let expected: BTreeMap<String, String> = cut.frames.iter().map(|frame| {
+                    let member = crate::frame::state_member(frame);
+                    let object: serde_json::Map<String, serde_json::Value> =
+                        serde_json::from_slice(&[b"{", &member[..], b"}"].concat()).unwrap();
+                    let (key, value) = object.into_iter().next().unwrap();
+                    (key, value.to_string())
+                }).collect();
+                prop_assert_eq!(client.state, expected);
+                Ok(())
+            })?;
+        }
     }
 }
