@@ -40,7 +40,7 @@ fn clients_dir() -> PathBuf {
     repo_root().join("clients")
 }
 
-/// Runs `program --version`-like probes; `Ok(())` when it exits 0.
+/// Whether `program args…` runs and exits 0.
 fn probe(program: &str, args: &[&str]) -> bool {
     std::process::Command::new(program)
         .args(args)
@@ -162,8 +162,14 @@ async fn run_client(
         .spawn()
         .with_context(|| format!("spawn {program} {}", script.display()))?;
     let mut stdin = child.stdin.take().ok_or_else(|| anyhow!("no stdin pipe"))?;
-    let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout pipe"))?;
-    let mut stderr = child.stderr.take().ok_or_else(|| anyhow!("no stderr pipe"))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow!("no stdout pipe"))?;
+    let mut stderr = child
+        .stderr
+        .take()
+        .ok_or_else(|| anyhow!("no stderr pipe"))?;
     let errors = Arc::new(Mutex::new(Vec::new()));
     let drain = {
         let errors = Arc::clone(&errors);
@@ -195,7 +201,7 @@ async fn run_client(
             if let Some(command) = line.strip_prefix(CONTROL) {
                 let reply = match control(server, command.trim()).await {
                     Ok(()) => format!("ok {}\n", server.addr()),
-                    Err(e) => format!("err {:#}\n", e).replace('\n', " ") + "\n",
+                    Err(e) => format!("err {}\n", format!("{e:#}").replace('\n', " ")),
                 };
                 eprintln!("[driver] {command} -> {}", reply.trim_end());
                 stdin
@@ -223,7 +229,10 @@ async fn run_client(
         eprintln!("[client stderr]\n{errors}");
     }
     let status = outcome.with_context(|| {
-        format!("{program} {}\nstdout:\n{transcript}\nstderr:\n{errors}", script.display())
+        format!(
+            "{program} {}\nstdout:\n{transcript}\nstderr:\n{errors}",
+            script.display()
+        )
     })?;
     ensure!(
         status.success(),
