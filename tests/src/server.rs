@@ -38,6 +38,10 @@ pub const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How much of the server's stderr is kept for failure reports.
 const LOG_TAIL: usize = 64 * 1024;
 
+/// The server's admin token variable; never inherited from the test runner (see
+/// [`Server::start_with_env`]).
+pub const ADMIN_TOKEN_ENV: &str = "VIEWTAPE_ADMIN_TOKEN";
+
 /// The line prefix the server prints first on stdout.
 const LISTENING_PREFIX: &str = "viewtape listening on http://";
 
@@ -66,6 +70,8 @@ pub struct Server {
     data_dir: DataDir,
     /// The caller's arguments (without the harness's defaults).
     args: Vec<String>,
+    /// Extra environment for the server process, kept across restarts.
+    env: Vec<(String, String)>,
     logs: Arc<Mutex<Vec<u8>>>,
 }
 
@@ -169,6 +175,27 @@ impl Server {
         Self::spawn(
             DataDir::Temp(Arc::new(dir)),
             args.iter().map(|s| (*s).to_owned()).collect(),
+            Vec::new(),
+        )
+        .await
+    }
+
+    /// Starts like [`Server::start`], with extra environment variables for the server process
+    /// (e.g. [`ADMIN_TOKEN_ENV`]); they are kept for [`Server::restart`].
+    ///
+    /// # Errors
+    /// See [`Server::start`].
+    pub async fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("viewtape-test-")
+            .tempdir()
+            .context("temp data dir")?;
+        Self::spawn(
+            DataDir::Temp(Arc::new(dir)),
+            args.iter().map(|s| (*s).to_owned()).collect(),
+            env.iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
         )
         .await
     }
@@ -181,11 +208,16 @@ impl Server {
         Self::spawn(
             DataDir::Given(data_dir.to_owned()),
             args.iter().map(|s| (*s).to_owned()).collect(),
+            Vec::new(),
         )
         .await
     }
 
-    async fn spawn(data_dir: DataDir, args: Vec<String>) -> anyhow::Result<Self> {
+    async fn spawn(
+        data_dir: DataDir,
+        args: Vec<String>,
+        env: Vec<(String, String)>,
+    ) -> anyhow::Result<Self> {
         let bin = binary().await?;
         let mut full = vec!["serve".to_owned()];
         full.extend(args.iter().cloned());
@@ -204,6 +236,9 @@ impl Server {
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
             )
+            // Admin routes are opt-in per test, whatever the test runner's environment says.
+            .env_remove(ADMIN_TOKEN_ENV)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -243,6 +278,7 @@ impl Server {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             data_dir,
             args,
+            env,
             logs,
         };
         let line = match first {
@@ -361,7 +397,7 @@ impl Server {
         if self.child.is_some() {
             self.kill9().await?;
         }
-        let next = Self::spawn(self.data_dir.clone(), self.args.clone()).await?;
+        let next = Self::spawn(self.data_dir.clone(), self.args.clone(), self.env.clone()).await?;
         *self = next;
         Ok(())
     }

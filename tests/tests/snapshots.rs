@@ -1,0 +1,529 @@
+//! Snapshots end to end (issue 5): exact snapshots across graceful restarts, resets after
+//! crashes — including the exact-then-crash sequence, where an exact snapshot must vouch for
+//! one life only — fallback past a corrupted newest snapshot, the admin routes and their
+//! token, a live restore, and `viewtape snapshot inspect|verify`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context as _};
+use viewtape_journal::Cursor;
+use viewtape_tests::server::{binary, ADMIN_TOKEN_ENV};
+use viewtape_tests::{expect, http, EventStream, Feed, Response, Server};
+
+const TOKEN: &str = "test-admin-token-7f3a";
+
+/// The snapshot files in a data directory, oldest first.
+fn snapshot_files(data_dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let dir = data_dir.join("snapshots");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .with_context(|| format!("read {}", dir.display()))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("snap-") && n.ends_with(".vtsnap"))
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Flips one byte in the middle of `path`.
+fn corrupt(path: &Path) -> anyhow::Result<Vec<u8>> {
+    let mut bytes = std::fs::read(path)?;
+    ensure!(
+        bytes.len() > 64,
+        "snapshot too small to corrupt: {}",
+        bytes.len()
+    );
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x5a;
+    std::fs::write(path, &bytes)?;
+    Ok(bytes)
+}
+
+/// Resumes `cursor` and requires the first event to be a reset that is not `malformed`.
+async fn expect_reset(server: &Server, cursor: &Cursor) -> anyhow::Result<EventStream> {
+    let mut stream = server
+        .sse(
+            "/views/prices/events",
+            &[("Last-Event-ID", &cursor.to_string())],
+        )
+        .await?;
+    let event = stream.next_event().await?;
+    ensure!(
+        event.event == "reset",
+        "cursor {cursor} must be refused, got {event:?}"
+    );
+    let reason = event.json()?["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    expect::reset(&event, &reason)?;
+    ensure!(reason != "malformed", "{event:?}");
+    Ok(stream)
+}
+
+async fn admin(
+    server: &Server,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &[u8],
+) -> anyhow::Result<Response> {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = auth
+        .as_deref()
+        .map(|a| vec![("Authorization", a), ("Content-Type", "application/json")])
+        .unwrap_or_default();
+    http::request(server.addr(), method, path, &headers, body).await
+}
+
+async fn cli(args: &[&str]) -> anyhow::Result<(i32, String)> {
+    let bin = binary().await?;
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(bin)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .output(),
+    )
+    .await
+    .context("viewtape snapshot timed out")??;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok((out.status.code().unwrap_or(-1), text))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_restart_keeps_a_live_cursor_valid() -> anyhow::Result<()> {
+    let mut server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME", "BOLT"]);
+    // A client following live from the start.
+    let mut stream = server.sse("/views/prices/events?from=tape", &[]).await?;
+    server.ingest_ok(&feed.batch(4)).await?;
+    let mut last = None;
+    for offset in 1..=4 {
+        last = Some(expect::update(
+            &stream.next_event().await?,
+            offset,
+            feed.symbol_of(offset),
+            offset,
+        )?);
+    }
+    let last = last.context("no events")?;
+    let status = server.stop_graceful().await?;
+    ensure!(status.success(), "graceful stop: {status}");
+    drop(stream);
+
+    server.restart().await?;
+    // The client reconnects with its last cursor: no reset, no duplicate, nothing lost.
+    let mut resumed = server
+        .sse(
+            "/views/prices/events",
+            &[("Last-Event-ID", &last.to_string())],
+        )
+        .await?;
+    resumed.expect_silence(Duration::from_millis(300)).await?;
+    server.ingest_ok(&feed.batch(3)).await?;
+    for offset in 5..=7 {
+        let cursor = expect::update(
+            &resumed.next_event().await?,
+            offset,
+            feed.symbol_of(offset),
+            offset,
+        )?;
+        ensure!(
+            cursor.epoch() == last.epoch(),
+            "epoch kept across a graceful restart"
+        );
+    }
+    resumed.expect_silence(Duration::from_millis(200)).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_nine_then_restart_resets_the_cursor() -> anyhow::Result<()> {
+    let mut server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME"]);
+    server.ingest_ok(&feed.batch(3)).await?;
+    let tape = expect::tape(&server, "prices", 3).await?;
+    let last = expect::cursor_of(&tape[2])?;
+    server.kill9().await?;
+    server.restart().await?;
+    let mut stream = expect_reset(&server, &last).await?;
+    let (_, synced) = stream.until_synced(100).await?;
+    ensure!(
+        expect::cursor_of(&synced)?.epoch() != last.epoch(),
+        "a crash takes a fresh epoch"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_snapshot_vouches_for_one_life_only() -> anyhow::Result<()> {
+    // Life 1: publish, stop gracefully (the exact snapshot is written).
+    let mut server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME", "BOLT"]);
+    server.ingest_ok(&feed.batch(3)).await?;
+    let first_life = expect::cursor_of(&expect::tape(&server, "prices", 3).await?[2])?;
+    ensure!(server.stop_graceful().await?.success());
+    let files = snapshot_files(server.data_dir())?;
+    ensure!(
+        files
+            .iter()
+            .any(|f| f.to_string_lossy().ends_with("-exact.vtsnap")),
+        "an exact snapshot after a graceful stop: {files:?}"
+    );
+
+    // Life 2: adopts the epoch (the first-life cursor resumes silently), consumes the file,
+    // publishes more, and crashes.
+    server.restart().await?;
+    let files = snapshot_files(server.data_dir())?;
+    ensure!(
+        files
+            .iter()
+            .any(|f| f.to_string_lossy().ends_with("-consumed.vtsnap"))
+            && !files
+                .iter()
+                .any(|f| f.to_string_lossy().ends_with("-exact.vtsnap")),
+        "the exact snapshot is consumed at start: {files:?}"
+    );
+    let mut resumed = server
+        .sse(
+            "/views/prices/events",
+            &[("Last-Event-ID", &first_life.to_string())],
+        )
+        .await?;
+    resumed.expect_silence(Duration::from_millis(200)).await?;
+    server.ingest_ok(&feed.batch(3)).await?;
+    let mut second_life = first_life;
+    for offset in 4..=6 {
+        second_life = expect::update(
+            &resumed.next_event().await?,
+            offset,
+            feed.symbol_of(offset),
+            offset,
+        )?;
+    }
+    ensure!(second_life.epoch() == first_life.epoch());
+    drop(resumed);
+    server.kill9().await?;
+
+    // Life 3: the consumed snapshot loads as periodic. Neither cursor may be replayed — the
+    // offsets 4..=6 of that epoch went on the wire in life 2 and are not in any snapshot.
+    server.restart().await?;
+    let mut stream = expect_reset(&server, &second_life).await?;
+    let (_, synced) = stream.until_synced(100).await?;
+    let third = expect::cursor_of(&synced)?;
+    ensure!(
+        third.epoch() != first_life.epoch(),
+        "a fresh epoch in life 3"
+    );
+    expect_reset(&server, &first_life).await?;
+    // The guest's state came from the consumed snapshot (seq 3): new offsets carry the new
+    // epoch, so the same offset numbers as life 2 never mean two things.
+    feed.set_next_seq(4);
+    server.ingest_ok(&feed.batch(1)).await?;
+    let next = stream.next_event().await?;
+    let cursor = expect::update(&next, third.offset() + 1, feed.symbol_of(4), 4)?;
+    ensure!(cursor.epoch() == third.epoch() && cursor.epoch() != second_life.epoch());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupted_newest_snapshot_falls_back_and_is_kept() -> anyhow::Result<()> {
+    let mut server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME"]);
+    server.ingest_ok(&feed.batch(2)).await?;
+    ensure!(server.stop_graceful().await?.success());
+    server.restart().await?;
+    server.ingest_ok(&feed.batch(2)).await?;
+    ensure!(server.stop_graceful().await?.success());
+    let files = snapshot_files(server.data_dir())?;
+    ensure!(files.len() >= 2, "two snapshots: {files:?}");
+    let newest = files.last().context("no snapshot")?.clone();
+    let corrupted = corrupt(&newest)?;
+
+    server.restart().await?;
+    // Started from the older one: the guest's state and the view are at seq 2.
+    let view = server.get("/views/prices").await?.json()?;
+    ensure!(
+        view["entries"]["ACME"]["seq"] == 2,
+        "older snapshot's state: {view}"
+    );
+    let newest_name = newest
+        .file_name()
+        .and_then(|n| n.to_str())
+        .context("name")?
+        .to_owned();
+    let logs = server.logs();
+    ensure!(
+        logs.contains("falling back") && logs.contains(&newest_name),
+        "the fallback is logged, naming the file:\n{logs}"
+    );
+    // Kept for inspection, untouched.
+    ensure!(
+        std::fs::read(&newest)? == corrupted,
+        "the corrupted file is kept as it was"
+    );
+    // The guest resumed at seq 2: seq 3 is accepted without a gap.
+    feed.set_next_seq(3);
+    server.ingest_ok(&feed.batch(1)).await?;
+    let view = server.get("/views/prices").await?.json()?;
+    ensure!(view["entries"]["ACME"]["seq"] == 3, "{view}");
+
+    // The CLI agrees.
+    let (code, out) = cli(&["snapshot", "inspect", &newest.to_string_lossy()]).await?;
+    ensure!(
+        code == 1,
+        "inspect of a corrupted file exits 1: {code}\n{out}"
+    );
+    ensure!(
+        out.contains("NO") && out.to_lowercase().contains("checksum"),
+        "inspect names the reason:\n{out}"
+    );
+    // The older one was renamed to consumed by the restart that adopted it; list again.
+    let files = snapshot_files(server.data_dir())?;
+    let good = files
+        .iter()
+        .find(|f| *f != &newest)
+        .context("a valid snapshot")?;
+    let (code, out) = cli(&["snapshot", "inspect", &good.to_string_lossy()]).await?;
+    ensure!(code == 0, "inspect of a good file exits 0: {code}\n{out}");
+    ensure!(
+        out.contains("valid:    yes") && out.contains("prices") && out.contains("epoch:"),
+        "inspect prints header, epoch and views:\n{out}"
+    );
+    let dir = server.data_dir().join("snapshots");
+    let (code, out) = cli(&["snapshot", "verify", &dir.to_string_lossy()]).await?;
+    ensure!(
+        code == 1,
+        "verify with a corrupted file exits 1: {code}\n{out}"
+    );
+    ensure!(
+        out.contains("INVALID") && out.contains(&newest_name) && out.contains("valid "),
+        "verify lists each file with its verdict:\n{out}"
+    );
+    // Without the corrupted file, verify passes.
+    std::fs::remove_file(&newest)?;
+    let (code, out) = cli(&["snapshot", "verify", &dir.to_string_lossy()]).await?;
+    ensure!(code == 0, "verify of good files exits 0: {code}\n{out}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_routes_are_404_without_a_configured_token() -> anyhow::Result<()> {
+    let server = Server::start(&[]).await?;
+    for (method, path) in [
+        ("POST", "/admin/snapshot"),
+        ("GET", "/admin/snapshots"),
+        ("POST", "/admin/restore"),
+    ] {
+        for token in [None, Some(TOKEN), Some("")] {
+            let resp = admin(&server, method, path, token, b"{\"name\":\"x\"}").await?;
+            ensure!(
+                resp.status() == 404,
+                "{method} {path} with {token:?}: {} {}",
+                resp.status(),
+                resp.text()
+            );
+        }
+    }
+    ensure!(
+        snapshot_files(server.data_dir())?.is_empty(),
+        "nothing was written"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_token_is_required_and_checked() -> anyhow::Result<()> {
+    let server = Server::start_with_env(&[], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
+    let wrong = format!("{TOKEN}x");
+    let short = &TOKEN[..TOKEN.len() - 1];
+    for (method, path) in [("POST", "/admin/snapshot"), ("GET", "/admin/snapshots")] {
+        for token in [None, Some(wrong.as_str()), Some(short), Some("")] {
+            let resp = admin(&server, method, path, token, b"").await?;
+            ensure!(
+                resp.status() == 401,
+                "{method} {path} with {token:?}: {} {}",
+                resp.status(),
+                resp.text()
+            );
+            ensure!(
+                resp.header("www-authenticate") == Some("Bearer"),
+                "401 names the scheme"
+            );
+            ensure!(resp.json()?["error"] == "unauthorized");
+        }
+    }
+    // A restore with a bad token is refused before its body is looked at.
+    let resp = admin(&server, "POST", "/admin/restore", None, b"not json").await?;
+    ensure!(resp.status() == 401, "{}", resp.status());
+    ensure!(snapshot_files(server.data_dir())?.is_empty());
+
+    let mut feed = Feed::new(&["ACME"]);
+    server.ingest_ok(&feed.batch(3)).await?;
+    let resp = admin(&server, "POST", "/admin/snapshot", Some(TOKEN), b"").await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    let written = resp.json()?;
+    let name = written["name"].as_str().context("name")?.to_owned();
+    ensure!(
+        written["exact"] == false && written["records"] == 3,
+        "{written}"
+    );
+    ensure!(written["size"].as_u64().is_some_and(|s| s > 0), "{written}");
+    ensure!(name.ends_with("-periodic.vtsnap"), "{name}");
+
+    let resp = admin(&server, "GET", "/admin/snapshots", Some(TOKEN), b"").await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    let listed = resp.json()?;
+    let entry = listed["snapshots"]
+        .as_array()
+        .and_then(|all| all.iter().find(|s| s["name"] == name.as_str()))
+        .with_context(|| format!("{name} listed: {listed}"))?;
+    ensure!(
+        entry["valid"] == true
+            && entry["exact"] == false
+            && entry["kind"] == "periodic"
+            && entry["size"] == written["size"]
+            && entry["error"].is_null()
+            && entry["age_seconds"]
+                .as_f64()
+                .is_some_and(|a| (0.0..60.0).contains(&a)),
+        "{entry}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_restore_resets_subscribers_to_the_restored_state() -> anyhow::Result<()> {
+    let server = Server::start_with_env(&[], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
+    let mut feed = Feed::new(&["ACME", "BOLT"]);
+    server.ingest_ok(&feed.batch(3)).await?;
+    let resp = admin(&server, "POST", "/admin/snapshot", Some(TOKEN), b"").await?;
+    ensure!(resp.status() == 200, "{}", resp.text());
+    let name = resp.json()?["name"].as_str().context("name")?.to_owned();
+    let at_snapshot = server.get("/views/prices").await?.json()?;
+
+    server.ingest_ok(&feed.batch(3)).await?;
+    let before = server.get("/views/prices").await?.json()?;
+    ensure!(
+        before["entries"] != at_snapshot["entries"],
+        "state moved on"
+    );
+
+    // An invalid snapshot is refused with the reason, and nothing changes.
+    let resp = admin(&server, "POST", "/admin/snapshot", Some(TOKEN), b"").await?;
+    let bad = resp.json()?["name"].as_str().context("name")?.to_owned();
+    corrupt(&server.data_dir().join("snapshots").join(&bad))?;
+    let resp = admin(
+        &server,
+        "POST",
+        "/admin/restore",
+        Some(TOKEN),
+        format!("{{\"name\":\"{bad}\"}}").as_bytes(),
+    )
+    .await?;
+    ensure!(resp.status() == 422, "{} {}", resp.status(), resp.text());
+    ensure!(
+        resp.text().to_lowercase().contains("checksum"),
+        "the reason: {}",
+        resp.text()
+    );
+    for missing in [
+        "snap-0000000000000001-0000000001-periodic.vtsnap",
+        "../etc/passwd",
+    ] {
+        let resp = admin(
+            &server,
+            "POST",
+            "/admin/restore",
+            Some(TOKEN),
+            format!("{{\"name\":\"{missing}\"}}").as_bytes(),
+        )
+        .await?;
+        ensure!(
+            resp.status() == 404,
+            "{missing}: {} {}",
+            resp.status(),
+            resp.text()
+        );
+    }
+    let resp = admin(&server, "POST", "/admin/restore", Some(TOKEN), b"{}").await?;
+    ensure!(resp.status() == 400, "{} {}", resp.status(), resp.text());
+    ensure!(
+        server.get("/views/prices").await?.json()? == before,
+        "nothing touched"
+    );
+
+    // Two subscribers: one following live with a cursor, one from the state.
+    let head = expect::cursor_of(&expect::tape(&server, "prices", 6).await?[5])?;
+    let mut live = server
+        .sse(
+            "/views/prices/events",
+            &[("Last-Event-ID", &head.to_string())],
+        )
+        .await?;
+    let mut fresh = server.sse("/views/prices/events", &[]).await?;
+    fresh.until_synced(100).await?;
+    live.expect_silence(Duration::from_millis(200)).await?;
+
+    let resp = admin(
+        &server,
+        "POST",
+        "/admin/restore",
+        Some(TOKEN),
+        format!("{{\"name\":\"{name}\"}}").as_bytes(),
+    )
+    .await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    let restored = resp.json()?;
+    ensure!(
+        restored["epoch"] != head.epoch().to_string().as_str(),
+        "fresh epoch: {restored}"
+    );
+
+    for stream in [&mut live, &mut fresh] {
+        let event = stream.next_event().await?;
+        ensure!(
+            event.event == "reset",
+            "every subscriber is reset: {event:?}"
+        );
+        let (states, synced) = stream.until_synced(100).await?;
+        ensure!(states.len() == 2, "two keys restored: {states:?}");
+        let cursor = expect::cursor_of(&synced)?;
+        ensure!(cursor.epoch().to_string() == restored["epoch"].as_str().unwrap_or_default());
+    }
+    let after = server.get("/views/prices").await?.json()?;
+    ensure!(
+        after["entries"] == at_snapshot["entries"],
+        "the view equals the restored state: {after} vs {at_snapshot}"
+    );
+    // The old cursor fails closed.
+    expect_reset(&server, &head).await?;
+
+    // The guest's state was restored too: seq 4 is the next one it accepts.
+    feed.set_next_seq(4);
+    server.ingest_ok(&feed.batch(1)).await?;
+    let event = live.next_event().await?;
+    let synced_offset = after["cursor"]
+        .as_str()
+        .context("cursor")?
+        .rsplit('-')
+        .next()
+        .and_then(|o| o.parse::<u64>().ok())
+        .context("offset")?;
+    expect::update(&event, synced_offset + 1, feed.symbol_of(4), 4)?;
+    let view = server.get("/views/prices").await?.json()?;
+    if view["entries"][feed.symbol_of(4)]["seq"] != 4 {
+        bail!("seq 4 accepted after the restore: {view}");
+    }
+    Ok(())
+}
