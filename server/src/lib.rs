@@ -27,5 +27,7 @@ pub mod inspect;
 pub mod metrics;
 pub mod runtime;
 pub mod server;
+#[cfg(test)]
+mod snapshot_props;
 pub mod source;
 pub(crate) mod sse;
