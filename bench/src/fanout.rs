@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _};
 use viewtape_tests::feed::scan_seq;
-use viewtape_tests::{http::HttpConn, EventStream, Feed};
+use viewtape_tests::{EventStream, Feed};
 
 use crate::args::Args;
 use crate::histogram::Histogram;
-use crate::replay::ingest_batch;
+use crate::publish::Publisher;
 use crate::target::{cpu_seconds, rss_kib, Target};
 
 /// Concurrent connection attempts while subscribers connect.
@@ -28,12 +28,15 @@ pub struct Options {
     seconds: u64,
     batch_ms: u64,
     drain_seconds: u64,
+    publishers: usize,
 }
 
 impl Options {
     /// `--subscribers` (1..=50k, default 100), `--rate` events/s (1..=10M, default 50),
     /// `--seconds` (1..=600, default 10), `--batch-ms` publish tick (1..=1000, default 5),
-    /// `--drain-seconds` (0..=600, default 10).
+    /// `--drain-seconds` (0..=600, default 10), `--publishers` keep-alive publish connections
+    /// for nchan, which takes one message per request (1..=64, default 8; viewtape ingests
+    /// each tick's events as one NDJSON batch on one connection).
     ///
     /// # Errors
     /// On out-of-bounds values.
@@ -44,6 +47,7 @@ impl Options {
             seconds: args.num("seconds", 10u64, 1, 600)?,
             batch_ms: args.num("batch-ms", 5u64, 1, 1000)?,
             drain_seconds: args.num("drain-seconds", 10u64, 0, 600)?,
+            publishers: args.num("publishers", 8usize, 1, 64)?,
         })
     }
 }
@@ -66,14 +70,14 @@ struct Shared {
 /// On server or connection errors.
 pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     let max_events = options.rate.saturating_mul(options.seconds) + 1;
-    let mut conn = HttpConn::connect(target.addr).await?;
+    let mut publisher = Publisher::connect(target, options.publishers).await?;
     let mut feed = Feed::new(&[
         "ACME", "BOLT", "CORE", "DASH", "EXPO", "FIZZ", "GLOW", "HALO", "IRIS", "JADE",
     ]);
     // One warm-up event gives the head cursor subscribers resume from (so none of them
     // starts with a state transfer or a replay).
-    ingest_batch(&mut conn, &feed.batch(1)).await?;
-    let head = target.head_cursor().await?;
+    publisher.publish(&mut feed, 1).await?;
+    let head = publisher.head_id(target).await?;
     let first_seq = feed.next_seq();
 
     let shared = Arc::new(Shared {
@@ -91,7 +95,7 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
 
     let rss_before = target.pid.map(rss_kib).transpose()?;
     let connecting = Instant::now();
-    let streams = connect_all(target, options.subscribers, &head.to_string()).await?;
+    let streams = connect_all(target, options.subscribers, &head).await?;
     eprintln!(
         "{} subscribers connected in {:?}",
         options.subscribers,
@@ -102,11 +106,13 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     let mut tasks = Vec::with_capacity(streams.len());
     for (i, stream) in streams.into_iter().enumerate() {
         let shared = Arc::clone(&shared);
-        tasks.push(tokio::spawn(subscribe(i, stream, shared)));
+        let kind = target.event_type();
+        tasks.push(tokio::spawn(subscribe(i, stream, kind, shared)));
     }
 
     // Publish.
     let cpu_before = target.pid.map(cpu_seconds).transpose()?;
+    let client_cpu_before = cpu_seconds(std::process::id())?;
     let publish_start = Instant::now();
     let publish_for = Duration::from_secs(options.seconds);
     let tick = Duration::from_millis(options.batch_ms);
@@ -127,9 +133,8 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
         for seq in start_seq..start_seq + due {
             shared.sent_at[seq as usize].store(now.max(1), Ordering::Relaxed);
         }
-        ingest_batch(&mut conn, &feed.batch(due as usize)).await?;
+        requests += publisher.publish(&mut feed, due as usize).await?;
         published += due;
-        requests += 1;
     }
     let publish_took = publish_start.elapsed();
     let expected = published * options.subscribers as u64;
@@ -143,6 +148,7 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
         _ => None,
     };
     let rss_loaded = target.pid.map(rss_kib).transpose()?;
+    let client_cpu = cpu_seconds(std::process::id())? - client_cpu_before;
 
     // Drain.
     let drain_start = Instant::now();
@@ -170,15 +176,18 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     let ms = |us: u64| us as f64 / 1000.0;
 
     println!(
-        "fanout subscribers={} rate={} seconds={} published={published} requests={requests} publish_rate_held={:.0}/s",
+        "fanout peer={:?} subscribers={} rate={} seconds={} published={published} requests={requests} publish_rate_held={:.0}/s",
+        target.peer,
         options.subscribers,
         options.rate,
         options.seconds,
         published as f64 / publish_took.as_secs_f64()
     );
     println!(
-        "fanout deliveries_in_window={delivered_at_end} deliveries_per_s={:.0} expected={expected} delivered_total={delivered} backlog_at_end={} drained_in_ms={:.0} lossless={}",
+        "fanout deliveries_in_window={delivered_at_end} deliveries_per_s={:.0} sustained_per_s={:.0} expected={expected} delivered_total={delivered} backlog_at_end={} drained_in_ms={:.0} lossless={}",
         delivered_at_end as f64 / publish_took.as_secs_f64(),
+        // Everything delivered, over publishing plus the drain (the rate actually kept up).
+        delivered as f64 / (publish_took + drained_in).as_secs_f64(),
         expected.saturating_sub(delivered_at_end),
         drained_in.as_secs_f64() * 1000.0,
         delivered == expected && errors.is_empty()
@@ -204,6 +213,18 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
             cpu / publish_took.as_secs_f64() * 100.0
         );
     }
+    // The client shares the machine: when it is saturated, latency is the client's, not the
+    // server's.
+    println!(
+        "fanout client_cpu_s={client_cpu:.2} client_cpu_share={:.0}% load_average={}",
+        client_cpu / publish_took.as_secs_f64() * 100.0,
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(",")
+    );
     if !errors.is_empty() {
         println!(
             "fanout subscriber_errors={} first={:?}",
@@ -231,10 +252,10 @@ pub(crate) async fn connect_all(
     while streams.len() < n {
         while started < n && pending.len() < CONNECT_CONCURRENCY {
             let addr = target.addr;
+            let path = target.events_path();
             let cursor = cursor.to_owned();
             pending.spawn(async move {
-                EventStream::connect(addr, "/views/prices/events", &[("Last-Event-ID", &cursor)])
-                    .await
+                EventStream::connect(addr, path, &[("Last-Event-ID", &cursor)]).await
             });
             started += 1;
         }
@@ -250,7 +271,7 @@ pub(crate) async fn connect_all(
 }
 
 /// One subscriber: counts deliveries and records latencies until told to stop.
-async fn subscribe(index: usize, mut stream: EventStream, shared: Arc<Shared>) {
+async fn subscribe(index: usize, mut stream: EventStream, kind: &str, shared: Arc<Shared>) {
     let mut hist = Histogram::default();
     let mut count = 0u64;
     let mut error = None;
@@ -258,7 +279,7 @@ async fn subscribe(index: usize, mut stream: EventStream, shared: Arc<Shared>) {
         let mut now = 0u64;
         let result = stream
             .read_with(Duration::from_millis(100), |event| {
-                if event.event != "update" {
+                if event.event != kind {
                     if error.is_none() {
                         error = Some(format!("subscriber {index}: unexpected {event:?}"));
                     }

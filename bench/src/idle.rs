@@ -4,11 +4,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use viewtape_tests::{http::HttpConn, Feed};
+use viewtape_tests::Feed;
 
 use crate::args::Args;
 use crate::fanout::connect_all;
-use crate::replay::ingest_batch;
+use crate::publish::Publisher;
 use crate::target::{rss_kib, Target};
 
 /// What to run.
@@ -47,16 +47,16 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     let Some(pid) = target.pid else {
         bail!("idle needs the server's pid: pass --pid with --addr, or let the tool spawn it");
     };
-    let mut conn = HttpConn::connect(target.addr).await?;
-    ingest_batch(&mut conn, &Feed::new(&["ACME"]).batch(1)).await?;
-    let head = target.head_cursor().await?;
+    let mut publisher = Publisher::connect(target, 1).await?;
+    publisher.publish(&mut Feed::new(&["ACME"]), 1).await?;
+    let head = publisher.head_id(target).await?;
     // Warm the server's connection path first, so one-time allocations are not counted.
-    drop(connect_all(target, 100, &head.to_string()).await?);
+    drop(connect_all(target, 100, &head).await?);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let before = rss_kib(pid)?;
     let start = Instant::now();
-    let streams = connect_all(target, options.connections, &head.to_string())
+    let streams = connect_all(target, options.connections, &head)
         .await
         .context("opening idle connections")?;
     let opened_in = start.elapsed();
@@ -64,7 +64,8 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     let after = rss_kib(pid)?;
     let per = (after.saturating_sub(before)) as f64 * 1024.0 / options.connections as f64;
     println!(
-        "idle connections={} opened_in_ms={:.0} server_rss_kib before={before} after={after} per_connection_bytes={per:.0} ({:.2} KB)",
+        "idle peer={:?} connections={} opened_in_ms={:.0} server_rss_kib before={before} after={after} per_connection_bytes={per:.0} ({:.2} KB)",
+        target.peer,
         options.connections,
         opened_in.as_secs_f64() * 1000.0,
         per / 1000.0

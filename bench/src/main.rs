@@ -6,18 +6,26 @@
 //! viewtape-bench idle   --connections 10000 [--hold-seconds 3]
 //! common: --addr 127.0.0.1:PORT [--pid PID]   (a running server; PID for RSS/CPU)
 //!         or nothing: spawns target/<profile>/viewtape serve --demo-rate 0 [--server-arg …]
+//!         or --peer nchan --peer-url http://127.0.0.1:PORT [--pid WORKER_PID]
+//!            (nginx + nchan from bench/peers/nchan.sh; same workloads, same bounds)
 //!         --threads 2   client runtime worker threads
+//!         --publishers 8   fanout/replay: publish connections for nchan (one message per POST)
 //! ```
 //!
 //! Input goes through `POST /runtimes/demo/ingest` as ticker NDJSON with a global `seq`;
 //! subscribers are raw TCP + minimal HTTP/1.1 + SSE parsing (the `viewtape-tests` harness), so
 //! thousands fit next to the server on a 2-core box. Latency is measured publish→receive: the
 //! publisher notes the send time of every `seq`, subscribers look it up on receipt.
+//!
+//! Against nchan the same ticks are published as one `POST /pub/prices` each (body = the tick
+//! JSON; nchan assigns `<time>:<tag>` ids), subscribers follow the eventsource `/sub/prices`
+//! and resume with `Last-Event-ID` set to the id nchan reported for the warm-up publish.
 
 mod args;
 mod fanout;
 mod histogram;
 mod idle;
+mod publish;
 mod replay;
 mod target;
 

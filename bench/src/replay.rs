@@ -1,26 +1,28 @@
 //! `replay`: preload N events, then time a client from connect (with a cursor just before
-//! them) to receiving the last one.
+//! them: `Last-Event-ID`, a viewtape cursor or an nchan `<time>:<tag>` id) to receiving the
+//! last one.
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context as _};
-use viewtape_tests::{http::HttpConn, EventStream, Feed};
+use anyhow::{bail, ensure};
+use viewtape_tests::feed::scan_seq;
+use viewtape_tests::{EventStream, Feed};
 
 use crate::args::Args;
-use crate::target::{cpu_seconds, Target};
-
-/// Lines per ingest request while preloading (~50 B each, well under the 1 MiB body limit).
-const PRELOAD_BATCH: usize = 5_000;
+use crate::publish::{Publisher, INGEST_BATCH};
+use crate::target::{cpu_seconds, Peer, Target};
 
 /// What to run.
 #[derive(Debug)]
 pub struct Options {
     events: u64,
     runs: usize,
+    publishers: usize,
 }
 
 impl Options {
-    /// `--events` (1..=10M, default 100k), `--runs` (1..=50, default 7).
+    /// `--events` (1..=10M, default 100k), `--runs` (1..=50, default 7), `--publishers`
+    /// (nchan preload connections, 1..=64, default 8).
     ///
     /// # Errors
     /// On out-of-bounds values.
@@ -28,6 +30,7 @@ impl Options {
         Ok(Self {
             events: args.num("events", 100_000u64, 1, 10_000_000)?,
             runs: args.num("runs", 7usize, 1, 50)?,
+            publishers: args.num("publishers", 8usize, 1, 64)?,
         })
     }
 }
@@ -37,44 +40,52 @@ impl Options {
 /// # Errors
 /// On server errors, or a replay that is not exactly the preloaded events.
 pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
-    let mut conn = HttpConn::connect(target.addr).await?;
+    let mut publisher = Publisher::connect(target, options.publishers).await?;
     let mut feed = Feed::new(&[
         "ACME", "BOLT", "CORE", "DASH", "EXPO", "FIZZ", "GLOW", "HALO",
     ]);
-    ingest_batch(&mut conn, &feed.batch(1)).await?;
+    publisher.publish(&mut feed, 1).await?;
 
-    // The cursor of the newest event before the preload (a fresh server: the only one).
-    let cursor = target.head_cursor().await?;
+    // The id of the newest event before the preload.
+    let cursor = publisher.head_id(target).await?;
+    let first_seq = feed.next_seq();
 
     let preload = Instant::now();
     let mut left = options.events;
     while left > 0 {
-        let n = left.min(PRELOAD_BATCH as u64);
-        ingest_batch(&mut conn, &feed.batch(n as usize)).await?;
+        let n = left.min(INGEST_BATCH as u64);
+        publisher.publish(&mut feed, n as usize).await?;
         left -= n;
     }
-    let last = cursor.offset() + options.events;
+    let last_seq = feed.next_seq() - 1;
+    // viewtape: the last event's cursor offset is known exactly.
+    let last_offset = match target.peer {
+        Peer::Viewtape => Some(viewtape_tests::cursor_offset(&cursor)? + options.events),
+        Peer::Nchan => None,
+    };
     eprintln!(
         "preloaded {} events in {:?}; replaying after {cursor}",
         options.events,
         preload.elapsed()
     );
 
-    let cursor_text = cursor.to_string();
+    let cursor_text = cursor;
+    let kind = target.event_type();
     let mut times = Vec::with_capacity(options.runs);
     for run in 0..options.runs {
         let cpu_before = target.pid.map(cpu_seconds).transpose()?;
         let start = Instant::now();
         let mut stream = EventStream::connect(
             target.addr,
-            "/views/prices/events",
+            target.events_path(),
             &[("Last-Event-ID", &cursor_text)],
         )
         .await?;
         let mut first_byte = None;
         let mut received = 0u64;
         let mut bytes = 0u64;
-        let mut last_id_ok = false;
+        let mut last_id_ok = last_offset.is_none();
+        let (mut min_seq, mut max_seq) = (u64::MAX, 0u64);
         let mut failure = None;
         let deadline = start + Duration::from_secs(120);
         while received < options.events {
@@ -87,16 +98,19 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
                     if first_byte.is_none() {
                         first_byte = Some(start.elapsed());
                     }
-                    if event.event != "update" {
+                    if event.event != kind {
                         failure.get_or_insert_with(|| format!("unexpected {event:?}"));
                     }
                     received += 1;
                     bytes += event.data.len() as u64;
-                    if received == options.events {
+                    let seq = scan_seq(event.data).unwrap_or(0);
+                    min_seq = min_seq.min(seq);
+                    max_seq = max_seq.max(seq);
+                    if received == options.events && last_offset.is_some() {
                         last_id_ok = event
                             .id
                             .and_then(|id| viewtape_tests::cursor_offset(id).ok())
-                            == Some(last);
+                            == last_offset;
                     }
                 })
                 .await?;
@@ -108,7 +122,14 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
             }
         }
         let took = start.elapsed();
-        ensure!(last_id_ok, "run {run}: the last event is not offset {last}");
+        ensure!(
+            last_id_ok,
+            "run {run}: the last event is not offset {last_offset:?}"
+        );
+        ensure!(
+            (min_seq, max_seq) == (first_seq, last_seq),
+            "run {run}: replayed seq {min_seq}..={max_seq}, expected {first_seq}..={last_seq}"
+        );
         let cpu = match (cpu_before, target.pid) {
             (Some(before), Some(pid)) => format!(
                 " server_cpu_ms={:.1}",
@@ -117,7 +138,8 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
             _ => String::new(),
         };
         println!(
-            "replay run={run} events={} data_bytes={bytes} first_event_ms={:.2} total_ms={:.2} events_per_s={:.0}{cpu}",
+            "replay peer={:?} run={run} events={} data_bytes={bytes} first_event_ms={:.2} total_ms={:.2} events_per_s={:.0}{cpu}",
+            target.peer,
             options.events,
             first_byte.unwrap_or_default().as_secs_f64() * 1000.0,
             took.as_secs_f64() * 1000.0,
@@ -127,24 +149,13 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     }
     times.sort();
     println!(
-        "replay summary: events={} runs={} median_ms={:.2} min_ms={:.2} max_ms={:.2}",
+        "replay summary: peer={:?} events={} runs={} median_ms={:.2} min_ms={:.2} max_ms={:.2}",
+        target.peer,
         options.events,
         options.runs,
         times[times.len() / 2].as_secs_f64() * 1000.0,
         times[0].as_secs_f64() * 1000.0,
         times[times.len() - 1].as_secs_f64() * 1000.0
     );
-    Ok(())
-}
-
-/// One ingest into `demo` on a keep-alive connection; anything but 200 is an error.
-pub(crate) async fn ingest_batch(conn: &mut HttpConn, body: &str) -> anyhow::Result<()> {
-    let resp = conn
-        .send("POST", "/runtimes/demo/ingest", &[], body.as_bytes())
-        .await
-        .context("ingest")?;
-    if resp.status() != 200 {
-        bail!("ingest: status {}: {}", resp.status(), resp.text());
-    }
     Ok(())
 }

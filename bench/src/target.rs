@@ -1,5 +1,6 @@
-//! The server under test: a running one (`--addr`, `--pid`) or one the tool spawns, and what
-//! the tool reads of it from `/proc`.
+//! The server under test: a running viewtape (`--addr`, `--pid`), one the tool spawns, or the
+//! nginx nchan peer (`--peer nchan --peer-url http://127.0.0.1:PORT --pid WORKER`), and what the
+//! tool reads of it from `/proc`.
 
 use std::net::SocketAddr;
 
@@ -11,11 +12,23 @@ use viewtape_tests::{expect, http::ensure_loopback, EventStream, Server};
 
 use crate::args::Args;
 
+/// Which server speaks on the other end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    /// viewtape: ingest NDJSON into the `demo` runtime, follow `/views/prices/events`.
+    Viewtape,
+    /// nginx + nchan (`bench/peers/nchan.sh`): `POST /pub/prices` one message per request,
+    /// eventsource on `/sub/prices`, ids `<time>:<tag>` assigned by nchan.
+    Nchan,
+}
+
 /// Where the load goes.
 #[derive(Debug)]
 pub struct Target {
     /// The server's address (loopback).
     pub addr: SocketAddr,
+    /// What it is.
+    pub peer: Peer,
     /// Its process, when known (for RSS and CPU).
     pub pid: Option<u32>,
     /// Kept alive while benchmarking a spawned server; killed on drop.
@@ -24,7 +37,8 @@ pub struct Target {
 
 impl Target {
     /// `--addr ADDR [--pid PID]`, or spawns `viewtape serve --demo-rate 0` plus each
-    /// `--server-arg` (e.g. `--server-arg=--config --server-arg=bench.toml`).
+    /// `--server-arg` (e.g. `--server-arg=--config --server-arg=bench.toml`), or
+    /// `--peer nchan --peer-url http://127.0.0.1:PORT [--pid WORKER_PID]`.
     ///
     /// # Errors
     /// On a non-loopback address or a server that does not start.
@@ -34,6 +48,31 @@ impl Target {
             None => None,
         };
         let server_args: Vec<&str> = args.all("server-arg");
+        let peer = match args.get("peer").unwrap_or("viewtape") {
+            "viewtape" => Peer::Viewtape,
+            "nchan" => Peer::Nchan,
+            other => bail!("--peer {other:?}: expected viewtape or nchan"),
+        };
+        let peer_url = args.get("peer-url");
+        if peer == Peer::Nchan {
+            let Some(url) = peer_url else {
+                bail!("--peer nchan needs --peer-url http://127.0.0.1:PORT (bench/peers/nchan.sh prints it)");
+            };
+            if !server_args.is_empty() || args.get("addr").is_some() {
+                bail!("--server-arg and --addr are for viewtape; nchan takes --peer-url");
+            }
+            let addr = parse_peer_url(url)?;
+            ensure_loopback(addr)?;
+            return Ok(Self {
+                addr,
+                peer,
+                pid,
+                server: None,
+            });
+        }
+        if peer_url.is_some() {
+            bail!("--peer-url needs --peer nchan (viewtape takes --addr)");
+        }
         if let Some(addr) = args.get("addr") {
             let addr: SocketAddr = addr.parse().context("--addr")?;
             ensure_loopback(addr)?;
@@ -42,6 +81,7 @@ impl Target {
             }
             return Ok(Self {
                 addr,
+                peer,
                 pid,
                 server: None,
             });
@@ -55,9 +95,26 @@ impl Target {
         );
         Ok(Self {
             addr: server.addr(),
+            peer,
             pid: Some(server.pid()),
             server: Some(server),
         })
+    }
+
+    /// The SSE path subscribers follow.
+    pub fn events_path(&self) -> &'static str {
+        match self.peer {
+            Peer::Viewtape => "/views/prices/events",
+            Peer::Nchan => "/sub/prices",
+        }
+    }
+
+    /// The SSE event type a published event arrives as (nchan sends no `event:` line).
+    pub fn event_type(&self) -> &'static str {
+        match self.peer {
+            Peer::Viewtape => "update",
+            Peer::Nchan => "message",
+        }
     }
 
     /// The server's stderr tail when the tool spawned it.
@@ -82,6 +139,21 @@ impl Target {
         }
         Ok(head)
     }
+}
+
+/// `http://127.0.0.1:PORT[/]` → the socket address (no path: the peer's paths are fixed).
+fn parse_peer_url(url: &str) -> anyhow::Result<SocketAddr> {
+    let rest = url
+        .strip_prefix("http://")
+        .with_context(|| format!("--peer-url {url:?}: expected http://127.0.0.1:PORT"))?;
+    let rest = rest.trim_end_matches('/');
+    let addr = if rest.starts_with("localhost:") {
+        rest.replacen("localhost", "127.0.0.1", 1)
+    } else {
+        rest.to_owned()
+    };
+    addr.parse()
+        .with_context(|| format!("--peer-url {url:?}: expected http://127.0.0.1:PORT"))
 }
 
 /// `VmRSS` of a process, in KiB.
@@ -159,6 +231,19 @@ mod tests {
         );
         let stat = "42 (a b) S 1 42 42 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 1 0";
         assert_eq!(parse_cpu_ticks(stat), Some(10));
+    }
+
+    #[test]
+    fn parses_peer_urls() {
+        assert_eq!(
+            parse_peer_url("http://127.0.0.1:8080/").unwrap(),
+            "127.0.0.1:8080".parse::<SocketAddr>().unwrap()
+        );
+        assert_eq!(parse_peer_url("http://localhost:81").unwrap().port(), 81);
+        assert!(parse_peer_url("https://127.0.0.1:1").is_err());
+        assert!(parse_peer_url("http://127.0.0.1:1/sub").is_err());
+        // Parsed, then refused by the loopback check.
+        assert!(ensure_loopback(parse_peer_url("http://10.1.2.3:80").unwrap()).is_err());
     }
 
     #[test]
