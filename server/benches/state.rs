@@ -1,0 +1,160 @@
+//! View state: a new subscriber receives the state of 100,000 keys (time to
+//! the `synced` marker), and the memory the state holds per key.
+//! `cargo bench -p viewtape-server --bench state`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::Request;
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use futures_util::StreamExt;
+use tokio::sync::{watch, Semaphore};
+use tower::ServiceExt;
+use viewtape_journal::{EventJournal, JournalConfig};
+use viewtape_server::admin::Admin;
+use viewtape_server::config::ServerConfig;
+use viewtape_server::host::{EventKind, GuestBatch, GuestEvent};
+use viewtape_server::http::{app, AppState};
+use viewtape_server::hub::Hub;
+use viewtape_server::metrics::Metrics;
+use viewtape_server::runtime::BatchSink;
+use viewtape_snapshots::SnapshotDir;
+
+struct Counting;
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: forwards every call unchanged to the system allocator; the counter
+// is bookkeeping only.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged; the caller upholds `alloc`'s contract.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged; `ptr` came from `alloc` with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+const KEYS: usize = 100_000;
+
+fn payload(i: usize) -> Bytes {
+    Bytes::from(format!(
+        "{{\"symbol\":\"SYM{i:06}\",\"price\":{}.25,\"seq\":{i}}}",
+        i % 1000
+    ))
+}
+
+async fn filled(journal: JournalConfig) -> Arc<Hub> {
+    let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(journal))));
+    hub.declare("prices");
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(1000) {
+        let events = chunk
+            .iter()
+            .map(|&i| GuestEvent {
+                view: Arc::from("prices"),
+                key: format!("SYM{i:06}"),
+                kind: EventKind::Update,
+                payload: payload(i),
+            })
+            .collect();
+        hub.commit(
+            "bench",
+            GuestBatch {
+                events,
+                gaps: vec![],
+            },
+        )
+        .await;
+    }
+    hub
+}
+
+fn state_transfer(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let hub = rt.block_on(filled(JournalConfig::default()));
+    let (_shutdown_tx, shutdown) = watch::channel(false);
+    let router = app(AppState {
+        hub,
+        runtimes: Arc::new(BTreeMap::new()),
+        metrics: Arc::new(Metrics::default()),
+        config: Arc::new(ServerConfig::default()),
+        connections: Arc::new(Semaphore::new(1000)),
+        shutdown,
+        admin: Arc::new(Admin::new(
+            None,
+            Arc::new(
+                SnapshotDir::open(std::env::temp_dir().join("viewtape-bench-state"))
+                    .expect("snapshot dir"),
+            ),
+            Vec::new(),
+        )),
+    });
+    let mut group = c.benchmark_group("state");
+    group.sample_size(20);
+    group.measurement_time(Duration::from_secs(10));
+    group.throughput(Throughput::Elements(KEYS as u64));
+    group.bench_function("new_subscriber_100k_keys_to_synced", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let request = Request::get("/views/prices/events")
+                    .body(Body::empty())
+                    .expect("request");
+                let response = router.clone().oneshot(request).await.expect("response");
+                let mut body = response.into_body().into_data_stream();
+                let mut bytes = 0usize;
+                while let Some(chunk) = body.next().await {
+                    let chunk = chunk.expect("chunk");
+                    bytes += chunk.len();
+                    if chunk.windows(13).any(|w| w == b"event: synced") {
+                        return bytes;
+                    }
+                }
+                panic!("stream ended before synced");
+            })
+        })
+    });
+    group.finish();
+}
+
+fn memory_per_key() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    // A journal that retains nothing: what remains is the state alone.
+    let before = LIVE.load(Ordering::Relaxed);
+    let hub = rt.block_on(filled(JournalConfig {
+        max_records_per_view: 0,
+        ..JournalConfig::default()
+    }));
+    let total = (LIVE.load(Ordering::Relaxed) - before) as f64 / KEYS as f64;
+    let frame = hub.view("prices").expect("view").cut(hub.journal()).frames[0].len();
+    println!(
+        "state memory per key: {total:.1} B in all, of which the shared update frame is {frame} B \
+         (payload ~{} B); map entry and key: {:.1} B",
+        payload(0).len(),
+        total - frame as f64
+    );
+}
+
+fn benches(c: &mut Criterion) {
+    memory_per_key();
+    state_transfer(c);
+}
+
+criterion_group!(group, benches);
+criterion_main!(group);
