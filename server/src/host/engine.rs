@@ -107,7 +107,6 @@ fn build(config: &EngineConfig, pooled: bool) -> Result<Engine, LoadError> {
             .total_component_instances(0)
             .max_memory_size(config.max_memory_bytes)
             .max_unused_warm_slots(slots.min(8))
-            .linear_memory_keep_resident(1 << 20)
             .table_elements(20_000);
         c.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }
