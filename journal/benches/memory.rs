@@ -4,35 +4,21 @@
 //! A counting global allocator measures live heap bytes before and after
 //! appending 1,000,000 records of 100-byte frames with short keys.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::alloc::System;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use viewtape_journal::{EventJournal, JournalConfig};
 
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call forwards to the system allocator with the caller's
-// arguments unchanged; the counter is only bookkeeping.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged; the caller upholds `alloc`'s contract.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged; `ptr` came from `alloc` with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// Heap bytes allocated and not freed since `region` began.
+fn live_bytes(region: &Region<'_, System>) -> isize {
+    let change = region.change();
+    change.bytes_allocated as isize - change.bytes_deallocated as isize
+}
 
 const RECORDS: usize = 1_000_000;
 const FRAME_LEN: usize = 100;
@@ -54,7 +40,7 @@ fn main() {
         .map(|_| Arc::new(Bytes::from(vec![b'x'; FRAME_LEN])))
         .collect();
     let arc_box = std::mem::size_of::<Bytes>() + 2 * std::mem::size_of::<usize>();
-    let before = LIVE.load(Ordering::Relaxed);
+    let region = Region::new(ALLOCATOR);
     rt.block_on(async {
         for (i, frame) in frames.iter().enumerate() {
             journal
@@ -65,7 +51,7 @@ fn main() {
                 .expect("append");
         }
     });
-    let journal_bytes = LIVE.load(Ordering::Relaxed) - before;
+    let journal_bytes = live_bytes(&region);
     let per_record = journal_bytes as f64 / RECORDS as f64;
     println!("records: {RECORDS}, frame: {FRAME_LEN} B");
     println!("journal-owned heap per record (slot + key + deque slack): {per_record:.1} B");

@@ -2,9 +2,8 @@
 //! the `synced` marker), and the memory the state holds per key.
 //! `cargo bench -p viewtape-server --bench state`.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::System;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +12,7 @@ use axum::http::Request;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use futures_util::StreamExt;
+use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use tokio::sync::{watch, Semaphore};
 use tower::ServiceExt;
 use viewtape_journal::{EventJournal, JournalConfig};
@@ -25,26 +25,14 @@ use viewtape_server::metrics::Metrics;
 use viewtape_server::runtime::BatchSink;
 use viewtape_snapshots::SnapshotDir;
 
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards every call unchanged to the system allocator; the counter
-// is bookkeeping only.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged; the caller upholds `alloc`'s contract.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged; `ptr` came from `alloc` with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// Heap bytes allocated and not freed since `region` began.
+fn live_bytes(region: &Region<'_, System>) -> isize {
+    let change = region.change();
+    change.bytes_allocated as isize - change.bytes_deallocated as isize
+}
 
 const KEYS: usize = 100_000;
 
@@ -136,12 +124,12 @@ fn memory_per_key() {
         .build()
         .expect("runtime");
     // A journal that retains nothing: what remains is the state alone.
-    let before = LIVE.load(Ordering::Relaxed);
+    let region = Region::new(ALLOCATOR);
     let hub = rt.block_on(filled(JournalConfig {
         max_records_per_view: 0,
         ..JournalConfig::default()
     }));
-    let total = (LIVE.load(Ordering::Relaxed) - before) as f64 / KEYS as f64;
+    let total = live_bytes(&region) as f64 / KEYS as f64;
     let frame = hub.view("prices").expect("view").cut(hub.journal()).frames[0].len();
     println!(
         "state memory per key: {total:.1} B in all, of which the shared update frame is {frame} B \
