@@ -367,7 +367,13 @@ async fn restore(
     }
     // 4. Replace: state and journal (fresh epoch, always), then the guests.
     let records = body.journal.record_count();
+    // A dump without an epoch (taken with the journal disabled) is discarded by hydrate, which
+    // would keep the current epoch under replaced state: mark a gap so old cursors fail closed.
+    let epochless = body.journal.epoch.is_none();
     state.hub.restore(body.journal, false, views).await;
+    if epochless {
+        state.hub.journal().mark_gap().await;
+    }
     let epoch = state.hub.journal().epoch().await;
     for (runtime, guard) in &paused {
         if let Err(error) = guard.commit_restore().await {
