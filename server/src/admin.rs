@@ -369,11 +369,11 @@ async fn restore(
     let records = body.journal.record_count();
     // A dump without an epoch (taken with the journal disabled) is discarded by hydrate, which
     // would keep the current epoch under replaced state: mark a gap so old cursors fail closed.
-    let epochless = body.journal.epoch.is_none();
-    state.hub.restore(body.journal, false, views).await;
-    if epochless {
+    // Marked first: the restore's wake-up then reaches every subscriber after the gap.
+    if body.journal.epoch.is_none() {
         state.hub.journal().mark_gap().await;
     }
+    state.hub.restore(body.journal, false, views).await;
     let epoch = state.hub.journal().epoch().await;
     for (runtime, guard) in &paused {
         if let Err(error) = guard.commit_restore().await {
