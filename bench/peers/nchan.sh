@@ -39,10 +39,13 @@ if ! command -v nginx >/dev/null 2>&1 || [ ! -f "$module" ]; then
     || { apt-get update >&2 && apt-get install -y nginx libnginx-mod-nchan >&2; }
 fi
 
-port_free() { ! ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
+# Free = no socket at all on it (listening or not: thousands of client sockets from a previous
+# run may still hold ephemeral ports). Candidates lie below the ephemeral range.
+port_free() { ! ss -Htan "( sport = :$1 or dport = :$1 )" 2>/dev/null | grep -q .; }
+low_ephemeral=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
 if [ -z "$port" ]; then
   for _ in $(seq 1 50); do
-    candidate=$(( 20000 + RANDOM % 30000 ))
+    candidate=$(( 10000 + RANDOM % (low_ephemeral - 10000) ))
     if port_free "$candidate"; then port=$candidate; break; fi
   done
   [ -n "$port" ] || { echo "nchan.sh: no free port found" >&2; exit 1; }

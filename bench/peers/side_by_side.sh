@@ -27,13 +27,15 @@ printf '[server]\nmax_connections = 20000\n' > "$config"
 log() { echo "[$(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)] $*" | tee -a "$out/runs.log"; }
 vt() { # viewtape-bench against a freshly spawned viewtape
   log "viewtape: viewtape-bench $*"
-  timeout 900 "$BENCH" "$@" --server-arg=--config --server-arg="$config" 2>>"$out/stderr.log" | tee -a "$out/runs.log"
+  timeout 900 "$BENCH" "$@" --server-arg=--config --server-arg="$config" 2>>"$out/stderr.log" | tee -a "$out/runs.log" \
+    || log "FAILED (see $out/stderr.log)"
 }
 nc() { # viewtape-bench against a fresh nginx+nchan (1 worker)
   log "nchan: viewtape-bench $* --peer nchan --peer-url \$NCHAN_URL --pid \$NCHAN_WORKER_PID"
   # shellcheck disable=SC2016
   $NCHAN sh -c '"$0" "$@" --peer nchan --peer-url "$NCHAN_URL" --pid "$NCHAN_WORKER_PID"' \
-    "$BENCH" "$@" 2>>"$out/stderr.log" | tee -a "$out/runs.log"
+    "$BENCH" "$@" 2>>"$out/stderr.log" | tee -a "$out/runs.log" \
+    || log "FAILED (see $out/stderr.log)"
 }
 
 { echo "nproc=$(nproc)"; grep -m1 'model name' /proc/cpuinfo; uname -r; nginx -v 2>&1;
