@@ -37,7 +37,9 @@ const VALUE_SEPARATOR: &[u8] = b",\"value\":";
 
 /// Encodes one event.
 pub(crate) fn event(cursor: Option<Cursor>, kind: EventKind, key: &str, payload: &[u8]) -> Bytes {
-    let mut out = BytesMut::with_capacity(64 + key.len() + payload.len());
+    // id (≤ 42) + event (14) + envelope (27) + key + payload: one
+    // allocation for the common case, no doubling slack held by the state.
+    let mut out = BytesMut::with_capacity(88 + key.len() + payload.len());
     if let Some(cursor) = cursor {
         out.put_slice(b"id: ");
         out.put_slice(cursor.to_string().as_bytes());

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
-use viewtape_journal::{Cursor, EventJournal, JournalSnapshot};
+use viewtape_journal::{CompactString, Cursor, EventJournal, JournalSnapshot};
 
 use crate::frame;
 use crate::host::{EventKind, GuestBatch};
@@ -38,7 +38,7 @@ const LIVE_BACKLOG: usize = 1024;
 #[derive(Debug)]
 pub struct View {
     name: String,
-    state: Mutex<HashMap<String, Bytes>>,
+    state: Mutex<HashMap<CompactString, Bytes>>,
     tick: watch::Sender<u64>,
     live: broadcast::Sender<Bytes>,
 }
@@ -78,7 +78,7 @@ impl View {
         self.live.subscribe()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Bytes>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<CompactString, Bytes>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -121,7 +121,7 @@ pub struct ViewStateDump {
     /// The view.
     pub view: String,
     /// `(key, frame)` pairs.
-    pub entries: Vec<(String, Bytes)>,
+    pub entries: Vec<(CompactString, Bytes)>,
 }
 
 impl Hub {
@@ -190,7 +190,7 @@ impl Hub {
         };
         match kind {
             EventKind::Update => {
-                state.insert(key.to_owned(), frame.clone());
+                state.insert(CompactString::new(key), frame.clone());
             }
             EventKind::Delete => {
                 state.remove(key);
