@@ -238,41 +238,30 @@ impl Subscriber {
     /// Waits for the tape to move, a cursorless frame, a heartbeat or
     /// shutdown. Returns a chunk to send, or `None` to re-check the tape.
     async fn wait(&mut self) -> Option<Bytes> {
-        tokio::select! {
-            changed = self.ticks.changed() => {
-                if changed.is_err() {
-                    self.phase = Phase::Done;
-                }
-                None
-            }
-            changed = self.invalidations.changed() => {
-                if changed.is_err() {
-                    self.phase = Phase::Done;
-                }
-                None
-            }
+        // A closed channel means the hub or the server is going away.
+        let closed = tokio::select! {
+            changed = self.ticks.changed() => changed.is_err(),
+            changed = self.invalidations.changed() => changed.is_err(),
+            changed = self.shutdown.changed() => changed.is_err(),
             received = self.live.recv() => match received {
                 Ok(frame) => {
                     self.metrics.delivered.fetch_add(1, Ordering::Relaxed);
-                    Some(frame)
+                    return Some(frame);
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => {
                     self.reset(ResetReason::Lagged);
-                    None
+                    false
                 }
-                Err(broadcast::error::RecvError::Closed) => {
-                    self.phase = Phase::Done;
-                    None
-                }
+                Err(broadcast::error::RecvError::Closed) => true,
             },
-            changed = self.shutdown.changed() => {
-                if changed.is_err() {
-                    self.phase = Phase::Done;
-                }
-                None
+            () = tokio::time::sleep(self.heartbeat) => {
+                return Some(Bytes::from_static(b": heartbeat\n\n"));
             }
-            () = tokio::time::sleep(self.heartbeat) => Some(Bytes::from_static(b": heartbeat\n\n")),
+        };
+        if closed {
+            self.phase = Phase::Done;
         }
+        None
     }
 }
 

@@ -101,3 +101,34 @@ pub async fn tape(server: &Server, view: &str, n: usize) -> anyhow::Result<Vec<S
     }
     Ok(out)
 }
+
+/// Resumes `cursor` on `view` and requires the first event to be a reset for a reason other
+/// than `malformed` (the cursor is well-formed; the server must refuse it for what it means).
+/// Returns the stream, positioned after the reset.
+///
+/// # Errors
+/// When the first event is not such a reset.
+pub async fn refused(
+    server: &Server,
+    view: &str,
+    cursor: &Cursor,
+) -> anyhow::Result<crate::stream::EventStream> {
+    let mut stream = server
+        .sse(
+            &format!("/views/{view}/events"),
+            &[("Last-Event-ID", &cursor.to_string())],
+        )
+        .await?;
+    let event = stream.next_event().await?;
+    ensure!(
+        event.event == "reset",
+        "cursor {cursor} must not resume silently, got {event:?}"
+    );
+    let reason = event.json()?["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    reset(&event, &reason)?;
+    ensure!(reason != "malformed", "{event:?}");
+    Ok(stream)
+}

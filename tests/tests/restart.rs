@@ -81,23 +81,7 @@ async fn kill_nine_then_restart_resets_old_cursors() -> anyhow::Result<()> {
 
     server.kill9().await?;
     server.restart().await?;
-    let mut stream = server
-        .sse(
-            "/views/prices/events",
-            &[("Last-Event-ID", &last.to_string())],
-        )
-        .await?;
-    let event = stream.next_event().await?;
-    ensure!(
-        event.event == "reset",
-        "a cursor from before a crash must not resume silently: {event:?}"
-    );
-    let reason = event.json()?["reason"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    expect::reset(&event, &reason)?;
-    ensure!(reason != "malformed", "{event:?}");
+    let mut stream = expect::refused(&server, "prices", &last).await?;
     // Then state and live, as for any reset.
     let (_, synced) = stream.until_synced(100).await?;
     let synced = expect::cursor_of(&synced)?;

@@ -44,26 +44,9 @@ fn corrupt(path: &Path) -> anyhow::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Resumes `cursor` and requires the first event to be a reset that is not `malformed`.
+/// Resumes `cursor` on `prices` and requires a reset that is not `malformed`.
 async fn expect_reset(server: &Server, cursor: &Cursor) -> anyhow::Result<EventStream> {
-    let mut stream = server
-        .sse(
-            "/views/prices/events",
-            &[("Last-Event-ID", &cursor.to_string())],
-        )
-        .await?;
-    let event = stream.next_event().await?;
-    ensure!(
-        event.event == "reset",
-        "cursor {cursor} must be refused, got {event:?}"
-    );
-    let reason = event.json()?["reason"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    expect::reset(&event, &reason)?;
-    ensure!(reason != "malformed", "{event:?}");
-    Ok(stream)
+    expect::refused(server, "prices", cursor).await
 }
 
 async fn admin(
