@@ -78,9 +78,10 @@ pub enum ApiError {
     BadRequest(String),
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let (status, code) = match &self {
+impl ApiError {
+    /// The status and JSON body of this error, logged once.
+    pub(crate) fn status_and_body(&self) -> (StatusCode, serde_json::Value) {
+        let (status, code) = match self {
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             Self::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
             Self::Rejected(_) => (StatusCode::UNPROCESSABLE_ENTITY, "batch_rejected"),
@@ -93,6 +94,13 @@ impl IntoResponse for ApiError {
             tracing::debug!(error = %self, "request refused");
         }
         let body = serde_json::json!({ "error": code, "message": self.to_string() });
+        (status, body)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, body) = self.status_and_body();
         (status, Json(body)).into_response()
     }
 }
@@ -179,22 +187,53 @@ async fn view_state(
         .into_response())
 }
 
-#[derive(Debug, Deserialize)]
-struct EventsQuery {
+/// The query of `GET /views/{view}/events`.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct EventsQuery {
     cursor: Option<String>,
     from: Option<String>,
 }
 
-/// `GET /views/{view}/events`: the SSE stream.
+/// `GET /views/{view}/events` through axum. Most SSE connections never get
+/// here: [`crate::listener`] serves them straight on the socket, and this
+/// handler serves the rest (e.g. a request line that arrived in pieces).
 async fn events(
     State(state): State<AppState>,
     Path(view): Path<String>,
     Query(query): Query<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let last_event_id = headers
+        .get("last-event-id")
+        .map(|value| value.to_str().unwrap_or("\u{fffd}").to_owned());
+    let subscriber = subscribe(&state, &view, last_event_id, query)?;
+    let mut response = Body::from_stream(subscriber.into_stream()).into_response();
+    let headers = response.headers_mut();
+    for (name, value) in SSE_HEADERS {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    Ok(response)
+}
+
+/// The response headers of every SSE stream.
+pub(crate) const SSE_HEADERS: [(&str, &str); 3] = [
+    ("content-type", "text/event-stream"),
+    ("cache-control", "no-store"),
+    ("x-accel-buffering", "no"),
+];
+
+/// Opens a subscriber on `view`: 404 for an unknown view, 503 past the
+/// connection limit. The cursor comes from `Last-Event-ID`, else
+/// `?cursor=`; the header wins.
+pub(crate) fn subscribe(
+    state: &AppState,
+    view: &str,
+    last_event_id: Option<String>,
+    query: EventsQuery,
+) -> Result<Subscriber, ApiError> {
     let view = state
         .hub
-        .view(&view)
+        .view(view)
         .ok_or_else(|| ApiError::NotFound(format!("no view named {view:?}")))?;
     let permit = Arc::clone(&state.connections)
         .try_acquire_owned()
@@ -208,10 +247,7 @@ async fn events(
                 state.config.max_connections
             ))
         })?;
-    let header_cursor = headers
-        .get("last-event-id")
-        .map(|value| value.to_str().unwrap_or("\u{fffd}").to_owned());
-    let start = match header_cursor
+    let start = match last_event_id
         .or(query.cursor)
         .filter(|text| !text.is_empty())
     {
@@ -222,9 +258,8 @@ async fn events(
         None if query.from.as_deref() == Some("tape") => Start::Tape,
         None => Start::State,
     };
-    let span = tracing::debug_span!("subscriber", view = view.name());
-    span.in_scope(|| tracing::debug!(?start, "subscribed"));
-    let subscriber = Subscriber::new(
+    tracing::debug!(view = view.name(), ?start, "subscribed");
+    Ok(Subscriber::new(
         Arc::clone(&state.hub),
         view,
         Arc::clone(&state.metrics),
@@ -233,16 +268,7 @@ async fn events(
         state.config.heartbeat,
         state.config.retry,
         permit,
-    );
-    let mut response = Body::from_stream(subscriber.into_stream()).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    Ok(response)
+    ))
 }
 
 /// `POST /runtimes/{runtime}/ingest`: one all-or-nothing batch.

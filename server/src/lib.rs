@@ -3,6 +3,7 @@
 //!
 //! - [`server`] — `viewtape serve`: start-up, snapshots, shutdown.
 //! - [`http`] — the routes and the API error type.
+//! - [`listener`] — the accept loop: SSE straight on the socket, the rest through axum.
 //! - [`sse`] — one subscriber's stream: replay or state, then live.
 //! - [`hub`] — views, their state, and the commit path into the journal.
 //! - [`frame`] — the SSE wire format of events, resets and state transfers.
@@ -24,6 +25,7 @@ pub mod host;
 pub mod http;
 pub mod hub;
 pub mod inspect;
+pub mod listener;
 pub mod metrics;
 pub mod runtime;
 pub mod server;

@@ -216,16 +216,15 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         "viewtape serving"
     );
 
-    let router = app(state);
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            wait_for_signal().await;
-            tracing::info!("shutting down: closing streams and sealing");
-            let _ = shutdown_tx.send(true);
-            // Keep the sender alive so streams see `true`, not a closed channel.
-            std::mem::forget(shutdown_tx);
-        })
-        .await?;
+    let router = app(state.clone());
+    crate::listener::serve(listener, router, state, async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down: closing streams and sealing");
+        let _ = shutdown_tx.send(true);
+        // Keep the sender alive so streams see `true`, not a closed channel.
+        std::mem::forget(shutdown_tx);
+    })
+    .await?;
 
     for source in sources {
         source.abort();

@@ -156,7 +156,7 @@ impl Subscriber {
     }
 
     /// The next bytes to write, or `None` to end the stream.
-    async fn next_chunk(&mut self) -> Option<Bytes> {
+    pub(crate) async fn next_chunk(&mut self) -> Option<Bytes> {
         loop {
             if *self.shutdown.borrow() {
                 self.phase = Phase::Done;
