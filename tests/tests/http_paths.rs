@@ -34,7 +34,7 @@ async fn a_request_line_in_pieces_is_served_by_the_router() -> anyhow::Result<()
         let request = "GET /views/prices/events HTTP/1.1\r\nHost: x\r\n\r\n";
         stream.write_all(first.as_bytes()).await?;
         tokio::time::sleep(Duration::from_millis(pause)).await;
-        stream.write_all(request[first.len()..].as_bytes()).await?;
+        stream.write_all(&request.as_bytes()[first.len()..]).await?;
         let seen = read_until(&mut stream, "event: synced").await?;
         ensure!(seen.starts_with("HTTP/1.1 200 OK\r\n"), "{seen}");
         ensure!(
