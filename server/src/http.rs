@@ -160,21 +160,24 @@ async fn view_state(
     let cut = view.cut(state.hub.journal());
     let head = Bytes::from(format!("{{\"cursor\":\"{}\",\"entries\":{{", cut.cursor));
     let total = cut.frames.len();
+    let frames = cut.frames;
+    // Encoded lazily, 512 entries per chunk, as the socket takes them: a
+    // large state never becomes one buffer.
+    let entries = (0..total).step_by(512).map(move |start| {
+        let mut out = BytesMut::new();
+        for (i, frame) in frames[start..total.min(start + 512)].iter().enumerate() {
+            if start + i > 0 {
+                out.put_u8(b',');
+            }
+            out.extend_from_slice(&frame::state_member(frame));
+        }
+        out.freeze()
+    });
     let chunks = futures_util::stream::iter(
         std::iter::once(head)
-            .chain(cut.frames.chunks(512).enumerate().map(move |(i, frames)| {
-                let mut out = BytesMut::new();
-                for (j, frame) in frames.iter().enumerate() {
-                    if i + j > 0 {
-                        out.put_u8(b',');
-                    }
-                    out.extend_from_slice(&frame::state_member(frame));
-                }
-                out.freeze()
-            }))
+            .chain(entries)
             .chain(std::iter::once(Bytes::from_static(b"}}\n")))
-            .map(Ok::<_, std::convert::Infallible>)
-            .collect::<Vec<_>>(),
+            .map(Ok::<_, std::convert::Infallible>),
     );
     tracing::debug!(view = view.name(), keys = total, "state read");
     Ok((
@@ -307,5 +310,74 @@ async fn ingest(
                 _ => ApiError::Unavailable(error.to_string()),
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::StreamExt;
+    use tower::ServiceExt;
+    use viewtape_journal::{EventJournal, JournalConfig};
+    use viewtape_snapshots::SnapshotDir;
+
+    use super::*;
+    use crate::admin::Admin;
+    use crate::host::{EventKind, GuestBatch, GuestEvent};
+    use crate::runtime::BatchSink;
+
+    #[tokio::test]
+    async fn view_state_is_one_valid_json_document_across_chunks() {
+        let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
+            JournalConfig::default(),
+        ))));
+        let events = (0..1_200)
+            .map(|i| GuestEvent {
+                view: Arc::from("v"),
+                key: format!("k{i}"),
+                kind: EventKind::Update,
+                payload: Bytes::from(format!("{{\"n\":{i}}}")),
+            })
+            .collect();
+        hub.commit(
+            "test",
+            GuestBatch {
+                events,
+                gaps: vec![],
+            },
+        )
+        .await;
+        let dir = tempfile::tempdir().unwrap();
+        let (_tx, shutdown) = watch::channel(false);
+        let router = app(AppState {
+            hub: Arc::clone(&hub),
+            runtimes: Arc::new(BTreeMap::new()),
+            metrics: Arc::new(Metrics::default()),
+            config: Arc::new(ServerConfig::default()),
+            connections: Arc::new(Semaphore::new(1)),
+            shutdown,
+            admin: Arc::new(Admin::new(
+                None,
+                Arc::new(SnapshotDir::open(dir.path()).unwrap()),
+                vec![],
+            )),
+        });
+        let request = axum::http::Request::get("/views/v")
+            .body(Body::empty())
+            .unwrap();
+        let response = router.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let mut body = response.into_body().into_data_stream();
+        let (mut bytes, mut chunks) = (Vec::new(), 0);
+        while let Some(chunk) = body.next().await {
+            bytes.extend_from_slice(&chunk.unwrap());
+            chunks += 1;
+        }
+        assert!(chunks >= 4, "streamed in chunks, got {chunks}");
+        let state: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        let cut = hub.view("v").unwrap().cut(hub.journal());
+        assert_eq!(state["cursor"], cut.cursor.to_string());
+        let entries = state["entries"].as_object().unwrap();
+        assert_eq!(entries.len(), 1_200);
+        assert_eq!(entries["k777"], serde_json::json!({ "n": 777 }));
     }
 }

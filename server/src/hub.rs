@@ -206,7 +206,7 @@ impl Hub {
         journaled
     }
 
-    /// Wakes every subscriber of every view (after a restore or a seal).
+    /// Wakes every subscriber of every view, so each re-checks its cursor.
     pub fn wake_all(&self) {
         for view in self.views() {
             view.tick.send_modify(|tick| *tick += 1);

@@ -316,7 +316,6 @@ pub(crate) async fn write_snapshot(
     }
     if exact {
         hub.journal().seal();
-        hub.wake_all();
     }
     let journal = hub.journal().dump().await;
     let views = hub.dump_states();
