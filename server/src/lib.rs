@@ -4,9 +4,9 @@
 //! - [`server`] — `viewtape serve`: start-up, snapshots, shutdown.
 //! - [`http`] — the routes and the API error type.
 //! - [`listener`] — the accept loop: SSE straight on the socket, the rest through axum.
-//! - [`sse`] — one subscriber's stream: replay or state, then live.
+//! - `sse` — one subscriber's stream: replay or state, then live.
 //! - [`hub`] — views, their state, and the commit path into the journal.
-//! - [`frame`] — the SSE wire format of events, resets and state transfers.
+//! - `frame` — the SSE wire format of events, resets and state transfers.
 //! - [`runtime`] — the task that owns one guest instance.
 //! - [`host`] — the wasmtime host: engine, modules, instances, limits.
 //! - [`source`] — pull sources (file tail).
