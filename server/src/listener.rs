@@ -66,17 +66,20 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        if let Some(target) = sse_target(&stream).await {
-            let state = state.clone();
-            let span = tracing::debug_span!("sse", %peer);
-            tokio::spawn(serve_sse(stream, target, state).instrument(span));
-            continue;
-        }
-        let connection = hyper::server::conn::http1::Builder::new()
-            .serve_connection(TokioIo::new(stream), service.clone());
-        let connection = graceful.watch(connection);
+        // Everything per connection happens in its own task: a client that
+        // connects and sends nothing must not hold up the accept loop.
+        let (state, service, watcher) = (state.clone(), service.clone(), graceful.watcher());
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
+            if let Some(target) = sse_target(&stream).await {
+                // SSE streams end on the shutdown signal themselves.
+                drop(watcher);
+                let span = tracing::debug_span!("sse", %peer);
+                serve_sse(stream, target, state).instrument(span).await;
+                return;
+            }
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(error) = watcher.watch(connection).await {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
         });

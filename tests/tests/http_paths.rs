@@ -76,3 +76,29 @@ async fn broken_heads_are_refused_not_hung() -> anyhow::Result<()> {
     ensure!(seen.contains("\"error\":\"not_found\""), "{seen}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_does_not_hold_up_others() -> anyhow::Result<()> {
+    let server = Server::start(&[]).await?;
+    // Like a browser's speculative preconnect: connected, nothing sent.
+    let _silent: Vec<TcpStream> = silent_connections(&server, 3).await?;
+    let started = std::time::Instant::now();
+    let health = server.get("/healthz").await?;
+    ensure!(health.status() == 200);
+    let mut stream = server.sse("/views/prices/events", &[]).await?;
+    stream.until_synced(10).await?;
+    ensure!(
+        started.elapsed() < Duration::from_millis(500),
+        "served in {:?}",
+        started.elapsed()
+    );
+    Ok(())
+}
+
+async fn silent_connections(server: &Server, n: usize) -> anyhow::Result<Vec<TcpStream>> {
+    let mut streams = Vec::with_capacity(n);
+    for _ in 0..n {
+        streams.push(TcpStream::connect(server.addr()).await?);
+    }
+    Ok(streams)
+}
