@@ -71,10 +71,11 @@ pub async fn serve(
         let (state, service, watcher) = (state.clone(), service.clone(), graceful.watcher());
         tokio::spawn(async move {
             if let Some(target) = sse_target(&stream).await {
-                // SSE streams end on the shutdown signal themselves.
-                drop(watcher);
+                // A task of its own, sized for the stream alone (this one
+                // also carries the peek and hyper's branch); SSE streams end
+                // on the shutdown signal themselves, unwatched.
                 let span = tracing::debug_span!("sse", %peer);
-                serve_sse(stream, target, state).instrument(span).await;
+                tokio::spawn(serve_sse(stream, target, state).instrument(span));
                 return;
             }
             let connection = hyper::server::conn::http1::Builder::new()

@@ -204,6 +204,7 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         )
     });
 
+    let signal = shutdown_signal()?;
     let listener = tokio::net::TcpListener::bind(options.listen).await?;
     let addr = listener.local_addr()?;
     println!("viewtape listening on http://{addr}/");
@@ -218,7 +219,7 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
 
     let router = app(state.clone());
     crate::listener::serve(listener, router, state, async move {
-        wait_for_signal().await;
+        signal.await;
         tracing::info!("shutting down: closing streams and sealing");
         let _ = shutdown_tx.send(true);
         // Keep the sender alive so streams see `true`, not a closed channel.
@@ -364,27 +365,30 @@ fn spawn_periodic_snapshots(
     )
 }
 
-async fn wait_for_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Registers SIGINT and SIGTERM handlers now, and returns a future that
+/// resolves on the first of them. Registering before the server announces
+/// its address means a signal sent right after that line is never the
+/// default (killing) action.
+///
+/// # Errors
+/// The handlers cannot be installed.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(
-            tokio::signal::unix::SignalKind::terminate(),
-        ) {
-            Ok(term) => term,
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the server");
-                let _ = ctrl_c.await;
-                return;
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let mut terminate = signal(SignalKind::terminate())?;
+        Ok(async move {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
             }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
+        })
     }
     #[cfg(not(unix))]
     {
-        let _ = ctrl_c.await;
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
     }
 }
