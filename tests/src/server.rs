@@ -168,16 +168,7 @@ impl Server {
     /// # Errors
     /// When the binary is missing, exits early, or does not print the listening line in time.
     pub async fn start(args: &[&str]) -> anyhow::Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("viewtape-test-")
-            .tempdir()
-            .context("temp data dir")?;
-        Self::spawn(
-            DataDir::Temp(Arc::new(dir)),
-            args.iter().map(|s| (*s).to_owned()).collect(),
-            Vec::new(),
-        )
-        .await
+        Self::start_with_env(args, &[]).await
     }
 
     /// Starts like [`Server::start`], with extra environment variables for the server process
