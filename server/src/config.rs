@@ -8,6 +8,7 @@
 //! max_body = "1MiB"           # ingest body limit; past it, 413
 //! snapshot_interval = "30s"   # periodic snapshots; "0s" turns them off
 //! keep_snapshots = 5          # periodic snapshots kept (plus the newest exact one)
+//! cors_origins = []           # origins allowed cross-origin, with credentials
 //!
 //! [journal]
 //! enabled = true
@@ -108,6 +109,9 @@ pub struct ServerConfig {
     pub snapshot_interval: Duration,
     /// Periodic snapshots kept.
     pub keep_snapshots: usize,
+    /// Origins (`https://app.example`) allowed to call every route cross-origin, with
+    /// credentials. Empty: no cross-origin access.
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -119,6 +123,7 @@ impl Default for ServerConfig {
             max_body: 1 << 20,
             snapshot_interval: Duration::from_secs(30),
             keep_snapshots: 5,
+            cors_origins: Vec::new(),
         }
     }
 }

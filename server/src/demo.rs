@@ -11,7 +11,6 @@ use bytes::Bytes;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use crate::frame;
 use crate::hub::Hub;
 use crate::runtime::RuntimeHandle;
 
@@ -61,6 +60,13 @@ pub fn spawn_feed(runtime: RuntimeHandle, hub: Arc<Hub>, rate: u32) -> JoinHandl
     )
 }
 
+/// What the feed needs back from a tick in the `prices` view.
+#[derive(serde::Deserialize)]
+struct Tick {
+    price: f64,
+    seq: u64,
+}
+
 /// The highest sequence number and the last price per symbol found in the
 /// `prices` view.
 fn resume_point(hub: &Hub) -> (u64, [f64; SYMBOLS.len()]) {
@@ -69,21 +75,16 @@ fn resume_point(hub: &Hub) -> (u64, [f64; SYMBOLS.len()]) {
     let Some(view) = hub.view("prices") else {
         return (seq, prices);
     };
-    for entry in view.cut(hub.journal()).frames {
-        let member = frame::state_member(&entry);
-        let Ok(object) =
-            serde_json::from_slice::<serde_json::Value>(&[b"{", &member[..], b"}"].concat())
+    for (symbol, frame) in view.entries() {
+        let Some(tick) = frame
+            .value_json()
+            .and_then(|value| serde_json::from_slice::<Tick>(&value).ok())
         else {
             continue;
         };
-        for (symbol, tick) in object.as_object().into_iter().flatten() {
-            seq = seq.max(tick["seq"].as_u64().unwrap_or(0));
-            if let (Some(i), Some(price)) = (
-                SYMBOLS.iter().position(|(s, _)| s == symbol),
-                tick["price"].as_f64(),
-            ) {
-                prices[i] = price;
-            }
+        seq = seq.max(tick.seq);
+        if let Some(i) = SYMBOLS.iter().position(|(s, _)| *s == symbol.as_str()) {
+            prices[i] = tick.price;
         }
     }
     (seq, prices)

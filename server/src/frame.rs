@@ -26,8 +26,11 @@
 //! A `state` event is a zero-copy slice of the key's latest `update` frame:
 //! the view's state holds those frames, never a second copy of payloads.
 
+use std::borrow::Cow;
+
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
 use viewtape_journal::{Cursor, ReplayError, ReplayWindow};
 
 use crate::host::EventKind;
@@ -35,8 +38,103 @@ use crate::host::EventKind;
 const DATA: &[u8] = b"data: ";
 const VALUE_SEPARATOR: &[u8] = b",\"value\":";
 
+/// `data: {"key":` — where the key's JSON string starts, counted from the `data: ` line.
+const KEY_PREFIX: &[u8] = b"data: {\"key\":";
+/// What ends every event frame.
+const FRAME_END: &[u8] = b"}\n\n";
+
+/// One event's wire bytes, encoded once and shared, and where its parts lie in them, so
+/// nothing ever parses SSE text back.
+///
+/// Invariants, set by [`event`] and checked when a frame is read back from a snapshot:
+/// `bytes[data_at..]` starts with `data: {"key":`, followed by the key as a JSON string; for
+/// an update, `bytes[value_at - 9..value_at]` is `,"value":` and the value runs from
+/// `value_at` to the closing `}\n\n`. A value's line breaks are `\ndata: ` in the bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "(Bytes, u32, u32)", into = "(Bytes, u32, u32)")]
+pub struct Frame {
+    bytes: Bytes,
+    data_at: u32,
+    /// Where an update's value starts; 0 for a delete.
+    value_at: u32,
+}
+
+impl Frame {
+    /// The wire bytes.
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+
+    /// The key as a JSON string.
+    fn key_json(&self) -> &[u8] {
+        let end = if self.value_at == 0 {
+            self.bytes.len() - FRAME_END.len()
+        } else {
+            self.value_at as usize - VALUE_SEPARATOR.len()
+        };
+        &self.bytes[self.data_at as usize + KEY_PREFIX.len()..end]
+    }
+
+    /// An update's value as JSON text (line breaks restored); `None` for a delete.
+    pub fn value_json(&self) -> Option<Cow<'_, [u8]>> {
+        if self.value_at == 0 {
+            return None;
+        }
+        let value = &self.bytes[self.value_at as usize..self.bytes.len() - FRAME_END.len()];
+        Some(unsplit(value))
+    }
+
+    /// The `event: state` entry for this update, sharing the frame's `data:` lines.
+    pub fn state_parts(&self) -> [Bytes; 2] {
+        [
+            Bytes::from_static(b"event: state\n"),
+            self.bytes.slice(self.data_at as usize..),
+        ]
+    }
+
+    /// Appends the `"key":value` member of a JSON object of state entries
+    /// (`GET /views/{view}`).
+    pub fn put_json_member(&self, out: &mut BytesMut) {
+        out.put_slice(self.key_json());
+        out.put_u8(b':');
+        match self.value_json() {
+            Some(value) => out.put_slice(&value),
+            None => out.put_slice(b"null"),
+        }
+    }
+}
+
+impl TryFrom<(Bytes, u32, u32)> for Frame {
+    type Error = String;
+
+    fn try_from((bytes, data_at, value_at): (Bytes, u32, u32)) -> Result<Self, String> {
+        let (data, value) = (data_at as usize, value_at as usize);
+        let well_formed = bytes.get(data..).is_some_and(|d| d.starts_with(KEY_PREFIX))
+            && bytes.ends_with(FRAME_END)
+            && (value == 0
+                || (value >= data + KEY_PREFIX.len() + VALUE_SEPARATOR.len()
+                    && value <= bytes.len() - FRAME_END.len()
+                    && bytes[value - VALUE_SEPARATOR.len()..value] == *VALUE_SEPARATOR));
+        if well_formed {
+            Ok(Self {
+                bytes,
+                data_at,
+                value_at,
+            })
+        } else {
+            Err(format!("not an event frame: data at {data_at}, value at {value_at}"))
+        }
+    }
+}
+
+impl From<Frame> for (Bytes, u32, u32) {
+    fn from(frame: Frame) -> Self {
+        (frame.bytes, frame.data_at, frame.value_at)
+    }
+}
+
 /// Encodes one event.
-pub(crate) fn event(cursor: Option<Cursor>, kind: EventKind, key: &str, payload: &[u8]) -> Bytes {
+pub fn event(cursor: Option<Cursor>, kind: EventKind, key: &str, payload: &[u8]) -> Frame {
     // id (≤ 42) + event (14) + envelope (27) + key + payload: one
     // allocation for the common case, no doubling slack held by the state.
     let mut out = BytesMut::with_capacity(88 + key.len() + payload.len());
@@ -49,74 +147,42 @@ pub(crate) fn event(cursor: Option<Cursor>, kind: EventKind, key: &str, payload:
         EventKind::Update => out.put_slice(b"event: update\n"),
         EventKind::Delete => out.put_slice(b"event: delete\n"),
     }
-    out.put_slice(DATA);
-    out.put_slice(b"{\"key\":");
+    let data_at = out.len();
+    out.put_slice(KEY_PREFIX);
     put_json_string(&mut out, key);
+    let mut value_at = 0;
     if kind == EventKind::Update {
         out.put_slice(VALUE_SEPARATOR);
+        value_at = out.len();
         if serde_json::from_slice::<IgnoredAny>(payload).is_ok() {
             put_lines(&mut out, payload);
         } else {
             put_json_string(&mut out, &String::from_utf8_lossy(payload));
         }
     }
-    out.put_slice(b"}\n\n");
-    out.freeze()
-}
-
-/// The `data:` part of a frame (everything from its first `data: ` line).
-fn data_part(frame: &Bytes) -> Bytes {
-    let at = frame
-        .windows(DATA.len())
-        .position(|w| w == DATA)
-        .unwrap_or(frame.len());
-    frame.slice(at..)
-}
-
-/// A `state` event for an update frame: `event: state` plus the frame's data,
-/// shared rather than copied.
-pub(crate) fn state_parts(frame: &Bytes) -> [Bytes; 2] {
-    [Bytes::from_static(b"event: state\n"), data_part(frame)]
-}
-
-/// The `"key":value` member of an update frame, for a JSON object of state
-/// entries (`GET /views/{view}`).
-pub(crate) fn state_member(frame: &Bytes) -> Vec<u8> {
-    let envelope = unsplit(&data_part(frame));
-    // envelope = {"key":K,"value":V} — K is a JSON string, whose quotes are
-    // escaped, so the first `,"value":` is the separator.
-    let inner = envelope
-        .strip_prefix(b"{\"key\":")
-        .and_then(|rest| rest.strip_suffix(b"}"))
-        .unwrap_or(b"null:null");
-    match inner
-        .windows(VALUE_SEPARATOR.len())
-        .position(|w| w == VALUE_SEPARATOR)
-    {
-        Some(at) => {
-            let mut member = inner[..at].to_vec();
-            member.push(b':');
-            member.extend_from_slice(&inner[at + VALUE_SEPARATOR.len()..]);
-            member
-        }
-        None => b"null:null".to_vec(),
+    out.put_slice(FRAME_END);
+    // Frames are bounded by the host's event limit, far below 4 GiB.
+    let offset = |at: usize| u32::try_from(at).unwrap_or(u32::MAX);
+    Frame {
+        bytes: out.freeze(),
+        data_at: offset(data_at),
+        value_at: offset(value_at),
     }
 }
 
-/// Joins a frame's `data:` lines back into the text a client sees.
-fn unsplit(data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(data.len());
-    for (i, line) in data
-        .split(|&b| b == b'\n')
-        .filter(|line| line.starts_with(DATA))
-        .enumerate()
-    {
+/// A value's text with its `\ndata: ` line breaks turned back into `\n`.
+fn unsplit(value: &[u8]) -> Cow<'_, [u8]> {
+    if !value.contains(&b'\n') {
+        return Cow::Borrowed(value);
+    }
+    let mut out = Vec::with_capacity(value.len());
+    for (i, line) in value.split(|&b| b == b'\n').enumerate() {
         if i > 0 {
             out.push(b'\n');
         }
-        out.extend_from_slice(&line[DATA.len()..]);
+        out.extend_from_slice(line.strip_prefix(DATA).unwrap_or(line));
     }
-    out
+    Cow::Owned(out)
 }
 
 /// The marker that ends a state transfer.
@@ -192,49 +258,80 @@ mod tests {
         Cursor::new(JournalEpoch::from_bits(0xab), 7)
     }
 
+    fn member(frame: &Frame) -> Vec<u8> {
+        let mut out = BytesMut::new();
+        frame.put_json_member(&mut out);
+        out.to_vec()
+    }
+
     #[test]
     fn update_frame_carries_cursor_kind_key_and_payload() {
         let frame = event(Some(cursor()), EventKind::Update, "ACME", br#"{"price":1}"#);
         assert_eq!(
-            &frame[..],
+            &frame.bytes()[..],
             b"id: 00000000000000ab-7\nevent: update\ndata: {\"key\":\"ACME\",\"value\":{\"price\":1}}\n\n"
         );
+        assert_eq!(frame.value_json().as_deref(), Some(&br#"{"price":1}"#[..]));
+        assert_eq!(member(&frame), br#""ACME":{"price":1}"#);
     }
 
     #[test]
     fn cursorless_delete_frame() {
         let frame = event(None, EventKind::Delete, "a\"b", b"");
-        assert_eq!(&frame[..], b"event: delete\ndata: {\"key\":\"a\\\"b\"}\n\n");
+        assert_eq!(&frame.bytes()[..], b"event: delete\ndata: {\"key\":\"a\\\"b\"}\n\n");
+        assert_eq!(frame.value_json(), None);
+        assert_eq!(frame.key_json(), br#""a\"b""#);
     }
 
     #[test]
     fn multi_line_payloads_split_into_data_lines() {
         let frame = event(None, EventKind::Update, "k", b"{\r\n\"a\": 1,\r\"b\":\n2}");
         assert_eq!(
-            &frame[..],
+            &frame.bytes()[..],
             b"event: update\ndata: {\"key\":\"k\",\"value\":{\ndata: \"a\": 1,\ndata: \"b\":\ndata: 2}}\n\n"
         );
-        assert_eq!(state_member(&frame), b"\"k\":{\n\"a\": 1,\n\"b\":\n2}");
+        assert_eq!(member(&frame), b"\"k\":{\n\"a\": 1,\n\"b\":\n2}");
     }
 
     #[test]
     fn non_json_payloads_become_json_strings() {
         let frame = event(None, EventKind::Update, "k", b"not json\nat all");
         assert_eq!(
-            &frame[..],
+            &frame.bytes()[..],
             b"event: update\ndata: {\"key\":\"k\",\"value\":\"not json\\nat all\"}\n\n"
         );
     }
 
     #[test]
-    fn state_parts_share_the_frame_and_members_extract_key_and_value() {
+    fn state_parts_share_the_frame_and_members_use_the_spans() {
         let frame = event(Some(cursor()), EventKind::Update, "x,\"value\":", b"[1,2]");
-        let [head, data] = state_parts(&frame);
+        let [head, data] = frame.state_parts();
         assert_eq!(&head[..], b"event: state\n");
         assert_eq!(
             &data[..],
             b"data: {\"key\":\"x,\\\"value\\\":\",\"value\":[1,2]}\n\n"
         );
-        assert_eq!(state_member(&frame), b"\"x,\\\"value\\\":\":[1,2]");
+        assert_eq!(data.as_ptr(), frame.bytes()[frame.data_at as usize..].as_ptr());
+        assert_eq!(member(&frame), b"\"x,\\\"value\\\":\":[1,2]");
+    }
+
+    #[test]
+    fn frames_round_trip_through_snapshots_and_bad_spans_are_refused() {
+        let frame = event(Some(cursor()), EventKind::Update, "k", b"{\"a\":\n1}");
+        let encoded = rmp_serde::to_vec(&frame).unwrap();
+        let decoded: Frame = rmp_serde::from_slice(&encoded).unwrap();
+        assert_eq!(decoded, frame);
+        let (bytes, data_at, value_at) = frame.into();
+        for (data_at, value_at) in [
+            (data_at + 1, value_at),
+            (data_at, value_at + 1),
+            (data_at, 5),
+            (9_999, 0),
+        ] {
+            assert!(
+                Frame::try_from((bytes.clone(), data_at, value_at)).is_err(),
+                "{data_at} {value_at}"
+            );
+        }
     }
 }

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
 use viewtape_journal::{CompactString, Cursor, EventJournal, JournalSnapshot};
 
-use crate::frame;
+use crate::frame::{self, Frame};
 use crate::host::{EventKind, GuestBatch};
 use crate::runtime::{BatchSink, BatchSummary};
 
@@ -38,7 +38,7 @@ const LIVE_BACKLOG: usize = 1024;
 #[derive(Debug)]
 pub struct View {
     name: String,
-    state: Mutex<HashMap<CompactString, Bytes>>,
+    state: Mutex<HashMap<CompactString, Frame>>,
     tick: watch::Sender<u64>,
     live: broadcast::Sender<Bytes>,
 }
@@ -49,7 +49,7 @@ pub struct StateCut {
     /// Every event up to and including this cursor is in `frames`; none after.
     pub cursor: Cursor,
     /// The latest update frame of each key.
-    pub frames: Vec<Bytes>,
+    pub entries: Vec<Frame>,
 }
 
 impl View {
@@ -78,7 +78,7 @@ impl View {
         self.live.subscribe()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<CompactString, Bytes>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<CompactString, Frame>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -88,8 +88,16 @@ impl View {
         let window = journal.window_now(&self.name);
         StateCut {
             cursor: Cursor::new(window.epoch, window.next - 1),
-            frames: state.values().cloned().collect(),
+            entries: state.values().cloned().collect(),
         }
+    }
+
+    /// Every key with its latest update frame.
+    pub fn entries(&self) -> Vec<(CompactString, Frame)> {
+        self.lock()
+            .iter()
+            .map(|(key, frame)| (key.clone(), frame.clone()))
+            .collect()
     }
 
     /// Number of keys.
@@ -121,7 +129,7 @@ pub struct ViewStateDump {
     /// The view.
     pub view: String,
     /// `(key, frame)` pairs.
-    pub entries: Vec<(CompactString, Bytes)>,
+    pub entries: Vec<(CompactString, Frame)>,
 }
 
 impl Hub {
@@ -181,16 +189,21 @@ impl Hub {
     /// view's lock. Returns whether it was journaled. Does not wake anyone.
     fn publish(&self, view: &View, kind: EventKind, key: &str, payload: &[u8]) -> bool {
         let mut state = view.lock();
+        let mut journaled_frame = None;
         let appended = self.journal.append_with_cursor(&view.name, key, |cursor| {
-            Ok::<_, Infallible>(Arc::new(frame::event(Some(cursor), kind, key, payload)))
+            let frame = frame::event(Some(cursor), kind, key, payload);
+            let bytes = Arc::new(frame.bytes().clone());
+            journaled_frame = Some(frame);
+            Ok::<_, Infallible>(bytes)
         });
-        let (frame, journaled) = match appended {
-            Ok(Some((_, frame))) => ((*frame).clone(), true),
-            Ok(None) | Err(_) => (frame::event(None, kind, key, payload), false),
+        let (frame, journaled) = match (appended, journaled_frame) {
+            (Ok(Some(_)), Some(frame)) => (frame, true),
+            _ => (frame::event(None, kind, key, payload), false),
         };
+        let live = (!journaled).then(|| frame.bytes().clone());
         match kind {
             EventKind::Update => {
-                state.insert(CompactString::new(key), frame.clone());
+                state.insert(CompactString::new(key), frame);
             }
             EventKind::Delete => {
                 state.remove(key);
@@ -198,10 +211,10 @@ impl Hub {
         }
         drop(state);
         self.stats.published.fetch_add(1, Ordering::Relaxed);
-        if !journaled {
+        if let Some(live) = live {
             self.stats.cursorless.fetch_add(1, Ordering::Relaxed);
             // No receiver is fine: nobody is listening live.
-            let _ = view.live.send(frame);
+            let _ = view.live.send(live);
         }
         journaled
     }
@@ -220,11 +233,7 @@ impl Hub {
             .iter()
             .map(|view| ViewStateDump {
                 view: view.name.clone(),
-                entries: view
-                    .lock()
-                    .iter()
-                    .map(|(key, frame)| (key.clone(), frame.clone()))
-                    .collect(),
+                entries: view.entries(),
             })
             .collect()
     }
@@ -304,8 +313,8 @@ mod tests {
         assert_eq!(*ticks.borrow_and_update(), 1);
         let cut = view.cut(hub.journal());
         assert_eq!(cut.cursor.offset(), 3);
-        assert_eq!(cut.frames.len(), 1);
-        assert_eq!(frame::state_member(&cut.frames[0]), b"\"B\":2");
+        assert_eq!(cut.entries.len(), 1);
+        assert_eq!(cut.entries[0].value_json().as_deref(), Some(&b"2"[..]));
     }
 
     #[tokio::test]

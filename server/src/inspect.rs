@@ -5,7 +5,7 @@ use std::path::Path;
 
 use viewtape_snapshots::{load_file, SnapshotDir};
 
-use crate::server::SnapshotBody;
+use crate::snapshot::SnapshotBody;
 
 /// Prints a snapshot's header, epoch, views and runtimes. Returns whether it
 /// is valid.
@@ -59,8 +59,8 @@ pub fn inspect_file(path: &Path, out: &mut impl Write) -> std::io::Result<bool> 
                     "  {:<24} module {}  state {} bytes  checkpoint {:?}",
                     runtime.name,
                     runtime.module,
-                    runtime.state.len(),
-                    runtime.checkpoint
+                    runtime.saved.state.len(),
+                    runtime.saved.checkpoint
                 )?;
             }
             Ok(true)

@@ -35,11 +35,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
 use tracing::Instrument;
 use viewtape_journal::{EventJournal, GapReport};
 
 use crate::host::{GuestBatch, GuestError, GuestInstance, GuestModule, Limits};
-use crate::source::SourceCheckpoint;
+use crate::source::{FileTail, SourceCheckpoint};
 
 /// How a runtime is set up.
 #[derive(Clone, Debug)]
@@ -86,7 +87,7 @@ pub trait BatchSink: Send + Sync + 'static {
 }
 
 /// A runtime's state and the source position it reflects: what a snapshot stores.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RuntimeSnapshot {
     /// The guest's saved state after the last committed batch.
     pub state: Bytes,
@@ -333,6 +334,35 @@ impl RuntimeHandle {
         rx.await.map_err(|_| self.stopped())?
     }
 
+    /// Feeds `tail` into this runtime until the runtime stops (abort the handle to stop
+    /// earlier). Failed batches are logged; the runtime marks their loss as a gap and moves on.
+    pub fn follow(&self, mut tail: FileTail) -> JoinHandle<()> {
+        let runtime = self.clone();
+        let span = tracing::info_span!("file_tail", runtime = %runtime.name());
+        let feed = async move {
+            loop {
+                let batch = match tail.next_batch().await {
+                    Ok(batch) => batch,
+                    Err(error) => {
+                        tracing::warn!(%error, "reading the followed file failed; retrying");
+                        tokio::time::sleep(tail.retry_after()).await;
+                        continue;
+                    }
+                };
+                let checkpoint = SourceCheckpoint::FileTail(batch.checkpoint);
+                match runtime.ingest_from_source(batch.lines, checkpoint, batch.gap).await {
+                    Ok(_) => {}
+                    Err(error @ IngestError::Stopped { .. }) => {
+                        tracing::debug!(%error, "runtime stopped; file tail ends");
+                        return;
+                    }
+                    Err(error) => tracing::warn!(%error, "batch from the followed file failed"),
+                }
+            }
+        };
+        tokio::spawn(feed.instrument(span))
+    }
+
     /// The state and checkpoint after the last committed batch, taken between batches: what a
     /// snapshot stores.
     ///
@@ -570,7 +600,7 @@ mod tests {
 
     use super::*;
     use crate::host::{guests, EngineConfig, GuestEngine};
-    use crate::source::{spawn_file_tail, FileTail, FileTailConfig};
+    use crate::source::FileTailConfig;
 
     /// Appends every event to the journal (frame = `key=payload`) and remembers them.
     #[derive(Default)]
@@ -797,7 +827,7 @@ mod tests {
             poll_interval: Duration::from_millis(5),
             ..FileTailConfig::new(&path)
         };
-        let task = spawn_file_tail(rt.clone(), FileTail::new(config, None));
+        let task = rt.follow(FileTail::new(config, None));
         let wait = |n: usize| {
             let sink = Arc::clone(&sink);
             async move {

@@ -1,4 +1,4 @@
-//! Property test of issue 5's central promise: no sequence of appends, periodic snapshots,
+//! Property test of the snapshots' central promise: no sequence of appends, periodic snapshots,
 //! graceful stops (seal + exact snapshot), crashes (everything dropped, no snapshot), restarts
 //! (through [`restore_at_start`], the server's own start-up rule) and live restores ever gives
 //! one cursor `(epoch, view, offset)` two different frames.
@@ -21,7 +21,7 @@ use viewtape_snapshots::SnapshotDir;
 use crate::host::{EventKind, GuestBatch, GuestEvent};
 use crate::hub::Hub;
 use crate::runtime::BatchSink;
-use crate::server::{restore_at_start, write_snapshot, SnapshotBody};
+use crate::snapshot::{restore_at_start, SnapshotBody, Snapshots};
 
 const VIEWS: [&str; 2] = ["prices", "trades"];
 
@@ -84,10 +84,16 @@ impl World {
         })
     }
 
-    fn snapshots(path: &std::path::Path) -> Result<Arc<SnapshotDir>, String> {
+    fn dir(path: &std::path::Path) -> Result<Arc<SnapshotDir>, String> {
         SnapshotDir::open(path.join("snapshots"))
             .map(Arc::new)
             .map_err(|e| e.to_string())
+    }
+
+    /// The server's snapshot actions over this life's hub (no runtimes).
+    fn snapshots(&self) -> Result<Snapshots, String> {
+        let dir = Self::dir(self.dir.path())?;
+        Ok(Snapshots::new(Arc::clone(&self.hub), dir, Arc::default()))
     }
 
     /// A new life: a fresh journal and hub, restored by `rule`.
@@ -95,7 +101,7 @@ impl World {
         let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
             JournalConfig::default(),
         ))));
-        let snapshots = Self::snapshots(path)?;
+        let snapshots = Self::dir(path)?;
         match rule {
             StartRule::Server => {
                 restore_at_start(&hub, &snapshots)
@@ -120,7 +126,7 @@ impl World {
     }
 
     async fn apply(&mut self, op: &Op) -> Result<(), String> {
-        let snapshots = Self::snapshots(self.dir.path())?;
+        let snapshots = self.snapshots()?;
         match op {
             Op::Append { view, n } => {
                 let events = (0..*n)
@@ -145,14 +151,10 @@ impl World {
                     .await;
             }
             Op::Periodic => {
-                write_snapshot(&self.hub, &snapshots, &[], false)
-                    .await
-                    .map_err(|e| format!("{e:#}"))?;
+                snapshots.write(false).await.map_err(|e| e.to_string())?;
             }
             Op::Graceful => {
-                write_snapshot(&self.hub, &snapshots, &[], true)
-                    .await
-                    .map_err(|e| format!("{e:#}"))?;
+                snapshots.write(true).await.map_err(|e| e.to_string())?;
                 self.hub = Self::start(self.dir.path(), self.rule).await?;
             }
             Op::Crash => {
@@ -160,13 +162,12 @@ impl World {
             }
             Op::Gap => self.hub.journal().mark_gap().await,
             Op::LiveRestore => {
-                let newest = snapshots
-                    .load_newest_valid::<SnapshotBody>()
-                    .map_err(|e| e.to_string())?;
-                if let Some(loaded) = newest.loaded {
-                    self.hub
-                        .restore(loaded.body.journal, false, loaded.body.views)
-                        .await;
+                let listed = snapshots.list().await.map_err(|e| e.to_string())?;
+                if let Some(newest) = listed.iter().find(|entry| entry.is_valid()) {
+                    snapshots
+                        .restore_live(&newest.file_name)
+                        .await
+                        .map_err(|e| e.to_string())?;
                 }
             }
         }

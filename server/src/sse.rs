@@ -23,20 +23,21 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
-use tokio::sync::{broadcast, watch, OwnedSemaphorePermit};
+use tokio::sync::{broadcast, watch, OwnedSemaphorePermit, Semaphore};
 use viewtape_journal::{Cursor, ReplayError};
 
+use crate::config::ServerConfig;
 use crate::frame::{self, ResetReason};
 use crate::hub::{Hub, StateCut, View};
 use crate::metrics::Metrics;
 
 /// Frames per chunk, and state entries per chunk during a state transfer.
 /// Tests use a tiny chunk so that disconnects land inside state transfers.
-pub(crate) const MAX_FRAMES_PER_CHUNK: usize = if cfg!(test) { 3 } else { 512 };
+pub const MAX_FRAMES_PER_CHUNK: usize = if cfg!(test) { 3 } else { 512 };
 
 /// How the stream begins.
 #[derive(Debug)]
-pub(crate) enum Start {
+pub enum Start {
     /// A cursor the client sent; checked against the journal.
     Cursor(Cursor),
     /// A `Last-Event-ID`/`?cursor=` text that is not a cursor.
@@ -58,16 +59,79 @@ enum Phase {
     Done,
 }
 
-/// Everything one subscriber holds. Dropped when the client goes away.
-pub(crate) struct Subscriber {
+/// Opens subscribers: what every stream shares — the hub, the connection limit and the
+/// stream settings.
+#[derive(Debug)]
+pub struct Streams {
     hub: Arc<Hub>,
-    view: Arc<View>,
     metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+    heartbeat: Duration,
+    retry: Duration,
+    permits: Arc<Semaphore>,
+    max_connections: usize,
+}
+
+/// Why a stream could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The view does not exist.
+    #[error("no such view")]
+    NoSuchView,
+    /// Every SSE connection permit is taken.
+    #[error("too many SSE connections (limit {limit})")]
+    Full {
+        /// `[server] max_connections`.
+        limit: usize,
+    },
+}
+
+impl Streams {
+    /// Streams over `hub` with `config`'s limit, heartbeat and retry hint; every stream ends
+    /// when `shutdown` turns `true`.
+    pub fn new(
+        hub: Arc<Hub>,
+        metrics: Arc<Metrics>,
+        config: &ServerConfig,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            hub,
+            metrics,
+            shutdown,
+            heartbeat: config.heartbeat,
+            retry: config.retry,
+            permits: Arc::new(Semaphore::new(config.max_connections)),
+            max_connections: config.max_connections,
+        }
+    }
+
+    /// A subscriber of `view`, starting as `start` says.
+    ///
+    /// # Errors
+    /// [`OpenError::NoSuchView`], or [`OpenError::Full`] past `max_connections`.
+    pub fn open(self: &Arc<Self>, view: &str, start: Start) -> Result<Subscriber, OpenError> {
+        let view = self.hub.view(view).ok_or(OpenError::NoSuchView)?;
+        let permit = Arc::clone(&self.permits).try_acquire_owned().map_err(|_| {
+            self.metrics.connections_refused.fetch_add(1, Ordering::Relaxed);
+            OpenError::Full {
+                limit: self.max_connections,
+            }
+        })?;
+        tracing::debug!(view = view.name(), ?start, "subscribed");
+        Ok(Subscriber::new(Arc::clone(self), view, start, permit))
+    }
+}
+
+/// Everything one subscriber holds. Dropped when the client goes away.
+pub struct Subscriber {
+    streams: Arc<Streams>,
+    view: Arc<View>,
     ticks: watch::Receiver<u64>,
     invalidations: watch::Receiver<u64>,
     live: broadcast::Receiver<Bytes>,
     shutdown: watch::Receiver<bool>,
-    heartbeat: Duration,
     phase: Phase,
     /// Bytes to send before anything else (retry hint, reset).
     pending: BytesMut,
@@ -75,23 +139,15 @@ pub(crate) struct Subscriber {
 }
 
 impl Subscriber {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        hub: Arc<Hub>,
-        view: Arc<View>,
-        metrics: Arc<Metrics>,
-        start: Start,
-        shutdown: watch::Receiver<bool>,
-        heartbeat: Duration,
-        retry: Duration,
-        permit: OwnedSemaphorePermit,
-    ) -> Self {
+    fn new(streams: Arc<Streams>, view: Arc<View>, start: Start, permit: OwnedSemaphorePermit) -> Self {
+        let (hub, metrics) = (&streams.hub, &streams.metrics);
         let mut ticks = view.ticks();
         ticks.borrow_and_update();
         let mut invalidations = hub.journal().invalidations();
         invalidations.borrow_and_update();
         let live = view.live();
-        let mut pending = BytesMut::from(format!("retry: {}\n\n", retry.as_millis()).as_bytes());
+        let mut pending =
+            BytesMut::from(format!("retry: {}\n\n", streams.retry.as_millis()).as_bytes());
         let journal = hub.journal();
         let phase = match start {
             Start::Cursor(cursor) => match journal.frames_after(view.name(), &cursor, 0) {
@@ -100,15 +156,15 @@ impl Subscriber {
                     Phase::Follow(cursor)
                 }
                 Err(error) => reset_to_state(
-                    &hub,
+                    hub,
                     &view,
-                    &metrics,
+                    metrics,
                     ResetReason::Replay(&error),
                     &mut pending,
                 ),
             },
             Start::Malformed => {
-                reset_to_state(&hub, &view, &metrics, ResetReason::Malformed, &mut pending)
+                reset_to_state(hub, &view, metrics, ResetReason::Malformed, &mut pending)
             }
             Start::State => {
                 metrics.state_starts.fetch_add(1, Ordering::Relaxed);
@@ -132,15 +188,14 @@ impl Subscriber {
             }
         };
         metrics.connections.fetch_add(1, Ordering::Relaxed);
+        let shutdown = streams.shutdown.clone();
         Self {
-            hub,
+            streams,
             view,
-            metrics,
             ticks,
             invalidations,
             live,
             shutdown,
-            heartbeat,
             phase,
             pending,
             _permit: permit,
@@ -148,7 +203,7 @@ impl Subscriber {
     }
 
     /// The response body.
-    pub(crate) fn into_stream(self) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
+    pub fn into_stream(self) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
         futures_util::stream::unfold(self, |mut subscriber| async move {
             let chunk = subscriber.next_chunk().await?;
             Some((Ok(chunk), subscriber))
@@ -156,7 +211,7 @@ impl Subscriber {
     }
 
     /// The next bytes to write, or `None` to end the stream.
-    pub(crate) async fn next_chunk(&mut self) -> Option<Bytes> {
+    async fn next_chunk(&mut self) -> Option<Bytes> {
         loop {
             if *self.shutdown.borrow() {
                 self.phase = Phase::Done;
@@ -165,22 +220,22 @@ impl Subscriber {
                 Phase::Done => return None,
                 Phase::State { cut, sent } => {
                     let mut out = std::mem::take(&mut self.pending);
-                    let end = cut.frames.len().min(*sent + MAX_FRAMES_PER_CHUNK);
-                    for entry in &cut.frames[*sent..end] {
-                        for part in frame::state_parts(entry) {
+                    let end = cut.entries.len().min(*sent + MAX_FRAMES_PER_CHUNK);
+                    for entry in &cut.entries[*sent..end] {
+                        for part in entry.state_parts() {
                             out.extend_from_slice(&part);
                         }
                     }
                     *sent = end;
-                    if end == cut.frames.len() {
-                        out.extend_from_slice(&frame::synced(cut.cursor, cut.frames.len()));
+                    if end == cut.entries.len() {
+                        out.extend_from_slice(&frame::synced(cut.cursor, cut.entries.len()));
                         self.phase = Phase::Follow(cut.cursor);
                     }
                     return Some(out.freeze());
                 }
                 Phase::Follow(cursor) => {
                     let cursor = *cursor;
-                    match self.hub.journal().frames_after(
+                    match self.streams.hub.journal().frames_after(
                         self.view.name(),
                         &cursor,
                         MAX_FRAMES_PER_CHUNK,
@@ -190,7 +245,8 @@ impl Subscriber {
                             for frame in &frames {
                                 out.extend_from_slice(frame);
                             }
-                            self.metrics
+                            self.streams
+                                .metrics
                                 .delivered
                                 .fetch_add(frames.len() as u64, Ordering::Relaxed);
                             self.phase = Phase::Follow(Cursor::new(
@@ -227,9 +283,9 @@ impl Subscriber {
     /// Switches to a state transfer after telling the client why.
     fn reset(&mut self, reason: ResetReason<'_>) {
         self.phase = reset_to_state(
-            &self.hub,
+            &self.streams.hub,
             &self.view,
-            &self.metrics,
+            &self.streams.metrics,
             reason,
             &mut self.pending,
         );
@@ -245,7 +301,7 @@ impl Subscriber {
             changed = self.shutdown.changed() => changed.is_err(),
             received = self.live.recv() => match received {
                 Ok(frame) => {
-                    self.metrics.delivered.fetch_add(1, Ordering::Relaxed);
+                    self.streams.metrics.delivered.fetch_add(1, Ordering::Relaxed);
                     return Some(frame);
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => {
@@ -254,7 +310,7 @@ impl Subscriber {
                 }
                 Err(broadcast::error::RecvError::Closed) => true,
             },
-            () = tokio::time::sleep(self.heartbeat) => {
+            () = tokio::time::sleep(self.streams.heartbeat) => {
                 return Some(Bytes::from_static(b": heartbeat\n\n"));
             }
         };
@@ -286,7 +342,7 @@ fn reset_to_state(
 
 impl Drop for Subscriber {
     fn drop(&mut self) {
-        self.metrics.connections.fetch_sub(1, Ordering::Relaxed);
+        self.streams.metrics.connections.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -301,7 +357,6 @@ mod tests {
 
     use futures_util::StreamExt;
     use proptest::prelude::*;
-    use tokio::sync::Semaphore;
     use viewtape_journal::{EventJournal, JournalConfig};
 
     use super::*;
@@ -392,20 +447,18 @@ mod tests {
             "" => Start::State,
             id => id.parse().map_or(Start::Malformed, Start::Cursor),
         };
-        let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
-        let view = hub.view("v").unwrap();
-        Subscriber::new(
+        let config = ServerConfig {
+            heartbeat: Duration::from_secs(3600),
+            retry: Duration::from_secs(1),
+            ..ServerConfig::default()
+        };
+        let streams = Arc::new(Streams::new(
             Arc::clone(hub),
-            view,
             Arc::new(Metrics::default()),
-            start,
+            &config,
             shutdown.clone(),
-            Duration::from_secs(3600),
-            Duration::from_secs(1),
-            permit,
-        )
-        .into_stream()
-        .boxed()
+        ));
+        streams.open("v", start).unwrap().into_stream().boxed()
     }
 
     /// Reads every chunk that is ready without waiting for new events.
@@ -463,13 +516,17 @@ mod tests {
                 read_ready(&mut stream, &mut client, 10_000).await;
                 let cut = hub.view("v").unwrap().cut(hub.journal());
                 prop_assert_eq!(&client.last_id, &cut.cursor.to_string(), "the client reached the head");
-                let expected: BTreeMap<String, String> = cut.frames.iter().map(|frame| {
-                    let member = crate::frame::state_member(frame);
-                    let object: serde_json::Map<String, serde_json::Value> =
-                        serde_json::from_slice(&[b"{", &member[..], b"}"].concat()).unwrap();
-                    let (key, value) = object.into_iter().next().unwrap();
-                    (key, value.to_string())
-                }).collect();
+                let mut member = BytesMut::from(&b"{"[..]);
+                for (i, frame) in cut.entries.iter().enumerate() {
+                    if i > 0 {
+                        member.extend_from_slice(b",");
+                    }
+                    frame.put_json_member(&mut member);
+                }
+                member.extend_from_slice(b"}");
+                let object: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&member).unwrap();
+                let expected: BTreeMap<String, String> =
+                    object.into_iter().map(|(key, value)| (key, value.to_string())).collect();
                 prop_assert_eq!(client.state, expected);
                 Ok(())
             })?;

@@ -1,11 +1,14 @@
-//! The guests built by `server/build.rs` from `examples/guests`, embedded in the binary.
+//! The guests from `examples/guests`, prebuilt for `wasm32-unknown-unknown` and checked in under
+//! `server/guests/`, embedded in the binary. Checked in rather than built here so that building
+//! the server needs no wasm target; `scripts/build-guests` rebuilds them, reproducibly, and the
+//! test `guests_current` in `tests/` fails while they differ from what the sources build.
 
 /// `ticker`: NDJSON price ticks → view `prices`. The server's embedded demo runtime.
-pub const TICKER_WASM: &[u8] = include_bytes!(env!("VIEWTAPE_GUEST_TICKER"));
+pub const TICKER_WASM: &[u8] = include_bytes!("../../guests/ticker.wasm");
 
 /// `logstats`: log lines → per-service counts by level in view `log-levels`.
-pub const LOGSTATS_WASM: &[u8] = include_bytes!(env!("VIEWTAPE_GUEST_LOGSTATS"));
+pub const LOGSTATS_WASM: &[u8] = include_bytes!("../../guests/logstats.wasm");
 
 /// `misbehave`: the host's test fixture (commands that publish, fail, trap, loop, exhaust
 /// memory). Not for production use.
-pub const MISBEHAVE_WASM: &[u8] = include_bytes!(env!("VIEWTAPE_GUEST_MISBEHAVE"));
+pub const MISBEHAVE_WASM: &[u8] = include_bytes!("../../guests/misbehave.wasm");

@@ -25,10 +25,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use tokio::task::JoinHandle;
-
-use super::SourceCheckpoint;
-use crate::runtime::{IngestError, RuntimeHandle};
 
 /// A position in a followed file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -189,42 +185,11 @@ impl FileTail {
             tokio::time::sleep(self.config.poll_interval).await;
         }
     }
-}
 
-/// Feeds `tail` into `runtime` until the runtime stops (abort the handle to stop earlier).
-/// Failed batches are logged; the runtime marks their loss as a gap and moves on.
-pub fn spawn_file_tail(runtime: RuntimeHandle, mut tail: FileTail) -> JoinHandle<()> {
-    let span = tracing::info_span!("file_tail", runtime = %runtime.name());
-    tokio::spawn(tracing::Instrument::instrument(
-        async move {
-            loop {
-                let batch = match tail.next_batch().await {
-                    Ok(batch) => batch,
-                    Err(err) => {
-                        tracing::warn!(error = %err, "reading the followed file failed; retrying");
-                        tokio::time::sleep(tail.config.poll_interval).await;
-                        continue;
-                    }
-                };
-                let result = runtime
-                    .ingest_from_source(
-                        batch.lines,
-                        SourceCheckpoint::FileTail(batch.checkpoint),
-                        batch.gap,
-                    )
-                    .await;
-                match result {
-                    Ok(_) => {}
-                    Err(err @ IngestError::Stopped { .. }) => {
-                        tracing::debug!(error = %err, "runtime stopped; file tail ends");
-                        return;
-                    }
-                    Err(err) => tracing::warn!(error = %err, "batch from the followed file failed"),
-                }
-            }
-        },
-        span,
-    ))
+    /// How long to wait before reading again after a failed read.
+    pub fn retry_after(&self) -> Duration {
+        self.config.poll_interval
+    }
 }
 
 #[cfg(test)]

@@ -4,13 +4,14 @@
 //! ingest body, wired in the server) and needs no checkpoint, and *pull* sources that the
 //! server reads itself and must resume after a restart — today [`FileTail`], which follows a
 //! file of lines like `tail -F`. A pull source's position is a [`SourceCheckpoint`], stored
-//! with the runtime's state in snapshots.
+//! with the runtime's state in snapshots. Sources know nothing of runtimes:
+//! [`RuntimeHandle::follow`](crate::runtime::RuntimeHandle::follow) feeds one into a runtime.
 
 mod file_tail;
 
 use serde::{Deserialize, Serialize};
 
-pub use file_tail::{spawn_file_tail, FileCheckpoint, FileTail, FileTailConfig, TailBatch};
+pub use file_tail::{FileCheckpoint, FileTail, FileTailConfig, TailBatch};
 
 /// Where a pull source stands: what a snapshot stores next to the runtime's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

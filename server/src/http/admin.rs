@@ -1,0 +1,260 @@
+//! Operator routes: write a snapshot now, list snapshots, restore one into the running server.
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /admin/snapshot` | a periodic snapshot now, through the same consistency cut as the timer: `{"name","size","records","exact":false}` |
+//! | `GET /admin/snapshots` | every file in `<data-dir>/snapshots`, newest first: `{"snapshots":[{"name","kind","exact","age_seconds","size","valid","error"}]}` |
+//! | `POST /admin/restore` | body `{"name": "snap-….vtsnap"}`: replace the running server's state with that snapshot's |
+//!
+//! ## Access
+//!
+//! Every admin route needs `Authorization: Bearer <token>`, the token being
+//! `VIEWTAPE_ADMIN_TOKEN` as read at start-up. Without a configured token (unset or empty) the
+//! routes are **disabled**: they answer 404 like any unknown path, never open. A missing or wrong
+//! token gets 401 with `WWW-Authenticate: Bearer`. Tokens are compared as SHA-256 digests in a
+//! loop that always touches all 32 bytes, so the time taken says nothing about how much of a
+//! guess was right, nor about the token's length.
+//!
+//! A live restore is [`Snapshots::restore_live`]: validated before anything changes, carried
+//! out inside one consistency cut, always with a fresh epoch. Admin actions are logged at `info`
+//! with their outcome.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::http::header;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::ApiError;
+use crate::snapshot::{SnapshotActionError, Snapshots};
+
+/// The environment variable holding the admin token.
+pub const TOKEN_ENV: &str = "VIEWTAPE_ADMIN_TOKEN";
+
+/// Largest `POST /admin/restore` body: a JSON object naming one file.
+const MAX_RESTORE_BODY: usize = 4 * 1024;
+
+/// What the admin routes share: the token's digest and the snapshot actions.
+#[derive(Debug)]
+pub struct Admin {
+    /// SHA-256 of the token; `None` disables every admin route.
+    token: Option<[u8; 32]>,
+    snapshots: Arc<Snapshots>,
+}
+
+impl Admin {
+    /// Admin over `snapshots`, with `token` (`None` or empty: disabled).
+    pub fn new(token: Option<&str>, snapshots: Arc<Snapshots>) -> Self {
+        Self {
+            token: token
+                .filter(|t| !t.is_empty())
+                .map(|t| Sha256::digest(t.as_bytes()).into()),
+            snapshots,
+        }
+    }
+
+    /// Admin with the token from [`TOKEN_ENV`]; logs whether the routes are enabled.
+    pub fn from_env(snapshots: Arc<Snapshots>) -> Self {
+        let token = std::env::var(TOKEN_ENV).ok();
+        let admin = Self::new(token.as_deref(), snapshots);
+        if admin.is_enabled() {
+            tracing::info!("admin routes enabled ({TOKEN_ENV} is set)");
+        } else {
+            tracing::info!("admin routes disabled: {TOKEN_ENV} is not set");
+        }
+        admin
+    }
+
+    /// Whether a token is configured.
+    pub fn is_enabled(&self) -> bool {
+        self.token.is_some()
+    }
+
+    /// Checks an `Authorization` header value. The scheme is case-insensitive.
+    fn check(&self, authorization: Option<&[u8]>) -> Result<(), ApiError> {
+        let Some(expected) = &self.token else {
+            return Err(ApiError::not_found("no such route"));
+        };
+        let presented = authorization
+            .and_then(|value| {
+                let (scheme, token) = value.split_at_checked(7)?;
+                scheme.eq_ignore_ascii_case(b"bearer ").then_some(token)
+            })
+            .ok_or_else(|| ApiError::unauthorized("a bearer token is required"))?;
+        let digest: [u8; 32] = Sha256::digest(presented).into();
+        if digests_equal(&digest, expected) {
+            Ok(())
+        } else {
+            Err(ApiError::unauthorized("wrong token"))
+        }
+    }
+}
+
+/// Equal-length comparison that always looks at every byte.
+fn digests_equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let mut diff = 0u8;
+    for (x, y) in a.iter().zip(b) {
+        diff |= std::hint::black_box(x ^ y);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// The admin routes, with their own state; none at all without a token, so every admin path
+/// is a 404 like any unknown one.
+pub(super) fn routes(admin: Arc<Admin>) -> axum::Router {
+    if !admin.is_enabled() {
+        return Router::new();
+    }
+    Router::new()
+        .route("/admin/snapshot", post(snapshot_now))
+        .route("/admin/snapshots", get(list))
+        .route("/admin/restore", post(restore))
+        .with_state(admin)
+}
+
+/// Proof that the request carried the admin token. Extracted before any body, so an
+/// unauthenticated request learns nothing from body parsing.
+struct Authorized;
+
+impl FromRequestParts<Arc<Admin>> for Authorized {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, admin: &Arc<Admin>) -> Result<Self, ApiError> {
+        let authorization = parts.headers.get(header::AUTHORIZATION);
+        admin.check(authorization.map(|value| value.as_bytes()))?;
+        Ok(Self)
+    }
+}
+
+impl From<SnapshotActionError> for ApiError {
+    fn from(error: SnapshotActionError) -> Self {
+        match error {
+            SnapshotActionError::NoSuchSnapshot(_) => ApiError::not_found(error.to_string()),
+            SnapshotActionError::Unrestorable(_) => {
+                ApiError::unprocessable("snapshot_unrestorable", error.to_string())
+            }
+            other => ApiError::internal(other),
+        }
+    }
+}
+
+/// `POST /admin/snapshot`: a periodic snapshot now,
+/// `{"name","size","records","exact":false}`.
+async fn snapshot_now(
+    _: Authorized,
+    State(admin): State<Arc<Admin>>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let written = admin.snapshots.write(false).await?;
+    let name = written.info.file_name();
+    tracing::info!(
+        action = "snapshot",
+        file = %name,
+        size = written.info.size(),
+        records = written.records,
+        "admin: snapshot written"
+    );
+    Ok(Json(serde_json::json!({
+        "name": name,
+        "size": written.info.size(),
+        "records": written.records,
+        "exact": false,
+    })))
+}
+
+/// `GET /admin/snapshots`: every file, newest first.
+async fn list(
+    _: Authorized,
+    State(admin): State<Arc<Admin>>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let entries = admin.snapshots.list().await?;
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let snapshots: Vec<serde_json::Value> = entries
+        .iter()
+        .map(|entry| {
+            serde_json::json!({
+                "name": entry.file_name,
+                "kind": entry.kind.as_str(),
+                "exact": entry.is_exact(),
+                "age_seconds": now_ms.saturating_sub(entry.created_at_ms()) as f64 / 1000.0,
+                "size": entry.size,
+                "valid": entry.is_valid(),
+                "error": entry.status.as_ref().err().map(ToString::to_string),
+            })
+        })
+        .collect();
+    tracing::debug!(count = snapshots.len(), "admin: snapshots listed");
+    Ok(Json(serde_json::json!({ "snapshots": snapshots })))
+}
+
+#[derive(Debug, Deserialize)]
+struct RestoreRequest {
+    name: String,
+}
+
+/// `POST /admin/restore` with `{"name": "<snapshot file>"}`.
+async fn restore(
+    _: Authorized,
+    State(admin): State<Arc<Admin>>,
+    body: axum::body::Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let body: Bytes = axum::body::to_bytes(body, MAX_RESTORE_BODY)
+        .await
+        .map_err(|_| ApiError::bad_request(format!("body larger than {MAX_RESTORE_BODY} bytes")))?;
+    let request: RestoreRequest = serde_json::from_slice(&body).map_err(|error| {
+        ApiError::bad_request(format!("expected {{\"name\": \"<snapshot file>\"}}: {error}"))
+    })?;
+    let restored = admin.snapshots.restore_live(&request.name).await?;
+    tracing::info!(
+        action = "restore",
+        file = %request.name,
+        epoch = %restored.epoch,
+        records = restored.records,
+        "admin: snapshot restored; every subscriber is reset"
+    );
+    Ok(Json(serde_json::json!({
+        "name": request.name,
+        "epoch": restored.epoch.to_string(),
+        "records": restored.records,
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use viewtape_journal::{EventJournal, JournalConfig};
+    use viewtape_snapshots::SnapshotDir;
+
+    use super::*;
+    use crate::hub::Hub;
+
+    fn admin(token: Option<&str>) -> Admin {
+        let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(JournalConfig::default()))));
+        let dir = Arc::new(SnapshotDir::open(std::env::temp_dir()).expect("temp dir"));
+        Admin::new(token, Arc::new(Snapshots::new(hub, dir, Arc::default())))
+    }
+
+    fn status(result: Result<(), ApiError>) -> u16 {
+        result.map_or_else(|error| error.status().as_u16(), |()| 200)
+    }
+
+    #[test]
+    fn no_token_disables_and_tokens_are_checked() {
+        assert!(!admin(None).is_enabled());
+        assert!(!admin(Some("")).is_enabled());
+        let a = admin(Some("s3cret"));
+        assert_eq!(status(a.check(Some(b"Bearer s3cret"))), 200);
+        assert_eq!(status(a.check(Some(b"bearer s3cret"))), 200);
+        assert_eq!(status(a.check(Some(b"BEARER s3cret"))), 200);
+        assert_eq!(status(a.check(Some(b"Bearer s3cre"))), 401);
+        assert_eq!(status(a.check(Some(b"Basic s3cret"))), 401);
+        assert_eq!(status(a.check(Some(b"Bearer"))), 401);
+        assert_eq!(status(a.check(None)), 401);
+    }
+}

@@ -1,0 +1,224 @@
+//! Reading views: the list, one view's state, and its SSE stream.
+
+use std::collections::BTreeMap;
+
+use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::Deserialize;
+
+use super::{ApiError, AppState};
+use crate::sse::{OpenError, Start, MAX_FRAMES_PER_CHUNK};
+
+/// The bounded routes: list and state.
+pub(super) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/views", get(list_views))
+        .route("/views/{view}", get(view_state))
+}
+
+/// The SSE stream, which lives as long as the client follows.
+pub(super) fn stream_routes() -> Router<AppState> {
+    Router::new().route("/views/{view}/events", get(events))
+}
+
+async fn list_views(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let journal = state.hub.journal();
+    let counts: BTreeMap<String, u64> = journal.entry_counts_now().into_iter().collect();
+    let bytes: BTreeMap<String, u64> = journal.retained_bytes_now().into_iter().collect();
+    let views: Vec<serde_json::Value> = state
+        .hub
+        .views()
+        .iter()
+        .map(|view| {
+            let window = journal.window_now(view.name());
+            serde_json::json!({
+                "name": view.name(),
+                "keys": view.keys(),
+                "retained": counts.get(view.name()).copied().unwrap_or(0),
+                "bytes": bytes.get(view.name()).copied().unwrap_or(0),
+                "epoch": window.epoch.to_string(),
+                "first": window.first,
+                "next": window.next,
+                "sealed": window.sealed,
+            })
+        })
+        .collect();
+    Json(serde_json::json!({ "views": views }))
+}
+
+/// `GET /views/{view}`: `{"cursor": C, "entries": {key: payload}}`, read in one critical
+/// section with the cursor, encoded lazily as the socket takes it: a large state never becomes
+/// one buffer.
+async fn view_state(
+    State(state): State<AppState>,
+    view: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path(view) = view?;
+    let view = state
+        .hub
+        .view(&view)
+        .ok_or_else(|| ApiError::not_found(format!("no view named {view:?}")))?;
+    let cut = view.cut(state.hub.journal());
+    let head = Bytes::from(format!("{{\"cursor\":\"{}\",\"entries\":{{", cut.cursor));
+    let total = cut.entries.len();
+    let entries = cut.entries;
+    let chunks = (0..total)
+        .step_by(MAX_FRAMES_PER_CHUNK)
+        .map(move |start| {
+            let mut out = BytesMut::new();
+            let end = total.min(start + MAX_FRAMES_PER_CHUNK);
+            for (i, entry) in entries[start..end].iter().enumerate() {
+                if start + i > 0 {
+                    out.put_u8(b',');
+                }
+                entry.put_json_member(&mut out);
+            }
+            out.freeze()
+        });
+    let body = futures_util::stream::iter(
+        std::iter::once(head)
+            .chain(chunks)
+            .chain(std::iter::once(Bytes::from_static(b"}}\n")))
+            .map(Ok::<_, std::convert::Infallible>),
+    );
+    tracing::debug!(view = view.name(), keys = total, "state read");
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response())
+}
+
+/// The query of `GET /views/{view}/events`.
+#[derive(Debug, Default, Deserialize)]
+struct EventsQuery {
+    cursor: Option<String>,
+    from: Option<String>,
+}
+
+/// The response headers of every SSE stream.
+const SSE_HEADERS: [(header::HeaderName, &str); 3] = [
+    (header::CONTENT_TYPE, "text/event-stream"),
+    (header::CACHE_CONTROL, "no-store"),
+    (
+        header::HeaderName::from_static("x-accel-buffering"),
+        "no",
+    ),
+];
+
+/// `GET /views/{view}/events`: 404 for an unknown view, 503 past the connection limit. The
+/// cursor comes from `Last-Event-ID`, else `?cursor=`; the header wins.
+async fn events(
+    State(state): State<AppState>,
+    view: Result<Path<String>, PathRejection>,
+    query: Result<Query<EventsQuery>, QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let Path(view) = view?;
+    let Query(query) = query?;
+    let last_event_id = headers
+        .get("last-event-id")
+        .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
+    let start = match last_event_id
+        .or(query.cursor)
+        .filter(|text| !text.is_empty())
+    {
+        Some(text) => text.parse().map_or(Start::Malformed, Start::Cursor),
+        None if query.from.as_deref() == Some("tape") => Start::Tape,
+        None => Start::State,
+    };
+    let subscriber = state.streams.open(&view, start).map_err(|error| match error {
+        OpenError::NoSuchView => ApiError::not_found(format!("no view named {view:?}")),
+        OpenError::Full { .. } => ApiError::unavailable(error.to_string()),
+    })?;
+    let mut response = Body::from_stream(subscriber.into_stream()).into_response();
+    for (name, value) in SSE_HEADERS {
+        response
+            .headers_mut()
+            .insert(name, HeaderValue::from_static(value));
+    }
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use axum::http::StatusCode;
+    use futures_util::StreamExt;
+    use tower::ServiceExt;
+
+    use crate::host::{EventKind, GuestBatch, GuestEvent};
+    use crate::http::test_app;
+    use crate::runtime::BatchSink;
+
+    #[tokio::test]
+    async fn view_state_is_one_valid_json_document_across_chunks() {
+        let (router, hub) = test_app();
+        let events = (0..1_200)
+            .map(|i| GuestEvent {
+                view: Arc::from("v"),
+                key: format!("k{i}"),
+                kind: EventKind::Update,
+                payload: bytes::Bytes::from(format!("{{\"n\":{i}}}")),
+            })
+            .collect();
+        hub.commit(
+            "test",
+            GuestBatch {
+                events,
+                gaps: vec![],
+            },
+        )
+        .await;
+        let request = axum::http::Request::get("/views/v")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let response = router.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let mut body = response.into_body().into_data_stream();
+        let (mut bytes, mut chunks) = (Vec::new(), 0);
+        while let Some(chunk) = body.next().await {
+            bytes.extend_from_slice(&chunk.unwrap());
+            chunks += 1;
+        }
+        assert!(chunks >= 4, "streamed in chunks, got {chunks}");
+        let state: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        let cut = hub.view("v").unwrap().cut(hub.journal());
+        assert_eq!(state["cursor"], cut.cursor.to_string());
+        let entries = state["entries"].as_object().unwrap();
+        assert_eq!(entries.len(), 1_200);
+        assert_eq!(entries["k777"], serde_json::json!({ "n": 777 }));
+    }
+
+    #[tokio::test]
+    async fn bad_paths_and_queries_are_json_errors() {
+        let (router, hub) = test_app();
+        hub.declare("prices");
+        for (uri, status) in [
+            ("/views/pri%63es", StatusCode::OK),
+            ("/views/%FF", StatusCode::BAD_REQUEST),
+            ("/views/%FF/events", StatusCode::BAD_REQUEST),
+            ("/views/prices/events?cursor=a&cursor=b", StatusCode::BAD_REQUEST),
+            ("/views/nope/events", StatusCode::NOT_FOUND),
+        ] {
+            let request = axum::http::Request::get(uri)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let response = router.clone().oneshot(request).await.unwrap();
+            assert_eq!(response.status(), status, "{uri}");
+            if status != StatusCode::OK {
+                assert_eq!(response.headers()["content-type"], "application/json", "{uri}");
+            }
+        }
+    }
+}

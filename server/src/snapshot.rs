@@ -1,0 +1,333 @@
+//! Snapshots of the running server: what one holds, writing one under the consistency cut,
+//! restoring at start-up, restoring into the running server, and the periodic timer. The admin
+//! routes, the periodic task, the graceful stop and the property tests all go through
+//! [`Snapshots`], so there is one way to do each.
+//!
+//! ## What a snapshot holds
+//!
+//! [`SnapshotBody`]: the journal dump, every view's state, and each runtime's guest state and
+//! source checkpoint with the [`ModuleFingerprint`] of the module that saved it. All of it is
+//! taken inside one [`Cut`](crate::registry::Cut), so it is one consistent moment.
+//!
+//! ## Start-up: the one-life rule
+//!
+//! [`restore_at_start`] restores the newest valid snapshot. An exact one (written at a graceful
+//! stop, after `seal`) keeps its epoch — once: it is marked consumed before any offset is
+//! issued, so a crash later in this life cannot hand its epoch to the next. Anything else takes
+//! a fresh epoch.
+//!
+//! ## Live restore
+//!
+//! [`Snapshots::restore_live`] validates before it touches anything: the file must load
+//! completely and each runtime's state must belong to the module that runs now — otherwise
+//! [`SnapshotActionError::Unrestorable`] and nothing changed. Then, inside one cut: each
+//! runtime stages a guest from the snapshot's state next to the running one (a guest refusing
+//! its state aborts the restore, still with nothing changed); the views' state and the journal
+//! are replaced, **always with a fresh epoch** — the snapshot's offsets were issued in another
+//! life, so no cursor may resume into them; the staged guests are swapped in; the cut is
+//! released. Every subscriber is woken, finds its cursor's epoch stale and gets a `reset`
+//! followed by the restored state. Views the snapshot does not name are emptied; a runtime it
+//! does not name keeps its guest. A pull source's read position is not moved (the source task
+//! owns it); only the runtime's recorded checkpoint is.
+//!
+//! Snapshot actions are serialized: one at a time, whoever asks.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+use viewtape_journal::{JournalEpoch, JournalSnapshot};
+use viewtape_snapshots::{SnapshotDir, SnapshotEntry, SnapshotError, SnapshotInfo, SnapshotMeta};
+
+use crate::hub::{Hub, ViewStateDump};
+use crate::registry::{ModuleFingerprint, Runtimes};
+use crate::runtime::{IngestError, RuntimeSnapshot};
+
+/// What a snapshot file holds.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SnapshotBody {
+    /// The journal dump.
+    pub journal: JournalSnapshot,
+    /// Every view's state.
+    pub views: Vec<ViewStateDump>,
+    /// Every runtime's state.
+    pub runtimes: Vec<RuntimeDump>,
+}
+
+/// One runtime in a snapshot.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RuntimeDump {
+    /// The runtime's name.
+    pub name: String,
+    /// The module the state belongs to.
+    pub module: ModuleFingerprint,
+    /// The guest's state and the source position it reflects.
+    pub saved: RuntimeSnapshot,
+}
+
+/// Why a snapshot action failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotActionError {
+    /// No snapshot file has that name.
+    #[error("no snapshot named {0:?}")]
+    NoSuchSnapshot(String),
+    /// The snapshot cannot be restored: an invalid file, state of another module, or a guest
+    /// that refused its state. Nothing was changed.
+    #[error("{0}")]
+    Unrestorable(String),
+    /// A runtime could not be paused.
+    #[error(transparent)]
+    Runtime(#[from] IngestError),
+    /// The snapshot directory failed.
+    #[error(transparent)]
+    Storage(#[from] SnapshotError),
+    /// A blocking file task panicked or was cancelled.
+    #[error("snapshot file task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// A snapshot [`Snapshots::write`] wrote.
+#[derive(Debug)]
+pub struct WrittenSnapshot {
+    /// The file.
+    pub info: SnapshotInfo,
+    /// Journal records it holds.
+    pub records: usize,
+}
+
+/// A live restore that [`Snapshots::restore_live`] carried out.
+#[derive(Debug)]
+pub struct Restored {
+    /// The journal's new epoch.
+    pub epoch: JournalEpoch,
+    /// Journal records restored.
+    pub records: usize,
+}
+
+/// The server's snapshot actions, over its hub, snapshot directory and runtimes.
+#[derive(Debug)]
+pub struct Snapshots {
+    hub: Arc<Hub>,
+    dir: Arc<SnapshotDir>,
+    runtimes: Arc<Runtimes>,
+    /// One action at a time.
+    busy: tokio::sync::Mutex<()>,
+}
+
+impl Snapshots {
+    /// Snapshot actions for `hub` and `runtimes`, kept in `dir`.
+    pub fn new(hub: Arc<Hub>, dir: Arc<SnapshotDir>, runtimes: Arc<Runtimes>) -> Self {
+        Self {
+            hub,
+            dir,
+            runtimes,
+            busy: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Takes the cut, dumps, releases the cut and writes a snapshot (then prunes old ones).
+    /// `exact` seals the journal inside the cut first: what a graceful stop writes last.
+    ///
+    /// # Errors
+    /// A runtime could not be paused, or the file could not be written.
+    pub async fn write(&self, exact: bool) -> Result<WrittenSnapshot, SnapshotActionError> {
+        let _busy = self.busy.lock().await;
+        let cut = self.runtimes.pause_all().await?;
+        if exact {
+            self.hub.journal().seal();
+        }
+        let journal = self.hub.journal().dump().await;
+        let views = self.hub.dump_states();
+        let runtimes = cut
+            .runtimes()
+            .iter()
+            .map(|paused| RuntimeDump {
+                name: paused.name.clone(),
+                module: paused.module.clone(),
+                saved: paused.saved.clone(),
+            })
+            .collect();
+        drop(cut);
+        let records = journal.record_count();
+        let body = SnapshotBody {
+            journal,
+            views,
+            runtimes,
+        };
+        let meta = if exact {
+            SnapshotMeta::exact_now()
+        } else {
+            SnapshotMeta::periodic_now()
+        };
+        let dir = Arc::clone(&self.dir);
+        let info = tokio::task::spawn_blocking(move || {
+            let info = dir.write(&body, &meta)?;
+            if let Err(error) = dir.prune() {
+                tracing::warn!(%error, "pruning old snapshots failed");
+            }
+            Ok::<_, SnapshotError>(info)
+        })
+        .await??;
+        Ok(WrittenSnapshot { info, records })
+    }
+
+    /// Every file in the snapshot directory, newest first.
+    ///
+    /// # Errors
+    /// The directory cannot be read.
+    pub async fn list(&self) -> Result<Vec<SnapshotEntry>, SnapshotActionError> {
+        let dir = Arc::clone(&self.dir);
+        Ok(tokio::task::spawn_blocking(move || dir.list()).await??)
+    }
+
+    /// Replaces the running server's state with the snapshot file `name`; see the module docs.
+    ///
+    /// # Errors
+    /// [`SnapshotActionError::NoSuchSnapshot`], [`SnapshotActionError::Unrestorable`] (nothing
+    /// changed), or a runtime or storage failure.
+    pub async fn restore_live(&self, name: &str) -> Result<Restored, SnapshotActionError> {
+        let _busy = self.busy.lock().await;
+
+        // 1. Load and validate everything before touching the server.
+        let dir = Arc::clone(&self.dir);
+        let file = name.to_owned();
+        let loaded = tokio::task::spawn_blocking(move || dir.load_named::<SnapshotBody>(&file))
+            .await?
+            .map_err(|error| match error {
+                SnapshotError::Io { source, .. }
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    SnapshotActionError::NoSuchSnapshot(name.to_owned())
+                }
+                SnapshotError::Io { source, .. }
+                    if source.kind() == std::io::ErrorKind::IsADirectory =>
+                {
+                    SnapshotActionError::Unrestorable(format!("{name} is a directory"))
+                }
+                SnapshotError::Invalid { .. } => SnapshotActionError::Unrestorable(error.to_string()),
+                other => SnapshotActionError::Storage(other),
+            })?;
+        let body = loaded.body;
+        let mut guests = BTreeMap::new();
+        for dump in body.runtimes {
+            match self.runtimes.get(&dump.name) {
+                Some(running) if running.module == dump.module => {
+                    guests.insert(dump.name, dump.saved);
+                }
+                Some(running) => {
+                    return Err(SnapshotActionError::Unrestorable(format!(
+                        "{name}: runtime {:?} state belongs to module {}, but module {} runs now",
+                        dump.name, dump.module, running.module
+                    )))
+                }
+                None => tracing::warn!(
+                    runtime = %dump.name,
+                    file = %name,
+                    "snapshot holds state for a runtime that does not run here; ignored"
+                ),
+            }
+        }
+        let mut views = body.views;
+        for view in self.hub.views() {
+            if !views.iter().any(|v| v.view == view.name()) {
+                views.push(ViewStateDump {
+                    view: view.name().to_owned(),
+                    entries: Vec::new(),
+                });
+            }
+        }
+
+        // 2. The cut, and new guests next to the running ones: any refusal leaves everything
+        //    as it was.
+        let cut = self.runtimes.pause_all().await?;
+        for paused in cut.runtimes() {
+            if let Some(saved) = guests.remove(&paused.name) {
+                paused.guard.stage_restore(saved).await.map_err(|error| {
+                    SnapshotActionError::Unrestorable(format!(
+                        "{name}: the guest refused its state: {error}"
+                    ))
+                })?;
+            }
+        }
+
+        // 3. Replace: state and journal (fresh epoch, always), then the guests.
+        let records = body.journal.record_count();
+        // A dump without an epoch (taken with the journal disabled) is discarded by hydrate,
+        // which would keep the current epoch under replaced state: mark a gap so old cursors
+        // fail closed. Marked first: the restore's wake-up then reaches every subscriber after
+        // the gap.
+        if body.journal.epoch.is_none() {
+            self.hub.journal().mark_gap().await;
+        }
+        self.hub.restore(body.journal, false, views).await;
+        let epoch = self.hub.journal().epoch().await;
+        for paused in cut.runtimes() {
+            if let Err(error) = paused.guard.commit_restore().await {
+                // The journal is already replaced; a runtime that went away cannot be helped.
+                tracing::error!(runtime = %paused.name, %error, "restored guest state not applied");
+            }
+        }
+        drop(cut);
+        Ok(Restored { epoch, records })
+    }
+
+    /// Writes a periodic snapshot every `every` until the handle is aborted.
+    pub fn spawn_periodic(self: &Arc<Self>, every: Duration) -> JoinHandle<()> {
+        let snapshots = Arc::clone(self);
+        let span = tracing::info_span!("periodic_snapshots");
+        tokio::spawn(
+            async move {
+                let mut ticker = tokio::time::interval(every);
+                ticker.tick().await;
+                loop {
+                    ticker.tick().await;
+                    match snapshots.write(false).await {
+                        Ok(written) => tracing::debug!(file = %written.info.path().display(), "periodic snapshot written"),
+                        Err(error) => tracing::warn!(%error, "periodic snapshot failed"),
+                    }
+                }
+            }
+            .instrument(span),
+        )
+    }
+}
+
+/// Restores the newest valid snapshot in `dir` into `hub` by the one-life rule (see the module
+/// docs), logging every file it passed over. Returns the runtimes' dumps by name, for their
+/// tasks to start from. Call it before any offset is issued.
+///
+/// # Errors
+/// When the snapshot directory cannot be read.
+pub async fn restore_at_start(
+    hub: &Hub,
+    dir: &SnapshotDir,
+) -> Result<BTreeMap<String, RuntimeDump>, SnapshotError> {
+    let start = dir.load_for_start::<SnapshotBody>()?;
+    for skipped in &start.skipped {
+        tracing::warn!(file = %skipped.path.display(), error = %skipped.error, "snapshot skipped; falling back to an older one");
+    }
+    if let Some(error) = &start.consume_error {
+        tracing::warn!(%error, "could not mark the exact snapshot consumed; taking a fresh epoch");
+    }
+    let Some(loaded) = start.loaded else {
+        return Ok(BTreeMap::new());
+    };
+    let body = loaded.body;
+    hub.restore(body.journal, start.adopt_epoch, body.views)
+        .await;
+    tracing::info!(
+        file = %loaded.info.path().display(),
+        exact = start.adopt_epoch,
+        epoch = %hub.journal().epoch().await,
+        "restored snapshot"
+    );
+    Ok(body
+        .runtimes
+        .into_iter()
+        .map(|r| (r.name.clone(), r))
+        .collect())
+}
