@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# nginx + nchan on loopback, as the SSE pub/sub peer for viewtape-bench (issue 7).
+# nginx + nchan on loopback, as the SSE pub/sub peer for viewtape-bench.
 #
 #   bench/peers/nchan.sh [--port PORT] [--max-seconds S] [-- COMMAND ARGS...]
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# viewtape vs nginx nchan, same workloads, one session (issues 4 and 7). Loopback only; every
+# viewtape vs nginx nchan, same workloads, one session. Loopback only; every
 # run is bounded (count and time) by viewtape-bench; every server is stopped on exit.
 #
 #   bench/peers/side_by_side.sh [OUT_DIR]      (default /tmp/viewtape-side-by-side)

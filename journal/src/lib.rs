@@ -79,6 +79,22 @@
 //! [`EventJournal::stats`] returns a [`JournalStats`]: appends, cursorless
 //! publishes, pruned records by cause, replays served and refused by reason,
 //! gaps marked. The server turns them into metrics.
+//!
+//! # Which call to use
+//!
+//! Every operation has one implementation. The `async` methods of the public contract
+//! (`epoch`, `window`, `entry_counts`, `retained_bytes`, `append_with`) never wait on anything:
+//! each is a thin wrapper over a synchronous method, for callers in a non-async context or under
+//! a lock of their own. What a server calls:
+//!
+//! | to | call | why |
+//! |---|---|---|
+//! | publish an event | [`EventJournal::append_with_cursor`] | the frame embeds the whole cursor, read under the lock that issues the offset |
+//! | read a view's head with its state | [`EventJournal::window_now`] | under the view's own lock, so state and cursor agree |
+//! | follow the tape | [`EventJournal::frames_after`] | frames only, in pages, not counted as replays |
+//! | resume with keys | [`EventJournal::replay_after`] | records with offsets and keys |
+//! | list views | [`EventJournal::entry_counts_now`], [`EventJournal::retained_bytes_now`] | |
+//! | snapshot and restore | [`EventJournal::seal`], [`EventJournal::dump`], [`EventJournal::hydrate`], [`EventJournal::mark_gap`] | |
 #![deny(missing_docs)]
 
 mod clock;

@@ -1,4 +1,4 @@
-//! Runtime benchmarks (issue 3). `cargo bench -p viewtape-server --bench runtimes`.
+//! Runtime benchmarks. `cargo bench -p viewtape-server --bench runtimes`.
 //!
 //! - `ticker_end_to_end`: 100-byte NDJSON ticks, batches of 1,000, through `RuntimeHandle`
 //!   (queue, guest parse + publish, save, decode, journal append with an SSE frame).

@@ -1,4 +1,4 @@
-//! Snapshots in the server (issue 5). `cargo bench -p viewtape-server --bench snapshot`.
+//! Snapshots in the server. `cargo bench -p viewtape-server --bench snapshot`.
 //!
 //! One view, 1,000,000 retained records of ~100-byte SSE frames (1,000 keys), published through
 //! the hub's commit path like a runtime would:
@@ -21,7 +21,7 @@ use viewtape_journal::{EventJournal, JournalConfig};
 use viewtape_server::host::{EventKind, GuestBatch, GuestEvent};
 use viewtape_server::hub::Hub;
 use viewtape_server::runtime::BatchSink;
-use viewtape_server::server::SnapshotBody;
+use viewtape_server::snapshot::SnapshotBody;
 use viewtape_snapshots::SnapshotMeta;
 
 const RECORDS: usize = 1_000_000;

@@ -3,7 +3,6 @@
 //! `cargo bench -p viewtape-server --bench state`.
 
 use std::alloc::System;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,17 +12,14 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use futures_util::StreamExt;
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tower::ServiceExt;
 use viewtape_journal::{EventJournal, JournalConfig};
-use viewtape_server::admin::Admin;
 use viewtape_server::config::ServerConfig;
 use viewtape_server::host::{EventKind, GuestBatch, GuestEvent};
 use viewtape_server::http::{app, AppState};
 use viewtape_server::hub::Hub;
-use viewtape_server::metrics::Metrics;
 use viewtape_server::runtime::BatchSink;
-use viewtape_snapshots::SnapshotDir;
 
 #[global_allocator]
 static ALLOCATOR: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -76,22 +72,11 @@ fn state_transfer(c: &mut Criterion) {
         .expect("runtime");
     let hub = rt.block_on(filled(JournalConfig::default()));
     let (_shutdown_tx, shutdown) = watch::channel(false);
-    let router = app(AppState {
-        hub,
-        runtimes: Arc::new(BTreeMap::new()),
-        metrics: Arc::new(Metrics::default()),
-        config: Arc::new(ServerConfig::default()),
-        connections: Arc::new(Semaphore::new(1000)),
-        shutdown,
-        admin: Arc::new(Admin::new(
-            None,
-            Arc::new(
-                SnapshotDir::open(std::env::temp_dir().join("viewtape-bench-state"))
-                    .expect("snapshot dir"),
-            ),
-            Vec::new(),
-        )),
-    });
+    let config = ServerConfig {
+        max_connections: 1000,
+        ..ServerConfig::default()
+    };
+    let router = app(AppState::new(hub, Arc::default(), config, shutdown), None);
     let mut group = c.benchmark_group("state");
     group.sample_size(20);
     group.measurement_time(Duration::from_secs(10));
@@ -130,7 +115,9 @@ fn memory_per_key() {
         ..JournalConfig::default()
     }));
     let total = live_bytes(&region) as f64 / KEYS as f64;
-    let frame = hub.view("prices").expect("view").cut(hub.journal()).frames[0].len();
+    let frame = hub.view("prices").expect("view").cut(hub.journal()).entries[0]
+        .bytes()
+        .len();
     println!(
         "state memory per key: {total:.1} B in all, of which the shared update frame is {frame} B \
          (payload ~{} B); map entry and key: {:.1} B",

@@ -318,6 +318,14 @@ impl Config {
         if self.server.max_connections == 0 {
             return Err("server.max_connections must be above zero".to_owned());
         }
+        for origin in &self.server.cors_origins {
+            if !is_origin(origin) {
+                return Err(format!(
+                    "server.cors_origins: {origin:?} is not an origin; write scheme://host[:port], \
+                     as a browser sends it (no path, no trailing slash, no \"*\")"
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -375,6 +383,18 @@ fn parse_byte_size(text: &str) -> Option<usize> {
         _ => return None,
     };
     number.checked_mul(multiplier)
+}
+
+/// Whether `text` is an origin as browsers send it in `Origin`: `http(s)://host[:port]`.
+fn is_origin(text: &str) -> bool {
+    let Some((scheme, host)) = text.split_once("://") else {
+        return false;
+    };
+    matches!(scheme, "http" | "https")
+        && !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
 }
 
 #[cfg(test)]
@@ -442,6 +462,15 @@ mod tests {
                 "no built-in guest",
             ),
             ("[server]\nmax_body = \"12 parsecs\"\n", "not a byte size"),
+            ("[server]\ncors_origins = [\"*\"]\n", "not an origin"),
+            (
+                "[server]\ncors_origins = [\"https://a.example/\"]\n",
+                "not an origin",
+            ),
+            (
+                "[server]\ncors_origins = [\"a.example\"]\n",
+                "not an origin",
+            ),
         ] {
             let error = load(text).unwrap_err().to_string();
             assert!(error.contains(needle), "{text:?}: {error}");

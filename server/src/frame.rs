@@ -122,7 +122,9 @@ impl TryFrom<(Bytes, u32, u32)> for Frame {
                 value_at,
             })
         } else {
-            Err(format!("not an event frame: data at {data_at}, value at {value_at}"))
+            Err(format!(
+                "not an event frame: data at {data_at}, value at {value_at}"
+            ))
         }
     }
 }
@@ -278,7 +280,10 @@ mod tests {
     #[test]
     fn cursorless_delete_frame() {
         let frame = event(None, EventKind::Delete, "a\"b", b"");
-        assert_eq!(&frame.bytes()[..], b"event: delete\ndata: {\"key\":\"a\\\"b\"}\n\n");
+        assert_eq!(
+            &frame.bytes()[..],
+            b"event: delete\ndata: {\"key\":\"a\\\"b\"}\n\n"
+        );
         assert_eq!(frame.value_json(), None);
         assert_eq!(frame.key_json(), br#""a\"b""#);
     }
@@ -311,7 +316,10 @@ mod tests {
             &data[..],
             b"data: {\"key\":\"x,\\\"value\\\":\",\"value\":[1,2]}\n\n"
         );
-        assert_eq!(data.as_ptr(), frame.bytes()[frame.data_at as usize..].as_ptr());
+        assert_eq!(
+            data.as_ptr(),
+            frame.bytes()[frame.data_at as usize..].as_ptr()
+        );
         assert_eq!(member(&frame), b"\"x,\\\"value\\\":\":[1,2]");
     }
 

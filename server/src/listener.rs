@@ -134,7 +134,7 @@ struct Connection {
 /// What waiting for a request head gave.
 enum Next {
     /// A request for the lean transport; its head is consumed from the buffer.
-    Request(Request<Body>),
+    Request(Box<Request<Body>>),
     /// A request for hyper; the buffer holds everything read so far.
     Decline,
     /// Nothing more to serve: the client closed, timed out, or the server stops.
@@ -152,13 +152,16 @@ impl Connection {
                 Next::Decline => return self.hand_to_hyper(stream, buf.freeze()).await,
                 Next::Close => return,
             };
+            if first {
+                self.metrics.lean_connections.inc();
+            }
             first = false;
             if buf.is_empty() {
                 // The head is consumed: free its buffer before a response (an SSE stream) that
                 // may last for hours.
                 buf = BytesMut::new();
             }
-            let response = match self.router.clone().oneshot(request).await {
+            let response = match self.router.clone().oneshot(*request).await {
                 Ok(response) => response,
                 Err(infallible) => match infallible {},
             };
@@ -212,6 +215,7 @@ impl Connection {
     /// Serves the rest of the connection with hyper, starting with the bytes
     /// the lean transport already read.
     async fn hand_to_hyper(self, stream: TcpStream, read: Bytes) {
+        self.metrics.hyper_connections.inc();
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
             .timer(TokioTimer::new())
@@ -248,6 +252,7 @@ impl Connection {
     ) -> std::io::Result<()> {
         let (parts, mut body) = response.into_parts();
         let length = http_body::Body::size_hint(&body).exact();
+        let has_length = parts.headers.contains_key(http::header::CONTENT_LENGTH);
         let mut head = Vec::with_capacity(256);
         head.extend_from_slice(b"HTTP/1.1 ");
         head.extend_from_slice(parts.status.as_str().as_bytes());
@@ -264,8 +269,11 @@ impl Connection {
         head.extend_from_slice(httpdate::fmt_http_date(std::time::SystemTime::now()).as_bytes());
         head.extend_from_slice(b"\r\n");
         drop(parts);
-        if let Some(length) = length {
-            head.extend_from_slice(format!("content-length: {length}\r\n\r\n").as_bytes());
+        if has_length || length.is_some() {
+            if let (false, Some(length)) = (has_length, length) {
+                head.extend_from_slice(format!("content-length: {length}\r\n").as_bytes());
+            }
+            head.extend_from_slice(b"\r\n");
             let body = body
                 .collect()
                 .await
@@ -319,7 +327,7 @@ async fn read_some(stream: &mut TcpStream, buf: &mut BytesMut) -> std::io::Resul
 /// What the bytes read so far hold.
 enum Parsed {
     /// A complete head the lean transport serves, and its length.
-    Request(Request<Body>, usize),
+    Request(Box<Request<Body>>, usize),
     /// A head for hyper (or bytes hyper should refuse).
     Decline,
     /// Not a complete head yet.
@@ -336,7 +344,7 @@ fn parse_head(buf: &[u8]) -> Parsed {
         Err(_) => return Parsed::Decline,
     };
     match lean_request(&parsed) {
-        Some(request) => Parsed::Request(request, len),
+        Some(request) => Parsed::Request(Box::new(request), len),
         None => Parsed::Decline,
     }
 }
@@ -475,7 +483,10 @@ mod tests {
             assert!(matches!(parse(declined), Parsed::Decline), "{declined:?}");
         }
         assert!(matches!(parse("GET / HTTP/1.1\r\nHost"), Parsed::Partial));
-        let many = format!("GET / HTTP/1.1\r\n{}\r\n", "a: b\r\n".repeat(MAX_HEADERS + 1));
+        let many = format!(
+            "GET / HTTP/1.1\r\n{}\r\n",
+            "a: b\r\n".repeat(MAX_HEADERS + 1)
+        );
         assert!(matches!(parse(&many), Parsed::Decline));
     }
 }

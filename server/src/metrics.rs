@@ -1,258 +1,451 @@
-//! Counters for `GET /metrics`, rendered in the Prometheus text format.
+//! The metrics of `GET /metrics`, encoded by `prometheus-client` in the Prometheus text format
+//! (version 0.0.4).
+//!
+//! Server-level counters are `prometheus-client` metrics kept here. Counters with another owner
+//! (the hub's, the journal's, each runtime's) and the records each view retains are read from
+//! that owner on every scrape by a collector registered next to them, so there is one registry
+//! and one encoding, and nothing is copied between scrapes.
+//!
+//! Counters are registered without `_total`: the encoder appends it to counter names (and the
+//! library refuses names that already end in it). The registry also appends a full stop to help
+//! texts given to [`Registry::register`]; a collector writes its help texts as they are.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    prometheus_text, DescriptorEncoder, EncodeLabel, EncodeLabelSet, EncodeMetric, LabelSetEncoder,
+};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::TypedMetric;
+use prometheus_client::registry::Registry;
 
 use crate::hub::Hub;
-use crate::runtime::RuntimeHandle;
+use crate::registry::Runtimes;
+use crate::runtime::RuntimeStats;
 
-/// Server-level counters. Journal and runtime counters are read from their
-/// owners when rendering.
-#[derive(Debug, Default)]
+/// Server-level metrics, and the registry that encodes them with the counters read from their
+/// owners.
+#[derive(Debug)]
 pub struct Metrics {
     /// Open SSE connections.
-    pub connections: AtomicI64,
+    pub connections: Gauge,
     /// SSE connections refused at the connection limit.
-    pub connections_refused: AtomicU64,
+    pub connections_refused: Counter,
     /// Frames written to subscribers.
-    pub delivered: AtomicU64,
+    pub delivered: Counter,
     /// Streams that resumed from a valid cursor.
-    pub resumes: AtomicU64,
+    pub resumes: Counter,
     /// Streams that started from the view's state (no cursor).
-    pub state_starts: AtomicU64,
-    resets: Mutex<BTreeMap<&'static str, u64>>,
+    pub state_starts: Counter,
     /// Ingest batches accepted.
-    pub ingest_accepted: AtomicU64,
+    pub ingest_accepted: Counter,
     /// Ingest batches rejected (guest refused or failed, body too large).
-    pub ingest_rejected: AtomicU64,
+    pub ingest_rejected: Counter,
+    /// HTTP connections served by the lean transport.
+    pub lean_connections: Counter,
+    /// HTTP connections handed to hyper.
+    pub hyper_connections: Counter,
+    /// Every stream by how it started; `resumes` and `state_starts` are two of its members, and
+    /// resets join it by reason as they happen.
+    streams: Family<StreamStart, Counter>,
+    registry: Registry,
 }
 
 impl Metrics {
-    /// Counts a reset by reason.
-    pub fn count_reset(&self, reason: &'static str) {
-        let mut resets = self
-            .resets
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *resets.entry(reason).or_default() += 1;
+    /// The `Content-Type` of [`Metrics::render`]'s output, the classic Prometheus text format
+    /// (0.0.4) rather than OpenMetrics: every scraper reads it (Prometheus asks for OpenMetrics
+    /// first and takes this), and its `# HELP`/`# TYPE` lines keep the `_total` names of
+    /// counters, which OpenMetrics would drop.
+    pub const CONTENT_TYPE: &'static str = prometheus_text::CONTENT_TYPE;
+
+    /// Metrics for a server whose other counters `hub` and `runtimes` own.
+    pub fn new(hub: Arc<Hub>, runtimes: Arc<Runtimes>) -> Self {
+        let connections = Gauge::default();
+        let connections_refused = Counter::default();
+        let delivered = Counter::default();
+        let streams = Family::<StreamStart, Counter>::default();
+        let ingest = Family::<[(&str, &str); 1], Counter>::default();
+        let transports = Family::<[(&str, &str); 1], Counter>::default();
+
+        let mut registry = Registry::default();
+        registry.register(
+            "viewtape_sse_connections",
+            "Open SSE connections",
+            connections.clone(),
+        );
+        registry.register(
+            "viewtape_sse_connections_refused",
+            "SSE connections refused at the limit",
+            connections_refused.clone(),
+        );
+        registry.register(
+            "viewtape_events_delivered",
+            "Frames written to SSE subscribers",
+            delivered.clone(),
+        );
+        registry.register(
+            "viewtape_streams",
+            "SSE streams by how they started: resumed from a cursor, from state, or reset (by reason)",
+            streams.clone(),
+        );
+        registry.register(
+            "viewtape_ingest_batches",
+            "Ingest batches by result",
+            ingest.clone(),
+        );
+        registry.register(
+            "viewtape_http_connections",
+            "HTTP connections by the transport that served them: lean (plain GETs, SSE) or hyper (from the first request the lean transport declines)",
+            transports.clone(),
+        );
+        registry.register_collector(Box::new(OwnerCounters { hub, runtimes }));
+
+        Self {
+            connections,
+            connections_refused,
+            delivered,
+            // Created up front, so that they show 0 before the first stream or batch.
+            resumes: streams.get_or_create_owned(&StreamStart::Resumed),
+            state_starts: streams.get_or_create_owned(&StreamStart::State),
+            ingest_accepted: ingest.get_or_create_owned(&[("result", "accepted")]),
+            ingest_rejected: ingest.get_or_create_owned(&[("result", "rejected")]),
+            lean_connections: transports.get_or_create_owned(&[("transport", "lean")]),
+            hyper_connections: transports.get_or_create_owned(&[("transport", "hyper")]),
+            streams,
+            registry,
+        }
     }
 
-    /// The Prometheus text exposition of every counter.
-    pub fn render(&self, hub: &Hub, runtimes: &[RuntimeHandle]) -> String {
+    /// Counts a stream reset by `reason`.
+    pub fn count_reset(&self, reason: &'static str) {
+        self.streams
+            .get_or_create(&StreamStart::Reset(reason))
+            .inc();
+    }
+
+    /// Every metric in the Prometheus text format ([`Metrics::CONTENT_TYPE`]).
+    ///
+    /// # Errors
+    /// Only if encoding fails, which writing into a `String` does not.
+    pub fn render(&self) -> Result<String, fmt::Error> {
         let mut out = String::with_capacity(4096);
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        gauge(
-            &mut out,
-            "viewtape_sse_connections",
-            "Open SSE connections.",
-            self.connections.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "viewtape_sse_connections_refused_total",
-            "SSE connections refused at the limit.",
-            load(&self.connections_refused),
-        );
-        counter(
-            &mut out,
-            "viewtape_events_published_total",
+        prometheus_text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// How a stream started: the labels of `viewtape_streams_total`. Only a reset has a reason,
+/// and the other starts carry no empty `reason` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+enum StreamStart {
+    Resumed,
+    State,
+    Reset(&'static str),
+}
+
+impl EncodeLabelSet for StreamStart {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> fmt::Result {
+        let (outcome, reason) = match self {
+            Self::Resumed => ("resumed", None),
+            Self::State => ("state", None),
+            Self::Reset(reason) => ("reset", Some(*reason)),
+        };
+        ("outcome", outcome).encode(encoder.encode_label())?;
+        match reason {
+            Some(reason) => ("reason", reason).encode(encoder.encode_label()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Reads the counters the hub, the journal and the runtimes own, on every scrape.
+#[derive(Debug)]
+struct OwnerCounters {
+    hub: Arc<Hub>,
+    runtimes: Arc<Runtimes>,
+}
+
+impl Collector for OwnerCounters {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let load = |counter: &AtomicU64| ConstCounter::new(counter.load(Ordering::Relaxed));
+        let hub = self.hub.stats();
+        let e = &mut encoder;
+        one(
+            e,
+            "viewtape_events_published",
             "Events published to views.",
-            load(&hub.stats().published),
-        );
-        counter(
-            &mut out,
-            "viewtape_events_cursorless_total",
+            load(&hub.published),
+        )?;
+        one(
+            e,
+            "viewtape_events_cursorless",
             "Events published without a cursor (journal sealed or disabled).",
-            load(&hub.stats().cursorless),
-        );
-        counter(
-            &mut out,
-            "viewtape_events_delivered_total",
-            "Frames written to SSE subscribers.",
-            load(&self.delivered),
-        );
+            load(&hub.cursorless),
+        )?;
 
-        header(&mut out, "viewtape_streams_total", "SSE streams by how they started: resumed from a cursor, from state, or reset (by reason).", "counter");
-        let _ = writeln!(
-            out,
-            "viewtape_streams_total{{outcome=\"resumed\"}} {}",
-            load(&self.resumes)
-        );
-        let _ = writeln!(
-            out,
-            "viewtape_streams_total{{outcome=\"state\"}} {}",
-            load(&self.state_starts)
-        );
-        for (reason, count) in self
-            .resets
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-        {
-            let _ = writeln!(
-                out,
-                "viewtape_streams_total{{outcome=\"reset\",reason=\"{reason}\"}} {count}"
-            );
-        }
-
-        header(
-            &mut out,
-            "viewtape_ingest_batches_total",
-            "Ingest batches by result.",
-            "counter",
-        );
-        let _ = writeln!(
-            out,
-            "viewtape_ingest_batches_total{{result=\"accepted\"}} {}",
-            load(&self.ingest_accepted)
-        );
-        let _ = writeln!(
-            out,
-            "viewtape_ingest_batches_total{{result=\"rejected\"}} {}",
-            load(&self.ingest_rejected)
-        );
-
-        let stats = hub.journal().stats();
-        counter(
-            &mut out,
-            "viewtape_journal_appends_total",
+        let journal = self.hub.journal().stats();
+        one(
+            e,
+            "viewtape_journal_appends",
             "Records appended (offsets issued).",
-            stats.appends,
-        );
-        counter(
-            &mut out,
-            "viewtape_journal_cursorless_after_seal_total",
+            ConstCounter::new(journal.appends),
+        )?;
+        one(
+            e,
+            "viewtape_journal_cursorless_after_seal",
             "Appends refused because the journal was sealed.",
-            stats.cursorless_after_seal,
-        );
-        counter(
-            &mut out,
-            "viewtape_journal_gaps_total",
+            ConstCounter::new(journal.cursorless_after_seal),
+        )?;
+        one(
+            e,
+            "viewtape_journal_gaps",
             "Gaps marked.",
-            stats.gaps_marked,
-        );
-        header(
-            &mut out,
-            "viewtape_journal_pruned_total",
+            ConstCounter::new(journal.gaps_marked),
+        )?;
+        family(
+            e,
+            "viewtape_journal_pruned",
             "Records pruned, by cause.",
-            "counter",
-        );
-        for (cause, n) in [
-            ("age", stats.pruned_age),
-            ("count", stats.pruned_count),
-            ("bytes", stats.pruned_bytes),
-        ] {
-            let _ = writeln!(
-                out,
-                "viewtape_journal_pruned_total{{cause=\"{cause}\"}} {n}"
-            );
-        }
-        header(
-            &mut out,
-            "viewtape_journal_replays_total",
+            [
+                ("age", journal.pruned_age),
+                ("count", journal.pruned_count),
+                ("bytes", journal.pruned_bytes),
+            ]
+            .map(|(cause, n)| ([("cause", cause)], ConstCounter::new(n))),
+        )?;
+        let served = [("served", None, journal.replays_served)];
+        let refused = [
+            ("disabled", journal.replays_refused_disabled),
+            ("stale_epoch", journal.replays_refused_stale_epoch),
+            ("ahead", journal.replays_refused_ahead),
+            ("expired", journal.replays_refused_expired),
+            ("gap", journal.replays_refused_gap),
+        ]
+        .map(|(reason, n)| ("refused", Some(reason), n));
+        family(
+            e,
+            "viewtape_journal_replays",
             "Journal replays, by outcome.",
-            "counter",
-        );
-        let _ = writeln!(
-            out,
-            "viewtape_journal_replays_total{{outcome=\"served\"}} {}",
-            stats.replays_served
-        );
-        for (reason, n) in [
-            ("disabled", stats.replays_refused_disabled),
-            ("stale_epoch", stats.replays_refused_stale_epoch),
-            ("ahead", stats.replays_refused_ahead),
-            ("expired", stats.replays_refused_expired),
-            ("gap", stats.replays_refused_gap),
-        ] {
-            let _ = writeln!(
-                out,
-                "viewtape_journal_replays_total{{outcome=\"refused\",reason=\"{reason}\"}} {n}"
-            );
-        }
+            served
+                .into_iter()
+                .chain(refused)
+                .map(|(outcome, reason, n)| {
+                    let mut labels = vec![("outcome", outcome)];
+                    labels.extend(reason.map(|reason| ("reason", reason)));
+                    (labels, ConstCounter::new(n))
+                }),
+        )?;
 
-        header(
-            &mut out,
-            "viewtape_runtime_batches_total",
+        let per_runtime = |counter: fn(&RuntimeStats) -> &AtomicU64| {
+            self.runtimes.iter().map(move |(name, runtime)| {
+                ([("runtime", name)], load(counter(runtime.handle.stats())))
+            })
+        };
+        family(
+            e,
+            "viewtape_runtime_batches",
             "Batches committed per runtime.",
-            "counter",
-        );
-        for runtime in runtimes {
-            let _ = writeln!(
-                out,
-                "viewtape_runtime_batches_total{{runtime=\"{}\"}} {}",
-                runtime.name(),
-                load(&runtime.stats().batches)
-            );
-        }
-        header(
-            &mut out,
-            "viewtape_runtime_guest_failures_total",
+            per_runtime(|stats| &stats.batches),
+        )?;
+        family(
+            e,
+            "viewtape_runtime_guest_failures",
             "Batches a guest failed (trap, timeout, memory, rejection).",
-            "counter",
-        );
-        for runtime in runtimes {
-            let _ = writeln!(
-                out,
-                "viewtape_runtime_guest_failures_total{{runtime=\"{}\"}} {}",
-                runtime.name(),
-                load(&runtime.stats().failures)
-            );
-        }
-        header(
-            &mut out,
-            "viewtape_runtime_restarts_total",
+            per_runtime(|stats| &stats.failures),
+        )?;
+        family(
+            e,
+            "viewtape_runtime_restarts",
             "Guest instances re-created after a failure.",
-            "counter",
-        );
-        for runtime in runtimes {
-            let _ = writeln!(
-                out,
-                "viewtape_runtime_restarts_total{{runtime=\"{}\"}} {}",
-                runtime.name(),
-                load(&runtime.stats().restarts)
-            );
-        }
-        header(
-            &mut out,
-            "viewtape_runtime_gaps_total",
+            per_runtime(|stats| &stats.restarts),
+        )?;
+        family(
+            e,
+            "viewtape_runtime_gaps",
             "Gaps reported by guests or lost pull-source batches.",
-            "counter",
-        );
-        for runtime in runtimes {
-            let _ = writeln!(
-                out,
-                "viewtape_runtime_gaps_total{{runtime=\"{}\"}} {}",
-                runtime.name(),
-                load(&runtime.stats().gaps)
-            );
-        }
+            per_runtime(|stats| &stats.gaps),
+        )?;
 
-        header(
-            &mut out,
+        family(
+            e,
             "viewtape_view_retained_records",
             "Records retained per view.",
-            "gauge",
-        );
-        for (view, n) in hub.journal().entry_counts_now() {
-            let _ = writeln!(out, "viewtape_view_retained_records{{view=\"{view}\"}} {n}");
-        }
-        out
+            self.hub
+                .journal()
+                .entry_counts_now()
+                .into_iter()
+                .map(|(view, n)| ([("view", view)], ConstGauge::new(n))),
+        )
     }
 }
 
-fn header(out: &mut String, name: &str, help: &str, kind: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+/// Encodes a metric without labels.
+fn one<M: EncodeMetric + TypedMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> fmt::Result {
+    metric.encode(encoder.encode_descriptor(name, help, None, M::TYPE)?)
 }
 
-fn counter(out: &mut String, name: &str, help: &str, value: u64) {
-    header(out, name, help, "counter");
-    let _ = writeln!(out, "{name} {value}");
+/// Encodes a metric with one sample per label set.
+fn family<S: EncodeLabelSet, M: EncodeMetric + TypedMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (S, M)>,
+) -> fmt::Result {
+    let mut metric = encoder.encode_descriptor(name, help, None, M::TYPE)?;
+    for (labels, sample) in samples {
+        sample.encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
-fn gauge(out: &mut String, name: &str, help: &str, value: i64) {
-    header(out, name, help, "gauge");
-    let _ = writeln!(out, "{name} {value}");
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use viewtape_journal::{EventJournal, JournalConfig};
+
+    fn metrics() -> Metrics {
+        let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
+            JournalConfig::default(),
+        ))));
+        Metrics::new(hub, Arc::default())
+    }
+
+    /// Every `# TYPE` line of a render, in order.
+    fn types(text: &str) -> Vec<&str> {
+        text.lines().filter(|l| l.starts_with("# TYPE ")).collect()
+    }
+
+    #[test]
+    fn metrics_keep_their_names_types_and_help() {
+        let text = metrics().render().unwrap();
+        // The names and types dashboards and the end-to-end tests query, in this file's order.
+        let expected = [
+            "viewtape_sse_connections gauge",
+            "viewtape_sse_connections_refused_total counter",
+            "viewtape_events_delivered_total counter",
+            "viewtape_streams_total counter",
+            "viewtape_ingest_batches_total counter",
+            "viewtape_http_connections_total counter",
+            "viewtape_events_published_total counter",
+            "viewtape_events_cursorless_total counter",
+            "viewtape_journal_appends_total counter",
+            "viewtape_journal_cursorless_after_seal_total counter",
+            "viewtape_journal_gaps_total counter",
+            "viewtape_journal_pruned_total counter",
+            "viewtape_journal_replays_total counter",
+            "viewtape_runtime_batches_total counter",
+            "viewtape_runtime_guest_failures_total counter",
+            "viewtape_runtime_restarts_total counter",
+            "viewtape_runtime_gaps_total counter",
+            "viewtape_view_retained_records gauge",
+        ]
+        .map(|t| format!("# TYPE {t}"));
+        assert_eq!(types(&text), expected, "{text}");
+        for line in [
+            "# HELP viewtape_sse_connections Open SSE connections.",
+            "# HELP viewtape_sse_connections_refused_total SSE connections refused at the limit.",
+            "# HELP viewtape_streams_total SSE streams by how they started: resumed from a cursor, from state, or reset (by reason).",
+            "# HELP viewtape_ingest_batches_total Ingest batches by result.",
+            "# HELP viewtape_journal_replays_total Journal replays, by outcome.",
+            "viewtape_sse_connections 0",
+            "viewtape_sse_connections_refused_total 0",
+            "viewtape_streams_total{outcome=\"resumed\"} 0",
+            "viewtape_streams_total{outcome=\"state\"} 0",
+            "viewtape_ingest_batches_total{result=\"accepted\"} 0",
+            "viewtape_ingest_batches_total{result=\"rejected\"} 0",
+            "viewtape_journal_pruned_total{cause=\"bytes\"} 0",
+            "viewtape_journal_replays_total{outcome=\"served\"} 0",
+            "viewtape_journal_replays_total{outcome=\"refused\",reason=\"stale_epoch\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        assert!(!text.contains(".."), "{text}");
+        assert!(!text.contains("# EOF"), "{text}");
+    }
+
+    #[test]
+    fn metrics_count_server_events() {
+        let metrics = metrics();
+        metrics.connections.inc();
+        metrics.connections.inc();
+        metrics.connections.dec();
+        metrics.connections_refused.inc();
+        metrics.delivered.inc_by(5);
+        metrics.resumes.inc();
+        metrics.state_starts.inc();
+        metrics.count_reset("malformed");
+        metrics.count_reset("malformed");
+        metrics.count_reset("lagged");
+        metrics.ingest_accepted.inc();
+        metrics.ingest_rejected.inc_by(2);
+        let text = metrics.render().unwrap();
+        for line in [
+            "viewtape_sse_connections 1",
+            "viewtape_sse_connections_refused_total 1",
+            "viewtape_events_delivered_total 5",
+            "viewtape_streams_total{outcome=\"resumed\"} 1",
+            "viewtape_streams_total{outcome=\"state\"} 1",
+            "viewtape_streams_total{outcome=\"reset\",reason=\"malformed\"} 2",
+            "viewtape_streams_total{outcome=\"reset\",reason=\"lagged\"} 1",
+            "viewtape_ingest_batches_total{result=\"accepted\"} 1",
+            "viewtape_ingest_batches_total{result=\"rejected\"} 2",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn metrics_read_the_hub_on_every_scrape() {
+        use bytes::Bytes;
+
+        use crate::host::{EventKind, GuestBatch, GuestEvent};
+        use crate::runtime::BatchSink;
+
+        let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
+            JournalConfig::default(),
+        ))));
+        let metrics = Metrics::new(Arc::clone(&hub), Arc::default());
+        let before = metrics.render().unwrap();
+        assert!(
+            before
+                .lines()
+                .any(|l| l == "viewtape_events_published_total 0"),
+            "{before}"
+        );
+        let events = (0..3)
+            .map(|i| GuestEvent {
+                view: Arc::from("v"),
+                key: format!("k{i}"),
+                kind: EventKind::Update,
+                payload: Bytes::from_static(b"{}"),
+            })
+            .collect();
+        hub.commit(
+            "test",
+            GuestBatch {
+                events,
+                gaps: vec![],
+            },
+        )
+        .await;
+        let after = metrics.render().unwrap();
+        for line in [
+            "viewtape_events_published_total 3",
+            "viewtape_journal_appends_total 3",
+            "viewtape_view_retained_records{view=\"v\"} 3",
+        ] {
+            assert!(after.lines().any(|l| l == line), "no {line:?} in\n{after}");
+        }
+    }
 }

@@ -350,7 +350,10 @@ impl RuntimeHandle {
                     }
                 };
                 let checkpoint = SourceCheckpoint::FileTail(batch.checkpoint);
-                match runtime.ingest_from_source(batch.lines, checkpoint, batch.gap).await {
+                match runtime
+                    .ingest_from_source(batch.lines, checkpoint, batch.gap)
+                    .await
+                {
                     Ok(_) => {}
                     Err(error @ IngestError::Stopped { .. }) => {
                         tracing::debug!(%error, "runtime stopped; file tail ends");

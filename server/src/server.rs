@@ -33,12 +33,10 @@ use crate::host::{EngineConfig, GuestEngine, GuestModule};
 use crate::http::admin::Admin;
 use crate::http::{app, AppState};
 use crate::hub::Hub;
-use crate::metrics::Metrics;
 use crate::registry::{ModuleFingerprint, Runtimes};
 use crate::runtime::{RuntimeConfig, RuntimeHandle};
 use crate::snapshot::{restore_at_start, Snapshots};
 use crate::source::{FileTail, FileTailConfig, SourceCheckpoint};
-use crate::sse::Streams;
 
 /// How `viewtape serve` was invoked.
 #[derive(Debug, Clone)]
@@ -125,27 +123,17 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         runtimes.insert(handle, fingerprint);
     }
     let runtimes = Arc::new(runtimes);
-    let snapshots = Arc::new(Snapshots::new(
-        Arc::clone(&hub),
-        dir,
-        Arc::clone(&runtimes),
-    ));
+    let snapshots = Arc::new(Snapshots::new(Arc::clone(&hub), dir, Arc::clone(&runtimes)));
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let metrics = Arc::new(Metrics::default());
-    let state = AppState {
-        hub: Arc::clone(&hub),
-        runtimes: Arc::clone(&runtimes),
-        metrics: Arc::clone(&metrics),
-        config: Arc::new(config.server.clone()),
-        streams: Arc::new(Streams::new(
-            Arc::clone(&hub),
-            Arc::clone(&metrics),
-            &config.server,
-            shutdown_rx,
-        )),
-    };
-    let admin = Arc::new(Admin::from_env(Arc::clone(&snapshots)));
+    let state = AppState::new(
+        Arc::clone(&hub),
+        Arc::clone(&runtimes),
+        config.server.clone(),
+        shutdown_rx,
+    );
+    let metrics = Arc::clone(&state.metrics);
+    let admin = Admin::from_env(Arc::clone(&snapshots)).map(Arc::new);
 
     if options.demo_rate > 0 {
         if let Some(demo) = runtimes.get("demo") {

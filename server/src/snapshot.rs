@@ -208,7 +208,9 @@ impl Snapshots {
                 {
                     SnapshotActionError::Unrestorable(format!("{name} is a directory"))
                 }
-                SnapshotError::Invalid { .. } => SnapshotActionError::Unrestorable(error.to_string()),
+                SnapshotError::Invalid { .. } => {
+                    SnapshotActionError::Unrestorable(error.to_string())
+                }
                 other => SnapshotActionError::Storage(other),
             })?;
         let body = loaded.body;

@@ -17,7 +17,6 @@
 //! Each chunk handed to the socket holds up to [`MAX_FRAMES_PER_CHUNK`]
 //! frames: one write syscall per wake-up instead of one per event.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -114,7 +113,7 @@ impl Streams {
     pub fn open(self: &Arc<Self>, view: &str, start: Start) -> Result<Subscriber, OpenError> {
         let view = self.hub.view(view).ok_or(OpenError::NoSuchView)?;
         let permit = Arc::clone(&self.permits).try_acquire_owned().map_err(|_| {
-            self.metrics.connections_refused.fetch_add(1, Ordering::Relaxed);
+            self.metrics.connections_refused.inc();
             OpenError::Full {
                 limit: self.max_connections,
             }
@@ -139,7 +138,12 @@ pub struct Subscriber {
 }
 
 impl Subscriber {
-    fn new(streams: Arc<Streams>, view: Arc<View>, start: Start, permit: OwnedSemaphorePermit) -> Self {
+    fn new(
+        streams: Arc<Streams>,
+        view: Arc<View>,
+        start: Start,
+        permit: OwnedSemaphorePermit,
+    ) -> Self {
         let (hub, metrics) = (&streams.hub, &streams.metrics);
         let mut ticks = view.ticks();
         ticks.borrow_and_update();
@@ -152,7 +156,7 @@ impl Subscriber {
         let phase = match start {
             Start::Cursor(cursor) => match journal.frames_after(view.name(), &cursor, 0) {
                 Ok(_) | Err(ReplayError::Disabled) => {
-                    metrics.resumes.fetch_add(1, Ordering::Relaxed);
+                    metrics.resumes.inc();
                     Phase::Follow(cursor)
                 }
                 Err(error) => reset_to_state(
@@ -167,7 +171,7 @@ impl Subscriber {
                 reset_to_state(hub, &view, metrics, ResetReason::Malformed, &mut pending)
             }
             Start::State => {
-                metrics.state_starts.fetch_add(1, Ordering::Relaxed);
+                metrics.state_starts.inc();
                 Phase::State {
                     cut: view.cut(journal),
                     sent: 0,
@@ -187,7 +191,7 @@ impl Subscriber {
                 Phase::Follow(cursor)
             }
         };
-        metrics.connections.fetch_add(1, Ordering::Relaxed);
+        metrics.connections.inc();
         let shutdown = streams.shutdown.clone();
         Self {
             streams,
@@ -245,10 +249,7 @@ impl Subscriber {
                             for frame in &frames {
                                 out.extend_from_slice(frame);
                             }
-                            self.streams
-                                .metrics
-                                .delivered
-                                .fetch_add(frames.len() as u64, Ordering::Relaxed);
+                            self.streams.metrics.delivered.inc_by(frames.len() as u64);
                             self.phase = Phase::Follow(Cursor::new(
                                 cursor.epoch(),
                                 cursor.offset() + frames.len() as u64,
@@ -301,7 +302,7 @@ impl Subscriber {
             changed = self.shutdown.changed() => changed.is_err(),
             received = self.live.recv() => match received {
                 Ok(frame) => {
-                    self.streams.metrics.delivered.fetch_add(1, Ordering::Relaxed);
+                    self.streams.metrics.delivered.inc();
                     return Some(frame);
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => {
@@ -342,7 +343,7 @@ fn reset_to_state(
 
 impl Drop for Subscriber {
     fn drop(&mut self) {
-        self.streams.metrics.connections.fetch_sub(1, Ordering::Relaxed);
+        self.streams.metrics.connections.dec();
     }
 }
 
@@ -454,7 +455,7 @@ mod tests {
         };
         let streams = Arc::new(Streams::new(
             Arc::clone(hub),
-            Arc::new(Metrics::default()),
+            Arc::new(Metrics::new(Arc::clone(hub), Arc::default())),
             &config,
             shutdown.clone(),
         ));

@@ -1,4 +1,4 @@
-//! Snapshot file throughput (issue 5): encode and decode a body of 1,000,000 records with
+//! Snapshot file throughput: encode and decode a body of 1,000,000 records with
 //! 100-byte frames, reported in bytes of snapshot file per second.
 //!
 //! `serde_bytes_*` is the shape the server uses (frames as `bytes::Bytes`, keys as `String`).

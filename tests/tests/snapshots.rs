@@ -1,4 +1,4 @@
-//! Snapshots end to end (issue 5): exact snapshots across graceful restarts, resets after
+//! Snapshots end to end: exact snapshots across graceful restarts, resets after
 //! crashes — including the exact-then-crash sequence, where an exact snapshot must vouch for
 //! one life only — fallback past a corrupted newest snapshot, the admin routes and their
 //! token, a live restore, and `viewtape snapshot inspect|verify`.

@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::{FromRequestParts, State};
-use axum::http::request::Parts;
 use axum::http::header;
+use axum::http::request::Parts;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
@@ -43,27 +43,25 @@ const MAX_RESTORE_BODY: usize = 4 * 1024;
 /// What the admin routes share: the token's digest and the snapshot actions.
 #[derive(Debug)]
 pub struct Admin {
-    /// SHA-256 of the token; `None` disables every admin route.
-    token: Option<[u8; 32]>,
+    /// SHA-256 of the token.
+    token: [u8; 32],
     snapshots: Arc<Snapshots>,
 }
 
 impl Admin {
-    /// Admin over `snapshots`, with `token` (`None` or empty: disabled).
-    pub fn new(token: Option<&str>, snapshots: Arc<Snapshots>) -> Self {
-        Self {
-            token: token
-                .filter(|t| !t.is_empty())
-                .map(|t| Sha256::digest(t.as_bytes()).into()),
+    /// Admin over `snapshots` with `token`; `None` for an empty token, which enables nothing.
+    pub fn new(token: &str, snapshots: Arc<Snapshots>) -> Option<Self> {
+        (!token.is_empty()).then(|| Self {
+            token: Sha256::digest(token.as_bytes()).into(),
             snapshots,
-        }
+        })
     }
 
-    /// Admin with the token from [`TOKEN_ENV`]; logs whether the routes are enabled.
-    pub fn from_env(snapshots: Arc<Snapshots>) -> Self {
-        let token = std::env::var(TOKEN_ENV).ok();
-        let admin = Self::new(token.as_deref(), snapshots);
-        if admin.is_enabled() {
+    /// Admin with the token from [`TOKEN_ENV`], if set; logs whether the routes are enabled.
+    pub fn from_env(snapshots: Arc<Snapshots>) -> Option<Self> {
+        let token = std::env::var(TOKEN_ENV).unwrap_or_default();
+        let admin = Self::new(&token, snapshots);
+        if admin.is_some() {
             tracing::info!("admin routes enabled ({TOKEN_ENV} is set)");
         } else {
             tracing::info!("admin routes disabled: {TOKEN_ENV} is not set");
@@ -71,16 +69,8 @@ impl Admin {
         admin
     }
 
-    /// Whether a token is configured.
-    pub fn is_enabled(&self) -> bool {
-        self.token.is_some()
-    }
-
     /// Checks an `Authorization` header value. The scheme is case-insensitive.
     fn check(&self, authorization: Option<&[u8]>) -> Result<(), ApiError> {
-        let Some(expected) = &self.token else {
-            return Err(ApiError::not_found("no such route"));
-        };
         let presented = authorization
             .and_then(|value| {
                 let (scheme, token) = value.split_at_checked(7)?;
@@ -88,7 +78,7 @@ impl Admin {
             })
             .ok_or_else(|| ApiError::unauthorized("a bearer token is required"))?;
         let digest: [u8; 32] = Sha256::digest(presented).into();
-        if digests_equal(&digest, expected) {
+        if digests_equal(&digest, &self.token) {
             Ok(())
         } else {
             Err(ApiError::unauthorized("wrong token"))
@@ -107,10 +97,10 @@ fn digests_equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
 
 /// The admin routes, with their own state; none at all without a token, so every admin path
 /// is a 404 like any unknown one.
-pub(super) fn routes(admin: Arc<Admin>) -> axum::Router {
-    if !admin.is_enabled() {
+pub(super) fn routes(admin: Option<Arc<Admin>>) -> axum::Router {
+    let Some(admin) = admin else {
         return Router::new();
-    }
+    };
     Router::new()
         .route("/admin/snapshot", post(snapshot_now))
         .route("/admin/snapshots", get(list))
@@ -209,7 +199,9 @@ async fn restore(
         .await
         .map_err(|_| ApiError::bad_request(format!("body larger than {MAX_RESTORE_BODY} bytes")))?;
     let request: RestoreRequest = serde_json::from_slice(&body).map_err(|error| {
-        ApiError::bad_request(format!("expected {{\"name\": \"<snapshot file>\"}}: {error}"))
+        ApiError::bad_request(format!(
+            "expected {{\"name\": \"<snapshot file>\"}}: {error}"
+        ))
     })?;
     let restored = admin.snapshots.restore_live(&request.name).await?;
     tracing::info!(
@@ -234,8 +226,10 @@ mod tests {
     use super::*;
     use crate::hub::Hub;
 
-    fn admin(token: Option<&str>) -> Admin {
-        let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(JournalConfig::default()))));
+    fn admin(token: &str) -> Option<Admin> {
+        let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
+            JournalConfig::default(),
+        ))));
         let dir = Arc::new(SnapshotDir::open(std::env::temp_dir()).expect("temp dir"));
         Admin::new(token, Arc::new(Snapshots::new(hub, dir, Arc::default())))
     }
@@ -246,9 +240,8 @@ mod tests {
 
     #[test]
     fn no_token_disables_and_tokens_are_checked() {
-        assert!(!admin(None).is_enabled());
-        assert!(!admin(Some("")).is_enabled());
-        let a = admin(Some("s3cret"));
+        assert!(admin("").is_none());
+        let a = admin("s3cret").unwrap();
         assert_eq!(status(a.check(Some(b"Bearer s3cret"))), 200);
         assert_eq!(status(a.check(Some(b"bearer s3cret"))), 200);
         assert_eq!(status(a.check(Some(b"BEARER s3cret"))), 200);

@@ -1,7 +1,5 @@
 //! `POST /runtimes/{runtime}/ingest`: one all-or-nothing batch for a runtime's guest.
 
-use std::sync::atomic::Ordering;
-
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -30,16 +28,18 @@ async fn ingest(
         .ok_or_else(|| ApiError::not_found(format!("no runtime named {runtime:?}")))?;
     let limit = state.config.max_body;
     let input = axum::body::to_bytes(body, limit).await.map_err(|_| {
-        state.metrics.ingest_rejected.fetch_add(1, Ordering::Relaxed);
+        state.metrics.ingest_rejected.inc();
         ApiError::too_large(limit)
     })?;
     let summary = registered.handle.ingest(input).await.map_err(|error| {
-        state.metrics.ingest_rejected.fetch_add(1, Ordering::Relaxed);
+        state.metrics.ingest_rejected.inc();
         match error {
-            IngestError::Guest { .. } => ApiError::unprocessable("batch_rejected", error.to_string()),
+            IngestError::Guest { .. } => {
+                ApiError::unprocessable("batch_rejected", error.to_string())
+            }
             _ => ApiError::unavailable(error.to_string()),
         }
     })?;
-    state.metrics.ingest_accepted.fetch_add(1, Ordering::Relaxed);
+    state.metrics.ingest_accepted.inc();
     Ok(Json(serde_json::json!({ "events": summary.per_view })))
 }

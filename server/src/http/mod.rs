@@ -26,6 +26,7 @@ use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use tokio::sync::watch;
 use tower_http::compression::CompressionLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::timeout::TimeoutLayer;
@@ -57,8 +58,30 @@ pub struct AppState {
     pub streams: Arc<Streams>,
 }
 
-/// The router: every route, with its layers. Tests drive it without a socket.
-pub fn app(state: AppState, admin: Arc<admin::Admin>) -> Router {
+impl AppState {
+    /// The state of a server over `hub` and `runtimes` with `config`; SSE streams end when
+    /// `shutdown` turns `true`.
+    pub fn new(
+        hub: Arc<Hub>,
+        runtimes: Arc<Runtimes>,
+        config: ServerConfig,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        let metrics = Arc::new(Metrics::new(Arc::clone(&hub), Arc::clone(&runtimes)));
+        let streams = Streams::new(Arc::clone(&hub), Arc::clone(&metrics), &config, shutdown);
+        Self {
+            hub,
+            runtimes,
+            metrics,
+            config: Arc::new(config),
+            streams: Arc::new(streams),
+        }
+    }
+}
+
+/// The router: every route, with its layers; the admin routes only with `admin`. Tests and
+/// benchmarks drive it without a socket.
+pub fn app(state: AppState, admin: Option<Arc<admin::Admin>>) -> Router {
     let cors = cors(&state.config);
     let bounded = Router::new()
         .route("/", get(index))
@@ -77,19 +100,23 @@ pub fn app(state: AppState, admin: Arc<admin::Admin>) -> Router {
         .merge(views::stream_routes().with_state(state))
         .merge(bounded)
         .fallback(|| async { ApiError::not_found("no such route") })
-        .layer(cors)
+        .layer(tower::util::option_layer(cors))
         .layer(TraceLayer::new_for_http())
 }
 
-/// CORS for `[server] cors_origins`, with credentials (cookies), on every route; no origin
-/// is allowed when the list is empty.
-fn cors(config: &ServerConfig) -> CorsLayer {
+/// CORS for `[server] cors_origins`, with credentials (cookies), on every route; none when the
+/// list is empty (same-origin pages need none).
+fn cors(config: &ServerConfig) -> Option<CorsLayer> {
+    if config.cors_origins.is_empty() {
+        return None;
+    }
     let origins: Vec<HeaderValue> = config
         .cors_origins
         .iter()
+        // Validated with the config: every entry is a header-safe origin.
         .filter_map(|origin| HeaderValue::from_str(origin).ok())
         .collect();
-    CorsLayer::new()
+    let layer = CorsLayer::new()
         .allow_origin(AllowOrigin::list(origins))
         .allow_credentials(true)
         .allow_methods([Method::GET, Method::POST])
@@ -99,7 +126,8 @@ fn cors(config: &ServerConfig) -> CorsLayer {
             HeaderName::from_static("last-event-id"),
         ])
         .expose_headers([header::CONTENT_TYPE])
-        .max_age(Duration::from_secs(600))
+        .max_age(Duration::from_secs(600));
+    Some(layer)
 }
 
 async fn index() -> Html<&'static str> {
@@ -107,37 +135,27 @@ async fn index() -> Html<&'static str> {
 }
 
 async fn metrics(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
-    let handles: Vec<_> = state.runtimes.iter().map(|(_, r)| r.handle.clone()).collect();
-    let body = state.metrics.render(&state.hub, &handles);
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        body,
-    )
-        .into_response()
+    let Ok(body) = state.metrics.render() else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    ([(header::CONTENT_TYPE, Metrics::CONTENT_TYPE)], body).into_response()
 }
 
 /// A router over an empty hub with no runtimes and admin disabled, for tests without a socket.
 #[cfg(test)]
 pub(crate) fn test_app() -> (Router, Arc<Hub>) {
     use viewtape_journal::{EventJournal, JournalConfig};
-    use viewtape_snapshots::SnapshotDir;
 
-    let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(JournalConfig::default()))));
-    let metrics = Arc::new(Metrics::default());
-    let config = ServerConfig::default();
+    let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
+        JournalConfig::default(),
+    ))));
     // The sender is dropped: streams end as if the server stopped, which no test here awaits.
-    let (_, shutdown) = tokio::sync::watch::channel(false);
-    let state = AppState {
-        hub: Arc::clone(&hub),
-        runtimes: Arc::default(),
-        metrics: Arc::clone(&metrics),
-        streams: Arc::new(Streams::new(Arc::clone(&hub), metrics, &config, shutdown)),
-        config: Arc::new(config),
-    };
-    let dir = Arc::new(SnapshotDir::open(std::env::temp_dir()).expect("temp dir"));
-    let snapshots = Arc::new(crate::snapshot::Snapshots::new(Arc::clone(&hub), dir, Arc::default()));
-    (app(state, Arc::new(admin::Admin::new(None, snapshots))), hub)
+    let (_, shutdown) = watch::channel(false);
+    let state = AppState::new(
+        Arc::clone(&hub),
+        Arc::default(),
+        ServerConfig::default(),
+        shutdown,
+    );
+    (app(state, None), hub)
 }

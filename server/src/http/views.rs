@@ -68,19 +68,17 @@ async fn view_state(
     let head = Bytes::from(format!("{{\"cursor\":\"{}\",\"entries\":{{", cut.cursor));
     let total = cut.entries.len();
     let entries = cut.entries;
-    let chunks = (0..total)
-        .step_by(MAX_FRAMES_PER_CHUNK)
-        .map(move |start| {
-            let mut out = BytesMut::new();
-            let end = total.min(start + MAX_FRAMES_PER_CHUNK);
-            for (i, entry) in entries[start..end].iter().enumerate() {
-                if start + i > 0 {
-                    out.put_u8(b',');
-                }
-                entry.put_json_member(&mut out);
+    let chunks = (0..total).step_by(MAX_FRAMES_PER_CHUNK).map(move |start| {
+        let mut out = BytesMut::new();
+        let end = total.min(start + MAX_FRAMES_PER_CHUNK);
+        for (i, entry) in entries[start..end].iter().enumerate() {
+            if start + i > 0 {
+                out.put_u8(b',');
             }
-            out.freeze()
-        });
+            entry.put_json_member(&mut out);
+        }
+        out.freeze()
+    });
     let body = futures_util::stream::iter(
         std::iter::once(head)
             .chain(chunks)
@@ -109,10 +107,7 @@ struct EventsQuery {
 const SSE_HEADERS: [(header::HeaderName, &str); 3] = [
     (header::CONTENT_TYPE, "text/event-stream"),
     (header::CACHE_CONTROL, "no-store"),
-    (
-        header::HeaderName::from_static("x-accel-buffering"),
-        "no",
-    ),
+    (header::HeaderName::from_static("x-accel-buffering"), "no"),
 ];
 
 /// `GET /views/{view}/events`: 404 for an unknown view, 503 past the connection limit. The
@@ -136,10 +131,13 @@ async fn events(
         None if query.from.as_deref() == Some("tape") => Start::Tape,
         None => Start::State,
     };
-    let subscriber = state.streams.open(&view, start).map_err(|error| match error {
-        OpenError::NoSuchView => ApiError::not_found(format!("no view named {view:?}")),
-        OpenError::Full { .. } => ApiError::unavailable(error.to_string()),
-    })?;
+    let subscriber = state
+        .streams
+        .open(&view, start)
+        .map_err(|error| match error {
+            OpenError::NoSuchView => ApiError::not_found(format!("no view named {view:?}")),
+            OpenError::Full { .. } => ApiError::unavailable(error.to_string()),
+        })?;
     let mut response = Body::from_stream(subscriber.into_stream()).into_response();
     for (name, value) in SSE_HEADERS {
         response
@@ -208,7 +206,10 @@ mod tests {
             ("/views/pri%63es", StatusCode::OK),
             ("/views/%FF", StatusCode::BAD_REQUEST),
             ("/views/%FF/events", StatusCode::BAD_REQUEST),
-            ("/views/prices/events?cursor=a&cursor=b", StatusCode::BAD_REQUEST),
+            (
+                "/views/prices/events?cursor=a&cursor=b",
+                StatusCode::BAD_REQUEST,
+            ),
             ("/views/nope/events", StatusCode::NOT_FOUND),
         ] {
             let request = axum::http::Request::get(uri)
@@ -217,7 +218,11 @@ mod tests {
             let response = router.clone().oneshot(request).await.unwrap();
             assert_eq!(response.status(), status, "{uri}");
             if status != StatusCode::OK {
-                assert_eq!(response.headers()["content-type"], "application/json", "{uri}");
+                assert_eq!(
+                    response.headers()["content-type"],
+                    "application/json",
+                    "{uri}"
+                );
             }
         }
     }
