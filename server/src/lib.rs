@@ -3,18 +3,19 @@
 //!
 //! ## Layers
 //!
-//! Modules form layers; each uses only the layers below it, never one above.
+//! Modules form layers, top to bottom; each uses only the layers below it, never one above.
 //!
 //! | layer | modules |
 //! |---|---|
 //! | process | [`server`] (`viewtape serve`: start-up, shutdown), [`inspect`] (`viewtape snapshot …`) |
-//! | transport | [`listener`] — accept loop; HTTP/1.1 carried to the router, lean or through hyper |
+//! | transport | [`listener`] — the accept loop; HTTP/1.1 carried to a router, lean or through hyper |
 //! | HTTP | [`http`] — the one router: routes, layers, the API error; [`http::admin`] |
-//! | operations | [`snapshot`] — snapshot body, cut, write, restore; [`demo`] — the demo feed; [`source`] — pull sources |
+//! | operations | [`snapshot`] — snapshot body, cut, write, restore; [`demo`] — the demo feed |
 //! | streams | [`sse`] — one subscriber: replay or state, then live |
-//! | runtimes | [`registry`] — runtimes by name, module fingerprints, the consistency cut; [`runtime`] — the task owning one guest |
-//! | views | [`hub`] — views, their state, the commit path into the journal; [`frame`] — the SSE wire format |
-//! | foundation | [`host`] — the wasmtime host; [`config`] — settings; [`metrics`] — Prometheus metrics |
+//! | observation | [`metrics`] — Prometheus metrics, reading the counters of the layers below |
+//! | views | [`hub`] — views, their state, the commit path into the journal; [`registry`] — runtimes by name, module fingerprints, the consistency cut |
+//! | runtimes | [`runtime`] — the task owning one guest; [`source`] — pull sources and their checkpoints |
+//! | foundation | [`host`] — the wasmtime host; [`frame`] — the SSE wire format; [`config`] — settings |
 #![deny(missing_docs)]
 
 pub mod config;

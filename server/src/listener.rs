@@ -142,7 +142,7 @@ enum Next {
 }
 
 impl Connection {
-    async fn run(mut self, mut stream: TcpStream) {
+    async fn run(self, mut stream: TcpStream) {
         // Bytes read and not yet consumed: a partial head, or pipelined requests.
         let mut buf = BytesMut::new();
         let mut first = true;
@@ -175,40 +175,13 @@ impl Connection {
         let _ = stream.shutdown().await;
     }
 
-    /// Waits for the next request head and decides which transport serves it.
-    async fn next_request(
-        &mut self,
-        stream: &mut TcpStream,
-        buf: &mut BytesMut,
-        first: bool,
-    ) -> Next {
-        if !first && buf.is_empty() {
-            // Between requests: wait for the first byte of the next one.
-            let mut stopping = self.stopping.clone();
-            tokio::select! {
-                read = tokio::time::timeout(IDLE_TIMEOUT, read_some(stream, buf)) => match read {
-                    Ok(Ok(n)) if n > 0 => {}
-                    _ => return Next::Close,
-                },
-                () = stopped(&mut stopping) => return Next::Close,
-            }
-        }
-        let deadline = tokio::time::Instant::now() + HEAD_TIMEOUT;
-        loop {
-            match parse_head(buf) {
-                Parsed::Request(request, len) => {
-                    buf.advance(len);
-                    return Next::Request(request);
-                }
-                Parsed::Decline => return Next::Decline,
-                Parsed::Partial if buf.len() >= MAX_HEAD => return Next::Decline,
-                Parsed::Partial => {}
-            }
-            match tokio::time::timeout_at(deadline, read_some(stream, buf)).await {
-                Ok(Ok(n)) if n > 0 => {}
-                // Closed, failed or too slow: like hyper, no answer.
-                _ => return Next::Close,
-            }
+    /// Waits for the next request head and decides which transport serves it. A stop ends
+    /// the wait at once: a client that is slow to send a head cannot hold the server up.
+    async fn next_request(&self, stream: &mut TcpStream, buf: &mut BytesMut, first: bool) -> Next {
+        let mut stopping = self.stopping.clone();
+        tokio::select! {
+            next = read_request(stream, buf, first) => next,
+            () = stopped(&mut stopping) => Next::Close,
         }
     }
 
@@ -309,6 +282,35 @@ impl Connection {
             }
         }
         stream.write_all(b"0\r\n\r\n").await
+    }
+}
+
+/// Reads until `buf` holds a whole request head: the next request of a kept-alive connection
+/// has [`IDLE_TIMEOUT`] to start, and every head [`HEAD_TIMEOUT`] to arrive once started (from
+/// the connection's start for its first).
+async fn read_request(stream: &mut TcpStream, buf: &mut BytesMut, first: bool) -> Next {
+    if !first && buf.is_empty() {
+        match tokio::time::timeout(IDLE_TIMEOUT, read_some(stream, buf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => return Next::Close,
+        }
+    }
+    let deadline = tokio::time::Instant::now() + HEAD_TIMEOUT;
+    loop {
+        match parse_head(buf) {
+            Parsed::Request(request, len) => {
+                buf.advance(len);
+                return Next::Request(request);
+            }
+            Parsed::Decline => return Next::Decline,
+            Parsed::Partial if buf.len() >= MAX_HEAD => return Next::Decline,
+            Parsed::Partial => {}
+        }
+        match tokio::time::timeout_at(deadline, read_some(stream, buf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            // Closed, failed or too slow: like hyper, no answer.
+            _ => return Next::Close,
+        }
     }
 }
 

@@ -346,3 +346,24 @@ async fn a_silent_connection_does_not_hold_up_others() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_heads_and_open_streams_do_not_hold_up_a_stop() -> anyhow::Result<()> {
+    let mut server = Server::start(&["--demo-rate", "0"]).await?;
+    let mut half_sent = TcpStream::connect(server.addr()).await?;
+    half_sent.write_all(b"GET /views/prices/ev").await?;
+    let mut kept_alive = TcpStream::connect(server.addr()).await?;
+    kept_alive.write_all(get("/healthz", "").as_bytes()).await?;
+    read_response(&mut kept_alive, &mut Vec::new(), false).await?;
+    let mut stream = server.sse("/views/prices/events", &[]).await?;
+    stream.until_synced(10).await?;
+    let started = std::time::Instant::now();
+    let status = server.stop_graceful().await?;
+    ensure!(status.success(), "{status:?}");
+    ensure!(
+        started.elapsed() < Duration::from_secs(3),
+        "the stop took {:?}",
+        started.elapsed()
+    );
+    Ok(())
+}

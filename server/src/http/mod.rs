@@ -1,5 +1,5 @@
-//! The HTTP API: one [`Router`] with every route and layer, whichever transport
-//! ([`crate::listener`]) carries the request.
+//! The HTTP API: one [`Router`] with every route and layer, whichever transport carries the
+//! request.
 //!
 //! | route | module |
 //! |---|---|

@@ -4,8 +4,8 @@
 //! ingest body, wired in the server) and needs no checkpoint, and *pull* sources that the
 //! server reads itself and must resume after a restart — today [`FileTail`], which follows a
 //! file of lines like `tail -F`. A pull source's position is a [`SourceCheckpoint`], stored
-//! with the runtime's state in snapshots. Sources know nothing of runtimes:
-//! [`RuntimeHandle::follow`](crate::runtime::RuntimeHandle::follow) feeds one into a runtime.
+//! with the runtime's state in snapshots. Sources know nothing of runtimes: a runtime's
+//! handle follows one (`RuntimeHandle::follow`).
 
 mod file_tail;
 
