@@ -86,15 +86,13 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         for view in &section.views {
             hub.declare(view);
         }
-        let restore = match restored.remove(&section.name) {
-            Some(dump) if dump.module == fingerprint => Some(dump.saved),
-            Some(dump) => {
-                tracing::warn!(
-                    runtime = %section.name,
-                    snapshot_module = %dump.module,
-                    module = %fingerprint,
-                    "snapshot holds state for a different module; starting the guest fresh and marking a gap"
-                );
+        let restore = match restored
+            .remove(&section.name)
+            .map(|d| d.saved_for(&fingerprint))
+        {
+            Some(Ok(saved)) => Some(saved),
+            Some(Err(error)) => {
+                tracing::warn!(%error, "starting the guest fresh and marking a gap");
                 journal.mark_gap().await;
                 None
             }

@@ -68,6 +68,39 @@ pub struct RuntimeDump {
     pub saved: RuntimeSnapshot,
 }
 
+impl RuntimeDump {
+    /// The saved state and checkpoint, when they belong to `module`: a guest's state means
+    /// something only to the module that saved it.
+    ///
+    /// # Errors
+    /// [`OtherModule`] when another module saved them.
+    pub fn saved_for(self, module: &ModuleFingerprint) -> Result<RuntimeSnapshot, OtherModule> {
+        if self.module == *module {
+            Ok(self.saved)
+        } else {
+            Err(OtherModule {
+                runtime: self.name,
+                saved_by: self.module,
+                running: module.clone(),
+            })
+        }
+    }
+}
+
+/// A runtime's state in a snapshot was saved by another module than the one that runs now.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "runtime {runtime:?}: the state was saved by module {saved_by}, but module {running} runs now"
+)]
+pub struct OtherModule {
+    /// The runtime.
+    pub runtime: String,
+    /// The module that saved the state.
+    pub saved_by: ModuleFingerprint,
+    /// The module that runs now.
+    pub running: ModuleFingerprint,
+}
+
 /// Why a snapshot action failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -217,14 +250,12 @@ impl Snapshots {
         let mut guests = BTreeMap::new();
         for dump in body.runtimes {
             match self.runtimes.get(&dump.name) {
-                Some(running) if running.module == dump.module => {
-                    guests.insert(dump.name, dump.saved);
-                }
                 Some(running) => {
-                    return Err(SnapshotActionError::Unrestorable(format!(
-                        "{name}: runtime {:?} state belongs to module {}, but module {} runs now",
-                        dump.name, dump.module, running.module
-                    )))
+                    let runtime = dump.name.clone();
+                    let saved = dump.saved_for(&running.module).map_err(|error| {
+                        SnapshotActionError::Unrestorable(format!("{name}: {error}"))
+                    })?;
+                    guests.insert(runtime, saved);
                 }
                 None => tracing::warn!(
                     runtime = %dump.name,
@@ -332,4 +363,92 @@ pub async fn restore_at_start(
         .into_iter()
         .map(|r| (r.name.clone(), r))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use viewtape_journal::{EventJournal, JournalConfig};
+
+    use super::*;
+    use crate::host::{guests, EngineConfig, GuestEngine, GuestModule};
+    use crate::runtime::{RuntimeConfig, RuntimeHandle};
+
+    /// A server's snapshot actions with one `demo` runtime running the ticker.
+    async fn server(dir: &std::path::Path) -> (Snapshots, Arc<Hub>, RuntimeHandle) {
+        let journal = Arc::new(EventJournal::new(JournalConfig::default()));
+        let hub = Arc::new(Hub::new(Arc::clone(&journal)));
+        let engine = GuestEngine::new(EngineConfig::default()).unwrap();
+        let module = GuestModule::new(&engine, guests::TICKER_WASM).unwrap();
+        let handle = RuntimeHandle::spawn(
+            module,
+            RuntimeConfig::new("demo"),
+            None,
+            journal,
+            Arc::clone(&hub),
+        )
+        .await
+        .unwrap();
+        let mut runtimes = Runtimes::default();
+        runtimes.insert(handle.clone(), ModuleFingerprint::of(guests::TICKER_WASM));
+        let dir = Arc::new(SnapshotDir::open(dir).unwrap());
+        let snapshots = Snapshots::new(Arc::clone(&hub), dir, Arc::new(runtimes));
+        (snapshots, hub, handle)
+    }
+
+    #[tokio::test]
+    async fn a_live_restore_refuses_what_it_cannot_restore_and_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (snapshots, hub, handle) = server(dir.path()).await;
+        handle
+            .ingest(bytes::Bytes::from_static(
+                b"{\"symbol\":\"ACME\",\"price\":1.5,\"seq\":1}\n",
+            ))
+            .await
+            .unwrap();
+        let written = snapshots.write(false).await.unwrap();
+        let name = written.info.file_name();
+
+        // The same file, but its runtime state saved by another module.
+        let (loaded, other) = {
+            let dir = SnapshotDir::open(dir.path()).unwrap();
+            let mut body = dir.load_named::<SnapshotBody>(&name).unwrap().body;
+            body.runtimes[0].module = ModuleFingerprint::of(b"another module");
+            let other = dir.write(&body, &SnapshotMeta::periodic_now()).unwrap();
+            (body.runtimes.len(), other.file_name())
+        };
+        assert_eq!(loaded, 1);
+        std::fs::create_dir(
+            dir.path()
+                .join("snap-0000000000001000-0000000099-periodic.vtsnap"),
+        )
+        .unwrap();
+
+        let epoch = hub.journal().epoch().await;
+        for (file, expected) in [
+            (other.as_str(), "saved by module"),
+            (
+                "snap-0000000000001000-0000000099-periodic.vtsnap",
+                "directory",
+            ),
+        ] {
+            match snapshots.restore_live(file).await {
+                Err(SnapshotActionError::Unrestorable(message)) => {
+                    assert!(message.contains(expected), "{file}: {message}")
+                }
+                other => panic!("{file}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            snapshots.restore_live("snap-nope.vtsnap").await,
+            Err(SnapshotActionError::NoSuchSnapshot(_))
+        ));
+        assert_eq!(hub.journal().epoch().await, epoch, "nothing changed");
+
+        let restored = snapshots.restore_live(&name).await.unwrap();
+        assert_ne!(
+            restored.epoch, epoch,
+            "a live restore always takes a fresh epoch"
+        );
+        assert_eq!(hub.view("prices").unwrap().keys(), 1);
+    }
 }
