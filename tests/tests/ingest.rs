@@ -133,3 +133,26 @@ async fn body_over_one_mebibyte_is_413() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_continue_over_the_limit_gets_413_before_any_upload() -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = Server::start(&["--demo-rate", "0"]).await?;
+    let mut stream = tokio::net::TcpStream::connect(server.addr()).await?;
+    stream
+        .write_all(
+            b"POST /runtimes/demo/ingest HTTP/1.1\r\nHost: x\r\nContent-Length: 5000000\r\n\
+              Expect: 100-continue\r\n\r\n",
+        )
+        .await?;
+    let mut seen = Vec::new();
+    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+        let mut buf = [0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await??;
+        ensure!(n > 0, "closed: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let seen = String::from_utf8_lossy(&seen);
+    ensure!(seen.starts_with("HTTP/1.1 413 "), "{seen}");
+    Ok(())
+}

@@ -27,6 +27,12 @@ async fn ingest(
         .get(&runtime)
         .ok_or_else(|| ApiError::not_found(format!("no runtime named {runtime:?}")))?;
     let limit = state.config.max_body;
+    // A declared length over the limit is refused before the body is read, so a client that
+    // sent `Expect: 100-continue` gets the 413 instead of an invitation to upload.
+    if http_body::Body::size_hint(&body).lower() > limit as u64 {
+        state.metrics.ingest_rejected.inc();
+        return Err(ApiError::too_large(limit));
+    }
     let input = axum::body::to_bytes(body, limit).await.map_err(|_| {
         state.metrics.ingest_rejected.inc();
         ApiError::too_large(limit)
