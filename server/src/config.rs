@@ -3,6 +3,11 @@
 //! ```toml
 //! [server]
 //! max_connections = 10000     # SSE connections; past it, 503
+//! max_http_connections = 11024  # every connection (default: max_connections + 1024); past it, 503
+//! header_timeout = "10s"      # time to send a whole request head
+//! idle_timeout = "60s"        # a kept-alive connection's wait for its next request
+//! write_timeout = "30s"       # a client that accepts no bytes this long is dropped
+//! drain_timeout = "5s"        # at a stop, time in-flight requests get to finish
 //! heartbeat = "15s"           # comment lines on idle streams
 //! retry = "2s"                # the `retry:` hint sent to clients
 //! max_body = "1MiB"           # ingest body limit; past it, 413
@@ -95,6 +100,21 @@ pub struct Config {
 pub struct ServerConfig {
     /// Most concurrent SSE connections.
     pub max_connections: usize,
+    /// Most concurrent connections of any kind; `None`: [`ServerConfig::max_connections`] plus
+    /// 1,024 (see [`ServerConfig::http_connection_limit`]).
+    pub max_http_connections: Option<usize>,
+    /// Time a client has to send a whole request head.
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// Time a kept-alive connection may wait for its next request.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Time a client may accept no bytes of a response before it is dropped.
+    #[serde(with = "humantime_serde")]
+    pub write_timeout: Duration,
+    /// At a stop, time in-flight requests get to finish (a second signal stops waiting).
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
     /// Idle time after which a stream gets a heartbeat comment.
     #[serde(with = "humantime_serde")]
     pub heartbeat: Duration,
@@ -114,10 +134,24 @@ pub struct ServerConfig {
     pub cors_origins: Vec<String>,
 }
 
+impl ServerConfig {
+    /// The cap on connections of any kind: `max_http_connections`, or `max_connections` plus
+    /// 1,024 for everything that is not a stream.
+    pub fn http_connection_limit(&self) -> usize {
+        self.max_http_connections
+            .unwrap_or(self.max_connections.saturating_add(1024))
+    }
+}
+
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             max_connections: 10_000,
+            max_http_connections: None,
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(5),
             heartbeat: Duration::from_secs(15),
             retry: Duration::from_secs(2),
             max_body: 1 << 20,
@@ -317,6 +351,23 @@ impl Config {
         }
         if self.server.max_connections == 0 {
             return Err("server.max_connections must be above zero".to_owned());
+        }
+        if self.server.http_connection_limit() < self.server.max_connections {
+            return Err(format!(
+                "server.max_http_connections ({}) must be at least server.max_connections ({}): \
+                 every SSE stream is a connection",
+                self.server.http_connection_limit(),
+                self.server.max_connections
+            ));
+        }
+        for (key, value) in [
+            ("header_timeout", self.server.header_timeout),
+            ("idle_timeout", self.server.idle_timeout),
+            ("write_timeout", self.server.write_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(format!("server.{key} must be above zero"));
+            }
         }
         for origin in &self.server.cors_origins {
             if !is_origin(origin) {

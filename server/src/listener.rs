@@ -24,14 +24,24 @@
 //!   hyper, so the hand-over is invisible to the client and every malformed
 //!   request gets hyper's answer.
 //!
-//! Both transports apply the same limits ([`MAX_HEAD`], [`MAX_HEADERS`],
-//! [`HEAD_TIMEOUT`]) and the same graceful stop.
+//! ## Limits
+//!
+//! Both transports apply the same ones: request heads of at most [`MAX_HEAD`]
+//! bytes and [`MAX_HEADERS`] fields, sent within [`Limits::header_timeout`];
+//! a client that accepts no bytes of a response for [`Limits::write_timeout`]
+//! is dropped (an SSE client resumes with its cursor when it comes back). The
+//! lean transport closes a kept-alive connection after [`Limits::idle_timeout`]
+//! without a request. At most [`Limits::max_connections`] connections are open
+//! at once; past that a connection gets `503` and is closed, and when accepting
+//! fails (out of file descriptors) the loop backs off, logging once per episode.
 //!
 //! ## Stopping
 //!
 //! When `shutdown` resolves the loop stops accepting, connections between
-//! requests close, responses in flight finish (SSE streams end by themselves
-//! on the same signal) and the loop waits up to [`DRAIN_TIMEOUT`] for them.
+//! requests or still sending a head close, responses in flight finish (SSE
+//! streams end by themselves on the same signal) and the loop waits up to
+//! [`Limits::drain_timeout`] for them — or until `abandon` resolves (a second
+//! signal).
 
 use std::future::Future;
 use std::io::IoSlice;
@@ -49,61 +59,112 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
 use tower::ServiceExt;
 use tracing::Instrument;
 
+use crate::config::ServerConfig;
 use crate::metrics::Metrics;
 
 /// Largest request head, on both transports; past it, 431.
 pub const MAX_HEAD: usize = 16 * 1024;
 /// Most header fields in one request, on both transports; past it, 431.
 pub const MAX_HEADERS: usize = 64;
-/// Time a client has to send a whole request head, counted from the
-/// connection's start for its first request.
-pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
-/// Time a kept-alive connection may wait for its next request.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Time in-flight responses get to finish at shutdown.
-pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes the lean transport reads at a time while streaming a response: just
 /// enough to notice a closed connection or keep a pipelined request.
 const PROBE: usize = 64;
+/// First and longest pause after a failed accept.
+const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
 
-/// Serves `router` on `listener` until `shutdown` resolves, then stops
-/// accepting and lets in-flight responses finish (at most [`DRAIN_TIMEOUT`]).
+/// The limits both transports apply, from `[server]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Time to send a whole request head (from the connection's start for its first).
+    pub header_timeout: Duration,
+    /// Time a kept-alive connection may wait for its next request.
+    pub idle_timeout: Duration,
+    /// Time a client may accept no bytes before it is dropped.
+    pub write_timeout: Duration,
+    /// At a stop, time in-flight responses get to finish.
+    pub drain_timeout: Duration,
+    /// Most connections open at once.
+    pub max_connections: usize,
+}
+
+impl From<&ServerConfig> for Limits {
+    fn from(config: &ServerConfig) -> Self {
+        Self {
+            header_timeout: config.header_timeout,
+            idle_timeout: config.idle_timeout,
+            write_timeout: config.write_timeout,
+            drain_timeout: config.drain_timeout,
+            max_connections: config.http_connection_limit(),
+        }
+    }
+}
+
+/// Serves `router` on `listener` with `limits` until `shutdown` resolves, then stops accepting
+/// and lets in-flight responses finish, for at most [`Limits::drain_timeout`] or until
+/// `abandon` resolves.
 ///
 /// # Errors
-/// None today; accept errors are logged and retried.
+/// None today; accept errors are counted, logged once per episode, and retried.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     metrics: Arc<Metrics>,
+    limits: Limits,
     shutdown: impl Future<Output = ()>,
+    abandon: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    let shared = Arc::new(Shared {
+        router,
+        metrics,
+        limits,
+    });
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
     // Every connection holds a clone of `drained`; when all are gone, the
     // receiver sees the channel close.
     let (drained, mut all_drained) = mpsc::channel::<()>(1);
     let (stop, stopping) = watch::channel(false);
     let mut shutdown = std::pin::pin!(shutdown);
+    let (mut failures, mut backoff) = (0u64, ACCEPT_BACKOFF.0);
     loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors, mostly: back off instead of spinning.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                shared.metrics.accept_errors.inc();
+                if failures == 0 {
+                    tracing::warn!(%error, "accepting connections failed; backing off (further failures are counted in viewtape_accept_errors_total, not logged)");
+                }
+                failures += 1;
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = &mut shutdown => break,
+                }
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF.1);
+                continue;
+            }
+        };
+        if failures > 0 {
+            tracing::info!(failures, "accepting connections again");
+            (failures, backoff) = (0, ACCEPT_BACKOFF.0);
+        }
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            shared.metrics.http_refused.inc();
+            tokio::spawn(refuse(stream, limits));
+            continue;
         };
         let _ = stream.set_nodelay(true);
         let connection = Connection {
-            router: router.clone(),
-            metrics: Arc::clone(&metrics),
+            shared: Arc::clone(&shared),
             stopping: stopping.clone(),
+            _permit: permit,
             _drained: drained.clone(),
         };
         let span = tracing::debug_span!("connection", %peer);
@@ -112,21 +173,50 @@ pub async fn serve(
     drop(listener);
     let _ = stop.send(true);
     drop(drained);
-    if tokio::time::timeout(DRAIN_TIMEOUT, all_drained.recv())
-        .await
-        .is_err()
-    {
-        tracing::warn!("in-flight requests did not finish within {DRAIN_TIMEOUT:?}");
+    tokio::select! {
+        _ = all_drained.recv() => {}
+        () = tokio::time::sleep(limits.drain_timeout) => {
+            tracing::warn!(drain_timeout = ?limits.drain_timeout, "in-flight requests did not finish in time; stopping without them");
+        }
+        () = abandon => tracing::warn!("asked again to stop: not waiting for in-flight requests"),
     }
     Ok(())
 }
 
-/// One accepted connection.
-struct Connection {
+/// Answers a connection past the limit with `503` and closes it, without reading a request.
+async fn refuse(mut stream: TcpStream, limits: Limits) {
+    let body = format!(
+        "{{\"error\":\"unavailable\",\"message\":\"too many connections (limit {})\"}}",
+        limits.max_connections
+    );
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         retry-after: 1\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = write_all(
+        &mut stream,
+        &mut [IoSlice::new(response.as_bytes())],
+        limits.write_timeout,
+    )
+    .await;
+    let _ = stream.shutdown().await;
+}
+
+/// What every connection shares.
+struct Shared {
     router: Router,
     metrics: Arc<Metrics>,
+    limits: Limits,
+}
+
+/// One accepted connection.
+struct Connection {
+    shared: Arc<Shared>,
     /// Flips to `true` when the server stops.
     stopping: watch::Receiver<bool>,
+    /// Its place under [`Limits::max_connections`].
+    _permit: OwnedSemaphorePermit,
     /// Dropped when the connection ends; the accept loop's drain waits for it.
     _drained: mpsc::Sender<()>,
 }
@@ -153,7 +243,7 @@ impl Connection {
                 Next::Close => return,
             };
             if first {
-                self.metrics.lean_connections.inc();
+                self.shared.metrics.lean_connections.inc();
             }
             first = false;
             if buf.is_empty() {
@@ -161,7 +251,7 @@ impl Connection {
                 // may last for hours.
                 buf = BytesMut::new();
             }
-            let response = match self.router.clone().oneshot(*request).await {
+            let response = match self.shared.router.clone().oneshot(*request).await {
                 Ok(response) => response,
                 Err(infallible) => match infallible {},
             };
@@ -180,7 +270,7 @@ impl Connection {
     async fn next_request(&self, stream: &mut TcpStream, buf: &mut BytesMut, first: bool) -> Next {
         let mut stopping = self.stopping.clone();
         tokio::select! {
-            next = read_request(stream, buf, first) => next,
+            next = read_request(stream, buf, first, self.shared.limits) => next,
             () = stopped(&mut stopping) => Next::Close,
         }
     }
@@ -188,20 +278,28 @@ impl Connection {
     /// Serves the rest of the connection with hyper, starting with the bytes
     /// the lean transport already read.
     async fn hand_to_hyper(self, stream: TcpStream, read: Bytes) {
-        self.metrics.hyper_connections.inc();
+        let Shared {
+            router,
+            metrics,
+            limits,
+        } = &*self.shared;
+        metrics.hyper_connections.inc();
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
             .timer(TokioTimer::new())
-            .header_read_timeout(HEAD_TIMEOUT)
+            .header_read_timeout(limits.header_timeout)
             .max_buf_size(MAX_HEAD)
             .max_headers(MAX_HEADERS);
-        let io = TokioIo::new(Rewind {
+        let io = TokioIo::new(HyperIo {
             read,
             inner: stream,
+            write_timeout: limits.write_timeout,
+            stalled: None,
         });
-        let connection = builder.serve_connection(io, TowerToHyperService::new(self.router));
+        let service = TowerToHyperService::new(router.clone());
+        let connection = builder.serve_connection(io, service);
         let mut connection = std::pin::pin!(connection);
-        let mut stopping = self.stopping;
+        let mut stopping = self.stopping.clone();
         let result = tokio::select! {
             result = connection.as_mut() => result,
             () = stopped(&mut stopping) => {
@@ -223,6 +321,7 @@ impl Connection {
         buf: &mut BytesMut,
         response: Response<Body>,
     ) -> std::io::Result<()> {
+        let timeout = self.shared.limits.write_timeout;
         let (parts, mut body) = response.into_parts();
         let length = http_body::Body::size_hint(&body).exact();
         let has_length = parts.headers.contains_key(http::header::CONTENT_LENGTH);
@@ -253,10 +352,10 @@ impl Connection {
                 .map_err(std::io::Error::other)?
                 .to_bytes();
             head.extend_from_slice(&body);
-            return stream.write_all(&head).await;
+            return write_all(stream, &mut [IoSlice::new(&head)], timeout).await;
         }
         head.extend_from_slice(b"transfer-encoding: chunked\r\n\r\n");
-        stream.write_all(&head).await?;
+        write_all(stream, &mut [IoSlice::new(&head)], timeout).await?;
         drop(head);
         let mut probe = [0u8; PROBE];
         loop {
@@ -265,7 +364,13 @@ impl Connection {
                     Some(Ok(frame)) => {
                         if let Ok(data) = frame.into_data() {
                             if !data.is_empty() {
-                                write_chunk(stream, data).await?;
+                                let size = format!("{:x}\r\n", data.len());
+                                let mut parts = [
+                                    IoSlice::new(size.as_bytes()),
+                                    IoSlice::new(&data),
+                                    IoSlice::new(b"\r\n"),
+                                ];
+                                write_all(stream, &mut parts, timeout).await?;
                             }
                         }
                     }
@@ -281,21 +386,26 @@ impl Connection {
                 },
             }
         }
-        stream.write_all(b"0\r\n\r\n").await
+        write_all(stream, &mut [IoSlice::new(b"0\r\n\r\n")], timeout).await
     }
 }
 
 /// Reads until `buf` holds a whole request head: the next request of a kept-alive connection
-/// has [`IDLE_TIMEOUT`] to start, and every head [`HEAD_TIMEOUT`] to arrive once started (from
-/// the connection's start for its first).
-async fn read_request(stream: &mut TcpStream, buf: &mut BytesMut, first: bool) -> Next {
+/// has [`Limits::idle_timeout`] to start, and every head [`Limits::header_timeout`] to arrive
+/// once started (from the connection's start for its first).
+async fn read_request(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    first: bool,
+    limits: Limits,
+) -> Next {
     if !first && buf.is_empty() {
-        match tokio::time::timeout(IDLE_TIMEOUT, read_some(stream, buf)).await {
+        match tokio::time::timeout(limits.idle_timeout, read_some(stream, buf)).await {
             Ok(Ok(n)) if n > 0 => {}
             _ => return Next::Close,
         }
     }
-    let deadline = tokio::time::Instant::now() + HEAD_TIMEOUT;
+    let deadline = tokio::time::Instant::now() + limits.header_timeout;
     loop {
         match parse_head(buf) {
             Parsed::Request(request, len) => {
@@ -380,33 +490,57 @@ fn lean_request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
     request.body(Body::empty()).ok()
 }
 
-/// One chunk of a chunked body, in one vectored write when the socket takes
-/// it all.
-async fn write_chunk(stream: &mut TcpStream, chunk: Bytes) -> std::io::Result<()> {
-    let size = format!("{:x}\r\n", chunk.len());
-    let mut parts = [
-        IoSlice::new(size.as_bytes()),
-        IoSlice::new(&chunk),
-        IoSlice::new(b"\r\n"),
-    ];
-    let mut remaining = &mut parts[..];
-    while !remaining.is_empty() {
-        let written = stream.write_vectored(remaining).await?;
+/// Writes all of `parts`, vectored; fails when the client accepts no bytes for `timeout`.
+async fn write_all(
+    stream: &mut TcpStream,
+    mut parts: &mut [IoSlice<'_>],
+    timeout: Duration,
+) -> std::io::Result<()> {
+    while !parts.is_empty() {
+        let written = tokio::time::timeout(timeout, stream.write_vectored(parts))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
         if written == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
-        IoSlice::advance_slices(&mut remaining, written);
+        IoSlice::advance_slices(&mut parts, written);
     }
     Ok(())
 }
 
-/// A socket whose first reads return bytes already taken from it.
-struct Rewind {
+/// The socket as hyper sees it: first the bytes the lean transport already took from it, and
+/// writes that fail when the client accepts nothing for the write timeout.
+struct HyperIo {
     read: Bytes,
     inner: TcpStream,
+    write_timeout: Duration,
+    /// Running while writes are blocked.
+    stalled: Option<Pin<Box<Sleep>>>,
 }
 
-impl AsyncRead for Rewind {
+impl HyperIo {
+    /// Passes a write's outcome through, failing it once writes have been blocked too long.
+    fn timed<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        if poll.is_ready() {
+            self.stalled = None;
+            return poll;
+        }
+        let timeout = self.write_timeout;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::ErrorKind::TimedOut.into())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncRead for HyperIo {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -422,13 +556,14 @@ impl AsyncRead for Rewind {
     }
 }
 
-impl AsyncWrite for Rewind {
+impl AsyncWrite for HyperIo {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, data)
+        let poll = Pin::new(&mut self.inner).poll_write(cx, data);
+        self.timed(cx, poll)
     }
 
     fn poll_write_vectored(
@@ -436,7 +571,8 @@ impl AsyncWrite for Rewind {
         cx: &mut Context<'_>,
         data: &[IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, data)
+        let poll = Pin::new(&mut self.inner).poll_write_vectored(cx, data);
+        self.timed(cx, poll)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -444,7 +580,8 @@ impl AsyncWrite for Rewind {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let poll = Pin::new(&mut self.inner).poll_flush(cx);
+        self.timed(cx, poll)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {

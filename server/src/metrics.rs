@@ -50,6 +50,10 @@ pub struct Metrics {
     pub lean_connections: Counter,
     /// HTTP connections handed to hyper.
     pub hyper_connections: Counter,
+    /// Connections refused at `max_http_connections`.
+    pub http_refused: Counter,
+    /// Failed accepts (out of file descriptors, mostly).
+    pub accept_errors: Counter,
     /// Every stream by how it started; `resumes` and `state_starts` are two of its members, and
     /// resets join it by reason as they happen.
     streams: Family<StreamStart, Counter>,
@@ -103,6 +107,18 @@ impl Metrics {
             "HTTP connections by the transport that served them: lean (plain GETs, SSE) or hyper (from the first request the lean transport declines)",
             transports.clone(),
         );
+        let http_refused = Counter::default();
+        registry.register(
+            "viewtape_http_connections_refused",
+            "Connections refused at max_http_connections",
+            http_refused.clone(),
+        );
+        let accept_errors = Counter::default();
+        registry.register(
+            "viewtape_accept_errors",
+            "Failed accepts (out of file descriptors, mostly)",
+            accept_errors.clone(),
+        );
         registry.register_collector(Box::new(OwnerCounters { hub, runtimes }));
 
         Self {
@@ -116,6 +132,8 @@ impl Metrics {
             ingest_rejected: ingest.get_or_create_owned(&[("result", "rejected")]),
             lean_connections: transports.get_or_create_owned(&[("transport", "lean")]),
             hyper_connections: transports.get_or_create_owned(&[("transport", "hyper")]),
+            http_refused,
+            accept_errors,
             streams,
             registry,
         }
@@ -337,6 +355,8 @@ mod tests {
             "viewtape_streams_total counter",
             "viewtape_ingest_batches_total counter",
             "viewtape_http_connections_total counter",
+            "viewtape_http_connections_refused_total counter",
+            "viewtape_accept_errors_total counter",
             "viewtape_events_published_total counter",
             "viewtape_events_cursorless_total counter",
             "viewtape_journal_appends_total counter",

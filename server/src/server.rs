@@ -145,7 +145,7 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     let periodic = (!config.server.snapshot_interval.is_zero())
         .then(|| snapshots.spawn_periodic(config.server.snapshot_interval));
 
-    let signal = shutdown_signal()?;
+    let signals = stop_signals()?;
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
         .map_err(|error| anyhow::anyhow!("cannot listen on {}: {error}", options.listen))?;
@@ -160,11 +160,24 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         "viewtape serving"
     );
 
-    crate::listener::serve(listener, app(state, admin), metrics, async {
-        signal.await;
+    let limits = crate::listener::Limits::from(&config.server);
+    let (mut first, mut second) = (signals.clone(), signals);
+    let shutdown = async {
+        let _ = first.wait_for(|n| *n >= 1).await;
         tracing::info!("shutting down: closing streams and sealing");
         let _ = shutdown_tx.send(true);
-    })
+    };
+    let abandon = async {
+        let _ = second.wait_for(|n| *n >= 2).await;
+    };
+    crate::listener::serve(
+        listener,
+        app(state, admin),
+        metrics,
+        limits,
+        shutdown,
+        abandon,
+    )
     .await?;
 
     for source in sources {
@@ -178,30 +191,35 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Registers SIGINT and SIGTERM handlers now, and returns a future that
-/// resolves on the first of them. Registering before the server announces
-/// its address means a signal sent right after that line is never the
-/// default (killing) action.
+/// Registers SIGINT and SIGTERM handlers now and counts the signals: the first asks for a
+/// graceful stop, a second for not waiting on in-flight requests. Registering before the
+/// server announces its address means a signal sent right after that line is never the default
+/// (killing) action.
 ///
 /// # Errors
 /// The handlers cannot be installed.
-fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+fn stop_signals() -> std::io::Result<watch::Receiver<u32>> {
+    let (count, counted) = watch::channel(0u32);
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
         let mut interrupt = signal(SignalKind::interrupt())?;
         let mut terminate = signal(SignalKind::terminate())?;
-        Ok(async move {
-            tokio::select! {
-                _ = interrupt.recv() => {}
-                _ = terminate.recv() => {}
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = interrupt.recv() => {}
+                    _ = terminate.recv() => {}
+                }
+                count.send_modify(|n| *n += 1);
             }
-        })
+        });
     }
     #[cfg(not(unix))]
-    {
-        Ok(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-    }
+    tokio::spawn(async move {
+        while tokio::signal::ctrl_c().await.is_ok() {
+            count.send_modify(|n| *n += 1);
+        }
+    });
+    Ok(counted)
 }

@@ -12,10 +12,16 @@
 //! ticks. A subscriber that falls out of the window, or whose epoch is
 //! replaced by a restore, is reset the same way: never a silent skip.
 //!
-//! ## Coalescing
+//! ## Coalescing, and what a stalled client costs
 //!
-//! Each chunk handed to the socket holds up to [`MAX_FRAMES_PER_CHUNK`]
-//! frames: one write syscall per wake-up instead of one per event.
+//! Small frames are copied together into one chunk of at most [`MAX_CHUNK_BYTES`]
+//! (and [`MAX_FRAMES_PER_CHUNK`] frames): one write per wake-up instead of one
+//! per event. A frame of [`SHARED_FRAME_BYTES`] or more is never copied: it goes
+//! out as its own chunk, sharing the bytes the tape and the view's state hold.
+//! A subscriber holds at most one chunk while its client is not reading, so
+//! whatever the size of the state or the frames, a client that stops reading
+//! costs at most [`MAX_CHUNK_BYTES`] beyond the frames it shares, until the
+//! transport's write timeout drops it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +39,10 @@ use crate::metrics::Metrics;
 /// Frames per chunk, and state entries per chunk during a state transfer.
 /// Tests use a tiny chunk so that disconnects land inside state transfers.
 pub const MAX_FRAMES_PER_CHUNK: usize = if cfg!(test) { 3 } else { 512 };
+/// Most bytes copied into one chunk.
+pub const MAX_CHUNK_BYTES: usize = 16 * 1024;
+/// Frames at least this large are written from their shared bytes, never copied.
+pub const SHARED_FRAME_BYTES: usize = 4 * 1024;
 
 /// How the stream begins.
 #[derive(Debug)]
@@ -134,6 +144,8 @@ pub struct Subscriber {
     phase: Phase,
     /// Bytes to send before anything else (retry hint, reset).
     pending: BytesMut,
+    /// A large frame to send, shared, right after the chunk being sent.
+    shared: Option<Bytes>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -202,6 +214,7 @@ impl Subscriber {
             shutdown,
             phase,
             pending,
+            shared: None,
             _permit: permit,
         }
     }
@@ -220,18 +233,31 @@ impl Subscriber {
             if *self.shutdown.borrow() {
                 self.phase = Phase::Done;
             }
+            if let Some(frame) = self.shared.take() {
+                return Some(frame);
+            }
             match &mut self.phase {
                 Phase::Done => return None,
                 Phase::State { cut, sent } => {
                     let mut out = std::mem::take(&mut self.pending);
                     let end = cut.entries.len().min(*sent + MAX_FRAMES_PER_CHUNK);
-                    for entry in &cut.entries[*sent..end] {
-                        for part in entry.state_parts() {
-                            out.extend_from_slice(&part);
+                    while *sent < end {
+                        let [head, data] = cut.entries[*sent].state_parts();
+                        if data.len() >= SHARED_FRAME_BYTES {
+                            out.extend_from_slice(&head);
+                            self.shared = Some(data);
+                            *sent += 1;
+                            break;
                         }
+                        if !out.is_empty() && out.len() + head.len() + data.len() > MAX_CHUNK_BYTES
+                        {
+                            break;
+                        }
+                        out.extend_from_slice(&head);
+                        out.extend_from_slice(&data);
+                        *sent += 1;
                     }
-                    *sent = end;
-                    if end == cut.entries.len() {
+                    if *sent == cut.entries.len() && self.shared.is_none() {
                         out.extend_from_slice(&frame::synced(cut.cursor, cut.entries.len()));
                         self.phase = Phase::Follow(cut.cursor);
                     }
@@ -246,15 +272,31 @@ impl Subscriber {
                     ) {
                         Ok(frames) if !frames.is_empty() => {
                             let mut out = std::mem::take(&mut self.pending);
+                            let mut taken = 0;
                             for frame in &frames {
+                                if frame.len() >= SHARED_FRAME_BYTES {
+                                    if out.is_empty() {
+                                        self.shared = Some(Bytes::clone(frame));
+                                        taken += 1;
+                                    }
+                                    break;
+                                }
+                                if !out.is_empty() && out.len() + frame.len() > MAX_CHUNK_BYTES {
+                                    break;
+                                }
                                 out.extend_from_slice(frame);
+                                taken += 1;
                             }
-                            self.streams.metrics.delivered.inc_by(frames.len() as u64);
-                            self.phase = Phase::Follow(Cursor::new(
-                                cursor.epoch(),
-                                cursor.offset() + frames.len() as u64,
-                            ));
-                            return Some(out.freeze());
+                            self.streams.metrics.delivered.inc_by(taken);
+                            self.phase =
+                                Phase::Follow(Cursor::new(cursor.epoch(), cursor.offset() + taken));
+                            return match self.shared.take() {
+                                Some(frame) if out.is_empty() => Some(frame),
+                                shared => {
+                                    self.shared = shared;
+                                    Some(out.freeze())
+                                }
+                            };
                         }
                         Ok(_) => {
                             if !self.pending.is_empty() {
@@ -477,6 +519,82 @@ mod tests {
                 _ => break,
             }
         }
+    }
+
+    #[tokio::test]
+    async fn large_frames_go_out_shared_and_small_ones_coalesce_within_the_cap() {
+        let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
+            JournalConfig::default(),
+        ))));
+        hub.declare("v");
+        let publish = |key: &str, size: usize| GuestEvent {
+            view: Arc::from("v"),
+            key: key.to_owned(),
+            kind: EventKind::Update,
+            payload: Bytes::from(format!("\"{}\"", "x".repeat(size))),
+        };
+        let events = vec![publish("a", 10), publish("big", 20_000), publish("c", 10)];
+        hub.commit(
+            "test",
+            GuestBatch {
+                events,
+                gaps: vec![],
+            },
+        )
+        .await;
+        let (_shutdown_tx, shutdown) = watch::channel(false);
+        let mut stream = connect(&hub, &Client::default(), &shutdown);
+        let big_state = hub.view("v").unwrap().entries();
+        let big_state = &big_state.iter().find(|(k, _)| k == "big").unwrap().1;
+        let mut chunks = Vec::new();
+        while !chunks
+            .iter()
+            .any(|c: &Bytes| c.windows(13).any(|w| w == b"event: synced"))
+        {
+            chunks.push(stream.next().await.unwrap().unwrap());
+        }
+        // The big entry's data lines are the view state's own bytes, not a copy.
+        let [_, data] = big_state.state_parts();
+        assert!(chunks
+            .iter()
+            .any(|c| c.as_ptr() == data.as_ptr() && c.len() == data.len()));
+        assert!(chunks
+            .iter()
+            .all(|c| c.len() <= MAX_CHUNK_BYTES || c.as_ptr() == data.as_ptr()));
+
+        // Following: a big frame is the tape's frame itself; small ones stay within the cap.
+        let mut events = vec![publish("big", 30_000)];
+        events.extend((0..400).map(|i| publish(&format!("s{i}"), 100)));
+        hub.commit(
+            "test",
+            GuestBatch {
+                events,
+                gaps: vec![],
+            },
+        )
+        .await;
+        let window = hub.journal().window_now("v");
+        let tape = hub
+            .journal()
+            .frames_after("v", &Cursor::new(window.epoch, 3), 1)
+            .unwrap();
+        let mut live = Vec::new();
+        let mut text = 0;
+        while text < 400 {
+            let chunk = stream.next().await.unwrap().unwrap();
+            text += chunk.windows(13).filter(|w| *w == b"event: update").count();
+            live.push(chunk);
+        }
+        assert_eq!(
+            live[0].as_ptr(),
+            tape[0].as_ptr(),
+            "the big frame is shared"
+        );
+        assert!(live[1..].iter().all(|c| c.len() <= MAX_CHUNK_BYTES));
+        assert!(
+            live.len() > 2,
+            "400 small frames of ~130 B do not fit one chunk"
+        );
     }
 
     proptest! {
