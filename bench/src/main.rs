@@ -4,6 +4,7 @@
 //! viewtape-bench fanout --subscribers N --rate R --seconds S [--batch-ms 5]
 //! viewtape-bench replay --events 100000 [--runs 7]
 //! viewtape-bench idle   --connections 10000 [--hold-seconds 3]
+//! viewtape-bench stalled --subscribers 30 [--keys 2000 --size 20000 --hold-seconds 1]
 //! common: --addr 127.0.0.1:PORT [--pid PID]   (a running server; PID for RSS/CPU)
 //!         or nothing: spawns target/<profile>/viewtape serve --demo-rate 0 [--server-arg …]
 //!         or --peer nchan --peer-url http://127.0.0.1:PORT [--pid WORKER_PID]
@@ -27,6 +28,7 @@ mod histogram;
 mod idle;
 mod publish;
 mod replay;
+mod stalled;
 mod target;
 
 use anyhow::{bail, Context as _};
@@ -34,7 +36,7 @@ use anyhow::{bail, Context as _};
 use crate::args::Args;
 use crate::target::Target;
 
-const USAGE: &str = "usage: viewtape-bench <fanout|replay|idle> [options]; see the module docs in bench/src/main.rs";
+const USAGE: &str = "usage: viewtape-bench <fanout|replay|idle|stalled> [options]; see the module docs in bench/src/main.rs";
 
 fn main() -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -72,6 +74,11 @@ fn main() -> anyhow::Result<()> {
                     let options = idle::Options::from_args(&args, nofile)?;
                     args.finish()?;
                     idle::run(&target, &options).await
+                }
+                "stalled" => {
+                    let options = stalled::Options::from_args(&args)?;
+                    args.finish()?;
+                    stalled::run(&target, &options).await
                 }
                 other => bail!("unknown command {other:?}; {USAGE}"),
             };

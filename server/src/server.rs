@@ -14,9 +14,11 @@
 //!
 //! ## Shutdown
 //!
-//! On SIGINT or SIGTERM: stop the demo feed and sources, close every SSE
-//! stream and stop accepting, take the consistency cut (each runtime between
-//! batches), `seal`, dump, release the cut, write the exact snapshot, exit.
+//! On SIGINT or SIGTERM: close every SSE stream and stop accepting; let
+//! in-flight requests finish for at most `[server] drain_timeout` (a second
+//! signal stops waiting); stop the demo feed and sources; take the consistency
+//! cut (each runtime between batches), `seal`, dump, release the cut, write the
+//! exact snapshot, exit.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
