@@ -87,9 +87,13 @@ async fn silent_and_slow_connections_are_closed_on_both_transports() -> anyhow::
     slow_hyper
         .write_all(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         .await?;
-    // A kept-alive connection that never sends its next request.
+    // Kept-alive connections that never send their next request, on both transports.
     let mut idle = TcpStream::connect(server.addr()).await?;
     idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await?;
+    let mut idle_hyper = TcpStream::connect(server.addr()).await?;
+    idle_hyper
+        .write_all(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         .await?;
 
     ensure!(
@@ -109,7 +113,7 @@ async fn silent_and_slow_connections_are_closed_on_both_transports() -> anyhow::
     dribble.await;
     for stream in silent
         .iter_mut()
-        .chain([&mut slow, &mut slow_hyper, &mut idle])
+        .chain([&mut slow, &mut slow_hyper, &mut idle, &mut idle_hyper])
     {
         closed_within(stream, Duration::from_secs(3)).await?;
     }
