@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use viewtape_snapshots::{load_file, SnapshotDir};
+use viewtape_snapshots::{load_file, SnapshotDir, SnapshotKind};
 
 use crate::snapshot::SnapshotBody;
 
@@ -79,7 +79,7 @@ pub fn inspect_file(path: &Path, out: &mut impl Write) -> std::io::Result<bool> 
 /// # Errors
 /// Only failures to write to `out`.
 pub fn verify_dir(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
-    let entries = match SnapshotDir::open(dir).and_then(|d| d.list()) {
+    let entries = match SnapshotDir::open_existing(dir).and_then(|d| d.list()) {
         Ok(entries) => entries,
         Err(error) => {
             writeln!(out, "{}: {error}", dir.display())?;
@@ -91,10 +91,12 @@ pub fn verify_dir(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
         let verdict = match load_file::<SnapshotBody>(&entry.path) {
             Ok((header, body)) => format!(
                 "valid    {:<9} {:>12} bytes  epoch {}  records {}",
-                if header.is_exact() {
-                    "exact"
-                } else {
-                    "periodic"
+                // What a start-up would make of it: exact only by name and header, and only
+                // until a life has consumed it.
+                match entry.kind {
+                    SnapshotKind::Exact if header.is_exact() => "exact",
+                    SnapshotKind::Consumed => "consumed",
+                    _ => "periodic",
                 },
                 header.file_len(),
                 body.journal

@@ -59,6 +59,7 @@ pub struct ServeOptions {
 /// Start-up failures: the data directory, a guest module, the listener.
 pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     let config = &options.config;
+    let _lock = lock_data_dir(&options.data_dir)?;
     let journal = Arc::new(EventJournal::new(config.journal.to_journal_config()));
     let hub = Arc::new(Hub::new(Arc::clone(&journal)));
     let dir = Arc::new(
@@ -188,9 +189,46 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     if let Some(periodic) = periodic {
         periodic.abort();
     }
-    let written = snapshots.write(true).await?;
+    // Requests that outlived the drain may still be waiting on a runtime: the exact snapshot's
+    // cut stays held until the process ends, so none of them commits after it.
+    let (written, _cut) = snapshots.write_exact().await?;
     tracing::info!(file = %written.info.path().display(), "exact snapshot written; bye");
     Ok(())
+}
+
+/// Takes `<data-dir>/viewtape.lock` for this process (an OS file lock, released when the
+/// process ends, however it ends), so that two servers never share one data directory.
+///
+/// # Errors
+/// The directory cannot be created, or another process holds the lock (named with its pid).
+fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use std::io::{Read as _, Seek as _, Write as _};
+    std::fs::create_dir_all(dir)
+        .map_err(|error| anyhow::anyhow!("cannot create data dir {}: {error}", dir.display()))?;
+    let path = dir.join("viewtape.lock");
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|error| anyhow::anyhow!("cannot open {}: {error}", path.display()))?;
+    if let Err(error) = file.try_lock() {
+        let mut holder = String::new();
+        let _ = file.read_to_string(&mut holder);
+        let holder = holder.trim();
+        let holder = if holder.is_empty() { "unknown" } else { holder };
+        anyhow::bail!(
+            "data dir {} is in use by another viewtape (pid {holder}): one server per data \
+             directory ({error})",
+            dir.display()
+        );
+    }
+    file.set_len(0)?;
+    file.rewind()?;
+    writeln!(file, "{}", std::process::id())?;
+    file.sync_all()?;
+    Ok(file)
 }
 
 /// Registers SIGINT and SIGTERM handlers now and counts the signals: the first asks for a

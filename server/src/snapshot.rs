@@ -43,7 +43,7 @@ use viewtape_journal::{JournalEpoch, JournalSnapshot};
 use viewtape_snapshots::{SnapshotDir, SnapshotEntry, SnapshotError, SnapshotInfo, SnapshotMeta};
 
 use crate::hub::{Hub, ViewStateDump};
-use crate::registry::{ModuleFingerprint, Runtimes};
+use crate::registry::{Cut, ModuleFingerprint, Runtimes};
 use crate::runtime::{IngestError, RuntimeSnapshot};
 
 /// What a snapshot file holds.
@@ -162,15 +162,35 @@ impl Snapshots {
         }
     }
 
-    /// Takes the cut, dumps, releases the cut and writes a snapshot (then prunes old ones).
-    /// `exact` seals the journal inside the cut first: what a graceful stop writes last.
+    /// Takes the cut, dumps, releases the cut and writes a periodic snapshot (then prunes old
+    /// ones).
     ///
     /// # Errors
     /// A runtime could not be paused, or the file could not be written.
-    pub async fn write(&self, exact: bool) -> Result<WrittenSnapshot, SnapshotActionError> {
+    pub async fn write(&self) -> Result<WrittenSnapshot, SnapshotActionError> {
         let _busy = self.busy.lock().await;
+        let (body, cut) = self.dump(false).await?;
+        drop(cut);
+        self.store(body, SnapshotMeta::periodic_now()).await
+    }
+
+    /// What a graceful stop writes last: seals the journal inside the cut, dumps and writes an
+    /// exact snapshot. The runtimes stay paused while the returned [`Cut`] lives — keep it until
+    /// the process ends, so nothing commits after the snapshot.
+    ///
+    /// # Errors
+    /// A runtime could not be paused, or the file could not be written.
+    pub async fn write_exact(&self) -> Result<(WrittenSnapshot, Cut), SnapshotActionError> {
+        let _busy = self.busy.lock().await;
+        let (body, cut) = self.dump(true).await?;
+        let written = self.store(body, SnapshotMeta::exact_now()).await?;
+        Ok((written, cut))
+    }
+
+    /// Takes the cut (sealing first when `seal`) and dumps everything under it.
+    async fn dump(&self, seal: bool) -> Result<(SnapshotBody, Cut), SnapshotActionError> {
         let cut = self.runtimes.pause_all().await?;
-        if exact {
+        if seal {
             self.hub.journal().seal();
         }
         let journal = self.hub.journal().dump().await;
@@ -184,18 +204,21 @@ impl Snapshots {
                 saved: paused.saved.clone(),
             })
             .collect();
-        drop(cut);
-        let records = journal.record_count();
         let body = SnapshotBody {
             journal,
             views,
             runtimes,
         };
-        let meta = if exact {
-            SnapshotMeta::exact_now()
-        } else {
-            SnapshotMeta::periodic_now()
-        };
+        Ok((body, cut))
+    }
+
+    /// Writes `body` off the async threads, then prunes old snapshots.
+    async fn store(
+        &self,
+        body: SnapshotBody,
+        meta: SnapshotMeta,
+    ) -> Result<WrittenSnapshot, SnapshotActionError> {
+        let records = body.journal.record_count();
         let dir = Arc::clone(&self.dir);
         let info = tokio::task::spawn_blocking(move || {
             let info = dir.write(&body, &meta)?;
@@ -318,7 +341,7 @@ impl Snapshots {
                 ticker.tick().await;
                 loop {
                     ticker.tick().await;
-                    match snapshots.write(false).await {
+                    match snapshots.write().await {
                         Ok(written) => tracing::debug!(file = %written.info.path().display(), "periodic snapshot written"),
                         Err(error) => tracing::warn!(%error, "periodic snapshot failed"),
                     }
@@ -405,7 +428,7 @@ mod tests {
             ))
             .await
             .unwrap();
-        let written = snapshots.write(false).await.unwrap();
+        let written = snapshots.write().await.unwrap();
         let name = written.info.file_name();
 
         // The same file, but its runtime state saved by another module.
@@ -450,5 +473,23 @@ mod tests {
             "a live restore always takes a fresh epoch"
         );
         assert_eq!(hub.view("prices").unwrap().keys(), 1);
+    }
+
+    #[tokio::test]
+    async fn nothing_commits_after_the_exact_snapshot_while_its_cut_is_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let (snapshots, hub, handle) = server(dir.path()).await;
+        let (_, cut) = snapshots.write_exact().await.unwrap();
+        let tick = bytes::Bytes::from_static(b"{\"symbol\":\"ACME\",\"price\":1.5,\"seq\":1}\n");
+        let late = tokio::spawn({
+            let handle = handle.clone();
+            let tick = tick.clone();
+            async move { handle.ingest(tick).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!late.is_finished(), "a batch ran after the exact snapshot");
+        assert!(hub.view("prices").is_none_or(|view| view.keys() == 0));
+        drop(cut);
+        late.await.unwrap().unwrap();
     }
 }

@@ -151,10 +151,10 @@ impl World {
                     .await;
             }
             Op::Periodic => {
-                snapshots.write(false).await.map_err(|e| e.to_string())?;
+                snapshots.write().await.map_err(|e| e.to_string())?;
             }
             Op::Graceful => {
-                snapshots.write(true).await.map_err(|e| e.to_string())?;
+                snapshots.write_exact().await.map_err(|e| e.to_string())?;
                 self.hub = Self::start(self.dir.path(), self.rule).await?;
             }
             Op::Crash => {

@@ -268,6 +268,15 @@ impl SnapshotDir {
     pub fn open(dir: impl Into<PathBuf>) -> Result<Self, SnapshotError> {
         let dir = dir.into();
         fs::create_dir_all(&dir).map_err(|e| SnapshotError::io("create directory", &dir, e))?;
+        Self::open_existing(dir)
+    }
+
+    /// Opens a directory that must already exist, creating nothing: for inspection.
+    ///
+    /// # Errors
+    /// [`SnapshotError::Io`] when the directory does not exist or cannot be listed.
+    pub fn open_existing(dir: impl Into<PathBuf>) -> Result<Self, SnapshotError> {
+        let dir = dir.into();
         let mut state = NameState::default();
         for (_, name) in scan(&dir)? {
             state.last_ms = state.last_ms.max(name.unix_ms);
@@ -386,12 +395,14 @@ impl SnapshotDir {
     }
 
     /// Walks snapshots newest → oldest and returns the first that validates completely and
-    /// decodes as `T`, plus every newer file it refused (for the log: "fell back to X because
-    /// Y"). Refused files stay on disk.
+    /// decodes as `T`, plus every newer file it refused as invalid (for the log: "fell back to X
+    /// because Y"). Refused files stay on disk. Only invalid files are passed over: a file that
+    /// cannot be *read* may well be intact, and falling back past it would silently lose what it
+    /// holds.
     ///
     /// # Errors
-    /// [`SnapshotError::Io`] when the directory cannot be read. Per-file errors are in
-    /// [`NewestValid::skipped`].
+    /// [`SnapshotError::Io`] when the directory or a snapshot file cannot be read (naming the
+    /// file). Invalid files are in [`NewestValid::skipped`].
     pub fn load_newest_valid<T: DeserializeOwned>(&self) -> Result<NewestValid<T>, SnapshotError> {
         let mut skipped = Vec::new();
         for (path, name) in self.scan_newest_first()? {
@@ -405,7 +416,8 @@ impl SnapshotDir {
                         skipped,
                     })
                 }
-                Err(error) => skipped.push(Skipped { path, error }),
+                Err(error @ SnapshotError::Invalid { .. }) => skipped.push(Skipped { path, error }),
+                Err(error) => return Err(error),
             }
         }
         Ok(NewestValid {
@@ -749,6 +761,31 @@ mod tests {
         assert_eq!(third.seq(), 3);
         let listed: Vec<u64> = dir.list()?.iter().map(|e| e.seq).collect();
         assert_eq!(listed, [3, 2, 1]);
+        Ok(())
+    }
+
+    #[test]
+    fn an_unreadable_newest_file_stops_the_load_instead_of_falling_back() -> TestResult {
+        let tmp = tempfile::tempdir()?;
+        let dir = SnapshotDir::open(tmp.path())?;
+        dir.write(&State { epoch: 1, n: 1 }, &meta(false, 10))?;
+        // Named like the newest snapshot, but reading it fails (it is a directory).
+        let unreadable = tmp
+            .path()
+            .join("snap-0000000000000020-0000000002-periodic.vtsnap");
+        fs::create_dir(&unreadable)?;
+        let error = dir.load_newest_valid::<State>().err().ok_or("fell back")?;
+        assert!(matches!(error, SnapshotError::Io { .. }), "{error}");
+        assert!(error.to_string().contains("0000000002"), "{error}");
+        Ok(())
+    }
+
+    #[test]
+    fn inspection_creates_nothing() -> TestResult {
+        let tmp = tempfile::tempdir()?;
+        let missing = tmp.path().join("missing");
+        assert!(SnapshotDir::open_existing(&missing).is_err());
+        assert!(!missing.exists());
         Ok(())
     }
 

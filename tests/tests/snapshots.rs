@@ -510,3 +510,81 @@ async fn admin_restore_resets_subscribers_to_the_restored_state() -> anyhow::Res
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_server_on_the_same_data_dir_refuses_at_once() -> anyhow::Result<()> {
+    let server = Server::start(&["--demo-rate", "0"]).await?;
+    let data_dir = server.data_dir().to_string_lossy().into_owned();
+    let (code, out) = cli(&["serve", "--listen", "127.0.0.1:0", "--data-dir", &data_dir]).await?;
+    ensure!(code != 0, "the second server started: {out}");
+    ensure!(
+        out.contains(&data_dir) && out.contains(&format!("pid {}", server.pid())),
+        "names the dir and the holder: {out}"
+    );
+    ensure!(
+        !out.contains("restored snapshot"),
+        "touched the snapshots first: {out}"
+    );
+    ensure!(server.get("/healthz").await?.status() == 200);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspection_changes_nothing_and_names_consumed_snapshots() -> anyhow::Result<()> {
+    let missing = tempfile::tempdir()?.path().join("nope");
+    let (code, out) = cli(&["snapshot", "verify", &missing.to_string_lossy()]).await?;
+    ensure!(code != 0, "verify of a missing dir exits non-zero: {out}");
+    ensure!(!missing.exists(), "verify created {}", missing.display());
+
+    let mut server = Server::start(&["--demo-rate", "0"]).await?;
+    server.stop_graceful().await?;
+    server.restart().await?; // adopts, and so consumes, the exact snapshot
+    let dir = server.data_dir().join("snapshots");
+    let (code, out) = cli(&["snapshot", "verify", &dir.to_string_lossy()]).await?;
+    ensure!(code == 0, "{out}");
+    ensure!(
+        out.lines()
+            .any(|l| l.contains("-consumed.vtsnap") && l.contains("valid    consumed")),
+        "a consumed snapshot is labelled consumed:\n{out}"
+    );
+    ensure!(
+        !out.contains("valid    exact"),
+        "nothing is exact any more:\n{out}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_newest_snapshot_stops_the_start_instead_of_losing_it() -> anyhow::Result<()>
+{
+    let mut server = Server::start(&["--demo-rate", "0"]).await?;
+    let mut feed = Feed::new(&["ACME"]);
+    server.ingest_ok(&feed.batch(3)).await?;
+    let before = server.get("/views/prices").await?.json()?;
+    server.stop_graceful().await?;
+    let data_dir = server.data_dir().to_path_buf();
+    // Named like a newer snapshot, but unreadable (a directory: root reads any file).
+    let unreadable = data_dir
+        .join("snapshots")
+        .join("snap-9999999999999999-9999999999-periodic.vtsnap");
+    std::fs::create_dir(&unreadable)?;
+    let (code, out) = cli(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &data_dir.to_string_lossy(),
+    ])
+    .await?;
+    ensure!(code != 0, "started past an unreadable snapshot: {out}");
+    ensure!(
+        out.contains("9999999999-periodic.vtsnap"),
+        "names the file: {out}"
+    );
+    // Nothing was superseded or consumed: with the obstacle gone, the exact snapshot is adopted.
+    std::fs::remove_dir(&unreadable)?;
+    server.restart().await?;
+    let after = server.get("/views/prices").await?.json()?;
+    ensure!(after == before, "{before} vs {after}");
+    Ok(())
+}

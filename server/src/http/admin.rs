@@ -140,7 +140,7 @@ async fn snapshot_now(
     _: Authorized,
     State(admin): State<Arc<Admin>>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let written = admin.snapshots.write(false).await?;
+    let written = admin.snapshots.write().await?;
     let name = written.info.file_name();
     tracing::info!(
         action = "snapshot",
