@@ -28,7 +28,8 @@
 //! config = ""                 # bytes handed to the guest's `init`
 //! [runtime.limits]
 //! memory = "64MiB"
-//! batch_timeout = "1s"
+//! fuel = 500000000            # CPU per call, counted (~1 per instruction): deterministic
+//! batch_timeout = "1s"        # wall-clock backstop; hitting it is a fault
 //! max_batch = "4MiB"
 //! max_event = "1MiB"
 //! [runtime.source]            # optional pull source besides HTTP ingest
@@ -231,7 +232,9 @@ pub struct LimitsSection {
     /// Largest linear memory.
     #[serde(deserialize_with = "byte_size")]
     pub memory: usize,
-    /// Wall time per batch.
+    /// CPU per call into the guest, in fuel.
+    pub fuel: u64,
+    /// Wall-clock backstop per call.
     #[serde(with = "humantime_serde")]
     pub batch_timeout: Duration,
     /// Largest batch.
@@ -247,6 +250,7 @@ impl Default for LimitsSection {
         let limits = Limits::default();
         Self {
             memory: limits.max_memory_bytes,
+            fuel: limits.fuel,
             batch_timeout: limits.batch_timeout,
             max_batch: limits.max_batch_bytes,
             max_event: limits.max_event_bytes,
@@ -259,6 +263,7 @@ impl LimitsSection {
     pub fn to_limits(&self) -> Limits {
         Limits {
             max_memory_bytes: self.memory,
+            fuel: self.fuel,
             batch_timeout: self.batch_timeout,
             max_batch_bytes: self.max_batch,
             max_event_bytes: self.max_event,
@@ -341,6 +346,12 @@ impl Config {
                         runtime.name
                     ));
                 }
+            }
+            if runtime.limits.fuel == 0 {
+                return Err(format!(
+                    "runtime {:?}: [runtime.limits] fuel must be above zero",
+                    runtime.name
+                ));
             }
             if runtime.limits.batch_timeout.is_zero() {
                 return Err(format!(

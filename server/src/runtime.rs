@@ -109,8 +109,9 @@ pub enum IngestError {
         #[source]
         source: GuestError,
     },
-    /// The runtime could not be re-instantiated after an earlier failure; it retries on every
-    /// batch.
+    /// The runtime could not run the batch for reasons that are not the batch's: it could not
+    /// be re-instantiated after an earlier failure (it retries on every batch), or the guest hit
+    /// the wall-clock backstop. Nothing was committed; sending the batch again may succeed.
     #[error("runtime `{runtime}` is unavailable: {source}")]
     Unavailable {
         /// The runtime.
@@ -556,9 +557,12 @@ impl<S: BatchSink> Task<S> {
                     tracing::error!(error = %err, "re-instantiation failed; will retry on the next batch");
                 }
                 self.lost_input(checkpoint).await;
-                return Err(IngestError::Guest {
-                    runtime: self.name.to_string(),
-                    source,
+                let runtime = self.name.to_string();
+                // The wall-clock backstop is a fault of the moment, not a verdict on the batch.
+                return Err(if matches!(source, GuestError::Timeout { .. }) {
+                    IngestError::Unavailable { runtime, source }
+                } else {
+                    IngestError::Guest { runtime, source }
                 });
             }
         };
@@ -747,7 +751,24 @@ mod tests {
 
     #[tokio::test]
     async fn infinite_loop_does_not_stop_the_runtime() {
+        // Out of fuel: a verdict on the batch, the same every time.
+        let (rt, _journal, _sink) = spawn(guests::MISBEHAVE_WASM, Limits::default()).await;
+        let err = rt.ingest(Bytes::from_static(b"loop")).await.unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                IngestError::Guest {
+                    source: GuestError::FuelExhausted { .. },
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        rt.ingest(Bytes::from_static(b"count")).await.unwrap();
+
+        // Past the wall-clock backstop: a fault, not the batch's.
         let limits = Limits {
+            fuel: u64::MAX,
             batch_timeout: Duration::from_millis(100),
             ..Limits::default()
         };
@@ -756,7 +777,7 @@ mod tests {
         assert!(
             matches!(
                 &err,
-                IngestError::Guest {
+                IngestError::Unavailable {
                     source: GuestError::Timeout { .. },
                     ..
                 }

@@ -8,7 +8,13 @@ pub struct Limits {
     /// Largest linear memory, in bytes. Default 64 MiB. Capped by
     /// [`EngineConfig::max_memory_bytes`].
     pub max_memory_bytes: usize,
-    /// Wall time one call into the guest (a batch, a save, init) may take. Default 1 s.
+    /// CPU one call into the guest (a batch, a save, init) may use, in wasmtime fuel (about
+    /// one unit per WebAssembly instruction). Counted, not timed: the same call on the same
+    /// state always passes or always fails, which a replay relies on. Default 500 million.
+    pub fuel: u64,
+    /// Wall time one call may take: a backstop for what fuel does not count (host calls, a
+    /// starved machine). Hitting it is a fault of the server, not a verdict on the batch.
+    /// Default 1 s.
     pub batch_timeout: Duration,
     /// Largest batch of input, in bytes; bigger batches are refused before the guest sees
     /// them. Default 4 MiB.
@@ -17,10 +23,15 @@ pub struct Limits {
     pub max_event_bytes: usize,
 }
 
+/// [`Limits::fuel`] by default: about a third of a second of guest code on this project's
+/// machines, well inside the default wall-clock backstop.
+pub const DEFAULT_FUEL: u64 = 500_000_000;
+
 impl Default for Limits {
     fn default() -> Self {
         Self {
             max_memory_bytes: 64 << 20,
+            fuel: DEFAULT_FUEL,
             batch_timeout: Duration::from_secs(1),
             max_batch_bytes: 4 << 20,
             max_event_bytes: 1 << 20,

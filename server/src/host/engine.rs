@@ -94,7 +94,12 @@ fn build(config: &EngineConfig, pooled: bool) -> Result<Engine, LoadError> {
     let mut c = Config::new();
     c.cranelift_opt_level(OptLevel::Speed)
         .epoch_interruption(true)
-        .consume_fuel(false)
+        // Determinism: a replay of the same input on the same state must produce the same
+        // output. Fuel makes the CPU limit a count, not a time; NaNs get one bit pattern
+        // whatever the hardware; relaxed SIMD behaves the same on every machine.
+        .consume_fuel(true)
+        .cranelift_nan_canonicalization(true)
+        .relaxed_simd_deterministic(true)
         .wasm_memory64(false)
         .max_wasm_stack(512 << 10);
     if pooled {

@@ -65,8 +65,17 @@ pub enum GuestError {
         /// What the guest reported before trapping (its panic message), if anything.
         message: Option<String>,
     },
-    /// The guest ran past its time limit and was interrupted.
-    #[error("guest exceeded its time limit of {limit:?}")]
+    /// The guest used its whole CPU budget: the same batch on the same state always does.
+    #[error(
+        "guest used up its CPU budget of {fuel} fuel on this call (raise [runtime.limits] fuel)"
+    )]
+    FuelExhausted {
+        /// The budget.
+        fuel: u64,
+    },
+    /// The guest ran past the wall-clock backstop and was interrupted: a fault (the machine
+    /// was starved, or the CPU budget is set too high), not a verdict on the batch.
+    #[error("guest exceeded the wall-clock limit of {limit:?} (raise [runtime.limits] batch_timeout, or lower fuel)")]
     Timeout {
         /// The limit.
         limit: Duration,

@@ -75,6 +75,9 @@ impl GuestInstance {
             },
         );
         store.limiter(|s| &mut s.limiter);
+        store
+            .set_fuel(limits.fuel)
+            .map_err(|e| GuestError::Instantiate(e.into_boxed_dyn_error()))?;
         store.epoch_deadline_callback(|ctx| {
             if Instant::now() >= ctx.data().deadline {
                 Ok(UpdateDeadline::Interrupt)
@@ -218,6 +221,11 @@ impl GuestInstance {
         }
     }
 
+    /// Fuel left of the last call's budget ([`Limits::fuel`]).
+    pub fn fuel_left(&self) -> u64 {
+        self.store.get_fuel().unwrap_or(0)
+    }
+
     /// Calls an export that returns a status.
     async fn call<P: WasmParams + Sync>(
         &mut self,
@@ -250,6 +258,9 @@ impl GuestInstance {
         data.reply = None;
         data.deadline = Instant::now() + limit;
         self.store.set_epoch_deadline(1);
+        self.store
+            .set_fuel(self.limits.fuel)
+            .map_err(|e| GuestError::Instantiate(e.into_boxed_dyn_error()))?;
         match tokio::time::timeout(limit + CANCEL_GRACE, f.call_async(&mut self.store, params))
             .await
         {
@@ -272,6 +283,7 @@ fn classify(err: wasmtime::Error, store: &mut Store<HostState>, limits: &Limits)
         Some(Trap::Interrupt) => GuestError::Timeout {
             limit: limits.batch_timeout,
         },
+        Some(Trap::OutOfFuel) => GuestError::FuelExhausted { fuel: limits.fuel },
         Some(trap) => GuestError::Trap {
             trap: trap.to_string(),
             message: data.error.take(),

@@ -41,7 +41,7 @@ mod instance;
 mod module;
 
 pub use batch::{EventKind, GuestBatch, GuestEvent};
-pub use config::{EngineConfig, Limits};
+pub use config::{EngineConfig, Limits, DEFAULT_FUEL};
 pub use engine::GuestEngine;
 pub use error::{GuestError, LoadError};
 pub use instance::GuestInstance;

@@ -173,8 +173,48 @@ async fn panic_is_a_trap_with_its_message() {
 }
 
 #[tokio::test]
-async fn infinite_loop_is_stopped_within_the_deadline() {
+async fn infinite_loop_uses_up_its_fuel_well_before_the_deadline() {
+    let mut g = instance(misbehave(), Limits::default()).await;
+    let started = Instant::now();
+    let err = g.on_batch(b"loop").await.unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        matches!(err, GuestError::FuelExhausted { fuel } if fuel == DEFAULT_FUEL),
+        "{err}"
+    );
+    assert!(err.to_string().contains("[runtime.limits] fuel"), "{err}");
+    assert!(took < Limits::default().batch_timeout, "{took:?}");
+}
+
+#[tokio::test]
+async fn the_same_batch_always_uses_the_same_fuel() {
+    // Deterministic CPU accounting: fresh instances spend exactly the same fuel on the same
+    // batch, and a budget passes or fails the same way every time.
+    let batch = b"count\npublish v k 1\ncount";
+    let mut used = Vec::new();
+    for _ in 0..3 {
+        let mut g = instance(misbehave(), Limits::default()).await;
+        g.on_batch(batch).await.unwrap();
+        used.push(DEFAULT_FUEL - g.fuel_left());
+    }
+    assert!(used.iter().all(|u| *u == used[0] && *u > 0), "{used:?}");
+    for (fuel, passes) in [(used[0], true), (used[0] / 4, false)] {
+        for _ in 0..3 {
+            let limits = Limits {
+                fuel,
+                ..Limits::default()
+            };
+            let mut g = instance(misbehave(), limits).await;
+            let outcome = g.on_batch(batch).await;
+            assert_eq!(outcome.is_ok(), passes, "fuel {fuel}: {outcome:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_wall_clock_backstop_still_stops_a_guest_with_a_huge_budget() {
     let limits = Limits {
+        fuel: u64::MAX,
         batch_timeout: Duration::from_millis(200),
         ..Limits::default()
     };
