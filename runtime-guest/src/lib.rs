@@ -117,9 +117,29 @@
 //! - No WASI: no files, clock, randomness or network. Put what you need (timestamps) in the
 //!   input.
 //! - View names are 1–128 bytes of `[A-Za-z0-9._-]`; keys are any UTF-8.
-//! - Memory (64 MiB by default), time per batch (1 s by default), batch size and event payload
-//!   size are bounded by the server.
+//! - Memory (64 MiB by default), CPU per batch, batch size and event payload size are bounded
+//!   by the server (`[runtime.limits]` in its config).
 //! - Events are committed in the order you emit them; gaps before the batch's events.
+//!
+//! ## Determinism
+//!
+//! The server may run a batch again — to rebuild its state after a restart, or on another node
+//! of a cluster — and requires the same output every time: **your output must be a function of
+//! your state and your input only.** The host makes most of that automatic:
+//!
+//! - There is no clock, no randomness and no I/O to import. Take timestamps and ids from the
+//!   input; seed any pseudo-random generator from your state.
+//! - CPU is counted, not timed: every call gets a budget of *fuel* (`[runtime.limits] fuel`,
+//!   500 million by default, about one unit per WebAssembly instruction). A batch that runs
+//!   out fails the same way every time, with an error naming the setting. A wall-clock limit
+//!   (`batch_timeout`, 1 s) remains as a backstop; hitting it is treated as a fault of the
+//!   server, and the batch can be sent again.
+//! - Floating point is deterministic: NaNs get one canonical bit pattern whatever the
+//!   machine, and relaxed SIMD behaves the same everywhere.
+//! - Memory limits are deterministic too: the same batch on the same state allocates the same.
+//!
+//! What the host cannot check, you keep: iterate `HashMap`s only where order does not reach
+//! your output (or use `BTreeMap`, whose order is fixed), and do not depend on addresses.
 //!
 //! See `examples/guests/ticker` and `examples/guests/logstats` in the viewtape repository for
 //! real runtimes.
