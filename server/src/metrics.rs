@@ -451,14 +451,7 @@ mod tests {
                 payload: Bytes::from_static(b"{}"),
             })
             .collect();
-        hub.commit(
-            "test",
-            GuestBatch {
-                events,
-                gaps: vec![],
-            },
-        )
-        .await;
+        hub.commit("test", GuestBatch::of_events(events)).await;
         let after = metrics.render().unwrap();
         for line in [
             "viewtape_events_published_total 3",

@@ -38,6 +38,16 @@ pub struct GuestBatch {
     pub gaps: Vec<String>,
 }
 
+impl GuestBatch {
+    /// A batch of `events` that reported no gap.
+    pub fn of_events(events: Vec<GuestEvent>) -> Self {
+        Self {
+            events,
+            gaps: Vec::new(),
+        }
+    }
+}
+
 /// Interns view names so an event costs an `Arc` clone, not a `String`.
 #[derive(Debug, Default)]
 pub(crate) struct ViewNames {

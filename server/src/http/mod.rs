@@ -134,11 +134,11 @@ async fn index() -> Html<&'static str> {
     Html(include_str!("../../static/index.html"))
 }
 
-async fn metrics(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
-    let Ok(body) = state.metrics.render() else {
-        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
-    };
-    ([(header::CONTENT_TYPE, Metrics::CONTENT_TYPE)], body).into_response()
+async fn metrics(
+    axum::extract::State(state): axum::extract::State<AppState>,
+) -> Result<Response, ApiError> {
+    let body = state.metrics.render().map_err(ApiError::internal)?;
+    Ok(([(header::CONTENT_TYPE, Metrics::CONTENT_TYPE)], body).into_response())
 }
 
 /// A router over an empty hub with no runtimes and admin disabled, for tests without a socket.

@@ -170,14 +170,7 @@ mod tests {
                 payload: bytes::Bytes::from(format!("{{\"n\":{i}}}")),
             })
             .collect();
-        hub.commit(
-            "test",
-            GuestBatch {
-                events,
-                gaps: vec![],
-            },
-        )
-        .await;
+        hub.commit("test", GuestBatch::of_events(events)).await;
         let request = axum::http::Request::get("/views/v")
             .body(axum::body::Body::empty())
             .unwrap();
