@@ -9,6 +9,8 @@
 //!   fallback, retention, consuming exact snapshots), [`read_header`], [`verify_file`],
 //!   [`load_file`].
 //! - `error.rs` — [`FormatError`] (bytes) and [`SnapshotError`] (files).
+//! - [`log`] — the log's segment files (`DESIGN.md` §8): framing, checksums, torn-tail repair,
+//!   and a writer with group commit.
 //!
 //! The format is generic over the body: any `T: Serialize` / `T: DeserializeOwned`. The server
 //! passes the journal dump, runtime states, checkpoints and module hashes in one serde struct.
@@ -106,6 +108,7 @@ mod codec;
 mod dir;
 mod error;
 mod header;
+pub mod log;
 
 pub use codec::{decode, decode_borrowed, encode, encode_with_capacity, verify};
 pub use dir::{

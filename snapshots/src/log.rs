@@ -1,0 +1,953 @@
+//! The log: segment files of checksummed records, and a writer with group commit.
+//!
+//! A log is a directory of *segments*, `log-<first position:020>.vtlog`. A record is opaque
+//! bytes (the server's encoded batch) with a *position*: 1, 2, 3, … across segments, dense and
+//! never reused, so "everything after position P" is what a restart replays on top of a
+//! snapshot taken at P.
+//!
+//! ## Format
+//!
+//! A segment starts with a 24-byte header, then records back to back:
+//!
+//! | bytes | field |
+//! |---|---|
+//! | `0..8` | magic [`LOG_MAGIC`] |
+//! | `8..10` | format version, `u16` LE ([`LOG_VERSION`]) |
+//! | `10..12` | zero |
+//! | `12..20` | position of its first record, `u64` LE |
+//! | `20..24` | CRC-32C of bytes `0..20` |
+//!
+//! | record bytes | field |
+//! |---|---|
+//! | `0..4` | payload length, `u32` LE (at most [`MAX_RECORD_BYTES`]) |
+//! | `4..8` | CRC-32C of bytes `8..` of the record (position and payload) |
+//! | `8..16` | position, `u64` LE |
+//! | `16..` | payload |
+//!
+//! ## Damage
+//!
+//! Records are appended and synced in order, so a crash can only leave the *last* record of the
+//! *newest* segment partly written: a **torn tail**. It was never acknowledged, and
+//! [`LogDir::repair`] cuts it off. Everything else — a bad record with an intact one after it, a
+//! bad segment header, a position out of sequence, a missing segment — is **corruption**: it
+//! can never be repaired silently, because records after it may have been acknowledged. A scan
+//! tells the two apart by searching the bytes after the first bad record for any intact record
+//! frame; finding one means corruption. [`LogDir::scan`] only reads; nothing in this module
+//! deletes a damaged file ([`LogDir::set_aside`] renames it).
+//!
+//! ## Group commit
+//!
+//! [`LogWriter`] owns the newest segment on a thread of its own. Appends queue up while it
+//! writes and syncs; the next round takes every queued record, writes them with one write and
+//! makes them durable with one `fdatasync`, then completes them all: a busy server pays one sync
+//! for many batches. A failed write or sync *poisons* the writer — what reached the disk is
+//! unknown, and retrying `fsync` on the same descriptor cannot be trusted — and every later
+//! append fails until the log is reopened and scanned again.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+/// The first bytes of every segment.
+pub const LOG_MAGIC: [u8; 8] = *b"\x89VTLOG\r\n";
+/// The segment format this build writes and reads.
+pub const LOG_VERSION: u16 = 1;
+/// Largest record payload.
+pub const MAX_RECORD_BYTES: usize = 64 << 20;
+const SEGMENT_HEADER_LEN: usize = 24;
+const RECORD_HEADER_LEN: usize = 16;
+const SEGMENT_PREFIX: &str = "log-";
+const SEGMENT_SUFFIX: &str = ".vtlog";
+/// Most payload bytes one group commit writes.
+const GROUP_BYTES: usize = 8 << 20;
+
+/// What went wrong with a log.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LogError {
+    /// Reading, writing or syncing a file failed.
+    #[error("log I/O failed: {action} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A payload over [`MAX_RECORD_BYTES`].
+    #[error("log record of {0} bytes is over the limit of {MAX_RECORD_BYTES}")]
+    TooLarge(usize),
+    /// A write or sync failed (this one or an earlier one); nothing more is written until the
+    /// log is reopened and scanned.
+    #[error("the log is poisoned ({0}); nothing is written until it is reopened")]
+    Poisoned(String),
+    /// The writer's thread has stopped.
+    #[error("the log writer has stopped")]
+    Stopped,
+}
+
+impl LogError {
+    fn io(action: &'static str, path: &Path, source: io::Error) -> Self {
+        Self::Io {
+            action,
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+/// How durable an acknowledged append is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Synced to the device (`fdatasync`) before it is acknowledged.
+    Fsync,
+    /// Handed to the operating system: survives a crash of the process, not of the machine.
+    Os,
+}
+
+/// One record read back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogRecord {
+    /// Its position.
+    pub position: u64,
+    /// Its payload.
+    pub payload: Vec<u8>,
+}
+
+/// Damage a scan found in one segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Damage {
+    /// The last record is partly written: safe to cut at `valid_len`.
+    TornTail {
+        /// Bytes of the segment that hold intact records.
+        valid_len: u64,
+    },
+    /// Damage that cannot be repaired silently, at `offset`.
+    Corrupt {
+        /// Where the first bad byte range starts.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// One segment as a scan found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentScan {
+    /// The file.
+    pub path: PathBuf,
+    /// The position its name and header give for its first record.
+    pub first: u64,
+    /// Intact records, from `first`.
+    pub records: u64,
+    /// Its size on disk.
+    pub len: u64,
+    /// What is wrong with it, if anything.
+    pub damage: Option<Damage>,
+}
+
+impl SegmentScan {
+    /// The position after its last intact record.
+    pub fn next(&self) -> u64 {
+        self.first + self.records
+    }
+}
+
+/// What [`LogDir::scan`] found, oldest segment first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogScan {
+    /// Every segment.
+    pub segments: Vec<SegmentScan>,
+}
+
+impl LogScan {
+    /// The position the next record takes, after the last intact one.
+    pub fn next(&self) -> u64 {
+        self.segments.last().map_or(1, SegmentScan::next)
+    }
+
+    /// The first damage that is not a torn tail of the newest segment, and where: the point up
+    /// to which the log is proven. Segments must also follow each other without a hole.
+    pub fn corruption(&self) -> Option<(PathBuf, String)> {
+        let last = self.segments.len().saturating_sub(1);
+        let mut expected = self.segments.first().map(|s| s.first);
+        for (i, segment) in self.segments.iter().enumerate() {
+            if expected.is_some_and(|e| e != segment.first) {
+                return Some((
+                    segment.path.clone(),
+                    format!(
+                        "starts at position {} where {} was expected (a segment is missing)",
+                        segment.first,
+                        expected.unwrap_or_default()
+                    ),
+                ));
+            }
+            match &segment.damage {
+                Some(Damage::Corrupt { offset, reason }) => {
+                    return Some((segment.path.clone(), format!("at byte {offset}: {reason}")))
+                }
+                Some(Damage::TornTail { valid_len }) if i != last => {
+                    return Some((
+                        segment.path.clone(),
+                        format!("ends in a partial record at byte {valid_len}, but is not the newest segment"),
+                    ))
+                }
+                _ => {}
+            }
+            expected = Some(segment.next());
+        }
+        None
+    }
+}
+
+/// A log directory.
+#[derive(Debug)]
+pub struct LogDir {
+    dir: PathBuf,
+}
+
+impl LogDir {
+    /// The log in `dir`, created if missing.
+    ///
+    /// # Errors
+    /// The directory cannot be created.
+    pub fn create(dir: impl Into<PathBuf>) -> Result<Self, LogError> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir).map_err(|e| LogError::io("create directory", &dir, e))?;
+        Ok(Self { dir })
+    }
+
+    /// The log in `dir`, which must exist; creates nothing (for inspection).
+    ///
+    /// # Errors
+    /// `dir` is not a directory.
+    pub fn open_existing(dir: impl Into<PathBuf>) -> Result<Self, LogError> {
+        let dir = dir.into();
+        let meta = fs::metadata(&dir).map_err(|e| LogError::io("open", &dir, e))?;
+        if !meta.is_dir() {
+            return Err(LogError::io(
+                "open",
+                &dir,
+                io::ErrorKind::NotADirectory.into(),
+            ));
+        }
+        Ok(Self { dir })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Reads every segment and reports what is intact and what is damaged. Changes nothing.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] naming the file that could not be read.
+    pub fn scan(&self) -> Result<LogScan, LogError> {
+        let mut segments = Vec::new();
+        for (first, path) in self.segment_files()? {
+            let bytes = fs::read(&path).map_err(|e| LogError::io("read", &path, e))?;
+            segments.push(scan_segment(path, first, &bytes));
+        }
+        Ok(LogScan { segments })
+    }
+
+    /// Cuts a torn tail off the newest segment (and syncs it), as `scan` found it. Returns the
+    /// bytes cut. Call it only when [`LogScan::corruption`] is `None`.
+    ///
+    /// # Errors
+    /// The file cannot be truncated or synced.
+    pub fn repair(&self, scan: &LogScan) -> Result<u64, LogError> {
+        let Some(newest) = scan.segments.last() else {
+            return Ok(0);
+        };
+        let Some(Damage::TornTail { valid_len }) = newest.damage else {
+            return Ok(0);
+        };
+        let file = OpenOptions::new()
+            .write(true)
+            .open(&newest.path)
+            .map_err(|e| LogError::io("open", &newest.path, e))?;
+        file.set_len(valid_len)
+            .map_err(|e| LogError::io("truncate", &newest.path, e))?;
+        file.sync_all()
+            .map_err(|e| LogError::io("sync", &newest.path, e))?;
+        Ok(newest.len - valid_len)
+    }
+
+    /// Renames a damaged segment out of the log (`….vtlog.damaged`), keeping it for inspection.
+    ///
+    /// # Errors
+    /// The rename or the directory sync fails.
+    pub fn set_aside(&self, segment: &Path) -> Result<PathBuf, LogError> {
+        let mut kept = segment.as_os_str().to_owned();
+        kept.push(".damaged");
+        let kept = PathBuf::from(kept);
+        fs::rename(segment, &kept).map_err(|e| LogError::io("rename", segment, e))?;
+        sync_dir(&self.dir)?;
+        Ok(kept)
+    }
+
+    /// Calls `visit` with every intact record after position `after`, in order, stopping at the
+    /// first damage.
+    ///
+    /// # Errors
+    /// A segment cannot be read, or `visit` fails (its error is returned).
+    pub fn read_after<E: From<LogError>>(
+        &self,
+        after: u64,
+        mut visit: impl FnMut(LogRecord) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let files = self.segment_files()?;
+        for (i, (first, path)) in files.iter().enumerate() {
+            let next_first = files.get(i + 1).map(|(f, _)| *f);
+            if next_first.is_some_and(|n| n <= after + 1) {
+                continue; // every record of this segment is at or before `after`
+            }
+            let bytes = fs::read(path).map_err(|e| LogError::io("read", path, e))?;
+            let mut at = SEGMENT_HEADER_LEN;
+            let mut position = *first;
+            while let Some((payload, len)) = record_at(&bytes, at, position) {
+                if position > after {
+                    visit(LogRecord {
+                        position,
+                        payload: payload.to_vec(),
+                    })?;
+                }
+                at += len;
+                position += 1;
+            }
+            if at != bytes.len() {
+                return Ok(()); // damage: nothing after it is proven
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes the segments whose records are all at or before `position` (what the kept
+    /// snapshots no longer need). The newest segment is never deleted. Returns how many were.
+    ///
+    /// # Errors
+    /// Listing or deleting fails.
+    pub fn delete_before(&self, position: u64) -> Result<usize, LogError> {
+        let files = self.segment_files()?;
+        let mut deleted = 0;
+        for pair in files.windows(2) {
+            let [(_, path), (next_first, _)] = pair else {
+                continue;
+            };
+            if *next_first <= position + 1 {
+                fs::remove_file(path).map_err(|e| LogError::io("delete", path, e))?;
+                deleted += 1;
+            }
+        }
+        if deleted > 0 {
+            sync_dir(&self.dir)?;
+        }
+        Ok(deleted)
+    }
+
+    /// The segment files, by first position.
+    fn segment_files(&self) -> Result<Vec<(u64, PathBuf)>, LogError> {
+        let entries = fs::read_dir(&self.dir).map_err(|e| LogError::io("list", &self.dir, e))?;
+        let mut files = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| LogError::io("list", &self.dir, e))?;
+            let name = entry.file_name();
+            let first = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(SEGMENT_PREFIX)?.strip_suffix(SEGMENT_SUFFIX))
+                .filter(|digits| digits.len() == 20)
+                .and_then(|digits| digits.parse::<u64>().ok());
+            if let Some(first) = first {
+                files.push((first, entry.path()));
+            }
+        }
+        files.sort();
+        Ok(files)
+    }
+
+    fn segment_path(&self, first: u64) -> PathBuf {
+        self.dir
+            .join(format!("{SEGMENT_PREFIX}{first:020}{SEGMENT_SUFFIX}"))
+    }
+}
+
+/// Checks one segment's bytes.
+fn scan_segment(path: PathBuf, first: u64, bytes: &[u8]) -> SegmentScan {
+    let len = bytes.len() as u64;
+    let header_error = match bytes.get(..SEGMENT_HEADER_LEN) {
+        None => Some("shorter than a segment header".to_owned()),
+        Some(header) => check_header(header, first).err(),
+    };
+    if let Some(reason) = header_error {
+        // A new segment whose header never reached the disk whole holds no record yet.
+        let damage = if bytes.len() < SEGMENT_HEADER_LEN && segment_header(first).starts_with(bytes)
+        {
+            Damage::TornTail { valid_len: 0 }
+        } else {
+            Damage::Corrupt { offset: 0, reason }
+        };
+        return SegmentScan {
+            path,
+            first,
+            records: 0,
+            len,
+            damage: Some(damage),
+        };
+    }
+    let mut at = SEGMENT_HEADER_LEN;
+    let mut records = 0;
+    while let Some((_, record_len)) = record_at(bytes, at, first + records) {
+        at += record_len;
+        records += 1;
+    }
+    let damage = (at != bytes.len()).then(|| {
+        // An intact record anywhere after the bad one means it is not a torn tail.
+        match (at + 1..bytes.len()).find(|&from| frame_at(bytes, from).is_some()) {
+            Some(_) => Damage::Corrupt {
+                offset: at as u64,
+                reason: "a bad record with intact records after it".to_owned(),
+            },
+            None => Damage::TornTail {
+                valid_len: at as u64,
+            },
+        }
+    });
+    SegmentScan {
+        path,
+        first,
+        records,
+        len,
+        damage,
+    }
+}
+
+fn check_header(header: &[u8], first: u64) -> Result<(), String> {
+    if header[..8] != LOG_MAGIC {
+        return Err("not a viewtape log segment (bad magic)".to_owned());
+    }
+    if crc32c::crc32c(&header[..20]) != u32_at(header, 20) {
+        return Err("segment header checksum mismatch".to_owned());
+    }
+    let version = u16::from_le_bytes([header[8], header[9]]);
+    if version != LOG_VERSION {
+        return Err(format!(
+            "segment format version {version}; this build reads {LOG_VERSION}"
+        ));
+    }
+    let named = u64_at(header, 12);
+    if named != first {
+        return Err(format!(
+            "header says first position {named}, the name says {first}"
+        ));
+    }
+    Ok(())
+}
+
+/// An intact record frame at `at`: its position, payload and length.
+fn frame_at(bytes: &[u8], at: usize) -> Option<(u64, &[u8], usize)> {
+    let head = bytes.get(at..at.checked_add(RECORD_HEADER_LEN)?)?;
+    let payload_len = u32_at(head, 0) as usize;
+    if payload_len > MAX_RECORD_BYTES {
+        return None;
+    }
+    let end = at + RECORD_HEADER_LEN + payload_len;
+    let covered = bytes.get(at + 8..end)?;
+    (crc32c::crc32c(covered) == u32_at(head, 4)).then(|| {
+        (
+            u64_at(head, 8),
+            &bytes[at + RECORD_HEADER_LEN..end],
+            end - at,
+        )
+    })
+}
+
+/// The intact record at `at` if it has position `position`.
+fn record_at(bytes: &[u8], at: usize, position: u64) -> Option<(&[u8], usize)> {
+    frame_at(bytes, at)
+        .filter(|(found, _, _)| *found == position)
+        .map(|(_, payload, len)| (payload, len))
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&bytes[at..at + 4]);
+    u32::from_le_bytes(b)
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(b)
+}
+
+fn sync_dir(dir: &Path) -> Result<(), LogError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| LogError::io("sync directory", dir, e))
+}
+
+/// Appends `position` and `payload` as one record frame to `out`.
+fn put_record(out: &mut Vec<u8>, position: u64, payload: &[u8]) {
+    let start = out.len();
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&position.to_le_bytes());
+    out.extend_from_slice(payload);
+    let crc = crc32c::crc32c(&out[start + 8..]);
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// How a [`LogWriter`] writes.
+#[derive(Clone, Copy, Debug)]
+pub struct WriterOptions {
+    /// When an append is acknowledged.
+    pub durability: Durability,
+    /// A new segment starts once the current one holds this many bytes.
+    pub segment_bytes: u64,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        Self {
+            durability: Durability::Fsync,
+            segment_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Called once an append is durable (with its position) or has failed.
+pub type Completion = Box<dyn FnOnce(Result<u64, LogError>) + Send>;
+
+struct Append {
+    payload: Vec<u8>,
+    done: Completion,
+}
+
+/// Appends records to a log with group commit; see the module docs. Dropping it stops the
+/// writer after the queued appends.
+pub struct LogWriter {
+    queue: Option<mpsc::Sender<Append>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for LogWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogWriter").finish_non_exhaustive()
+    }
+}
+
+impl LogWriter {
+    /// Starts writing `log` at position `next` (what a scan, and a repair, left), in its newest
+    /// segment or a new one.
+    ///
+    /// # Errors
+    /// The segment cannot be opened or created.
+    pub fn start(log: &LogDir, next: u64, options: WriterOptions) -> Result<Self, LogError> {
+        let files = log.segment_files()?;
+        let (file, path, len) = match files.last() {
+            Some((_, path)) => {
+                let mut file = OpenOptions::new()
+                    .append(true)
+                    .read(true)
+                    .open(path)
+                    .map_err(|e| LogError::io("open", path, e))?;
+                let len = file
+                    .seek(SeekFrom::End(0))
+                    .map_err(|e| LogError::io("seek", path, e))?;
+                if len < SEGMENT_HEADER_LEN as u64 {
+                    new_segment(log, next)?
+                } else {
+                    (file, path.clone(), len)
+                }
+            }
+            None => new_segment(log, next)?,
+        };
+        let (queue, appends) = mpsc::channel::<Append>();
+        let mut state = WriterState {
+            dir: LogDir {
+                dir: log.dir.clone(),
+            },
+            file,
+            path,
+            len,
+            next,
+            options,
+            poisoned: None,
+        };
+        let thread = std::thread::Builder::new()
+            .name("viewtape-log".into())
+            .spawn(move || state.run(&appends))
+            .map_err(|e| LogError::io("start the writer for", &log.dir, e))?;
+        Ok(Self {
+            queue: Some(queue),
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues `payload`; `done` is called, on the writer's thread, once it is durable (with its
+    /// position) or has failed. Keep `done` short: it delays the next group.
+    pub fn append(&self, payload: Vec<u8>, done: Completion) {
+        if payload.len() > MAX_RECORD_BYTES {
+            return done(Err(LogError::TooLarge(payload.len())));
+        }
+        let Some(queue) = &self.queue else {
+            return done(Err(LogError::Stopped));
+        };
+        if let Err(mpsc::SendError(append)) = queue.send(Append { payload, done }) {
+            (append.done)(Err(LogError::Stopped));
+        }
+    }
+}
+
+impl Drop for LogWriter {
+    fn drop(&mut self) {
+        self.queue = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The header of the segment whose first record has position `first`.
+fn segment_header(first: u64) -> Vec<u8> {
+    let mut header = Vec::with_capacity(SEGMENT_HEADER_LEN);
+    header.extend_from_slice(&LOG_MAGIC);
+    header.extend_from_slice(&LOG_VERSION.to_le_bytes());
+    header.extend_from_slice(&[0, 0]);
+    header.extend_from_slice(&first.to_le_bytes());
+    let crc = crc32c::crc32c(&header);
+    header.extend_from_slice(&crc.to_le_bytes());
+    header
+}
+
+fn new_segment(log: &LogDir, first: u64) -> Result<(File, PathBuf, u64), LogError> {
+    let path = log.segment_path(first);
+    let header = segment_header(first);
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .read(true)
+        .open(&path)
+        .map_err(|e| LogError::io("create", &path, e))?;
+    file.write_all(&header)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| LogError::io("write", &path, e))?;
+    sync_dir(&log.dir)?;
+    Ok((file, path, SEGMENT_HEADER_LEN as u64))
+}
+
+struct WriterState {
+    dir: LogDir,
+    file: File,
+    path: PathBuf,
+    len: u64,
+    next: u64,
+    options: WriterOptions,
+    /// Why writing stopped for good, once it has.
+    poisoned: Option<String>,
+}
+
+impl WriterState {
+    fn run(&mut self, appends: &mpsc::Receiver<Append>) {
+        let mut group = Vec::new();
+        let mut bytes = Vec::new();
+        while let Ok(first) = appends.recv() {
+            let mut queued = first.payload.len();
+            group.push(first);
+            // Everything queued meanwhile shares this round's write and sync (up to 8 MiB).
+            while queued < GROUP_BYTES {
+                let Ok(append) = appends.try_recv() else {
+                    break;
+                };
+                queued += append.payload.len();
+                group.push(append);
+            }
+            bytes.clear();
+            let first_position = self.next;
+            let result = self.write_group(&group, &mut bytes);
+            for (i, append) in group.drain(..).enumerate() {
+                let outcome = match &result {
+                    Ok(()) => Ok(first_position + i as u64),
+                    Err(reason) => Err(LogError::Poisoned(reason.clone())),
+                };
+                (append.done)(outcome);
+            }
+        }
+    }
+
+    /// Writes and (with [`Durability::Fsync`]) syncs one group; the first failure poisons.
+    fn write_group(&mut self, group: &[Append], bytes: &mut Vec<u8>) -> Result<(), String> {
+        if let Some(reason) = &self.poisoned {
+            return Err(reason.clone());
+        }
+        let written = self.try_write_group(group, bytes);
+        if let Err(error) = &written {
+            self.poisoned = Some(error.to_string());
+        }
+        written.map_err(|error| error.to_string())
+    }
+
+    fn try_write_group(&mut self, group: &[Append], bytes: &mut Vec<u8>) -> Result<(), LogError> {
+        if self.len >= self.options.segment_bytes {
+            (self.file, self.path, self.len) = new_segment(&self.dir, self.next)?;
+        }
+        for (i, append) in group.iter().enumerate() {
+            put_record(bytes, self.next + i as u64, &append.payload);
+        }
+        self.file
+            .write_all(bytes)
+            .map_err(|e| LogError::io("write", &self.path, e))?;
+        if self.options.durability == Durability::Fsync {
+            self.file
+                .sync_data()
+                .map_err(|e| LogError::io("sync", &self.path, e))?;
+        }
+        self.len += bytes.len() as u64;
+        self.next += group.len() as u64;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+    /// Appends every payload, one at a time (one record per group: segments rotate finely).
+    fn append_each(writer: &LogWriter, payloads: Vec<Vec<u8>>) -> Vec<(u64, Vec<u8>)> {
+        payloads
+            .into_iter()
+            .map(|payload| {
+                let (tx, rx) = mpsc::channel();
+                writer.append(
+                    payload.clone(),
+                    Box::new(move |result| {
+                        let _ = tx.send(result);
+                    }),
+                );
+                (rx.recv().expect("completion").expect("appended"), payload)
+            })
+            .collect()
+    }
+
+    /// Appends every payload from four threads at once; returns the positions given.
+    fn append_all(writer: &LogWriter, payloads: Vec<Vec<u8>>) -> Vec<(u64, Vec<u8>)> {
+        let given = Arc::new(Mutex::new(Vec::new()));
+        let (done_tx, done_rx) = mpsc::channel();
+        let n = payloads.len();
+        std::thread::scope(|scope| {
+            for chunk in payloads.chunks(n.div_ceil(4).max(1)) {
+                let (given, done_tx) = (Arc::clone(&given), done_tx.clone());
+                scope.spawn(move || {
+                    for payload in chunk {
+                        let (given, done_tx, copy) =
+                            (Arc::clone(&given), done_tx.clone(), payload.clone());
+                        writer.append(
+                            payload.clone(),
+                            Box::new(move |result| {
+                                let position = result.expect("appended");
+                                given.lock().expect("lock").push((position, copy));
+                                let _ = done_tx.send(());
+                            }),
+                        );
+                    }
+                });
+            }
+        });
+        for _ in 0..n {
+            done_rx.recv().expect("completion");
+        }
+        let mut given = given.lock().expect("lock").clone();
+        given.sort();
+        given
+    }
+
+    fn read_all(log: &LogDir, after: u64) -> Result<Vec<LogRecord>, LogError> {
+        let mut records = Vec::new();
+        log.read_after(after, |record| {
+            records.push(record);
+            Ok::<_, LogError>(())
+        })?;
+        Ok(records)
+    }
+
+    fn payloads(n: usize) -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|i| format!("batch {i}").repeat(i % 7 + 1).into_bytes())
+            .collect()
+    }
+
+    fn small_segments() -> WriterOptions {
+        WriterOptions {
+            segment_bytes: 2_000,
+            ..WriterOptions::default()
+        }
+    }
+
+    #[test]
+    fn concurrent_appends_get_dense_positions_and_read_back_in_order() -> TestResult {
+        let tmp = tempfile::tempdir()?;
+        let log = LogDir::create(tmp.path())?;
+        let writer = LogWriter::start(&log, 1, small_segments())?;
+        let mut given = append_all(&writer, payloads(300));
+        given.extend(append_each(&writer, payloads(60)));
+        drop(writer);
+        let positions: Vec<u64> = given.iter().map(|(p, _)| *p).collect();
+        assert_eq!(positions, (1..=360).collect::<Vec<_>>());
+        let scan = log.scan()?;
+        assert!(scan.segments.len() >= 3, "rotated: {}", scan.segments.len());
+        assert_eq!(scan.corruption(), None);
+        assert_eq!(scan.next(), 361);
+        let read = read_all(&log, 0)?;
+        assert_eq!(read.len(), 360);
+        for (record, (position, payload)) in read.iter().zip(&given) {
+            assert_eq!((record.position, &record.payload), (*position, payload));
+        }
+        assert_eq!(read_all(&log, 250)?.first().map(|r| r.position), Some(251));
+        // A reopened writer continues the numbering.
+        let writer = LogWriter::start(&log, scan.next(), small_segments())?;
+        let more = append_all(&writer, payloads(5));
+        assert_eq!(more.first().map(|(p, _)| *p), Some(361));
+        Ok(())
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_and_the_log_continues() -> TestResult {
+        let tmp = tempfile::tempdir()?;
+        let log = LogDir::create(tmp.path())?;
+        let writer = LogWriter::start(&log, 1, WriterOptions::default())?;
+        append_all(&writer, payloads(10));
+        drop(writer);
+        let newest = log
+            .scan()?
+            .segments
+            .last()
+            .ok_or("no segment")?
+            .path
+            .clone();
+        // Half a record, then zeros a crashed file system may leave.
+        let mut file = OpenOptions::new().append(true).open(&newest)?;
+        file.write_all(&[30, 0, 0, 0, 1, 2, 3, 4, 11, 0, 0])?;
+        file.write_all(&[0; 100])?;
+        let scan = log.scan()?;
+        assert_eq!(scan.corruption(), None);
+        assert!(matches!(
+            scan.segments.last().and_then(|s| s.damage.clone()),
+            Some(Damage::TornTail { .. })
+        ));
+        assert_eq!(scan.next(), 11);
+        assert_eq!(log.repair(&scan)?, 111);
+        assert_eq!(
+            log.scan()?.segments.last().and_then(|s| s.damage.clone()),
+            None
+        );
+        let writer = LogWriter::start(&log, scan.next(), WriterOptions::default())?;
+        append_all(&writer, payloads(1));
+        drop(writer);
+        assert_eq!(read_all(&log, 0)?.len(), 11);
+        Ok(())
+    }
+
+    #[test]
+    fn corruption_before_the_tail_and_missing_segments_are_never_repaired() -> TestResult {
+        let tmp = tempfile::tempdir()?;
+        let log = LogDir::create(tmp.path())?;
+        let writer = LogWriter::start(&log, 1, small_segments())?;
+        append_each(&writer, payloads(100));
+        drop(writer);
+        let scan = log.scan()?;
+        let newest = scan.segments.last().ok_or("no segment")?;
+        // A flipped byte inside the newest segment's first record.
+        let mut bytes = fs::read(&newest.path)?;
+        bytes[SEGMENT_HEADER_LEN + 20] ^= 0x40;
+        fs::write(&newest.path, &bytes)?;
+        let (path, reason) = log.scan()?.corruption().ok_or("not detected")?;
+        assert_eq!(path, newest.path);
+        assert!(reason.contains("intact records after it"), "{reason}");
+        // Reading stops at the damage: nothing after it is served.
+        assert_eq!(read_all(&log, 0)?.len() as u64, newest.first - 1);
+
+        // A missing middle segment.
+        let tmp = tempfile::tempdir()?;
+        let log = LogDir::create(tmp.path())?;
+        let writer = LogWriter::start(&log, 1, small_segments())?;
+        append_each(&writer, payloads(100));
+        drop(writer);
+        let middle = log.scan()?.segments[1].path.clone();
+        fs::remove_file(&middle)?;
+        let (_, reason) = log.scan()?.corruption().ok_or("not detected")?;
+        assert!(reason.contains("missing"), "{reason}");
+        let kept = log.set_aside(&log.scan()?.segments[1].path)?;
+        assert!(kept.exists());
+        Ok(())
+    }
+
+    #[test]
+    fn old_segments_are_deleted_once_no_snapshot_needs_them() -> TestResult {
+        let tmp = tempfile::tempdir()?;
+        let log = LogDir::create(tmp.path())?;
+        let writer = LogWriter::start(&log, 1, small_segments())?;
+        append_each(&writer, payloads(100));
+        drop(writer);
+        let before = log.scan()?.segments;
+        let keep_from = before[2].first; // a snapshot at position keep_from - 1
+        assert_eq!(log.delete_before(keep_from - 1)?, 2);
+        let after = log.scan()?;
+        assert_eq!(after.segments.first().map(|s| s.first), Some(keep_from));
+        assert_eq!(after.corruption(), None);
+        assert_eq!(read_all(&log, keep_from - 1)?.len() as u64, 101 - keep_from);
+        Ok(())
+    }
+
+    #[test]
+    fn inspection_creates_nothing() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let missing = tmp.path().join("log");
+        assert!(LogDir::open_existing(&missing).is_err());
+        assert!(!missing.exists());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// A crash at any byte of a write: the scan finds no corruption, every record wholly
+        /// written before the cut reads back as it was, and nothing after it.
+        #[test]
+        fn a_cut_at_any_byte_is_a_torn_tail(n in 1usize..40, cut in 0.0f64..1.0) {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let log = LogDir::create(tmp.path()).expect("log");
+            let writer = LogWriter::start(&log, 1, WriterOptions::default()).expect("writer");
+            let given = append_all(&writer, payloads(n));
+            drop(writer);
+            let path = log.scan().expect("scan").segments[0].path.clone();
+            let len = fs::metadata(&path).expect("stat").len();
+            let keep = (len as f64 * cut) as u64;
+            OpenOptions::new().write(true).open(&path).expect("open").set_len(keep).expect("cut");
+            let scan = log.scan().expect("scan");
+            prop_assert_eq!(scan.corruption(), None);
+            log.repair(&scan).expect("repair");
+            let read = read_all(&log, 0).expect("read");
+            prop_assert_eq!(read.len() as u64, scan.next() - 1);
+            for (record, (position, payload)) in read.iter().zip(&given) {
+                prop_assert_eq!((record.position, &record.payload), (*position, payload));
+            }
+            let whole = given.iter().take_while(|(p, _)| {
+                let end: usize = given.iter().take(*p as usize).map(|(_, b)| b.len() + RECORD_HEADER_LEN).sum();
+                (SEGMENT_HEADER_LEN + end) as u64 <= keep
+            }).count();
+            prop_assert_eq!(read.len(), whole);
+        }
+    }
+}
