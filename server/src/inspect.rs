@@ -1,8 +1,10 @@
-//! `viewtape snapshot inspect FILE` and `viewtape snapshot verify DIR`.
+//! `viewtape snapshot inspect FILE`, `viewtape snapshot verify DIR` and `viewtape log inspect
+//! DIR`. None of them creates or changes anything.
 
 use std::io::Write;
 use std::path::Path;
 
+use viewtape_snapshots::log::{Damage, LogDir};
 use viewtape_snapshots::{load_file, SnapshotDir, SnapshotKind};
 
 use crate::snapshot::SnapshotBody;
@@ -112,4 +114,111 @@ pub fn verify_dir(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
         writeln!(out, "{}  {verdict}", entry.file_name)?;
     }
     Ok(all_valid)
+}
+/// Prints every segment of the log in `dir` — its positions, size and damage — and whether
+/// the log is intact. Returns `false` on any damage, a torn tail included (a start-up would
+/// cut it).
+///
+/// # Errors
+/// Only failures to write to `out`.
+pub fn inspect_log(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
+    let scan = match LogDir::open_existing(dir).and_then(|log| log.scan()) {
+        Ok(scan) => scan,
+        Err(error) => {
+            writeln!(out, "{}: {error}", dir.display())?;
+            return Ok(false);
+        }
+    };
+    for segment in &scan.segments {
+        let name = segment
+            .path
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let positions = match segment.records {
+            0 => "no records".to_owned(),
+            n => format!("positions {}..={}", segment.first, segment.first + n - 1),
+        };
+        let state = match &segment.damage {
+            None => "intact".to_owned(),
+            Some(Damage::TornTail { valid_len }) => {
+                format!("TORN TAIL after byte {valid_len} (cut at the next start)")
+            }
+            Some(Damage::Corrupt { offset, reason }) => {
+                format!("CORRUPT at byte {offset}: {reason}")
+            }
+        };
+        writeln!(out, "{name}  {positions}  {} bytes  {state}", segment.len)?;
+    }
+    let corruption = scan.corruption();
+    if let Some((path, reason)) = &corruption {
+        writeln!(out, "log is damaged: {}: {reason}", path.display())?;
+    }
+    let torn = scan
+        .segments
+        .iter()
+        .any(|s| matches!(s.damage, Some(Damage::TornTail { .. })));
+    writeln!(
+        out,
+        "{} segments, next position {}",
+        scan.segments.len(),
+        scan.next()
+    )?;
+    Ok(corruption.is_none() && !torn)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use viewtape_snapshots::log::{LogWriter, WriterOptions};
+
+    use super::*;
+
+    fn inspect(dir: &Path) -> (bool, String) {
+        let mut out = Vec::new();
+        let ok = inspect_log(dir, &mut out).unwrap();
+        (ok, String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn log_inspect_reports_positions_and_damage_and_creates_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = tmp.path().join("log");
+        assert!(!inspect(&missing).0);
+        assert!(!missing.exists(), "inspection created the directory");
+
+        let log = LogDir::create(&missing).unwrap();
+        let writer = LogWriter::start(&log, 1, WriterOptions::default()).unwrap();
+        for i in 0..5 {
+            let (tx, rx) = mpsc::channel();
+            let done = Box::new(move |result: Result<u64, _>| {
+                let _ = tx.send(result.is_ok());
+            });
+            writer.append(format!("batch {i}").into_bytes(), done);
+            assert!(rx.recv().unwrap());
+        }
+        drop(writer);
+        let (ok, out) = inspect(&missing);
+        assert!(ok, "{out}");
+        assert!(
+            out.contains("positions 1..=5") && out.contains("intact"),
+            "{out}"
+        );
+
+        let segment = log.scan().unwrap().segments[0].path.clone();
+        let mut bytes = std::fs::read(&segment).unwrap();
+        bytes[30] ^= 1; // inside the first record, with four intact ones after it
+        std::fs::write(&segment, &bytes).unwrap();
+        let (ok, out) = inspect(&missing);
+        assert!(!ok);
+        assert!(
+            out.contains("CORRUPT") && out.contains("log is damaged"),
+            "{out}"
+        );
+        assert_eq!(
+            std::fs::read(&segment).unwrap(),
+            bytes,
+            "inspection changed the file"
+        );
+    }
 }

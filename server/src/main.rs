@@ -36,6 +36,18 @@ enum Command {
     /// Inspect snapshot files.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Inspect the log.
+    #[command(subcommand)]
+    Log(LogCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum LogCommand {
+    /// Print every segment, its positions and any damage; exit 1 on damage. Changes nothing.
+    Inspect {
+        /// The log directory (`<data-dir>/log`).
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -81,6 +93,10 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Snapshot(SnapshotCommand::Inspect { file }) => {
             let ok = viewtape_server::inspect::inspect_file(&file, &mut std::io::stdout())?;
+            std::process::exit(if ok { 0 } else { 1 })
+        }
+        Command::Log(LogCommand::Inspect { dir }) => {
+            let ok = viewtape_server::inspect::inspect_log(&dir, &mut std::io::stdout())?;
             std::process::exit(if ok { 0 } else { 1 })
         }
         Command::Snapshot(SnapshotCommand::Verify { dir }) => {
