@@ -94,7 +94,7 @@ fn ticker_end_to_end(c: &mut Criterion) {
     let handle = rt
         .block_on(RuntimeHandle::spawn(
             module,
-            RuntimeConfig::new("ticker"),
+            RuntimeConfig::new("ticker", ["prices"]),
             None,
             journal,
             Arc::new(JournalSink),
@@ -155,7 +155,7 @@ fn publish_path(c: &mut Criterion) {
     let handle = rt
         .block_on(RuntimeHandle::spawn(
             module,
-            RuntimeConfig::new("bench"),
+            RuntimeConfig::new("bench", ["prices"]),
             None,
             journal,
             Arc::new(JournalSink),

@@ -24,7 +24,8 @@
 //! [[runtime]]
 //! name = "demo"
 //! wasm = "builtin:ticker"     # or a path to a .wasm file
-//! views = ["prices"]          # views that exist (and can be subscribed to) from the start
+//! views = ["prices"]          # the views it publishes to, which exist from the start; a batch
+//!                             # publishing anywhere else is rejected, a gap touches only these
 //! config = ""                 # bytes handed to the guest's `init`
 //! [runtime.limits]
 //! memory = "64MiB"
@@ -331,6 +332,12 @@ impl Config {
             if !names.insert(&runtime.name) {
                 return Err(format!("runtime {:?} is configured twice", runtime.name));
             }
+            if runtime.views.is_empty() {
+                return Err(format!(
+                    "runtime {:?}: declare the views it publishes to (views = [\"…\"])",
+                    runtime.name
+                ));
+            }
             for view in &runtime.views {
                 ViewName::new(view).map_err(|_| {
                     format!(
@@ -520,8 +527,12 @@ mod tests {
                 "runtime name",
             ),
             (
-                "[[runtime]]\nname = \"a\"\nwasm = \"builtin:nope\"\n",
+                "[[runtime]]\nname = \"a\"\nwasm = \"builtin:nope\"\nviews = [\"v\"]\n",
                 "no built-in guest",
+            ),
+            (
+                "[[runtime]]\nname = \"a\"\nwasm = \"builtin:ticker\"\n",
+                "declare the views",
             ),
             ("[server]\nmax_body = \"12 parsecs\"\n", "not a byte size"),
             ("[server]\ncors_origins = [\"*\"]\n", "not an origin"),

@@ -37,7 +37,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
-use viewtape_journal::{EventJournal, GapReport};
+use viewtape_journal::EventJournal;
 
 use crate::host::{GuestBatch, GuestError, GuestInstance, GuestModule, Limits};
 use crate::source::{FileTail, SourceCheckpoint};
@@ -53,16 +53,24 @@ pub struct RuntimeConfig {
     pub limits: Limits,
     /// Batches that may wait in its queue. Default 16.
     pub queue_depth: usize,
+    /// The views it may publish to (`views =` in the config). A batch that publishes anywhere
+    /// else is rejected; a gap it reports affects these views only.
+    pub views: Vec<String>,
 }
 
 impl RuntimeConfig {
-    /// A runtime named `name` with an empty guest config and default limits.
-    pub fn new(name: impl Into<String>) -> Self {
+    /// A runtime named `name` that publishes to `views`, with an empty guest config and default
+    /// limits.
+    pub fn new(
+        name: impl Into<String>,
+        views: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
         Self {
             name: name.into(),
             guest_config: Bytes::new(),
             limits: Limits::default(),
             queue_depth: 16,
+            views: views.into_iter().map(Into::into).collect(),
         }
     }
 }
@@ -72,6 +80,8 @@ impl RuntimeConfig {
 pub struct BatchSummary {
     /// Events per view.
     pub per_view: BTreeMap<String, u64>,
+    /// The gaps the batch reported (the guest's reasons, or its source's).
+    pub gaps: Vec<String>,
 }
 
 /// Where successful batches go. The server implements it (append to the journal, fan out to
@@ -266,6 +276,7 @@ impl RuntimeHandle {
         let (tx, rx) = mpsc::channel(config.queue_depth.max(1));
         let name: Arc<str> = Arc::from(config.name.as_str());
         let stats = Arc::new(RuntimeStats::default());
+        let views = Arc::from(config.views.as_slice());
         let task = Task {
             name: Arc::clone(&name),
             module,
@@ -275,6 +286,7 @@ impl RuntimeHandle {
             journal,
             sink,
             stats: Arc::clone(&stats),
+            views,
         };
         let span = tracing::info_span!("runtime", runtime = %name);
         tokio::spawn(task.run(rx).instrument(span));
@@ -426,6 +438,8 @@ struct Task<S> {
     journal: Arc<EventJournal>,
     sink: Arc<S>,
     stats: Arc<RuntimeStats>,
+    /// `config.views`, shared with each batch's check.
+    views: Arc<[String]>,
 }
 
 impl<S: BatchSink> Task<S> {
@@ -527,6 +541,7 @@ impl<S: BatchSink> Task<S> {
             self.last.checkpoint = checkpoint;
             return Ok(BatchSummary::default());
         }
+        let views = Arc::clone(&self.views);
         let instance = match self.instance().await {
             Ok(instance) => instance,
             Err(source) => {
@@ -539,7 +554,10 @@ impl<S: BatchSink> Task<S> {
             }
         };
         let outcome = match instance.on_batch(&input).await {
-            Ok(batch) => instance.save().await.map(|state| (batch, state)),
+            Ok(batch) => match declared(&views, batch) {
+                Ok(batch) => instance.save().await.map(|state| (batch, state)),
+                Err(error) => Err(error),
+            },
             Err(err) => Err(err),
         };
         let (batch, state) = match outcome {
@@ -575,7 +593,9 @@ impl<S: BatchSink> Task<S> {
             self.mark_gap().await;
         }
         let events = batch.events.len() as u64;
-        let summary = self.sink.commit(&self.name, batch).await;
+        let gaps = batch.gaps.clone();
+        let mut summary = self.sink.commit(&self.name, batch).await;
+        summary.gaps = gaps;
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         self.stats.events.fetch_add(events, Ordering::Relaxed);
         Ok(summary)
@@ -590,11 +610,26 @@ impl<S: BatchSink> Task<S> {
         }
     }
 
+    /// Marks a gap on this runtime's views: the loss of its input touches nothing else.
     async fn mark_gap(&self) {
         self.stats.gaps.fetch_add(1, Ordering::Relaxed);
-        if viewtape_journal::report_gap().await == GapReport::NoJournalInScope {
-            tracing::error!("gap not marked: no journal in scope");
-        }
+        self.journal
+            .mark_gap_in(self.views.iter().map(String::as_str));
+    }
+}
+
+/// `batch`, if it publishes only to `views` (what its runtime declares).
+fn declared(views: &[String], batch: GuestBatch) -> Result<GuestBatch, GuestError> {
+    match batch
+        .events
+        .iter()
+        .find(|event| !views.iter().any(|v| **v == *event.view))
+    {
+        Some(event) => Err(GuestError::UndeclaredView {
+            view: event.view.to_string(),
+            declared: views.to_vec(),
+        }),
+        None => Ok(batch),
     }
 }
 
@@ -657,7 +692,7 @@ mod tests {
         let sink = Arc::new(TestSink::default());
         let config = RuntimeConfig {
             limits,
-            ..RuntimeConfig::new("t")
+            ..RuntimeConfig::new("t", ["v", "state", "prices"])
         };
         let handle = RuntimeHandle::spawn(
             module,
@@ -798,7 +833,7 @@ mod tests {
         };
         let rt = RuntimeHandle::spawn(
             module,
-            RuntimeConfig::new("t"),
+            RuntimeConfig::new("t", ["v", "state"]),
             Some(snapshot),
             journal,
             Arc::clone(&sink),

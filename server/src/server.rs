@@ -105,7 +105,7 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         let runtime_config = RuntimeConfig {
             guest_config: Bytes::from(section.config.clone().into_bytes()),
             limits: section.limits.to_limits(),
-            ..RuntimeConfig::new(section.name.clone())
+            ..RuntimeConfig::new(section.name.clone(), section.views.iter().cloned())
         };
         let handle = RuntimeHandle::spawn(
             module,

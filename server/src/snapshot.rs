@@ -404,7 +404,7 @@ mod tests {
         let module = GuestModule::new(&engine, guests::TICKER_WASM).unwrap();
         let handle = RuntimeHandle::spawn(
             module,
-            RuntimeConfig::new("demo"),
+            RuntimeConfig::new("demo", ["prices"]),
             None,
             journal,
             Arc::clone(&hub),

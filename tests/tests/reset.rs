@@ -113,6 +113,7 @@ max_bytes_per_view = "64MiB"
 [[runtime]]
 name = "demo"
 wasm = "builtin:ticker"
+views = ["prices"]
 "#
     )?;
     let path = config.path().display().to_string();

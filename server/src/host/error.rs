@@ -98,6 +98,14 @@ pub enum GuestError {
         /// The limit.
         limit: usize,
     },
+    /// The guest published to a view its runtime does not declare.
+    #[error("the guest published to view `{view}`, which its runtime does not declare (views = {declared:?} in its [[runtime]] config)")]
+    UndeclaredView {
+        /// The view.
+        view: String,
+        /// What the runtime declares.
+        declared: Vec<String>,
+    },
     /// The batch is over the size limit; the guest never saw it.
     #[error("batch of {size} bytes exceeds the limit of {limit} bytes")]
     BatchTooLarge {

@@ -47,5 +47,7 @@ async fn ingest(
         }
     })?;
     state.metrics.ingest_accepted.inc();
-    Ok(Json(serde_json::json!({ "events": summary.per_view })))
+    Ok(Json(
+        serde_json::json!({ "events": summary.per_view, "gaps": summary.gaps }),
+    ))
 }
