@@ -75,6 +75,12 @@ pub struct Server {
     logs: Arc<Mutex<Vec<u8>>>,
 }
 
+/// The `misbehave` test fixture guest (it publishes, fails, traps or loops on command), as
+/// checked in with the server's embedded guests.
+pub fn misbehave_wasm() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/guests/misbehave.wasm")
+}
+
 /// Locates the binary, building it once per process.
 ///
 /// # Errors

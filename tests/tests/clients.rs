@@ -92,27 +92,10 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-/// The `misbehave` fixture guest the server's build script compiled, next to the binary's
-/// target directory (`<target>/wasm-guests/wasm32-unknown-unknown/release/misbehave.wasm`).
-async fn misbehave_wasm() -> anyhow::Result<PathBuf> {
-    let bin = viewtape_tests::server::binary().await?;
-    let target = bin
-        .parent()
-        .and_then(Path::parent)
-        .ok_or_else(|| anyhow!("{} has no target directory", bin.display()))?;
-    let wasm = target.join("wasm-guests/wasm32-unknown-unknown/release/misbehave.wasm");
-    ensure!(
-        wasm.exists(),
-        "{} is missing (server/build.rs builds it with the server)",
-        wasm.display()
-    );
-    Ok(wasm)
-}
-
 /// A config with the demo ticker (`demo` → `prices`) and the `misbehave` fixture
 /// (`fixture` → `notes`), which can publish any payload, multi-line JSON included.
 async fn config_with_fixture(dir: &Path) -> anyhow::Result<PathBuf> {
-    let wasm = misbehave_wasm().await?;
+    let wasm = viewtape_tests::server::misbehave_wasm();
     let path = dir.join("clients.toml");
     let text = format!(
         "[[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n\n\

@@ -3,7 +3,6 @@
 //! bounded memory and are dropped, and no client can delay a stop.
 
 use std::io::Write as _;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
@@ -21,7 +20,7 @@ fn config(text: &str) -> anyhow::Result<tempfile::NamedTempFile> {
 /// A server running the `misbehave` fixture as runtime `m` (views `big`, `state`), with
 /// `server` as its `[server]` section.
 async fn fixture_server(server: &str) -> anyhow::Result<(Server, tempfile::NamedTempFile)> {
-    let wasm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/guests/misbehave.wasm");
+    let wasm = viewtape_tests::server::misbehave_wasm();
     let file = config(&format!(
         "[server]\n{server}\n[[runtime]]\nname = \"m\"\nwasm = \"{}\"\nviews = [\"big\", \"state\"]\n",
         wasm.display()

@@ -2,7 +2,6 @@
 //! reports touches only those views.
 
 use std::io::Write as _;
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::ensure;
@@ -10,7 +9,7 @@ use viewtape_tests::{expect, Feed, Server};
 
 /// The demo ticker (`prices`) and the `misbehave` fixture as runtime `m` (`notes`).
 async fn two_runtimes() -> anyhow::Result<(Server, tempfile::NamedTempFile)> {
-    let wasm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/guests/misbehave.wasm");
+    let wasm = viewtape_tests::server::misbehave_wasm();
     let mut file = tempfile::NamedTempFile::new()?;
     write!(
         file,
