@@ -51,7 +51,10 @@ async fn a_gap_in_one_runtime_does_not_reset_another_runtimes_views() -> anyhow:
         .await?;
     server.ingest_ok(&feed.batch(1)).await?;
     let next = stream.next_event().await?;
-    ensure!(next.event == "update", "no reset, the next update: {next:?}");
+    ensure!(
+        next.event == "update",
+        "no reset, the next update: {next:?}"
+    );
     stream.expect_silence(Duration::from_millis(200)).await?;
     // ...while a cursor of the runtime that lost input fails closed.
     expect::refused(&server, "notes", &notes_cursor).await?;
