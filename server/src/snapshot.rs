@@ -7,7 +7,7 @@
 //!
 //! [`SnapshotBody`]: the journal dump, every view's state, and each runtime's guest state and
 //! source checkpoint with the [`ModuleFingerprint`] of the module that saved it. All of it is
-//! taken inside one [`Cut`](crate::registry::Cut), so it is one consistent moment.
+//! taken inside one [`Cut`], so it is one consistent moment.
 //!
 //! ## Start-up: the one-life rule
 //!
@@ -123,7 +123,7 @@ pub enum SnapshotActionError {
     Task(#[from] tokio::task::JoinError),
 }
 
-/// A snapshot [`Snapshots::write`] wrote.
+/// A snapshot that [`Snapshots::write`] or [`Snapshots::write_exact`] wrote.
 #[derive(Debug)]
 pub struct WrittenSnapshot {
     /// The file.
