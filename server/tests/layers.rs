@@ -54,7 +54,11 @@ fn server_modules_have_no_cycles() {
         while let Some(path) = stack.pop() {
             let last = path[path.len() - 1];
             for next in edges.get(last).into_iter().flatten() {
-                assert!(next != start, "module cycle: {} -> {next}", path.join(" -> "));
+                assert!(
+                    next != start,
+                    "module cycle: {} -> {next}",
+                    path.join(" -> ")
+                );
                 if !path.contains(&next.as_str()) {
                     let mut longer = path.clone();
                     longer.push(next);

@@ -10,7 +10,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[non_exhaustive]
 pub enum LoadError {
     /// The bytes are not a valid WebAssembly module, or wasmtime could not compile them.
-    #[error("guest module failed to compile")]
+    #[error("guest module failed to compile: {0}")]
     Compile(#[source] BoxError),
     /// The module was built for another ABI version.
     #[error(
@@ -58,7 +58,11 @@ pub enum GuestError {
         message: String,
     },
     /// The guest trapped (a panic, an out-of-bounds access, `unreachable`, a stack overflow).
-    #[error("guest trapped: {trap}{}", message.as_deref().map(|m| format!(" ({m})")).unwrap_or_default())]
+    #[error("{}", match message.as_deref().map(panic_parts) {
+        Some((text, Some(location))) => format!("guest panicked: {text} (at {location}; {trap})"),
+        Some((text, None)) => format!("guest panicked: {text} ({trap})"),
+        None => format!("guest trapped: {trap}"),
+    })]
     Trap {
         /// The trap as wasmtime describes it.
         trap: String,
@@ -81,13 +85,13 @@ pub enum GuestError {
         limit: Duration,
     },
     /// The guest tried to grow its memory past its limit.
-    #[error("guest exceeded its memory limit of {limit} bytes")]
+    #[error("guest exceeded its memory limit of {} ([runtime.limits] memory)", human_bytes(*limit))]
     MemoryExceeded {
         /// The limit, in bytes.
         limit: usize,
     },
     /// The guest emitted an event whose payload is over the limit.
-    #[error("guest emitted an event of {size} bytes in view `{view}` (key {key:?}); the limit is {limit} bytes")]
+    #[error("guest emitted an event of {size} bytes in view `{view}` (key {key:?}); the limit is {} ([runtime.limits] max_event)", human_bytes(*limit))]
     EventTooLarge {
         /// The event's view.
         view: String,
@@ -107,7 +111,7 @@ pub enum GuestError {
         declared: Vec<String>,
     },
     /// The batch is over the size limit; the guest never saw it.
-    #[error("batch of {size} bytes exceeds the limit of {limit} bytes")]
+    #[error("batch of {size} bytes exceeds the limit of {} ([runtime.limits] max_batch)", human_bytes(*limit))]
     BatchTooLarge {
         /// The batch size.
         size: usize,
@@ -119,8 +123,29 @@ pub enum GuestError {
     #[error("guest broke the ABI: {0}")]
     Protocol(String),
     /// Creating the instance failed (e.g. the instance pool is exhausted).
-    #[error("failed to instantiate the guest")]
+    #[error("failed to instantiate the guest: {0}")]
     Instantiate(#[source] BoxError),
+}
+
+/// A Rust panic message (`panicked at src/lib.rs:3:5:\nthe message`) as the message and, when
+/// it has one, the location: what the author wrote comes first.
+fn panic_parts(message: &str) -> (&str, Option<&str>) {
+    match message
+        .strip_prefix("panicked at ")
+        .and_then(|rest| rest.split_once(":\n"))
+    {
+        Some((location, text)) => (text, Some(location)),
+        None => (message, None),
+    }
+}
+
+/// `bytes` as the config writes sizes: `64 MiB`, `4 KiB`, or plain bytes.
+fn human_bytes(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} bytes"),
+    }
 }
 
 impl GuestError {

@@ -169,7 +169,10 @@ async fn panic_is_a_trap_with_its_message() {
         } => assert!(m.contains("kaboom"), "{m}"),
         other => panic!("unexpected {other:?}"),
     }
-    assert!(err.to_string().contains("kaboom"));
+    assert!(
+        err.to_string().starts_with("guest panicked: kaboom"),
+        "the panic message first: {err}"
+    );
 }
 
 #[tokio::test]
@@ -241,6 +244,10 @@ async fn memory_bomb_is_stopped() {
         matches!(err, GuestError::MemoryExceeded { limit } if limit == 16 << 20),
         "{err}"
     );
+    assert!(
+        err.to_string().contains("16 MiB ([runtime.limits] memory)"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -298,6 +305,12 @@ async fn input_buffer_grows() {
 fn compile_failure_is_refused() {
     let err = GuestModule::new(engine(), b"\0asm not really").unwrap_err();
     assert!(matches!(err, LoadError::Compile(_)), "{err}");
+    // The cause is part of the message, not only of the error chain.
+    let message = err.to_string();
+    assert!(
+        message.len() > "guest module failed to compile: ".len(),
+        "{message}"
+    );
 }
 
 const GOOD_EXPORTS: &str = r#"
