@@ -303,9 +303,7 @@ impl Snapshots {
         for paused in cut.runtimes() {
             if let Some(saved) = guests.remove(&paused.name) {
                 paused.guard.stage_restore(saved).await.map_err(|error| {
-                    SnapshotActionError::Unrestorable(format!(
-                        "{name}: the guest refused its state: {error}"
-                    ))
+                    SnapshotActionError::Unrestorable(format!("{name}: {error}"))
                 })?;
             }
         }

@@ -62,11 +62,8 @@ impl ViewNames {
         let name = std::str::from_utf8(view)
             .ok()
             .filter(|_| abi::is_valid_view(view))
-            .ok_or_else(|| {
-                GuestError::Protocol(format!(
-                    "invalid view name {:?} (want 1-128 bytes of [A-Za-z0-9._-])",
-                    String::from_utf8_lossy(view)
-                ))
+            .ok_or_else(|| GuestError::InvalidView {
+                view: String::from_utf8_lossy(view).into_owned(),
             })?;
         let name: Arc<str> = Arc::from(name);
         self.names.push(Arc::clone(&name));

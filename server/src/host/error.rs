@@ -102,6 +102,20 @@ pub enum GuestError {
         /// The limit.
         limit: usize,
     },
+    /// The guest refused its config (`init`) or its saved state (`restore`).
+    #[error("the guest refused its {what}: {message}")]
+    Refused {
+        /// `config` or `saved state`.
+        what: &'static str,
+        /// The guest's message.
+        message: String,
+    },
+    /// The guest published to a name that is not a view name.
+    #[error("the guest published to {view:?}, which is not a view name: use 1-128 bytes of A-Z a-z 0-9 . _ -")]
+    InvalidView {
+        /// The name, lossily as UTF-8.
+        view: String,
+    },
     /// The guest published to a view its runtime does not declare.
     #[error("the guest published to view `{view}`, which its runtime does not declare (views = {declared:?} in its [[runtime]] config)")]
     UndeclaredView {

@@ -129,11 +129,15 @@ impl GuestInstance {
             limits,
         };
         let len = this.write_input(config).await?;
-        this.call(init, len).await?;
+        this.call(init, len)
+            .await
+            .map_err(|e| refused("config", e))?;
         if let Some(state) = state {
             let len = this.write_input(state).await?;
             let f = this.restore.clone();
-            this.call(f, len).await?;
+            this.call(f, len)
+                .await
+                .map_err(|e| refused("saved state", e))?;
         }
         Ok(this)
     }
@@ -268,6 +272,14 @@ impl GuestInstance {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => Err(classify(err, &mut self.store, &self.limits)),
         }
+    }
+}
+
+/// An `init` or `restore` refusal, told apart from a refused batch.
+fn refused(what: &'static str, error: GuestError) -> GuestError {
+    match error {
+        GuestError::GuestRejected { message } => GuestError::Refused { what, message },
+        other => other,
     }
 }
 

@@ -154,8 +154,12 @@ async fn init_failure_is_reported() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, GuestError::GuestRejected { message } if message == "config says fail"),
+        matches!(&err, GuestError::Refused { what: "config", message } if message == "config says fail"),
         "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "the guest refused its config: config says fail"
     );
 }
 
@@ -286,10 +290,14 @@ async fn oversized_batch_is_refused_before_the_guest() {
 }
 
 #[tokio::test]
-async fn invalid_view_name_is_a_protocol_error() {
+async fn invalid_view_name_is_named_as_such() {
     let mut g = instance(misbehave(), Limits::default()).await;
     let err = g.on_batch(b"publish bad/view k x").await.unwrap_err();
-    assert!(matches!(err, GuestError::Protocol(_)), "{err}");
+    assert!(
+        matches!(&err, GuestError::InvalidView { view } if view == "bad/view"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("not a view name"), "{err}");
 }
 
 #[tokio::test]
