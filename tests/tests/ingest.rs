@@ -156,3 +156,23 @@ async fn expect_continue_over_the_limit_gets_413_before_any_upload() -> anyhow::
     ensure!(seen.starts_with("HTTP/1.1 413 "), "{seen}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_wild_seq_cannot_wedge_the_ticker() -> anyhow::Result<()> {
+    let server = Server::start(&["--demo-rate", "0"]).await?;
+    server
+        .ingest_ok("{\"symbol\":\"ACME\",\"price\":1.5,\"seq\":1}\n")
+        .await?;
+    let wild = server
+        .ingest(
+            "demo",
+            "{\"symbol\":\"ACME\",\"price\":1.5,\"seq\":18446744073709551615}\n",
+        )
+        .await?;
+    ensure!(wild.status() == 422, "{} {}", wild.status(), wild.text());
+    let reply = server
+        .ingest_ok("{\"symbol\":\"ACME\",\"price\":1.6,\"seq\":2}\n")
+        .await?;
+    ensure!(reply["events"]["prices"] == 1, "the feed goes on: {reply}");
+    Ok(())
+}

@@ -7,16 +7,22 @@
 //! - A malformed line rejects the whole batch; the error names the line number (1-based
 //!   within the batch).
 //! - `seq` is the feed's sequence number. A jump (`seq > last + 1`) reports a gap naming the
-//!   missing range; a tick with `seq <= last` was already seen (a redelivery) and is skipped.
+//!   missing range; a tick with `seq <= last` was already seen (a redelivery) and is skipped,
+//!   with a log line saying how many were. A jump of more than [`MAX_SEQ_JUMP`] rejects the batch:
+//!   one bad `seq` (say `18446744073709551615`) would otherwise make every later tick look like
+//!   a redelivery, and the feed would be skipped for good.
 //! - State: the last `seq` seen.
 
 use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
-use viewtape_guest::{export_runtime, Context, Error, Result, Runtime};
+use viewtape_guest::{export_runtime, Context, Error, Level, Result, Runtime};
 
 /// The view this runtime publishes into.
 pub const VIEW: &str = "prices";
+
+/// The largest `seq` jump accepted (a gap of up to a million ticks).
+pub const MAX_SEQ_JUMP: u64 = 1_000_000;
 
 /// One tick, as read and as published.
 #[derive(Debug, Deserialize, Serialize)]
@@ -49,6 +55,7 @@ impl Runtime for Ticker {
     }
 
     fn on_batch(&mut self, input: &[u8], ctx: &mut Context) -> Result<()> {
+        let mut skipped = 0u64;
         for (index, line) in input.split(|&b| b == b'\n').enumerate() {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             if line.iter().all(u8::is_ascii_whitespace) {
@@ -66,7 +73,20 @@ impl Runtime for Ticker {
                 )));
             }
             match self.last_seq {
-                Some(last) if tick.seq <= last => continue,
+                Some(last) if tick.seq <= last => {
+                    skipped += 1;
+                    continue;
+                }
+                Some(last) if tick.seq - last > MAX_SEQ_JUMP => {
+                    return Err(Error::msg(format!(
+                        "line {}: seq {} is {} ahead of the last seq {last}; more than {MAX_SEQ_JUMP} \
+                         ahead is refused, so that one bad seq cannot make every later tick look \
+                         already seen",
+                        index + 1,
+                        tick.seq,
+                        tick.seq - last
+                    )));
+                }
                 Some(last) if tick.seq > last + 1 => ctx.report_gap(&format!(
                     "ticker seq jumped from {last} to {}: {} tick(s) missing",
                     tick.seq,
@@ -77,6 +97,12 @@ impl Runtime for Ticker {
             self.last_seq = Some(tick.seq);
             ctx.publish_with(VIEW, &tick.symbol, |buf| serde_json::to_writer(buf, &tick))
                 .map_err(|e| Error::msg(format!("line {}: {e}", index + 1)))?;
+        }
+        if skipped > 0 {
+            ctx.log(
+                Level::Info,
+                &format!("skipped {skipped} tick(s) already seen (seq at or below the last)"),
+            );
         }
         Ok(())
     }
@@ -149,5 +175,24 @@ mod tests {
         assert_eq!(state, b"5");
         h.restore(&state).unwrap();
         assert_eq!(h.runtime().last_seq(), Some(5));
+    }
+
+    #[test]
+    fn one_wild_seq_cannot_wedge_the_feed() {
+        let mut h = Harness::<Ticker>::new(b"").unwrap();
+        h.batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}")
+            .unwrap();
+        let err = h
+            .batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":18446744073709551615}")
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("line 1: seq 18446744073709551615"),
+            "{err}"
+        );
+        assert_eq!(h.runtime().last_seq(), Some(1), "rolled back");
+        let out = h
+            .batch(b"{\"symbol\":\"A\",\"price\":2,\"seq\":2}")
+            .unwrap();
+        assert_eq!(out.len(), 1, "the feed goes on: {out:?}");
     }
 }
