@@ -71,7 +71,7 @@ async fn ticker_malformed_line_names_the_line() {
         .unwrap_err();
     match err {
         GuestError::GuestRejected { message } => {
-            assert!(message.starts_with("line 2:"), "{message}")
+            assert!(message.starts_with("line 2, column"), "{message}")
         }
         other => panic!("unexpected {other:?}"),
     }

@@ -61,8 +61,16 @@ impl Runtime for Ticker {
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            let tick: Tick<'_> = serde_json::from_slice(line)
-                .map_err(|e| Error::msg(format!("line {}: malformed tick: {e}", index + 1)))?;
+            let tick: Tick<'_> = serde_json::from_slice(line).map_err(|e| {
+                // serde counts lines within this one line; say the column only.
+                let text = e.to_string();
+                let reason = text.split(" at line ").next().unwrap_or(&text);
+                Error::msg(format!(
+                    "line {}, column {}: malformed tick: {reason}",
+                    index + 1,
+                    e.column()
+                ))
+            })?;
             if tick.symbol.is_empty() {
                 return Err(Error::msg(format!("line {}: empty symbol", index + 1)));
             }
@@ -157,7 +165,15 @@ mod tests {
         let err = h
             .batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}\n\nnope\n")
             .unwrap_err();
-        assert!(err.message().starts_with("line 3:"), "{err}");
+        assert!(
+            err.message()
+                .starts_with("line 3, column 2: malformed tick"),
+            "{err}"
+        );
+        assert!(
+            !err.message().contains("line 1"),
+            "no second line number: {err}"
+        );
         assert_eq!(h.runtime().last_seq(), None, "rolled back");
     }
 
