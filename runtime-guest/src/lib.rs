@@ -120,6 +120,14 @@
 //! - Memory (64 MiB by default), CPU per batch, batch size and event payload size are bounded
 //!   by the server (`[runtime.limits]` in its config).
 //! - Events are committed in the order you emit them; gaps before the batch's events.
+//! - Publish only to the views your runtime declares (`views = [...]` in its `[[runtime]]`
+//!   config): the server rejects a batch that publishes anywhere else. A gap you report affects
+//!   those views only. `testing::Harness::declare_views` checks the same in unit tests.
+//! - Payloads should be JSON: clients receive `{"key": …, "value": <your payload>}`. A payload
+//!   that is not valid JSON is delivered as a JSON string of its (lossy UTF-8) text.
+//! - `ctx.log` lines go to the server's log under the runtime's name, at their level:
+//!   `RUST_LOG=info` (the default) shows info and above, `RUST_LOG=debug` everything. In unit
+//!   tests, `testing::Harness::logs` returns them.
 //!
 //! ## Determinism
 //!

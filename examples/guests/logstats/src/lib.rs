@@ -141,7 +141,9 @@ mod tests {
 
     #[test]
     fn counts_by_level_and_deletes_retired_services() {
-        let mut h = Harness::<LogStats>::new(b"").unwrap();
+        let mut h = Harness::<LogStats>::new(b"")
+            .unwrap()
+            .declare_views(&[VIEW]);
         let out = h
             .batch(b"api ERROR boom\napi info ok\nweb warn slow\napi INFO again\n")
             .unwrap();
@@ -170,7 +172,9 @@ mod tests {
 
     #[test]
     fn bad_service_name_rejects_the_batch() {
-        let mut h = Harness::<LogStats>::new(b"").unwrap();
+        let mut h = Harness::<LogStats>::new(b"")
+            .unwrap()
+            .declare_views(&[VIEW]);
         let err = h
             .batch("ok info x\nbad/name info y\n".as_bytes())
             .unwrap_err();

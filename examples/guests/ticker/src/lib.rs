@@ -145,7 +145,7 @@ mod tests {
 
     #[test]
     fn publishes_normalized_json_keyed_by_symbol() {
-        let mut h = Harness::<Ticker>::new(b"").unwrap();
+        let mut h = Harness::<Ticker>::new(b"").unwrap().declare_views(&[VIEW]);
         let out = h
             .batch(b"{ \"seq\": 1, \"price\": 12.5, \"symbol\": \"ACME\", \"x\": 0 }\n")
             .unwrap();
@@ -161,7 +161,7 @@ mod tests {
 
     #[test]
     fn malformed_line_rejects_batch_with_line_number() {
-        let mut h = Harness::<Ticker>::new(b"").unwrap();
+        let mut h = Harness::<Ticker>::new(b"").unwrap().declare_views(&[VIEW]);
         let err = h
             .batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}\n\nnope\n")
             .unwrap_err();
@@ -179,7 +179,7 @@ mod tests {
 
     #[test]
     fn seq_jump_reports_gap_and_redelivery_is_skipped() {
-        let mut h = Harness::<Ticker>::new(b"").unwrap();
+        let mut h = Harness::<Ticker>::new(b"").unwrap().declare_views(&[VIEW]);
         h.batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}")
             .unwrap();
         let out = h
@@ -195,7 +195,7 @@ mod tests {
 
     #[test]
     fn one_wild_seq_cannot_wedge_the_feed() {
-        let mut h = Harness::<Ticker>::new(b"").unwrap();
+        let mut h = Harness::<Ticker>::new(b"").unwrap().declare_views(&[VIEW]);
         h.batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}")
             .unwrap();
         let err = h
