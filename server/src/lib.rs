@@ -7,7 +7,7 @@
 //!
 //! | layer | modules |
 //! |---|---|
-//! | process | [`server`] (`viewtape serve`: start-up, shutdown), [`inspect`] (`viewtape snapshot …`) |
+//! | process | [`server`] (`viewtape serve`: start-up, shutdown), [`inspect`] (`viewtape snapshot …`, `viewtape log …`), [`run`] (`viewtape run`: a guest over recorded input) |
 //! | transport | [`listener`] — the accept loop; HTTP/1.1 carried to a router, lean or through hyper |
 //! | HTTP | [`http`] — the one router: routes, layers, the API error; [`http::admin`] |
 //! | operations | [`snapshot`] — snapshot body, cut, write, restore; [`demo`] — the demo feed |
@@ -28,6 +28,7 @@ pub mod inspect;
 pub mod listener;
 pub mod metrics;
 pub mod registry;
+pub mod run;
 pub mod runtime;
 pub mod server;
 pub mod snapshot;

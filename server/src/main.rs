@@ -39,6 +39,27 @@ enum Command {
     /// Inspect the log.
     #[command(subcommand)]
     Log(LogCommand),
+    /// Run a guest module over recorded input (stdin), batch by batch, in the real host with the
+    /// real limits; prints what each batch published, gaps and errors as NDJSON.
+    Run {
+        /// The guest module (`.wasm`).
+        wasm: PathBuf,
+        /// A file whose bytes are handed to the guest's `init` (its `config`).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// A saved state to start from (as written by `--save-state`).
+        #[arg(long)]
+        state: Option<PathBuf>,
+        /// Where to write the final saved state.
+        #[arg(long)]
+        save_state: Option<PathBuf>,
+        /// Input lines per batch.
+        #[arg(long, default_value_t = 1000)]
+        batch_lines: usize,
+        /// CPU per batch, in fuel (`[runtime.limits] fuel`).
+        #[arg(long, default_value_t = viewtape_server::host::DEFAULT_FUEL)]
+        fuel: u64,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -94,6 +115,36 @@ async fn main() -> anyhow::Result<()> {
         Command::Snapshot(SnapshotCommand::Inspect { file }) => {
             let ok = viewtape_server::inspect::inspect_file(&file, &mut std::io::stdout())?;
             std::process::exit(if ok { 0 } else { 1 })
+        }
+        Command::Run {
+            wasm,
+            config,
+            state,
+            save_state,
+            batch_lines,
+            fuel,
+        } => {
+            let read = |path: &PathBuf| {
+                std::fs::read(path)
+                    .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))
+            };
+            let options = viewtape_server::run::RunOptions {
+                wasm: read(&wasm)?,
+                config: config.as_ref().map(read).transpose()?.unwrap_or_default(),
+                state: state.as_ref().map(read).transpose()?,
+                batch_lines,
+                limits: viewtape_server::host::Limits {
+                    fuel,
+                    ..viewtape_server::host::Limits::default()
+                },
+            };
+            let stdin = std::io::stdin().lock();
+            let state = viewtape_server::run::run(options, stdin, &mut std::io::stdout()).await?;
+            if let Some(path) = save_state {
+                std::fs::write(&path, &state)
+                    .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+            }
+            Ok(())
         }
         Command::Log(LogCommand::Inspect { dir }) => {
             let ok = viewtape_server::inspect::inspect_log(&dir, &mut std::io::stdout())?;

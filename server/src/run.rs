@@ -1,0 +1,193 @@
+//! `viewtape run GUEST.wasm`: a guest module, in the real host with the real limits, over
+//! recorded input — batch by batch, as the server would run it, without a server.
+//!
+//! Input is read from a reader (stdin), split into batches of `batch_lines` lines. Every
+//! outcome is one NDJSON line on the writer (stdout):
+//!
+//! ```text
+//! {"batch":1,"update":{"view":"prices","key":"ACME","value":{…}}}
+//! {"batch":1,"delete":{"view":"prices","key":"ACME"}}
+//! {"batch":2,"gap":"ticker seq jumped from 3 to 9: 5 tick(s) missing"}
+//! {"batch":3,"error":"runtime `run`: guest rejected the batch: line 2, column 1: …"}
+//! {"state_bytes":12}
+//! ```
+//!
+//! A failed batch is handled as the server handles it: nothing of it counts, and the guest is
+//! re-instantiated from its state after the last good batch. The guest's log lines go to stderr
+//! (`RUST_LOG=debug` shows them all). `--save-state FILE` writes the final state, which
+//! `--state FILE` reads back.
+
+use std::io::{BufRead, Write};
+
+use bytes::Bytes;
+
+use crate::host::{
+    EngineConfig, EventKind, GuestEngine, GuestError, GuestInstance, GuestModule, Limits,
+};
+
+/// How to run.
+#[derive(Debug)]
+pub struct RunOptions {
+    /// The module's bytes.
+    pub wasm: Vec<u8>,
+    /// The bytes handed to the guest's `init`.
+    pub config: Vec<u8>,
+    /// A saved state to start from.
+    pub state: Option<Vec<u8>>,
+    /// Input lines per batch.
+    pub batch_lines: usize,
+    /// The limits, as `[runtime.limits]` would give them.
+    pub limits: Limits,
+}
+
+/// Runs the guest over `input`, writing NDJSON to `out`; returns the final saved state.
+///
+/// # Errors
+/// The module does not load or its `init`/`restore` fails, or reading or writing fails. A
+/// failed batch is reported on `out`, not returned.
+pub async fn run(
+    options: RunOptions,
+    input: impl BufRead,
+    out: &mut impl Write,
+) -> anyhow::Result<Bytes> {
+    let engine = GuestEngine::new(EngineConfig {
+        pooled_instances: 0,
+        ..EngineConfig::default()
+    })?;
+    let module = GuestModule::new(&engine, &options.wasm)?;
+    let limits = options.limits;
+    let new_instance = |state: Option<Bytes>| {
+        let (module, config, limits) = (&module, options.config.clone(), limits.clone());
+        async move { GuestInstance::new(module, "run", &limits, &config, state.as_deref()).await }
+    };
+    let mut last_good: Option<Bytes> = options.state.map(Bytes::from);
+    let mut instance = new_instance(last_good.clone()).await?;
+    let mut lines = input.lines();
+    let mut batch_number = 0u64;
+    loop {
+        let mut batch = String::new();
+        for _ in 0..options.batch_lines.max(1) {
+            match lines.next() {
+                Some(line) => {
+                    batch.push_str(&line?);
+                    batch.push('\n');
+                }
+                None => break,
+            }
+        }
+        if batch.is_empty() {
+            break;
+        }
+        batch_number += 1;
+        let outcome = match instance.on_batch(batch.as_bytes()).await {
+            Ok(output) => instance.save().await.map(|state| (output, state)),
+            Err(error) => Err(error),
+        };
+        match outcome {
+            Ok((output, state)) => {
+                last_good = Some(state);
+                for reason in &output.gaps {
+                    emit(
+                        out,
+                        serde_json::json!({ "batch": batch_number, "gap": reason }),
+                    )?;
+                }
+                for event in &output.events {
+                    let line = match event.kind {
+                        EventKind::Update => serde_json::json!({ "batch": batch_number, "update": {
+                            "view": &*event.view,
+                            "key": event.key,
+                            "value": value(&event.payload),
+                        }}),
+                        EventKind::Delete => serde_json::json!({ "batch": batch_number, "delete": {
+                            "view": &*event.view,
+                            "key": event.key,
+                        }}),
+                    };
+                    emit(out, line)?;
+                }
+            }
+            Err(error) => {
+                emit(
+                    out,
+                    serde_json::json!({ "batch": batch_number, "error": error.to_string() }),
+                )?;
+                instance = new_instance(last_good.clone()).await?;
+            }
+        }
+    }
+    let state = match last_good {
+        Some(state) => state,
+        None => instance
+            .save()
+            .await
+            .map_err(|e: GuestError| anyhow::anyhow!(e))?,
+    };
+    emit(out, serde_json::json!({ "state_bytes": state.len() }))?;
+    Ok(state)
+}
+
+/// A payload as clients see it: its JSON, or a JSON string of its text.
+fn value(payload: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(payload).unwrap_or_else(|_| {
+        serde_json::Value::String(String::from_utf8_lossy(payload).into_owned())
+    })
+}
+
+fn emit(out: &mut impl Write, line: serde_json::Value) -> std::io::Result<()> {
+    writeln!(out, "{line}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::guests;
+
+    async fn ticker(input: &str, state: Option<Vec<u8>>) -> (Vec<serde_json::Value>, Bytes) {
+        let options = RunOptions {
+            wasm: guests::TICKER_WASM.to_vec(),
+            config: Vec::new(),
+            state,
+            batch_lines: 2,
+            limits: Limits::default(),
+        };
+        let mut out = Vec::new();
+        let state = run(options, input.as_bytes(), &mut out).await.unwrap();
+        let lines = String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (lines, state)
+    }
+
+    #[tokio::test]
+    async fn runs_batch_by_batch_reports_errors_and_rolls_back_like_the_server() {
+        let input =
+            "{\"symbol\":\"A\",\"price\":1,\"seq\":1}\n{\"symbol\":\"B\",\"price\":2,\"seq\":2}\n\
+                     {\"symbol\":\"A\",\"price\":3,\"seq\":3}\nnope\n\
+                     {\"symbol\":\"A\",\"price\":4,\"seq\":6}\n";
+        let (lines, state) = ticker(input, None).await;
+        assert_eq!(lines[0]["update"]["key"], "A");
+        assert_eq!(lines[1]["update"]["value"]["price"], 2.0);
+        assert_eq!(lines[2]["batch"], 2);
+        assert!(
+            lines[2]["error"].as_str().unwrap().contains("line 2"),
+            "{lines:?}"
+        );
+        // Batch 2 rolled back: seq 3 never counted, so 6 is a jump from 2.
+        assert!(
+            lines[3]["gap"].as_str().unwrap().contains("from 2 to 6"),
+            "{lines:?}"
+        );
+        assert_eq!(lines[4]["update"]["value"]["seq"], 6);
+        assert_eq!(&state[..], b"6");
+        // Starting from the saved state: a redelivery is skipped.
+        let (lines, _) = ticker(
+            "{\"symbol\":\"A\",\"price\":4,\"seq\":6}\n",
+            Some(state.to_vec()),
+        )
+        .await;
+        assert_eq!(lines, [serde_json::json!({ "state_bytes": 1 })]);
+    }
+}
