@@ -35,8 +35,12 @@
 //! crate-type = ["cdylib", "rlib"]   # cdylib for wasm, rlib for native unit tests
 //!
 //! [dependencies]
-//! viewtape-guest = "0.1"
+//! # Not on crates.io: a path to the `runtime-guest` directory of a viewtape checkout.
+//! viewtape-guest = { path = "../viewtape/runtime-guest" }
 //! ```
+//!
+//! `viewtape new NAME` writes such a crate for you — a runtime, its tests, a README — that
+//! builds and passes its tests as generated.
 //!
 //! `src/lib.rs` — counts words per line and publishes the running totals in view `words`:
 //!

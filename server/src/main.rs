@@ -39,6 +39,19 @@ enum Command {
     /// Inspect the log.
     #[command(subcommand)]
     Log(LogCommand),
+    /// Write a new guest crate NAME (publishing to the view NAME) that builds and passes its
+    /// tests as generated.
+    New {
+        /// The crate's and its view's name.
+        name: String,
+        /// Where to create it.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// The viewtape SDK (`runtime-guest`) to depend on; default: the one this binary was
+        /// built from.
+        #[arg(long)]
+        sdk: Option<PathBuf>,
+    },
     /// Run a guest module over recorded input (stdin), batch by batch, in the real host with the
     /// real limits; prints what each batch published, gaps and errors as NDJSON.
     Run {
@@ -115,6 +128,15 @@ async fn main() -> anyhow::Result<()> {
         Command::Snapshot(SnapshotCommand::Inspect { file }) => {
             let ok = viewtape_server::inspect::inspect_file(&file, &mut std::io::stdout())?;
             std::process::exit(if ok { 0 } else { 1 })
+        }
+        Command::New { name, dir, sdk } => {
+            let sdk = sdk.unwrap_or_else(viewtape_server::scaffold::default_sdk);
+            let created = viewtape_server::scaffold::new_guest(&name, &dir, &sdk)?;
+            println!(
+                "created {}: cd there, then `cargo test`; its README says how to build and run it",
+                created.display()
+            );
+            Ok(())
         }
         Command::Run {
             wasm,

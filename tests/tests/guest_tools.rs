@@ -56,3 +56,80 @@ async fn run_prints_each_batch_as_ndjson_and_saves_the_state() -> anyhow::Result
     ensure!(std::fs::read(&state)? == b"3", "saved state");
     Ok(())
 }
+
+/// Runs `cargo ARGS` on the crate in `dir`, with a target directory kept between test runs.
+async fn cargo(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/scaffolded-guests");
+    let out = tokio::time::timeout(
+        Duration::from_secs(600),
+        tokio::process::Command::new(cargo)
+            .args(args)
+            .arg("--manifest-path")
+            .arg(dir.join("Cargo.toml"))
+            .env("CARGO_TARGET_DIR", &target)
+            .env_remove("RUSTFLAGS")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .output(),
+    )
+    .await??;
+    ensure!(
+        out.status.success(),
+        "cargo {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_guest_builds_passes_its_tests_and_runs() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let out = tokio::process::Command::new(binary().await?)
+        .args(["new", "orders", "--dir"])
+        .arg(dir.path())
+        .output()
+        .await?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let crate_dir = dir.path().join("orders");
+    cargo(&crate_dir, &["test", "--quiet"]).await?;
+    cargo(
+        &crate_dir,
+        &[
+            "build",
+            "--release",
+            "--target",
+            "wasm32-unknown-unknown",
+            "--quiet",
+        ],
+    )
+    .await?;
+    let wasm = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/scaffolded-guests/wasm32-unknown-unknown/release/orders.wasm");
+    let input = std::fs::File::open(crate_dir.join("input.ndjson"))?;
+    let out = tokio::process::Command::new(binary().await?)
+        .arg("run")
+        .arg(&wasm)
+        .stdin(Stdio::from(input))
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last_alice = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .rfind(|l| l["update"]["key"] == "alice")
+        .context("no update for alice")?;
+    ensure!(
+        last_alice["update"]["view"] == "orders" && last_alice["update"]["value"]["total"] == 3,
+        "{stdout}"
+    );
+    Ok(())
+}

@@ -1,0 +1,293 @@
+//! `viewtape new NAME`: writes a guest crate that builds for `wasm32-unknown-unknown` and passes
+//! its tests as generated — a runtime keeping a running total per key, publishing to the view
+//! `NAME`, with unit tests on the SDK's harness and a README saying how to build, test, run it
+//! over recorded input and configure it in a server.
+//!
+//! The SDK is not on crates.io: the crate depends on it by path, by default the `runtime-guest`
+//! directory of the repository this binary was built from (`--sdk` names another).
+
+use std::path::{Path, PathBuf};
+
+/// The SDK this binary was built with.
+pub fn default_sdk() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../runtime-guest")
+}
+
+/// Why a crate was not written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScaffoldError {
+    /// The name cannot be a crate and a view name.
+    #[error("{0:?} cannot name a guest: use 1-64 of a-z 0-9 _ -, starting with a letter")]
+    BadName(String),
+    /// The SDK directory has no `Cargo.toml`.
+    #[error("no viewtape SDK at {}: pass --sdk with the path of viewtape's runtime-guest directory", .0.display())]
+    NoSdk(PathBuf),
+    /// The target exists already.
+    #[error("{} already exists", .0.display())]
+    Exists(PathBuf),
+    /// Writing failed.
+    #[error("cannot write {}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Writes the crate `name` into `parent/name`, depending on the SDK at `sdk`. Returns its
+/// directory.
+///
+/// # Errors
+/// A bad name, a missing SDK, an existing directory, or a failed write.
+pub fn new_guest(name: &str, parent: &Path, sdk: &Path) -> Result<PathBuf, ScaffoldError> {
+    let valid = name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+    if !valid {
+        return Err(ScaffoldError::BadName(name.to_owned()));
+    }
+    let sdk = std::fs::canonicalize(sdk).map_err(|_| ScaffoldError::NoSdk(sdk.to_owned()))?;
+    if !sdk.join("Cargo.toml").is_file() {
+        return Err(ScaffoldError::NoSdk(sdk));
+    }
+    let dir = parent.join(name);
+    if dir.exists() {
+        return Err(ScaffoldError::Exists(dir));
+    }
+    let sdk_text = sdk.to_string_lossy().replace('\\', "/");
+    let fill = |template: &str| {
+        template
+            .replace("{{name}}", name)
+            .replace("{{crate}}", &name.replace('-', "_"))
+            .replace("{{sdk}}", &sdk_text)
+    };
+    for (file, template) in [
+        ("Cargo.toml", CARGO_TOML),
+        ("src/lib.rs", LIB_RS),
+        ("README.md", README_MD),
+        ("input.ndjson", INPUT),
+        (".gitignore", "/target\n"),
+    ] {
+        let path = dir.join(file);
+        let write = |path: &Path| {
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(path, fill(template))
+        };
+        write(&path).map_err(|source| ScaffoldError::Io { path, source })?;
+    }
+    Ok(dir)
+}
+
+const CARGO_TOML: &str = r#"[package]
+name = "{{name}}"
+version = "0.1.0"
+edition = "2021"
+publish = false
+
+# Its own workspace, wherever it is created.
+[workspace]
+
+[lib]
+# cdylib: the .wasm the server loads; rlib: native unit tests with the SDK's harness.
+crate-type = ["cdylib", "rlib"]
+
+[dependencies]
+# The viewtape SDK is not on crates.io: a path to viewtape's `runtime-guest` directory.
+viewtape-guest = { path = "{{sdk}}" }
+serde = { version = "1", features = ["derive"] }
+serde_json = "1"
+
+[profile.release]
+opt-level = 3
+lto = true
+codegen-units = 1
+panic = "abort"
+strip = true
+"#;
+
+const LIB_RS: &str = r##"//! `{{name}}`: a viewtape ingestion runtime. Input is NDJSON, one entry per line:
+//! `{"key":"alice","amount":5}`. It keeps a running total per key and publishes
+//! `{"total":…}` under that key in the view `{{name}}`.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use viewtape_guest::{export_runtime, Context, Error, Level, Result, Runtime};
+
+/// The view it publishes to: declare it in the server's config (`views = ["{{name}}"]`).
+pub const VIEW: &str = "{{name}}";
+
+/// One input line.
+#[derive(Deserialize)]
+struct Entry {
+    key: String,
+    amount: i64,
+}
+
+/// The running total of every key: the whole state, saved after every batch.
+#[derive(Debug, Default)]
+pub struct Totals {
+    totals: BTreeMap<String, i64>,
+}
+
+impl Totals {
+    /// The total of `key`.
+    pub fn total(&self, key: &str) -> Option<i64> {
+        self.totals.get(key).copied()
+    }
+}
+
+impl Runtime for Totals {
+    fn init(_config: &[u8]) -> Result<Self> {
+        Ok(Self::default())
+    }
+
+    fn on_batch(&mut self, input: &[u8], ctx: &mut Context) -> Result<()> {
+        for (index, line) in input.split(|&b| b == b'\n').enumerate() {
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let entry: Entry = serde_json::from_slice(line)
+                .map_err(|e| Error::msg(format!("line {}: {e}", index + 1)))?;
+            let total = self.totals.entry(entry.key.clone()).or_default();
+            *total = total.checked_add(entry.amount).ok_or_else(|| {
+                Error::msg(format!("line {}: the total of {:?} overflows", index + 1, entry.key))
+            })?;
+            let payload = serde_json::json!({ "total": *total }).to_string();
+            ctx.publish(VIEW, &entry.key, payload.as_bytes());
+        }
+        ctx.log(Level::Debug, "batch done");
+        Ok(())
+    }
+
+    fn save(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.totals).unwrap_or_default()
+    }
+
+    fn restore(&mut self, state: &[u8]) -> Result<()> {
+        self.totals = serde_json::from_slice(state)
+            .map_err(|e| Error::msg(format!("not a saved {{name}} state: {e}")))?;
+        Ok(())
+    }
+}
+
+export_runtime!(Totals);
+
+#[cfg(test)]
+mod tests {
+    use viewtape_guest::testing::Harness;
+    use viewtape_guest::Output;
+
+    use super::*;
+
+    fn harness() -> Harness<Totals> {
+        Harness::<Totals>::new(b"").unwrap().declare_views(&[VIEW])
+    }
+
+    #[test]
+    fn totals_accumulate_per_key() {
+        let mut h = harness();
+        h.batch(b"{\"key\":\"a\",\"amount\":5}\n").unwrap();
+        let out = h
+            .batch(b"{\"key\":\"a\",\"amount\":2}\n{\"key\":\"b\",\"amount\":1}\n")
+            .unwrap();
+        assert_eq!(
+            out[0],
+            Output::Update {
+                view: VIEW.into(),
+                key: "a".into(),
+                payload: br#"{"total":7}"#.to_vec(),
+            }
+        );
+        assert_eq!(h.runtime().total("b"), Some(1));
+    }
+
+    #[test]
+    fn a_bad_line_rejects_the_batch_and_keeps_the_state() {
+        let mut h = harness();
+        h.batch(b"{\"key\":\"a\",\"amount\":5}\n").unwrap();
+        let err = h.batch(b"{\"key\":\"a\",\"amount\":1}\nnope\n").unwrap_err();
+        assert!(err.to_string().starts_with("line 2:"), "{err}");
+        assert_eq!(h.runtime().total("a"), Some(5), "rolled back");
+    }
+
+    #[test]
+    fn the_state_survives_save_and_restore() {
+        let mut h = harness();
+        h.batch(b"{\"key\":\"a\",\"amount\":5}\n").unwrap();
+        let state = h.save();
+        h.restore(&state).unwrap();
+        assert_eq!(h.runtime().total("a"), Some(5));
+    }
+}
+"##;
+
+const README_MD: &str = r#"# {{name}}
+
+A viewtape ingestion runtime: NDJSON entries `{"key":"alice","amount":5}` in, a running total
+per key out, in the view `{{name}}`.
+
+```sh
+cargo test                                              # unit tests, natively, on the SDK's harness
+rustup target add wasm32-unknown-unknown                # once
+cargo build --release --target wasm32-unknown-unknown   # the module
+viewtape run target/wasm32-unknown-unknown/release/{{crate}}.wasm < input.ndjson
+```
+
+`viewtape run` runs the module in the real host with the real limits, batch by batch, and prints
+what each batch published, its gaps and errors as NDJSON (`--state`/`--save-state` carry the state
+between runs).
+
+To serve it, add to the server's config (`viewtape serve --config viewtape.toml`):
+
+```toml
+[[runtime]]
+name = "{{name}}"
+wasm = "target/wasm32-unknown-unknown/release/{{crate}}.wasm"
+views = ["{{name}}"]
+```
+
+then `curl --data-binary @input.ndjson http://127.0.0.1:8080/runtimes/{{name}}/ingest` and follow
+`http://127.0.0.1:8080/views/{{name}}/events`. The SDK guide (`cargo doc -p viewtape-guest --open`
+in the viewtape repository) explains the rules: determinism, limits, gaps, logs.
+"#;
+
+const INPUT: &str = r#"{"key":"alice","amount":5}
+{"key":"bob","amount":3}
+{"key":"alice","amount":-2}
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_bad_names_missing_sdks_and_existing_directories() {
+        let tmp = tempfile::tempdir().unwrap();
+        for name in ["", "Orders", "1st", "a/b", "a b"] {
+            assert!(matches!(
+                new_guest(name, tmp.path(), &default_sdk()),
+                Err(ScaffoldError::BadName(_))
+            ));
+        }
+        assert!(matches!(
+            new_guest("orders", tmp.path(), tmp.path()),
+            Err(ScaffoldError::NoSdk(_))
+        ));
+        let dir = new_guest("orders", tmp.path(), &default_sdk()).unwrap();
+        assert!(dir.join("src/lib.rs").is_file());
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        assert!(!manifest.contains("{{"), "{manifest}");
+        assert!(matches!(
+            new_guest("orders", tmp.path(), &default_sdk()),
+            Err(ScaffoldError::Exists(_))
+        ));
+    }
+}
