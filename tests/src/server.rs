@@ -399,6 +399,21 @@ impl Server {
         Ok(())
     }
 
+    /// The value of one series of `/metrics`, named with its labels as the text shows it
+    /// (`viewtape_http_connections_total{transport="lean"}`).
+    ///
+    /// # Errors
+    /// On connection errors, or when the series is missing or not a number.
+    pub async fn metric(&self, series: &str) -> anyhow::Result<f64> {
+        let text = self.get("/metrics").await?.text();
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .with_context(|| format!("no {series} in /metrics:\n{text}"))?
+            .trim()
+            .parse()
+            .context("metric value")
+    }
+
     /// `GET path`.
     ///
     /// # Errors

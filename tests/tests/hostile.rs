@@ -57,17 +57,6 @@ fn rss(server: &Server) -> anyhow::Result<u64> {
     Ok(kib * 1024)
 }
 
-/// A gauge or counter from `/metrics`.
-async fn metric(server: &Server, series: &str) -> anyhow::Result<f64> {
-    let text = server.get("/metrics").await?.text();
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .with_context(|| format!("no {series} in /metrics"))?
-        .trim()
-        .parse()
-        .context("metric value")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_and_slow_connections_are_closed_on_both_transports() -> anyhow::Result<()> {
     let file = config("[server]\nheader_timeout = \"1s\"\nidle_timeout = \"1s\"\n")?;
@@ -142,7 +131,10 @@ async fn connections_past_the_total_cap_get_503_and_are_closed() -> anyhow::Resu
     drop(held);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        match metric(&server, "viewtape_http_connections_refused_total").await {
+        match server
+            .metric("viewtape_http_connections_refused_total")
+            .await
+        {
             Ok(refusals) => {
                 ensure!(refusals >= 1.0, "{refusals}");
                 break;
@@ -187,7 +179,7 @@ async fn clients_that_stop_reading_cost_bounded_memory_and_are_dropped() -> anyh
     }
     // Every subscriber is open and stuck writing into a full socket.
     tokio::time::sleep(Duration::from_millis(800)).await;
-    ensure!(metric(&server, "viewtape_sse_connections").await? == 30.0);
+    ensure!(server.metric("viewtape_sse_connections").await? == 30.0);
     let grown = rss(&server)?.saturating_sub(before);
     // The old design copied up to 512 frames per stalled subscriber: 30 × 10 MB here.
     ensure!(
@@ -197,7 +189,7 @@ async fn clients_that_stop_reading_cost_bounded_memory_and_are_dropped() -> anyh
     );
     // Within the write timeout (and a heartbeat's worth of slack) they are all dropped.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(&server, "viewtape_sse_connections").await? > 0.0 {
+    while server.metric("viewtape_sse_connections").await? > 0.0 {
         ensure!(
             Instant::now() < deadline,
             "stalled subscribers were never dropped"
@@ -332,6 +324,6 @@ async fn running_out_of_descriptors_is_one_log_line_and_the_server_recovers() ->
         "one line per episode:\n{logs}"
     );
     ensure!(server.get("/healthz").await?.status() == 200);
-    ensure!(metric(&server, "viewtape_accept_errors_total").await? >= 1.0);
+    ensure!(server.metric("viewtape_accept_errors_total").await? >= 1.0);
     Ok(())
 }

@@ -207,15 +207,8 @@ async fn exchange(stream: &mut TcpStream, case: &Case) -> anyhow::Result<Vec<See
 
 /// The `viewtape_http_connections_total` counter of `transport`.
 async fn connections(server: &Server, transport: &str) -> anyhow::Result<u64> {
-    let metrics = server.get("/metrics").await?.text();
-    let needle = format!("viewtape_http_connections_total{{transport=\"{transport}\"}} ");
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(&needle))
-        .with_context(|| format!("no {needle:?} in /metrics"))?
-        .trim()
-        .parse()
-        .context("counter value")
+    let series = format!("viewtape_http_connections_total{{transport=\"{transport}\"}}");
+    Ok(server.metric(&series).await? as u64)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -301,10 +294,10 @@ async fn a_stream_ends_when_the_client_goes_away_on_either_transport() -> anyhow
             .write_all(get("/views/prices/events", "").as_bytes())
             .await?;
         read_response(&mut stream, &mut Vec::new(), false).await?;
-        ensure!(open_streams(&server).await? == 1);
+        ensure!(server.metric("viewtape_sse_connections").await? == 1.0);
         drop(stream);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while open_streams(&server).await? != 0 {
+        while server.metric("viewtape_sse_connections").await? != 0.0 {
             ensure!(
                 tokio::time::Instant::now() < deadline,
                 "the subscriber outlived its client (handed over: {handed_over})"
@@ -313,17 +306,6 @@ async fn a_stream_ends_when_the_client_goes_away_on_either_transport() -> anyhow
         }
     }
     Ok(())
-}
-
-async fn open_streams(server: &Server) -> anyhow::Result<i64> {
-    let metrics = server.get("/metrics").await?.text();
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix("viewtape_sse_connections "))
-        .context("no viewtape_sse_connections in /metrics")?
-        .trim()
-        .parse()
-        .context("gauge value")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
