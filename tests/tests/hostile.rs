@@ -283,3 +283,47 @@ async fn memory_returns_after_rounds_of_connections() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_out_of_descriptors_is_one_log_line_and_the_server_recovers() -> anyhow::Result<()>
+{
+    let server = Server::start(&["--demo-rate", "0"]).await?;
+    let limit = libc::rlimit {
+        rlim_cur: 64,
+        rlim_max: 64,
+    };
+    // SAFETY: prlimit(2) on a process this test spawned, with a valid resource and a pointer to
+    // a live rlimit; the old limit is not asked for.
+    let set = unsafe {
+        libc::prlimit(
+            server.pid() as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            &limit,
+            std::ptr::null_mut(),
+        )
+    };
+    ensure!(set == 0, "prlimit failed");
+    let mut held = Vec::new();
+    for _ in 0..120 {
+        held.push(TcpStream::connect(server.addr()).await?);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server.logs().contains("accepting connections again") {
+        ensure!(
+            Instant::now() < deadline,
+            "never recovered:\n{}",
+            server.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let logs = server.logs();
+    ensure!(
+        logs.matches("accepting connections failed").count() == 1,
+        "one line per episode:\n{logs}"
+    );
+    ensure!(server.get("/healthz").await?.status() == 200);
+    ensure!(server.metric("viewtape_accept_errors_total").await? >= 1.0);
+    Ok(())
+}
