@@ -49,7 +49,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{self, HeaderName, HeaderValue, Method, Request, Response, Version};
@@ -77,6 +77,10 @@ pub const MAX_HEADERS: usize = 64;
 const PROBE: usize = 64;
 /// How often, at most, memory freed by closed hyper connections is handed back to the OS.
 const TRIM_EVERY: Duration = Duration::from_secs(5);
+/// How often a lasting episode of failed accepts is reported.
+const ACCEPT_REPORT_EVERY: Duration = Duration::from_secs(10);
+/// Time without a failed accept that ends an episode.
+const ACCEPT_CALM: Duration = Duration::from_secs(1);
 /// First and longest pause after a failed accept.
 const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
 
@@ -134,7 +138,8 @@ pub async fn serve(
     let (drained, mut all_drained) = mpsc::channel::<()>(1);
     let (stop, stopping) = watch::channel(false);
     let mut shutdown = std::pin::pin!(shutdown);
-    let (mut failures, mut backoff) = (0u64, ACCEPT_BACKOFF.0);
+    let mut backoff = ACCEPT_BACKOFF.0;
+    let mut trouble: Option<AcceptTrouble> = None;
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -144,10 +149,13 @@ pub async fn serve(
             Ok(accepted) => accepted,
             Err(error) => {
                 shared.metrics.accept_errors.inc();
-                if failures == 0 {
-                    tracing::warn!(%error, "accepting connections failed; backing off (further failures are counted in viewtape_accept_errors_total, not logged)");
+                match &mut trouble {
+                    None => {
+                        tracing::warn!(%error, "accepting connections failed; backing off (failures are counted in viewtape_accept_errors_total and reported every {ACCEPT_REPORT_EVERY:?} while they last)");
+                        trouble = Some(AcceptTrouble::new());
+                    }
+                    Some(trouble) => trouble.failed(&error),
                 }
-                failures += 1;
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
                     () = &mut shutdown => break,
@@ -156,9 +164,10 @@ pub async fn serve(
                 continue;
             }
         };
-        if failures > 0 {
-            tracing::info!(failures, "accepting connections again");
-            (failures, backoff) = (0, ACCEPT_BACKOFF.0);
+        backoff = ACCEPT_BACKOFF.0;
+        if trouble.as_ref().is_some_and(AcceptTrouble::is_over) {
+            tracing::info!("accepting connections again");
+            trouble = None;
         }
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
             shared.metrics.http_refused.inc();
@@ -187,6 +196,41 @@ pub async fn serve(
         () = abandon => tracing::warn!("asked again to stop: not waiting for in-flight requests"),
     }
     Ok(())
+}
+
+/// An episode of failing accepts: one line when it starts, one every [`ACCEPT_REPORT_EVERY`]
+/// while it lasts, one when it is over.
+struct AcceptTrouble {
+    since_report: u64,
+    last_report: Instant,
+    last_failure: Instant,
+}
+
+impl AcceptTrouble {
+    fn new() -> Self {
+        let now = Instant::now();
+        Self {
+            since_report: 0,
+            last_report: now,
+            last_failure: now,
+        }
+    }
+
+    fn failed(&mut self, error: &std::io::Error) {
+        let now = Instant::now();
+        self.since_report += 1;
+        self.last_failure = now;
+        if now - self.last_report >= ACCEPT_REPORT_EVERY {
+            tracing::warn!(%error, failures = self.since_report, "accepting connections still fails");
+            (self.since_report, self.last_report) = (0, now);
+        }
+    }
+
+    /// Over once accepting has not failed for [`ACCEPT_CALM`]: the first accepts after descriptors
+    /// run out often fail again at once, and that is the same episode.
+    fn is_over(&self) -> bool {
+        self.last_failure.elapsed() >= ACCEPT_CALM
+    }
 }
 
 /// Answers a connection past the limit with `503` and closes it, without reading a request.
