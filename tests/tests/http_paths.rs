@@ -13,7 +13,7 @@ use viewtape_tests::http::{parse_head, ChunkedDecoder};
 use viewtape_tests::Server;
 
 /// How long a stream may stay silent before its response counts as complete.
-const SETTLE: Duration = Duration::from_millis(300);
+const SETTLE: Duration = Duration::from_millis(500);
 
 /// A response as the client saw it: status line, headers but `date` (sorted), decoded body,
 /// and whether the server closed the connection after it.
@@ -63,8 +63,10 @@ async fn read_response(
                     ensure!(n > 0, "closed inside a body");
                     buf.extend_from_slice(&more[..n]);
                 }
-                Err(_) if chunked => break, // a stream that goes on: compare what it sent
-                Err(_) => bail!("body shorter than its content-length"),
+                // A stream that goes on: compare what it sent once it has sent something.
+                Err(_) if chunked && !body.is_empty() => break,
+                Err(_) if chunked && tokio::time::Instant::now() < deadline => {}
+                Err(_) => bail!("the body did not arrive in time"),
             }
         }
     }
@@ -343,7 +345,7 @@ async fn half_sent_heads_and_open_streams_do_not_hold_up_a_stop() -> anyhow::Res
     let status = server.stop_graceful().await?;
     ensure!(status.success(), "{status:?}");
     ensure!(
-        started.elapsed() < Duration::from_secs(3),
+        started.elapsed() < Duration::from_secs(5),
         "the stop took {:?}",
         started.elapsed()
     );
