@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure};
 use tokio::io::AsyncWriteExt as _;
+use viewtape_tests::feed::big_state_batches;
 use viewtape_tests::http::{connect_with_recv_buffer, request};
 
 use crate::args::Args;
@@ -45,12 +46,7 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     let Some(pid) = target.pid else {
         bail!("stalled needs the server's pid: pass --pid with --addr, or let the tool spawn it");
     };
-    let payload = "x".repeat(options.size);
-    let per_batch = (900 * 1024 / (options.size + 32)).max(1);
-    for start in (0..options.keys).step_by(per_batch) {
-        let batch: String = (start..options.keys.min(start + per_batch))
-            .map(|k| format!("publish big k{k} {payload}\n"))
-            .collect();
+    for batch in big_state_batches(options.keys, options.size) {
         let reply = request(
             target.addr,
             "POST",

@@ -21,6 +21,7 @@ use std::io::{BufRead, Write};
 
 use bytes::Bytes;
 
+use crate::frame;
 use crate::host::{
     EngineConfig, EventKind, GuestEngine, GuestError, GuestInstance, GuestModule, Limits,
 };
@@ -97,7 +98,7 @@ pub async fn run(
                         EventKind::Update => serde_json::json!({ "batch": batch_number, "update": {
                             "view": &*event.view,
                             "key": event.key,
-                            "value": value(&event.payload),
+                            "value": value(&event.key, &event.payload),
                         }}),
                         EventKind::Delete => serde_json::json!({ "batch": batch_number, "delete": {
                             "view": &*event.view,
@@ -127,11 +128,12 @@ pub async fn run(
     Ok(state)
 }
 
-/// A payload as clients see it: its JSON, or a JSON string of its text.
-fn value(payload: &[u8]) -> serde_json::Value {
-    serde_json::from_slice(payload).unwrap_or_else(|_| {
-        serde_json::Value::String(String::from_utf8_lossy(payload).into_owned())
-    })
+/// A payload as clients see it: the value of the frame the server would send.
+fn value(key: &str, payload: &[u8]) -> serde_json::Value {
+    frame::event(None, EventKind::Update, key, payload)
+        .value_json()
+        .and_then(|value| serde_json::from_slice(&value).ok())
+        .unwrap_or_default()
 }
 
 fn emit(out: &mut impl Write, line: serde_json::Value) -> std::io::Result<()> {

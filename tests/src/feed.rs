@@ -109,6 +109,21 @@ pub fn event_seq(data: &serde_json::Value) -> anyhow::Result<u64> {
         .with_context(|| format!("no value.seq in {data}"))
 }
 
+/// Ingest bodies for the `misbehave` fixture that fill its view `big` with `keys` values of
+/// `size` bytes each, every body under the server's default 1 MiB limit.
+pub fn big_state_batches(keys: usize, size: usize) -> Vec<String> {
+    let payload = "x".repeat(size);
+    let per_batch = (900 * 1024 / (size + 32)).max(1);
+    (0..keys)
+        .step_by(per_batch)
+        .map(|start| {
+            (start..keys.min(start + per_batch))
+                .map(|k| format!("publish big k{k} {payload}\n"))
+                .collect()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -75,10 +75,12 @@ pub struct Server {
     logs: Arc<Mutex<Vec<u8>>>,
 }
 
-/// The `misbehave` test fixture guest (it publishes, fails, traps or loops on command), as
-/// checked in with the server's embedded guests.
-pub fn misbehave_wasm() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/guests/misbehave.wasm")
+/// A guest module as checked in with the server's embedded guests: `ticker`, `logstats`, or
+/// `misbehave` (the test fixture that publishes, fails, traps or loops on command).
+pub fn guest_wasm(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../server/guests")
+        .join(format!("{name}.wasm"))
 }
 
 /// Locates the binary, building it once per process.

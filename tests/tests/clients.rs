@@ -95,7 +95,7 @@ fn free_port() -> anyhow::Result<u16> {
 /// A config with the demo ticker (`demo` → `prices`) and the `misbehave` fixture
 /// (`fixture` → `notes`), which can publish any payload, multi-line JSON included.
 async fn config_with_fixture(dir: &Path) -> anyhow::Result<PathBuf> {
-    let wasm = viewtape_tests::server::misbehave_wasm();
+    let wasm = viewtape_tests::server::guest_wasm("misbehave");
     let path = dir.join("clients.toml");
     let text = format!(
         "[[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n\n\

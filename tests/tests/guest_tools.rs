@@ -10,7 +10,7 @@ use viewtape_tests::server::binary;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_prints_each_batch_as_ndjson_and_saves_the_state() -> anyhow::Result<()> {
-    let ticker = Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/guests/ticker.wasm");
+    let ticker = viewtape_tests::server::guest_wasm("ticker");
     let dir = tempfile::tempdir()?;
     let state = dir.path().join("state");
     let mut child = tokio::process::Command::new(binary().await?)

@@ -20,7 +20,7 @@ fn config(text: &str) -> anyhow::Result<tempfile::NamedTempFile> {
 /// A server running the `misbehave` fixture as runtime `m` (views `big`, `state`), with
 /// `server` as its `[server]` section.
 async fn fixture_server(server: &str) -> anyhow::Result<(Server, tempfile::NamedTempFile)> {
-    let wasm = viewtape_tests::server::misbehave_wasm();
+    let wasm = viewtape_tests::server::guest_wasm("misbehave");
     let file = config(&format!(
         "[server]\n{server}\n[[runtime]]\nname = \"m\"\nwasm = \"{}\"\nviews = [\"big\", \"state\"]\n",
         wasm.display()
@@ -151,12 +151,7 @@ async fn connections_past_the_total_cap_get_503_and_are_closed() -> anyhow::Resu
 
 /// `keys` entries of `size` bytes each in view `big`, in batches under the 1 MiB body limit.
 async fn fill(server: &Server, keys: usize, size: usize) -> anyhow::Result<()> {
-    let payload = "x".repeat(size);
-    let per_batch = (900 * 1024 / (size + 32)).max(1);
-    for start in (0..keys).step_by(per_batch) {
-        let batch: String = (start..keys.min(start + per_batch))
-            .map(|k| format!("publish big k{k} {payload}\n"))
-            .collect();
+    for batch in viewtape_tests::feed::big_state_batches(keys, size) {
         let reply = server.ingest("m", &batch).await?;
         ensure!(reply.status() == 200, "{} {}", reply.status(), reply.text());
     }

@@ -9,7 +9,7 @@ use viewtape_tests::{expect, Feed, Server};
 
 /// The demo ticker (`prices`) and the `misbehave` fixture as runtime `m` (`notes`).
 async fn two_runtimes() -> anyhow::Result<(Server, tempfile::NamedTempFile)> {
-    let wasm = viewtape_tests::server::misbehave_wasm();
+    let wasm = viewtape_tests::server::guest_wasm("misbehave");
     let mut file = tempfile::NamedTempFile::new()?;
     write!(
         file,
