@@ -199,7 +199,26 @@ impl EventJournal {
         key: &str,
         build_frame: impl FnOnce(Cursor) -> Result<Arc<Bytes>, E>,
     ) -> Result<Option<(Cursor, Arc<Bytes>)>, E> {
+        self.append_at(view_id, key, self.clock.unix_ms(), build_frame)
+    }
+
+    /// [`EventJournal::append_with_cursor`] for a record that was written at `unix_ms` (wall
+    /// clock) rather than now: a replay of logged input keeps each record's original age, so
+    /// age retention treats it as it would have. A time in the future counts as now.
+    ///
+    /// # Errors
+    /// Whatever `build_frame` returns; no offset is consumed then.
+    pub fn append_at<E>(
+        &self,
+        view_id: &str,
+        key: &str,
+        unix_ms: u64,
+        build_frame: impl FnOnce(Cursor) -> Result<Arc<Bytes>, E>,
+    ) -> Result<Option<(Cursor, Arc<Bytes>)>, E> {
         let now = self.now();
+        let age_ms = self.clock.unix_ms().saturating_sub(unix_ms);
+        let at =
+            now.saturating_sub(i64::try_from(age_ms.saturating_mul(1_000_000)).unwrap_or(i64::MAX));
         let mut inner = self.lock();
         if !self.config.enabled {
             inner.stats.cursorless_disabled += 1;
@@ -222,7 +241,7 @@ impl EventJournal {
         tape.push(Slot {
             frame: Arc::clone(&frame),
             key: CompactString::new(key),
-            at: now,
+            at,
         });
         tape.prune(&self.config, now, stats);
         stats.appends += 1;
@@ -535,6 +554,37 @@ mod tests {
     fn journal_with(config: JournalConfig) -> (EventJournal, Arc<ManualClock>) {
         let clock = Arc::new(ManualClock::new(1_700_000_000_000));
         (EventJournal::with_clock(config, clock.clone()), clock)
+    }
+
+    #[tokio::test]
+    async fn a_record_appended_with_its_original_time_keeps_its_age() {
+        let config = JournalConfig {
+            max_age: Duration::from_secs(60),
+            ..JournalConfig::default()
+        };
+        let (journal, clock) = journal_with(config);
+        let now = clock.unix_ms();
+        let append_at = |key: &str, at: u64| {
+            journal
+                .append_at("a", key, at, |c| Ok::<_, ()>(frame(&c.to_string())))
+                .unwrap()
+                .map(|(cursor, _)| cursor.offset())
+        };
+        assert_eq!(append_at("old", now - 90_000), Some(1));
+        assert_eq!(
+            journal.window("a").await.first,
+            2,
+            "older than max_age: pruned"
+        );
+        assert_eq!(append_at("recent", now - 50_000), Some(2));
+        assert_eq!(append_at("future", now + 5_000), Some(3));
+        clock.advance(Duration::from_secs(15));
+        let window = journal.window("a").await;
+        assert_eq!(
+            (window.first, window.next),
+            (3, 4),
+            "50 s + 15 s is past 60 s"
+        );
     }
 
     async fn append(journal: &EventJournal, view: &str, key: &str) -> Option<u64> {

@@ -188,7 +188,7 @@ mod tests {
         assert!(!missing.exists(), "inspection created the directory");
 
         let log = LogDir::create(&missing).unwrap();
-        let writer = LogWriter::start(&log, 1, WriterOptions::default()).unwrap();
+        let writer = LogWriter::start(&log, 1, WriterOptions::default(), Box::new(|_| {})).unwrap();
         for i in 0..5 {
             let (tx, rx) = mpsc::channel();
             let done = Box::new(move |result: Result<u64, _>| {

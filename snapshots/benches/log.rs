@@ -41,7 +41,7 @@ fn group_commit(c: &mut Criterion) {
             ..WriterOptions::default()
         };
         let next = log.scan().expect("scan").next();
-        let writer = LogWriter::start(&log, next, options).expect("writer");
+        let writer = LogWriter::start(&log, next, options, Box::new(|_| {})).expect("writer");
         for (appenders, size) in [(1, 100), (64, 100), (64, 100_000)] {
             let per = if appenders == 1 { 50 } else { 20 };
             group.throughput(Throughput::Elements((appenders * per) as u64));

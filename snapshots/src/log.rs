@@ -521,11 +521,29 @@ impl Default for WriterOptions {
     }
 }
 
-/// Called once an append is durable (with its position) or has failed.
+/// Called once an append is durable (with the position of its first record) or has failed.
 pub type Completion = Box<dyn FnOnce(Result<u64, LogError>) + Send>;
 
+/// What one group commit did, for the writer's observer (metrics).
+#[derive(Clone, Copy, Debug)]
+pub struct GroupWritten {
+    /// Records written.
+    pub records: u64,
+    /// Bytes written (record framing included).
+    pub bytes: u64,
+    /// How long the `fdatasync` took, when there was one.
+    pub sync: Option<std::time::Duration>,
+    /// The position after the last record written.
+    pub next: u64,
+    /// Whether the group started a new segment.
+    pub new_segment: bool,
+}
+
+/// Told about every group the writer made durable (on the writer's thread; keep it short).
+pub type Observer = Box<dyn FnMut(GroupWritten) + Send>;
+
 struct Append {
-    payload: Vec<u8>,
+    payloads: Vec<Vec<u8>>,
     done: Completion,
 }
 
@@ -548,7 +566,12 @@ impl LogWriter {
     ///
     /// # Errors
     /// The segment cannot be opened or created.
-    pub fn start(log: &LogDir, next: u64, options: WriterOptions) -> Result<Self, LogError> {
+    pub fn start(
+        log: &LogDir,
+        next: u64,
+        options: WriterOptions,
+        observer: Observer,
+    ) -> Result<Self, LogError> {
         let files = log.segment_files()?;
         let (file, path, len) = match files.last() {
             Some((_, path)) => {
@@ -561,12 +584,12 @@ impl LogWriter {
                     .seek(SeekFrom::End(0))
                     .map_err(|e| LogError::io("seek", path, e))?;
                 if len < SEGMENT_HEADER_LEN as u64 {
-                    new_segment(log, next)?
+                    new_segment_file(log, next)?
                 } else {
                     (file, path.clone(), len)
                 }
             }
-            None => new_segment(log, next)?,
+            None => new_segment_file(log, next)?,
         };
         let (queue, appends) = mpsc::channel::<Append>();
         let mut state = WriterState {
@@ -579,6 +602,7 @@ impl LogWriter {
             next,
             options,
             poisoned: None,
+            observer,
         };
         let thread = std::thread::Builder::new()
             .name("viewtape-log".into())
@@ -593,13 +617,19 @@ impl LogWriter {
     /// Queues `payload`; `done` is called, on the writer's thread, once it is durable (with its
     /// position) or has failed. Keep `done` short: it delays the next group.
     pub fn append(&self, payload: Vec<u8>, done: Completion) {
-        if payload.len() > MAX_RECORD_BYTES {
-            return done(Err(LogError::TooLarge(payload.len())));
+        self.append_all(vec![payload], done);
+    }
+
+    /// Queues `payloads` as consecutive records, made durable together; `done` is called with
+    /// the position of the first once all are durable, or with the failure.
+    pub fn append_all(&self, payloads: Vec<Vec<u8>>, done: Completion) {
+        if let Some(big) = payloads.iter().find(|p| p.len() > MAX_RECORD_BYTES) {
+            return done(Err(LogError::TooLarge(big.len())));
         }
         let Some(queue) = &self.queue else {
             return done(Err(LogError::Stopped));
         };
-        if let Err(mpsc::SendError(append)) = queue.send(Append { payload, done }) {
+        if let Err(mpsc::SendError(append)) = queue.send(Append { payloads, done }) {
             (append.done)(Err(LogError::Stopped));
         }
     }
@@ -626,7 +656,7 @@ fn segment_header(first: u64) -> Vec<u8> {
     header
 }
 
-fn new_segment(log: &LogDir, first: u64) -> Result<(File, PathBuf, u64), LogError> {
+fn new_segment_file(log: &LogDir, first: u64) -> Result<(File, PathBuf, u64), LogError> {
     let path = log.segment_path(first);
     let header = segment_header(first);
     let mut file = OpenOptions::new()
@@ -652,31 +682,34 @@ struct WriterState {
     options: WriterOptions,
     /// Why writing stopped for good, once it has.
     poisoned: Option<String>,
+    observer: Observer,
 }
 
 impl WriterState {
     fn run(&mut self, appends: &mpsc::Receiver<Append>) {
         let mut group = Vec::new();
         let mut bytes = Vec::new();
+        let size = |append: &Append| append.payloads.iter().map(Vec::len).sum::<usize>();
         while let Ok(first) = appends.recv() {
-            let mut queued = first.payload.len();
+            let mut queued = size(&first);
             group.push(first);
             // Everything queued meanwhile shares this round's write and sync (up to 8 MiB).
             while queued < GROUP_BYTES {
                 let Ok(append) = appends.try_recv() else {
                     break;
                 };
-                queued += append.payload.len();
+                queued += size(&append);
                 group.push(append);
             }
             bytes.clear();
-            let first_position = self.next;
+            let mut position = self.next;
             let result = self.write_group(&group, &mut bytes);
-            for (i, append) in group.drain(..).enumerate() {
+            for append in group.drain(..) {
                 let outcome = match &result {
-                    Ok(()) => Ok(first_position + i as u64),
+                    Ok(()) => Ok(position),
                     Err(reason) => Err(LogError::Poisoned(reason.clone())),
                 };
+                position += append.payloads.len() as u64;
                 (append.done)(outcome);
             }
         }
@@ -695,22 +728,36 @@ impl WriterState {
     }
 
     fn try_write_group(&mut self, group: &[Append], bytes: &mut Vec<u8>) -> Result<(), LogError> {
-        if self.len >= self.options.segment_bytes {
-            (self.file, self.path, self.len) = new_segment(&self.dir, self.next)?;
+        let new_segment = self.len >= self.options.segment_bytes;
+        if new_segment {
+            (self.file, self.path, self.len) = new_segment_file(&self.dir, self.next)?;
         }
-        for (i, append) in group.iter().enumerate() {
-            put_record(bytes, self.next + i as u64, &append.payload);
+        let mut records = 0;
+        for payload in group.iter().flat_map(|append| &append.payloads) {
+            put_record(bytes, self.next + records, payload);
+            records += 1;
         }
         self.file
             .write_all(bytes)
             .map_err(|e| LogError::io("write", &self.path, e))?;
-        if self.options.durability == Durability::Fsync {
+        let sync = if self.options.durability == Durability::Fsync {
+            let started = std::time::Instant::now();
             self.file
                 .sync_data()
                 .map_err(|e| LogError::io("sync", &self.path, e))?;
-        }
+            Some(started.elapsed())
+        } else {
+            None
+        };
         self.len += bytes.len() as u64;
-        self.next += group.len() as u64;
+        self.next += records;
+        (self.observer)(GroupWritten {
+            records,
+            bytes: bytes.len() as u64,
+            sync,
+            next: self.next,
+            new_segment,
+        });
         Ok(())
     }
 }
@@ -800,7 +847,7 @@ mod tests {
     fn concurrent_appends_get_dense_positions_and_read_back_in_order() -> TestResult {
         let tmp = tempfile::tempdir()?;
         let log = LogDir::create(tmp.path())?;
-        let writer = LogWriter::start(&log, 1, small_segments())?;
+        let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
         let mut given = append_all(&writer, payloads(300));
         given.extend(append_each(&writer, payloads(60)));
         drop(writer);
@@ -817,9 +864,44 @@ mod tests {
         }
         assert_eq!(read_all(&log, 250)?.first().map(|r| r.position), Some(251));
         // A reopened writer continues the numbering.
-        let writer = LogWriter::start(&log, scan.next(), small_segments())?;
+        let writer = LogWriter::start(&log, scan.next(), small_segments(), Box::new(|_| {}))?;
         let more = append_all(&writer, payloads(5));
         assert_eq!(more.first().map(|(p, _)| *p), Some(361));
+        Ok(())
+    }
+
+    #[test]
+    fn a_multi_record_append_is_consecutive_and_observed() -> TestResult {
+        let tmp = tempfile::tempdir()?;
+        let log = LogDir::create(tmp.path())?;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let observer = {
+            let seen = Arc::clone(&seen);
+            Box::new(move |group: GroupWritten| seen.lock().expect("lock").push(group))
+        };
+        let writer = LogWriter::start(&log, 7, WriterOptions::default(), observer)?;
+        let (tx, rx) = mpsc::channel();
+        writer.append_all(
+            vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()],
+            Box::new(move |result| {
+                let _ = tx.send(result);
+            }),
+        );
+        assert_eq!(rx.recv()?.map_err(|e| e.to_string())?, 7);
+        drop(writer);
+        let read = read_all(&log, 0)?;
+        let got: Vec<_> = read
+            .iter()
+            .map(|r| (r.position, r.payload.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(7, b"a".to_vec()), (8, b"b".to_vec()), (9, b"c".to_vec())]
+        );
+        let seen = seen.lock().expect("lock");
+        assert_eq!(seen.len(), 1);
+        assert_eq!((seen[0].records, seen[0].next), (3, 10));
+        assert!(seen[0].sync.is_some(), "fsync durability syncs");
         Ok(())
     }
 
@@ -827,7 +909,7 @@ mod tests {
     fn a_torn_tail_is_cut_and_the_log_continues() -> TestResult {
         let tmp = tempfile::tempdir()?;
         let log = LogDir::create(tmp.path())?;
-        let writer = LogWriter::start(&log, 1, WriterOptions::default())?;
+        let writer = LogWriter::start(&log, 1, WriterOptions::default(), Box::new(|_| {}))?;
         append_all(&writer, payloads(10));
         drop(writer);
         let newest = log
@@ -853,7 +935,12 @@ mod tests {
             log.scan()?.segments.last().and_then(|s| s.damage.clone()),
             None
         );
-        let writer = LogWriter::start(&log, scan.next(), WriterOptions::default())?;
+        let writer = LogWriter::start(
+            &log,
+            scan.next(),
+            WriterOptions::default(),
+            Box::new(|_| {}),
+        )?;
         append_all(&writer, payloads(1));
         drop(writer);
         assert_eq!(read_all(&log, 0)?.len(), 11);
@@ -864,7 +951,7 @@ mod tests {
     fn corruption_before_the_tail_and_missing_segments_are_never_repaired() -> TestResult {
         let tmp = tempfile::tempdir()?;
         let log = LogDir::create(tmp.path())?;
-        let writer = LogWriter::start(&log, 1, small_segments())?;
+        let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
         append_each(&writer, payloads(100));
         drop(writer);
         let scan = log.scan()?;
@@ -882,7 +969,7 @@ mod tests {
         // A missing middle segment.
         let tmp = tempfile::tempdir()?;
         let log = LogDir::create(tmp.path())?;
-        let writer = LogWriter::start(&log, 1, small_segments())?;
+        let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
         append_each(&writer, payloads(100));
         drop(writer);
         let middle = log.scan()?.segments[1].path.clone();
@@ -898,7 +985,7 @@ mod tests {
     fn old_segments_are_deleted_once_no_snapshot_needs_them() -> TestResult {
         let tmp = tempfile::tempdir()?;
         let log = LogDir::create(tmp.path())?;
-        let writer = LogWriter::start(&log, 1, small_segments())?;
+        let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
         append_each(&writer, payloads(100));
         drop(writer);
         let before = log.scan()?.segments;
@@ -928,7 +1015,7 @@ mod tests {
         fn a_cut_at_any_byte_is_a_torn_tail(n in 1usize..40, cut in 0.0f64..1.0) {
             let tmp = tempfile::tempdir().expect("tempdir");
             let log = LogDir::create(tmp.path()).expect("log");
-            let writer = LogWriter::start(&log, 1, WriterOptions::default()).expect("writer");
+            let writer = LogWriter::start(&log, 1, WriterOptions::default(), Box::new(|_| {})).expect("writer");
             let given = append_all(&writer, payloads(n));
             drop(writer);
             let path = log.scan().expect("scan").segments[0].path.clone();
