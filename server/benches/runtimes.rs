@@ -21,7 +21,7 @@ use viewtape_server::host::{
     decode_output, guests, EngineConfig, GuestBatch, GuestEngine, GuestInstance, GuestModule,
     Limits,
 };
-use viewtape_server::runtime::{BatchSink, BatchSummary, RuntimeConfig, RuntimeHandle};
+use viewtape_server::runtime::{BatchSink, RuntimeConfig, RuntimeHandle};
 
 const BATCH: usize = 1000;
 
@@ -29,13 +29,11 @@ const BATCH: usize = 1000;
 struct JournalSink;
 
 impl BatchSink for JournalSink {
-    async fn commit(&self, _runtime: &str, batch: GuestBatch) -> BatchSummary {
+    async fn commit(&self, _runtime: &str, batch: GuestBatch, _at_ms: u64) {
         let Some(journal) = viewtape_journal::current() else {
-            return BatchSummary::default();
+            return;
         };
         let epoch = journal.epoch().await.to_string();
-        let mut summary = BatchSummary::default();
-        let mut counts: Vec<(Arc<str>, u64)> = Vec::new();
         for e in batch.events {
             let _ = journal
                 .append_with(&e.view, &e.key, |offset| {
@@ -49,15 +47,7 @@ impl BatchSink for JournalSink {
                     Ok::<_, ()>(Arc::new(f.freeze()))
                 })
                 .await;
-            match counts.last_mut() {
-                Some((view, n)) if Arc::ptr_eq(view, &e.view) => *n += 1,
-                _ => counts.push((e.view, 1)),
-            }
         }
-        for (view, n) in counts {
-            *summary.per_view.entry(view.to_string()).or_default() += n;
-        }
-        summary
     }
 }
 
@@ -98,6 +88,7 @@ fn ticker_end_to_end(c: &mut Criterion) {
             None,
             journal,
             Arc::new(JournalSink),
+            Arc::default(),
         ))
         .expect("spawn");
     let sample = ticks(1);
@@ -112,9 +103,9 @@ fn ticker_end_to_end(c: &mut Criterion) {
                 let input = ticks(seq);
                 seq += BATCH as u64;
                 let start = Instant::now();
-                let summary = rt.block_on(handle.ingest(input)).expect("ingest");
+                let summary = rt.block_on(handle.ingest(input, None)).expect("ingest");
                 total += start.elapsed();
-                debug_assert_eq!(summary.per_view.get("prices"), Some(&(BATCH as u64)));
+                debug_assert_eq!(summary.receipt.events.get("prices"), Some(&(BATCH as u64)));
             }
             total
         })
@@ -159,10 +150,14 @@ fn publish_path(c: &mut Criterion) {
             None,
             journal,
             Arc::new(JournalSink),
+            Arc::default(),
         ))
         .expect("spawn");
     g.bench_function("end_to_end_into_journal", |b| {
-        b.iter(|| rt.block_on(handle.ingest(input.clone())).expect("ingest"))
+        b.iter(|| {
+            rt.block_on(handle.ingest(input.clone(), None))
+                .expect("ingest")
+        })
     });
     g.finish();
 }

@@ -67,6 +67,7 @@ fn filled(rt: &tokio::runtime::Runtime) -> Hub {
                     events,
                     gaps: vec![],
                 },
+                viewtape_server::log::unix_ms_now(),
             )
             .await;
         }
@@ -105,6 +106,7 @@ fn snapshot(c: &mut Criterion) {
         journal: rt.block_on(hub.journal().dump()),
         views: hub.dump_states(),
         runtimes: vec![],
+        log_position: None,
     };
     let meta = SnapshotMeta::exact_now();
     let encoded = viewtape_snapshots::encode(&body, &meta).expect("encode");

@@ -58,6 +58,7 @@ async fn filled(journal: JournalConfig) -> Arc<Hub> {
                 events,
                 gaps: vec![],
             },
+            viewtape_server::log::unix_ms_now(),
         )
         .await;
     }
@@ -76,7 +77,16 @@ fn state_transfer(c: &mut Criterion) {
         max_connections: 1000,
         ..ServerConfig::default()
     };
-    let router = app(AppState::new(hub, Arc::default(), config, shutdown), None);
+    let router = app(
+        AppState::new(
+            hub,
+            Arc::default(),
+            &viewtape_server::log::LogMetrics::default(),
+            config,
+            shutdown,
+        ),
+        None,
+    );
     let mut group = c.benchmark_group("state");
     group.sample_size(20);
     group.measurement_time(Duration::from_secs(10));

@@ -21,6 +21,11 @@
 //! max_records_per_view = 100000
 //! max_bytes_per_view = "64MiB"
 //!
+//! [log]                       # what a 200 from ingest promises
+//! enabled = true              # false: no log; a crash takes a fresh epoch
+//! fsync = "always"            # "always": on the device before the 200; "os": handed to the OS
+//! segment_bytes = "64MiB"     # a new segment file past this size
+//!
 //! [[runtime]]
 //! name = "demo"
 //! wasm = "builtin:ticker"     # or a path to a .wasm file
@@ -90,6 +95,8 @@ pub struct Config {
     pub server: ServerConfig,
     /// Journal retention.
     pub journal: JournalSection,
+    /// The log.
+    pub log: LogSection,
     /// The runtimes to host. A file without any `[[runtime]]` runs the
     /// embedded demo runtime.
     #[serde(rename = "runtime")]
@@ -160,6 +167,40 @@ impl Default for ServerConfig {
             snapshot_interval: Duration::from_secs(30),
             keep_snapshots: 5,
             cors_origins: Vec::new(),
+        }
+    }
+}
+
+/// `[log]`: the log every accepted batch is written to before it is acknowledged.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSection {
+    /// Whether batches are logged (and replayed at a restart).
+    pub enabled: bool,
+    /// When a batch counts as durable.
+    pub fsync: FsyncMode,
+    /// Size past which a new segment file starts.
+    #[serde(deserialize_with = "byte_size")]
+    pub segment_bytes: usize,
+}
+
+/// `[log] fsync`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FsyncMode {
+    /// Synced to the device before the `200`: survives power loss.
+    Always,
+    /// Handed to the operating system before the `200`: survives a crash of the process; after
+    /// a crash of the machine the server takes a fresh epoch.
+    Os,
+}
+
+impl Default for LogSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            fsync: FsyncMode::Always,
+            segment_bytes: 64 << 20,
         }
     }
 }
@@ -287,6 +328,7 @@ impl Default for Config {
         Self {
             server: ServerConfig::default(),
             journal: JournalSection::default(),
+            log: LogSection::default(),
             runtimes: vec![RuntimeSection {
                 name: "demo".to_owned(),
                 wasm: "builtin:ticker".to_owned(),

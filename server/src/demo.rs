@@ -3,6 +3,11 @@
 //! A handful of symbols random-walk at `rate` ticks per second. The feed
 //! continues the sequence numbers and prices it finds in the `prices` view,
 //! so a restarted server carries on without reporting a gap.
+//!
+//! It is an idempotent producer ([`PRODUCER_ID`]), continuing the `seq` the
+//! runtime last committed for it: a batch the runtime could not take (the log
+//! failed, the runtime is unavailable) is sent again as it was, and can never
+//! be published twice.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +17,11 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use crate::hub::Hub;
-use crate::runtime::RuntimeHandle;
+use crate::log::producer::ProducerStamp;
+use crate::runtime::{IngestError, RuntimeHandle};
+
+/// The `Producer-Id` of the demo feed.
+pub const PRODUCER_ID: &str = "viewtape-demo-feed";
 
 const SYMBOLS: [(&str, f64); 5] = [
     ("ACME", 101.25),
@@ -34,25 +43,63 @@ pub fn spawn_feed(runtime: RuntimeHandle, hub: Arc<Hub>, rate: u32) -> JoinHandl
             let mut ticker = tokio::time::interval(Duration::from_secs(1) / batches_per_second);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             let mut state = seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut producer_seq = match runtime.save().await {
+                Ok(saved) => saved
+                    .producers
+                    .last(PRODUCER_ID)
+                    .map_or(0, |(_, seq)| seq + 1),
+                Err(error) => {
+                    tracing::debug!(%error, "runtime stopped; demo feed ends");
+                    return;
+                }
+            };
+            let mut unsent: Option<Bytes> = None;
             loop {
                 ticker.tick().await;
-                let mut lines = String::new();
-                for _ in 0..per_batch {
-                    seq += 1;
-                    // xorshift: a cheap, seedable random walk.
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    let i = (state % SYMBOLS.len() as u64) as usize;
-                    let step = ((state >> 8) % 201) as f64 / 100.0 - 1.0;
-                    prices[i] = (prices[i] + step).max(1.0);
-                    lines.push_str(&format!(
-                        "{{\"symbol\":\"{}\",\"price\":{:.2},\"seq\":{seq}}}\n",
-                        SYMBOLS[i].0, prices[i]
-                    ));
-                }
-                if let Err(error) = runtime.ingest(Bytes::from(lines)).await {
-                    tracing::warn!(%error, "demo feed batch refused");
+                let stamp = ProducerStamp {
+                    id: PRODUCER_ID.to_owned(),
+                    epoch: 0,
+                    seq: producer_seq,
+                };
+                let batch = match unsent.take() {
+                    Some(batch) => batch,
+                    None => {
+                        let mut lines = String::new();
+                        for _ in 0..per_batch {
+                            seq += 1;
+                            // xorshift: a cheap, seedable random walk.
+                            state ^= state << 13;
+                            state ^= state >> 7;
+                            state ^= state << 17;
+                            let i = (state % SYMBOLS.len() as u64) as usize;
+                            let step = ((state >> 8) % 201) as f64 / 100.0 - 1.0;
+                            prices[i] = (prices[i] + step).max(1.0);
+                            lines.push_str(&format!(
+                                "{{\"symbol\":\"{}\",\"price\":{:.2},\"seq\":{seq}}}\n",
+                                SYMBOLS[i].0, prices[i]
+                            ));
+                        }
+                        Bytes::from(lines)
+                    }
+                };
+                match runtime.ingest(batch.clone(), Some(stamp)).await {
+                    Ok(_) => producer_seq += 1,
+                    Err(error @ IngestError::Stopped { .. }) => {
+                        tracing::debug!(%error, "runtime stopped; demo feed ends");
+                        return;
+                    }
+                    Err(IngestError::OutOfOrder { expected, .. }) => {
+                        producer_seq = expected;
+                        unsent = Some(batch);
+                    }
+                    // The guest's verdict does not change: drop the batch.
+                    Err(error @ IngestError::Guest { .. }) => {
+                        tracing::warn!(%error, "demo feed batch refused");
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "demo feed batch not taken; will retry");
+                        unsent = Some(batch);
+                    }
                 }
             }
         }

@@ -29,7 +29,7 @@ use viewtape_journal::{CompactString, Cursor, EventJournal, JournalSnapshot};
 
 use crate::frame::{self, Frame};
 use crate::host::{EventKind, GuestBatch};
-use crate::runtime::{BatchSink, BatchSummary};
+use crate::runtime::BatchSink;
 
 /// Cursorless frames a slow subscriber may fall behind by before it is reset.
 const LIVE_BACKLOG: usize = 1024;
@@ -187,10 +187,10 @@ impl Hub {
 
     /// Publishes one event: journal append and state update under the
     /// view's lock. Returns whether it was journaled. Does not wake anyone.
-    fn publish(&self, view: &View, kind: EventKind, key: &str, payload: &[u8]) -> bool {
+    fn publish(&self, view: &View, kind: EventKind, key: &str, payload: &[u8], at_ms: u64) -> bool {
         let mut state = view.lock();
         let mut journaled_frame = None;
-        let appended = self.journal.append_with_cursor(&view.name, key, |cursor| {
+        let appended = self.journal.append_at(&view.name, key, at_ms, |cursor| {
             let frame = frame::event(Some(cursor), kind, key, payload);
             let bytes = Arc::new(frame.bytes().clone());
             journaled_frame = Some(frame);
@@ -256,8 +256,7 @@ impl Hub {
 }
 
 impl BatchSink for Hub {
-    async fn commit(&self, _runtime: &str, batch: GuestBatch) -> BatchSummary {
-        let mut summary = BatchSummary::default();
+    async fn commit(&self, _runtime: &str, batch: GuestBatch, at_ms: u64) {
         let mut touched: Vec<Arc<View>> = Vec::new();
         for event in &batch.events {
             let view = match touched.iter().find(|v| v.name == *event.view) {
@@ -268,14 +267,12 @@ impl BatchSink for Hub {
                     view
                 }
             };
-            self.publish(&view, event.kind, &event.key, &event.payload);
-            *summary.per_view.entry(event.view.to_string()).or_default() += 1;
+            self.publish(&view, event.kind, &event.key, &event.payload, at_ms);
         }
         // One wake-up per view per batch, after every lock is released.
         for view in touched {
             view.tick.send_modify(|tick| *tick += 1);
         }
-        summary
     }
 }
 
@@ -307,8 +304,7 @@ mod tests {
             ],
             gaps: vec![],
         };
-        let summary = hub.commit("demo", batch).await;
-        assert_eq!(summary.per_view["prices"], 3);
+        hub.commit("demo", batch, crate::log::unix_ms_now()).await;
         assert!(ticks.has_changed().unwrap());
         assert_eq!(*ticks.borrow_and_update(), 1);
         let cut = view.cut(hub.journal());
@@ -327,7 +323,7 @@ mod tests {
             events: vec![event(EventKind::Update, "A", "1")],
             gaps: vec![],
         };
-        hub.commit("demo", batch).await;
+        hub.commit("demo", batch, crate::log::unix_ms_now()).await;
         let frame = live.recv().await.unwrap();
         assert!(frame.starts_with(b"event: update\n"), "no id after seal");
         assert_eq!(view.keys(), 1);

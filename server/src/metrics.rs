@@ -25,8 +25,58 @@ use prometheus_client::metrics::TypedMetric;
 use prometheus_client::registry::Registry;
 
 use crate::hub::Hub;
+use crate::log::LogMetrics;
 use crate::registry::Runtimes;
 use crate::runtime::RuntimeStats;
+
+/// Registers the log's metrics (kept up to date by the log itself).
+fn register_log(registry: &mut Registry, log: &LogMetrics) {
+    registry.register(
+        "viewtape_log_position",
+        "The last durable log position",
+        log.position.clone(),
+    );
+    registry.register(
+        "viewtape_log_bytes",
+        "Bytes in the log's segment files",
+        log.bytes.clone(),
+    );
+    registry.register(
+        "viewtape_log_segments",
+        "Log segment files",
+        log.segments.clone(),
+    );
+    registry.register(
+        "viewtape_log_records",
+        "Records appended to the log",
+        log.records.clone(),
+    );
+    registry.register(
+        "viewtape_log_fsyncs",
+        "Group commits synced to the device",
+        log.fsyncs.clone(),
+    );
+    registry.register(
+        "viewtape_log_fsync_seconds",
+        "Time each log sync took",
+        log.fsync_seconds.clone(),
+    );
+    registry.register(
+        "viewtape_log_replayed_records",
+        "Log records replayed at start",
+        log.replayed.clone(),
+    );
+    registry.register(
+        "viewtape_log_repaired_bytes",
+        "Bytes of torn tails cut off the log at start (never acknowledged)",
+        log.repaired_bytes.clone(),
+    );
+    registry.register(
+        "viewtape_log_fail_closed",
+        "Times log continuity broke and a fresh epoch was taken, by cause (corrupt, missing, digest, module, boot)",
+        log.fail_closed.clone(),
+    );
+}
 
 /// Server-level metrics, and the registry that encodes them with the counters read from their
 /// owners.
@@ -67,8 +117,8 @@ impl Metrics {
     /// counters, which OpenMetrics would drop.
     pub const CONTENT_TYPE: &'static str = prometheus_text::CONTENT_TYPE;
 
-    /// Metrics for a server whose other counters `hub` and `runtimes` own.
-    pub fn new(hub: Arc<Hub>, runtimes: Arc<Runtimes>) -> Self {
+    /// Metrics for a server whose other counters `hub`, `runtimes` and the log own.
+    pub fn new(hub: Arc<Hub>, runtimes: Arc<Runtimes>, log: &LogMetrics) -> Self {
         let connections = Gauge::default();
         let connections_refused = Counter::default();
         let delivered = Counter::default();
@@ -120,6 +170,7 @@ impl Metrics {
             accept_errors.clone(),
         );
         registry.register_collector(Box::new(OwnerCounters { hub, runtimes }));
+        register_log(&mut registry, log);
 
         Self {
             connections,
@@ -336,7 +387,7 @@ mod tests {
         let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
             JournalConfig::default(),
         ))));
-        Metrics::new(hub, Arc::default())
+        Metrics::new(hub, Arc::default(), &LogMetrics::default())
     }
 
     /// Every `# TYPE` line of a render, in order.
@@ -357,6 +408,15 @@ mod tests {
             "viewtape_http_connections_total counter",
             "viewtape_http_connections_refused_total counter",
             "viewtape_accept_errors_total counter",
+            "viewtape_log_position gauge",
+            "viewtape_log_bytes gauge",
+            "viewtape_log_segments gauge",
+            "viewtape_log_records_total counter",
+            "viewtape_log_fsyncs_total counter",
+            "viewtape_log_fsync_seconds histogram",
+            "viewtape_log_replayed_records_total counter",
+            "viewtape_log_repaired_bytes_total counter",
+            "viewtape_log_fail_closed_total counter",
             "viewtape_events_published_total counter",
             "viewtape_events_cursorless_total counter",
             "viewtape_journal_appends_total counter",
@@ -435,7 +495,7 @@ mod tests {
         let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
             JournalConfig::default(),
         ))));
-        let metrics = Metrics::new(Arc::clone(&hub), Arc::default());
+        let metrics = Metrics::new(Arc::clone(&hub), Arc::default(), &LogMetrics::default());
         let before = metrics.render().unwrap();
         assert!(
             before
@@ -451,7 +511,12 @@ mod tests {
                 payload: Bytes::from_static(b"{}"),
             })
             .collect();
-        hub.commit("test", GuestBatch::of_events(events)).await;
+        hub.commit(
+            "test",
+            GuestBatch::of_events(events),
+            crate::log::unix_ms_now(),
+        )
+        .await;
         let after = metrics.render().unwrap();
         for line in [
             "viewtape_events_published_total 3",

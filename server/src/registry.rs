@@ -14,33 +14,9 @@
 //! cuts never wait on each other's runtimes crosswise.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
-use serde::{Deserialize, Serialize};
-
+pub use crate::host::ModuleFingerprint;
 use crate::runtime::{IngestError, PauseGuard, RuntimeHandle, RuntimeSnapshot};
-
-/// Names the exact bytes of a guest module: its CRC-32C and length.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct ModuleFingerprint(String);
-
-impl ModuleFingerprint {
-    /// The fingerprint of `wasm`.
-    pub fn of(wasm: &[u8]) -> Self {
-        Self(format!(
-            "crc32c:{:08x}:{}",
-            crc32c::crc32c(wasm),
-            wasm.len()
-        ))
-    }
-}
-
-impl fmt::Display for ModuleFingerprint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
 
 /// One registered runtime.
 #[derive(Clone, Debug)]

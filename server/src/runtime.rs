@@ -5,30 +5,36 @@
 //! gets its answer on a oneshot. The task owns the [`GuestInstance`] — the `Store` is never
 //! shared, never behind a lock.
 //!
-//! ## A batch
+//! ## A group of batches
 //!
-//! Each batch runs inside [`EventJournal::scope`]:
-//! 1. the guest processes it ([`GuestInstance::on_batch`]);
-//! 2. the guest saves its state ([`GuestInstance::save`]) — **after every successful batch**, so
-//!    the last good state always matches what was committed (the cost is one guest call and a
-//!    copy of the state per batch; for the example guests that is well under a microsecond);
-//! 3. every gap the guest reported is logged (with the runtime's name and the guest's reason),
-//!    counted, and marked on the journal through [`viewtape_journal::report_gap`];
-//! 4. the events go to the [`BatchSink`], in order.
+//! The task takes every batch waiting in its queue as one group (up to [`MAX_GROUP`]):
+//! 1. each batch's producer stamp is checked ([`ProducerTable`]): a duplicate does not run
+//!    again, an out-of-order or fenced one is refused;
+//! 2. each batch runs through the guest ([`GuestInstance::on_batch`]), which saves its state
+//!    ([`GuestInstance::save`]) after every success, so the last good state always matches what
+//!    ran; a batch that fails is refused alone (a push source gets the error and may resend)
+//!    and the instance is made again from the last good state;
+//! 3. the accepted batches' records ([`BatchEntry`]) go to the log together and the task waits
+//!    until they are durable ([`Log::append`]) and until every earlier position has committed
+//!    ([`Log::turn`]);
+//! 4. then, in order, each batch commits: its gaps are marked on this runtime's views, its
+//!    events go to the [`BatchSink`] with the batch's time, and its caller gets the
+//!    [`Receipt`].
 //!
-//! A batch is all-or-nothing: if step 1 or 2 fails, nothing is committed and the error is
-//! returned to the caller.
+//! Nothing of a batch is visible or acknowledged before step 3. If the log fails, nothing of
+//! the group commits: the guest, its state, its checkpoint and its producers go back to where
+//! they were before the group, and every caller gets [`IngestError::Log`].
 //!
-//! ## After a failure
+//! A pull source's input is consumed once read, so a batch from a source that the guest fails on
+//! is logged as lost ([`Outcome::Lost`]): a gap on the runtime's views, and the checkpoint moves
+//! past it.
 //!
-//! Whatever the failure (the guest rejected the batch, trapped, timed out, ran out of memory,
-//! emitted an oversized event), the instance is dropped and a fresh one is made from the last
-//! good state, so the next batch starts from a known state. No committed input is lost by
-//! that, because the state is saved after every batch. The failed batch itself is refused:
-//! a push source (HTTP) gets the error and may resend; for a pull source
-//! ([`RuntimeHandle::ingest_from_source`]) the input is consumed, so a gap is marked.
+//! ## Replay
+//!
+//! At start-up the server hands every logged batch back to its runtime
+//! ([`RuntimeHandle::replay`]), which runs it through the same steps without logging it again,
+//! with the record's time, and checks that the guest produced the same [`Digest`].
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -40,7 +46,12 @@ use tracing::Instrument;
 use viewtape_journal::EventJournal;
 
 use crate::host::{GuestBatch, GuestError, GuestInstance, GuestModule, Limits};
+use crate::log::producer::{ProducerStamp, ProducerTable, Undo, Verdict};
+use crate::log::{unix_ms_now, BatchEntry, Digest, Log, Outcome, Receipt};
 use crate::source::{FileTail, SourceCheckpoint};
+
+/// Most batches one group takes from the queue.
+pub const MAX_GROUP: usize = 256;
 
 /// How a runtime is set up.
 #[derive(Clone, Debug)]
@@ -51,7 +62,7 @@ pub struct RuntimeConfig {
     pub guest_config: Bytes,
     /// Its limits.
     pub limits: Limits,
-    /// Batches that may wait in its queue. Default 16.
+    /// Batches that may wait in its queue. Default 64.
     pub queue_depth: usize,
     /// The views it may publish to (`views =` in the config). A batch that publishes anywhere
     /// else is rejected; a gap it reports affects these views only.
@@ -69,31 +80,36 @@ impl RuntimeConfig {
             name: name.into(),
             guest_config: Bytes::new(),
             limits: Limits::default(),
-            queue_depth: 16,
+            queue_depth: 64,
             views: views.into_iter().map(Into::into).collect(),
         }
     }
 }
 
-/// What one committed batch produced.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct BatchSummary {
-    /// Events per view.
-    pub per_view: BTreeMap<String, u64>,
-    /// The gaps the batch reported (the guest's reasons, or its source's).
-    pub gaps: Vec<String>,
+/// An acknowledged batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    /// What it was promised.
+    pub receipt: Receipt,
+    /// It had been committed before: this is the original's receipt, nothing ran again (for an
+    /// older `seq` than the producer's last, the receipt is no longer kept and is empty).
+    pub duplicate: bool,
 }
 
 /// Where successful batches go. The server implements it (append to the journal, fan out to
 /// subscribers); tests implement it with a `Vec`.
 pub trait BatchSink: Send + Sync + 'static {
-    /// Commits one successful batch: its events, in order. Runs inside the journal's scope.
+    /// Commits one successful batch: its events, in order, accepted at `at_ms` (wall clock, Unix
+    /// milliseconds). Runs inside the journal's scope.
     ///
-    /// The batch's `gaps` have already been logged, counted and marked on the journal (through
-    /// [`viewtape_journal::report_gap`]) by the runtime task before this is called; they are
-    /// passed along for information only.
-    fn commit(&self, runtime: &str, batch: GuestBatch)
-        -> impl Future<Output = BatchSummary> + Send;
+    /// The batch's `gaps` have already been logged, counted and marked on the journal by the
+    /// runtime task before this is called; they are passed along for information only.
+    fn commit(
+        &self,
+        runtime: &str,
+        batch: GuestBatch,
+        at_ms: u64,
+    ) -> impl Future<Output = ()> + Send;
 }
 
 /// A runtime's state and the source position it reflects: what a snapshot stores.
@@ -103,6 +119,9 @@ pub struct RuntimeSnapshot {
     pub state: Bytes,
     /// The source position after the last committed batch (`None` for push sources).
     pub checkpoint: Option<SourceCheckpoint>,
+    /// The idempotent producers it has seen.
+    #[serde(default)]
+    pub producers: ProducerTable,
 }
 
 /// Why a batch was not committed.
@@ -136,6 +155,71 @@ pub enum IngestError {
         /// The runtime.
         runtime: String,
     },
+    /// The producer skipped a batch: `expected` is the `Producer-Seq` that would run.
+    #[error(
+        "runtime `{runtime}`: out of order for this producer; send Producer-Seq {expected} first"
+    )]
+    OutOfOrder {
+        /// The runtime.
+        runtime: String,
+        /// The next `seq` the producer may send.
+        expected: u64,
+    },
+    /// The producer's epoch is older than one already seen: another instance took over.
+    #[error("runtime `{runtime}`: producer epoch {epoch} is fenced by epoch {current}")]
+    Fenced {
+        /// The runtime.
+        runtime: String,
+        /// The batch's epoch.
+        epoch: u64,
+        /// The producer's current epoch.
+        current: u64,
+    },
+    /// The log could not make the batch durable; nothing of it was committed, and nothing is
+    /// until the log is reopened (a restart).
+    #[error("runtime `{runtime}`: the log failed, nothing was committed: {source}")]
+    Log {
+        /// The runtime.
+        runtime: String,
+        /// Why.
+        #[source]
+        source: viewtape_snapshots::log::LogError,
+    },
+}
+
+/// Why a logged batch could not be replayed: from there on, the log is not this server's
+/// history.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplayError {
+    /// The record was written by another module or guest config than the runtime's now.
+    #[error("runtime `{runtime}`: the record was processed by module {logged} (guest config crc {logged_config:08x}); {running} (crc {running_config:08x}) runs now")]
+    ModuleChanged {
+        /// The runtime.
+        runtime: String,
+        /// The module in the record.
+        logged: crate::host::ModuleFingerprint,
+        /// Its guest config's CRC-32C.
+        logged_config: u32,
+        /// The module running now.
+        running: crate::host::ModuleFingerprint,
+        /// The running guest config's CRC-32C.
+        running_config: u32,
+    },
+    /// The guest produced something else than the record says it did (or failed).
+    #[error("runtime `{runtime}`: the replayed batch produced another result than the logged one ({detail})")]
+    Diverged {
+        /// The runtime.
+        runtime: String,
+        /// What differed.
+        detail: String,
+    },
+    /// The runtime's task has stopped.
+    #[error("runtime `{runtime}` has stopped")]
+    Stopped {
+        /// The runtime.
+        runtime: String,
+    },
 }
 
 /// Counters of one runtime, for metrics.
@@ -153,12 +237,23 @@ pub struct RuntimeStats {
     pub restarts: AtomicU64,
 }
 
+type Reply = oneshot::Sender<Result<Accepted, IngestError>>;
+
+/// One batch on its way in.
+struct Ingest {
+    input: Bytes,
+    checkpoint: Option<SourceCheckpoint>,
+    source_gap: Option<String>,
+    producer: Option<ProducerStamp>,
+    reply: Reply,
+}
+
 enum Command {
-    Ingest {
-        input: Bytes,
-        checkpoint: Option<SourceCheckpoint>,
-        source_gap: Option<String>,
-        reply: oneshot::Sender<Result<BatchSummary, IngestError>>,
+    Ingest(Ingest),
+    Replay {
+        entry: BatchEntry,
+        position: u64,
+        reply: oneshot::Sender<Result<(), ReplayError>>,
     },
     Save {
         reply: oneshot::Sender<RuntimeSnapshot>,
@@ -262,6 +357,7 @@ impl RuntimeHandle {
         restore: Option<RuntimeSnapshot>,
         journal: Arc<EventJournal>,
         sink: Arc<S>,
+        log: Arc<Log>,
     ) -> Result<Self, GuestError> {
         let last = restore.unwrap_or_default();
         let state = (!last.state.is_empty()).then_some(&last.state[..]);
@@ -279,12 +375,14 @@ impl RuntimeHandle {
         let views = Arc::from(config.views.as_slice());
         let task = Task {
             name: Arc::clone(&name),
+            guest_config_crc: crc32c::crc32c(&config.guest_config),
             module,
             config,
             instance: Some(instance),
             last,
             journal,
             sink,
+            log,
             stats: Arc::clone(&stats),
             views,
         };
@@ -303,21 +401,29 @@ impl RuntimeHandle {
         &self.stats
     }
 
-    /// Runs one batch of pushed input (e.g. an HTTP body) and commits it.
+    /// Runs one batch of pushed input (e.g. an HTTP body) and commits it once it is durable.
+    /// With a producer stamp, a batch already committed is answered with its original receipt
+    /// instead of running again.
     ///
     /// # Errors
     /// [`IngestError::Guest`] when the guest refused or failed on the batch (nothing was
-    /// committed; the caller may fix and resend), [`IngestError::Unavailable`] or
-    /// [`IngestError::Stopped`] when the runtime cannot run it.
-    pub async fn ingest(&self, input: Bytes) -> Result<BatchSummary, IngestError> {
-        self.send(input, None, None).await
+    /// committed; the caller may fix and resend); [`IngestError::OutOfOrder`] or
+    /// [`IngestError::Fenced`] for a producer's batch that may not run;
+    /// [`IngestError::Unavailable`], [`IngestError::Log`] or [`IngestError::Stopped`] when the
+    /// runtime cannot run it.
+    pub async fn ingest(
+        &self,
+        input: Bytes,
+        producer: Option<ProducerStamp>,
+    ) -> Result<Accepted, IngestError> {
+        self.send(input, None, None, producer).await
     }
 
     /// Runs one batch read by a pull source; `checkpoint` is the source position after it.
     /// `source_gap` says why input was lost just before it (a truncated or replaced file); it is
-    /// logged and marked on the journal before the batch. If the batch fails, its input is lost
-    /// too (the source has moved on), so a gap is marked and the checkpoint still advances.
-    /// Empty `input` only records the gap and the checkpoint.
+    /// logged and marked on the runtime's views before the batch. If the batch fails, its input
+    /// is lost too (the source has moved on), so a gap is marked and the checkpoint still
+    /// advances. Empty `input` only records the gap and the checkpoint.
     ///
     /// # Errors
     /// As [`RuntimeHandle::ingest`].
@@ -326,8 +432,8 @@ impl RuntimeHandle {
         input: Bytes,
         checkpoint: SourceCheckpoint,
         source_gap: Option<String>,
-    ) -> Result<BatchSummary, IngestError> {
-        self.send(input, Some(checkpoint), source_gap).await
+    ) -> Result<Accepted, IngestError> {
+        self.send(input, Some(checkpoint), source_gap, None).await
     }
 
     async fn send(
@@ -335,16 +441,39 @@ impl RuntimeHandle {
         input: Bytes,
         checkpoint: Option<SourceCheckpoint>,
         source_gap: Option<String>,
-    ) -> Result<BatchSummary, IngestError> {
+        producer: Option<ProducerStamp>,
+    ) -> Result<Accepted, IngestError> {
         let (reply, rx) = oneshot::channel();
-        let cmd = Command::Ingest {
+        let cmd = Command::Ingest(Ingest {
             input,
             checkpoint,
             source_gap,
+            producer,
             reply,
-        };
+        });
         self.tx.send(cmd).await.map_err(|_| self.stopped())?;
         rx.await.map_err(|_| self.stopped())?
+    }
+
+    /// Applies a logged batch again (start-up): runs it through the guest unless it was lost,
+    /// checks the result against the record's digest, and commits it with the record's time at
+    /// `position`. A batch that does not reproduce commits nothing and leaves the guest as it
+    /// was.
+    ///
+    /// # Errors
+    /// [`ReplayError`]: the record is not this runtime's history.
+    pub async fn replay(&self, entry: BatchEntry, position: u64) -> Result<(), ReplayError> {
+        let stopped = || ReplayError::Stopped {
+            runtime: self.name.to_string(),
+        };
+        let (reply, rx) = oneshot::channel();
+        let cmd = Command::Replay {
+            entry,
+            position,
+            reply,
+        };
+        self.tx.send(cmd).await.map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
     }
 
     /// Feeds `tail` into this runtime until the runtime stops (abort the handle to stop
@@ -431,46 +560,338 @@ struct Task<S> {
     name: Arc<str>,
     module: GuestModule,
     config: RuntimeConfig,
+    /// CRC-32C of `config.guest_config`, recorded with every batch.
+    guest_config_crc: u32,
     /// `None` after a failed re-instantiation; retried on the next batch.
     instance: Option<GuestInstance>,
-    /// The last good state and checkpoint.
+    /// The state, checkpoint and producers after the last batch that ran: between groups, the
+    /// last committed ones.
     last: RuntimeSnapshot,
     journal: Arc<EventJournal>,
     sink: Arc<S>,
+    log: Arc<Log>,
     stats: Arc<RuntimeStats>,
     /// `config.views`, shared with each batch's check.
     views: Arc<[String]>,
 }
 
+/// A batch of a group, between the guest and the commit.
+enum Staged {
+    /// It ran (or its input was lost); it commits with its record.
+    Batch {
+        entry: Box<BatchEntry>,
+        /// What the guest produced; `None` for a lost batch.
+        batch: Option<GuestBatch>,
+        reply: Option<Reply>,
+    },
+    /// A producer's batch that was committed before (perhaps earlier in this group): answered
+    /// with the original's receipt once the group has committed.
+    Duplicate { stamp: ProducerStamp, reply: Reply },
+}
+
 impl<S: BatchSink> Task<S> {
     async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
         while let Some(cmd) = rx.recv().await {
-            match cmd {
-                Command::Ingest {
-                    input,
-                    checkpoint,
-                    source_gap,
-                    reply,
-                } => {
-                    let journal = Arc::clone(&self.journal);
-                    let result = journal
-                        .scope(self.batch(input, checkpoint, source_gap))
-                        .await;
-                    // The caller may have gone away; the batch is committed either way.
-                    let _ = reply.send(result);
-                }
-                Command::Save { reply } => {
-                    let _ = reply.send(self.last.clone());
-                }
-                Command::Pause { reply, control } => {
-                    if reply.send(self.last.clone()).is_ok() {
-                        // Paused until the guard is dropped.
-                        self.paused(control).await;
+            let held = match cmd {
+                Command::Ingest(first) => {
+                    // Everything already waiting joins the group, up to a command of another
+                    // kind, which runs right after it.
+                    let mut group = vec![first];
+                    let mut held = None;
+                    while group.len() < MAX_GROUP && held.is_none() {
+                        match rx.try_recv() {
+                            Ok(Command::Ingest(next)) => group.push(next),
+                            Ok(other) => held = Some(other),
+                            Err(_) => break,
+                        }
                     }
+                    let journal = Arc::clone(&self.journal);
+                    journal.scope(self.group(group)).await;
+                    held
                 }
+                other => Some(other),
+            };
+            if let Some(cmd) = held {
+                self.other(cmd).await;
             }
         }
         tracing::debug!("runtime task stopped");
+    }
+
+    /// Every command but a batch.
+    async fn other(&mut self, cmd: Command) {
+        match cmd {
+            Command::Ingest(ingest) => {
+                let journal = Arc::clone(&self.journal);
+                journal.scope(self.group(vec![ingest])).await;
+            }
+            Command::Replay {
+                entry,
+                position,
+                reply,
+            } => {
+                let journal = Arc::clone(&self.journal);
+                let result = journal.scope(self.replay(entry, position)).await;
+                let _ = reply.send(result);
+            }
+            Command::Save { reply } => {
+                let _ = reply.send(self.last.clone());
+            }
+            Command::Pause { reply, control } => {
+                if reply.send(self.last.clone()).is_ok() {
+                    // Paused until the guard is dropped.
+                    self.paused(control).await;
+                }
+            }
+        }
+    }
+
+    /// Runs a group of batches, logs them, and commits them; see the module docs.
+    async fn group(&mut self, group: Vec<Ingest>) {
+        let before = (self.last.state.clone(), self.last.checkpoint);
+        let at_ms = unix_ms_now();
+        let mut staged = Vec::with_capacity(group.len());
+        let mut undo = Vec::new();
+        for ingest in group {
+            if let Some(batch) = self.stage(ingest, at_ms, &mut undo).await {
+                staged.push(batch);
+            }
+        }
+        let records: Vec<Vec<u8>> = staged
+            .iter()
+            .filter_map(|s| match s {
+                Staged::Batch { entry, .. } => Some(entry.encode()),
+                Staged::Duplicate { .. } => None,
+            })
+            .collect();
+        let count = records.len() as u64;
+        let durable = match records.is_empty() {
+            true => Ok(None),
+            false => self.log.append(records).await,
+        };
+        let first = match durable {
+            Ok(first) => first,
+            Err(error) => {
+                tracing::error!(%error, "the log failed: the group is not committed, and nothing is until a restart");
+                self.last.state = before.0;
+                self.last.checkpoint = before.1;
+                self.instance = None;
+                for undo in undo.into_iter().rev() {
+                    self.last.producers.undo(undo);
+                }
+                for staged in staged {
+                    let reply = match staged {
+                        Staged::Batch { reply, .. } => reply,
+                        Staged::Duplicate { reply, .. } => Some(reply),
+                    };
+                    if let Some(reply) = reply {
+                        let _ = reply.send(Err(IngestError::Log {
+                            runtime: self.name.to_string(),
+                            source: viewtape_snapshots::log::LogError::Poisoned(error.to_string()),
+                        }));
+                    }
+                }
+                return;
+            }
+        };
+        let log = Arc::clone(&self.log);
+        let turn = log.turn(first, count).await;
+        let mut position = first;
+        for staged in staged {
+            match staged {
+                Staged::Batch {
+                    entry,
+                    batch,
+                    reply,
+                } => {
+                    let receipt = self.commit(&entry, batch, position).await;
+                    position = position.map(|p| p + 1);
+                    if let Some(reply) = reply {
+                        let _ = reply.send(Ok(Accepted {
+                            receipt,
+                            duplicate: false,
+                        }));
+                    }
+                }
+                Staged::Duplicate { stamp, reply } => {
+                    let receipt = match self.last.producers.check(&stamp) {
+                        Verdict::Duplicate(receipt) => receipt.unwrap_or_default(),
+                        _ => Receipt::default(),
+                    };
+                    let _ = reply.send(Ok(Accepted {
+                        receipt,
+                        duplicate: true,
+                    }));
+                }
+            }
+        }
+        drop(turn);
+    }
+
+    /// Checks one batch's producer and runs it through the guest. Answers at once what will
+    /// not commit; returns what will, once durable.
+    async fn stage(&mut self, ingest: Ingest, at_ms: u64, undo: &mut Vec<Undo>) -> Option<Staged> {
+        let Ingest {
+            input,
+            checkpoint,
+            source_gap,
+            producer,
+            reply,
+        } = ingest;
+        if let Some(stamp) = &producer {
+            let refused = match self.last.producers.check(stamp) {
+                Verdict::Next => None,
+                Verdict::Duplicate(_) => {
+                    return Some(Staged::Duplicate {
+                        stamp: stamp.clone(),
+                        reply,
+                    })
+                }
+                Verdict::OutOfOrder { expected } => Some(IngestError::OutOfOrder {
+                    runtime: self.name.to_string(),
+                    expected,
+                }),
+                Verdict::Fenced { current } => Some(IngestError::Fenced {
+                    runtime: self.name.to_string(),
+                    epoch: stamp.epoch,
+                    current,
+                }),
+            };
+            if let Some(error) = refused {
+                let _ = reply.send(Err(error));
+                return None;
+            }
+        }
+        let mut entry = BatchEntry {
+            runtime: self.name.to_string(),
+            module: self.module.fingerprint().clone(),
+            guest_config: self.guest_config_crc,
+            at_ms,
+            input,
+            producer,
+            checkpoint,
+            source_gap,
+            outcome: Outcome::Lost,
+        };
+        let (batch, reply) = match self.run_guest(&entry).await {
+            Ok(batch) => {
+                entry.outcome = Outcome::Committed(Digest::of(&batch));
+                (Some(batch), Some(reply))
+            }
+            Err(error) => {
+                let _ = reply.send(Err(error));
+                // A push source may resend; a pull source's input is gone once read: record its
+                // loss.
+                entry.checkpoint?;
+                entry.input = Bytes::new();
+                (None, None)
+            }
+        };
+        if entry.checkpoint.is_some() {
+            self.last.checkpoint = entry.checkpoint;
+        }
+        if let Some(stamp) = &entry.producer {
+            undo.push(self.last.producers.stage(stamp));
+        }
+        Some(Staged::Batch {
+            entry: Box::new(entry),
+            batch,
+            reply,
+        })
+    }
+
+    /// Runs a logged batch again at `position`; see [`RuntimeHandle::replay`].
+    async fn replay(&mut self, entry: BatchEntry, position: u64) -> Result<(), ReplayError> {
+        if entry.module != *self.module.fingerprint() || entry.guest_config != self.guest_config_crc
+        {
+            return Err(ReplayError::ModuleChanged {
+                runtime: self.name.to_string(),
+                logged: entry.module,
+                logged_config: entry.guest_config,
+                running: self.module.fingerprint().clone(),
+                running_config: self.guest_config_crc,
+            });
+        }
+        let runtime = self.name.to_string();
+        let diverged = |detail: String| ReplayError::Diverged {
+            runtime: runtime.clone(),
+            detail,
+        };
+        let batch = match &entry.outcome {
+            Outcome::Lost => None,
+            Outcome::Committed(logged) => {
+                let before = self.last.state.clone();
+                let batch = self
+                    .run_guest(&entry)
+                    .await
+                    .map_err(|error| diverged(format!("it failed: {error}")))?;
+                let digest = Digest::of(&batch);
+                if digest != *logged {
+                    self.last.state = before;
+                    self.instance = None;
+                    return Err(diverged(format!(
+                        "events {:?} crc {:08x}, logged {:?} crc {:08x}",
+                        digest.per_view, digest.crc, logged.per_view, logged.crc
+                    )));
+                }
+                Some(batch)
+            }
+        };
+        if entry.checkpoint.is_some() {
+            self.last.checkpoint = entry.checkpoint;
+        }
+        if let Some(stamp) = &entry.producer {
+            self.last.producers.stage(stamp);
+        }
+        let log = Arc::clone(&self.log);
+        let turn = log.turn(Some(position), 1).await;
+        self.commit(&entry, batch, Some(position)).await;
+        drop(turn);
+        self.log.metrics().replayed.inc();
+        Ok(())
+    }
+
+    /// Makes one durable batch visible: its gaps, then its events.
+    async fn commit(
+        &mut self,
+        entry: &BatchEntry,
+        batch: Option<GuestBatch>,
+        position: Option<u64>,
+    ) -> Receipt {
+        let mut receipt = Receipt {
+            position,
+            durability: self.log.durability(),
+            ..Receipt::default()
+        };
+        if let Some(reason) = &entry.source_gap {
+            tracing::warn!(reason = %reason, "source lost input");
+            self.mark_gap();
+            receipt.gaps.push(reason.clone());
+        }
+        match batch {
+            None => {
+                tracing::warn!(reason = "a failed batch from a source was skipped", "gap");
+                self.mark_gap();
+            }
+            Some(batch) => {
+                for reason in &batch.gaps {
+                    tracing::warn!(reason = %reason, "guest reported a gap");
+                    self.mark_gap();
+                }
+                receipt.gaps.extend(batch.gaps.iter().cloned());
+                if let Outcome::Committed(digest) = &entry.outcome {
+                    receipt.events = digest.per_view.clone();
+                }
+                let events = batch.events.len() as u64;
+                self.sink.commit(&self.name, batch, entry.at_ms).await;
+                self.stats.batches.fetch_add(1, Ordering::Relaxed);
+                self.stats.events.fetch_add(events, Ordering::Relaxed);
+            }
+        }
+        if let Some(stamp) = &entry.producer {
+            self.last.producers.committed(stamp, &receipt);
+        }
+        receipt
     }
 
     /// Serves the holder of the cut until it drops its guard.
@@ -527,91 +948,60 @@ impl<S: BatchSink> Task<S> {
             .ok_or_else(|| GuestError::Protocol("instance vanished".into()))
     }
 
-    async fn batch(
-        &mut self,
-        input: Bytes,
-        checkpoint: Option<SourceCheckpoint>,
-        source_gap: Option<String>,
-    ) -> Result<BatchSummary, IngestError> {
-        if let Some(reason) = source_gap {
-            tracing::warn!(reason = %reason, "source lost input");
-            self.mark_gap().await;
-        }
-        if input.is_empty() && checkpoint.is_some() {
-            self.last.checkpoint = checkpoint;
-            return Ok(BatchSummary::default());
+    /// Runs `entry`'s input through the guest (an empty input from a source runs nothing). On
+    /// success the guest's new state is the last good one; on failure the instance is made
+    /// again from the last good state.
+    async fn run_guest(&mut self, entry: &BatchEntry) -> Result<GuestBatch, IngestError> {
+        if entry.input.is_empty() && entry.checkpoint.is_some() {
+            return Ok(GuestBatch::default());
         }
         let views = Arc::clone(&self.views);
         let instance = match self.instance().await {
             Ok(instance) => instance,
             Err(source) => {
                 tracing::error!(error = %source, "runtime unavailable: re-instantiation failed");
-                self.lost_input(checkpoint).await;
                 return Err(IngestError::Unavailable {
                     runtime: self.name.to_string(),
                     source,
                 });
             }
         };
-        let outcome = match instance.on_batch(&input).await {
+        let outcome = match instance.on_batch(&entry.input).await {
             Ok(batch) => match declared(&views, batch) {
                 Ok(batch) => instance.save().await.map(|state| (batch, state)),
                 Err(error) => Err(error),
             },
             Err(err) => Err(err),
         };
-        let (batch, state) = match outcome {
-            Ok(ok) => ok,
-            Err(source) => {
-                self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                if source.is_input_error() {
-                    tracing::info!(error = %source, "batch rejected");
-                } else {
-                    tracing::warn!(error = %source, "guest failed; re-instantiating from the last good state");
-                }
-                // Drop the store whatever the failure: its heap may be mid-update.
-                self.instance = None;
-                if let Err(err) = self.instance().await {
-                    tracing::error!(error = %err, "re-instantiation failed; will retry on the next batch");
-                }
-                self.lost_input(checkpoint).await;
-                let runtime = self.name.to_string();
-                // The wall-clock backstop is a fault of the moment, not a verdict on the batch.
-                return Err(if matches!(source, GuestError::Timeout { .. }) {
-                    IngestError::Unavailable { runtime, source }
-                } else {
-                    IngestError::Guest { runtime, source }
-                });
+        let source = match outcome {
+            Ok((batch, state)) => {
+                self.last.state = state;
+                return Ok(batch);
             }
+            Err(source) => source,
         };
-        self.last.state = state;
-        if checkpoint.is_some() {
-            self.last.checkpoint = checkpoint;
+        self.stats.failures.fetch_add(1, Ordering::Relaxed);
+        if source.is_input_error() {
+            tracing::info!(error = %source, "batch rejected");
+        } else {
+            tracing::warn!(error = %source, "guest failed; re-instantiating from the last good state");
         }
-        for reason in &batch.gaps {
-            tracing::warn!(reason = %reason, "guest reported a gap");
-            self.mark_gap().await;
+        // Drop the store whatever the failure: its heap may be mid-update.
+        self.instance = None;
+        if let Err(err) = self.instance().await {
+            tracing::error!(error = %err, "re-instantiation failed; will retry on the next batch");
         }
-        let events = batch.events.len() as u64;
-        let gaps = batch.gaps.clone();
-        let mut summary = self.sink.commit(&self.name, batch).await;
-        summary.gaps = gaps;
-        self.stats.batches.fetch_add(1, Ordering::Relaxed);
-        self.stats.events.fetch_add(events, Ordering::Relaxed);
-        Ok(summary)
-    }
-
-    /// A pull source's batch failed: its input is gone, so mark a gap and move past it.
-    async fn lost_input(&mut self, checkpoint: Option<SourceCheckpoint>) {
-        if let Some(checkpoint) = checkpoint {
-            tracing::warn!(reason = "a failed batch from a source was skipped", "gap");
-            self.last.checkpoint = Some(checkpoint);
-            self.mark_gap().await;
-        }
+        let runtime = self.name.to_string();
+        // The wall-clock backstop is a fault of the moment, not a verdict on the batch.
+        Err(if matches!(source, GuestError::Timeout { .. }) {
+            IngestError::Unavailable { runtime, source }
+        } else {
+            IngestError::Guest { runtime, source }
+        })
     }
 
     /// Marks a gap on this runtime's views: the loss of its input touches nothing else.
-    async fn mark_gap(&self) {
+    fn mark_gap(&self) {
         self.stats.gaps.fetch_add(1, Ordering::Relaxed);
         self.journal
             .mark_gap_in(self.views.iter().map(String::as_str));
@@ -651,9 +1041,8 @@ mod tests {
     }
 
     impl BatchSink for TestSink {
-        async fn commit(&self, _runtime: &str, batch: GuestBatch) -> BatchSummary {
+        async fn commit(&self, _runtime: &str, batch: GuestBatch, _at_ms: u64) {
             let journal = viewtape_journal::current().unwrap();
-            let mut summary = BatchSummary::default();
             for e in batch.events {
                 let frame = Arc::new(Bytes::from(format!(
                     "{}={}",
@@ -664,14 +1053,12 @@ mod tests {
                     .append_with(&e.view, &e.key, |_| Ok::<_, ()>(frame))
                     .await
                     .unwrap();
-                *summary.per_view.entry(e.view.to_string()).or_default() += 1;
                 let payload = String::from_utf8_lossy(&e.payload).into_owned();
                 self.events
                     .lock()
                     .unwrap()
                     .push((e.view.to_string(), e.key, payload));
             }
-            summary
         }
     }
 
@@ -700,6 +1087,7 @@ mod tests {
             None,
             Arc::clone(&journal),
             Arc::clone(&sink),
+            Arc::default(),
         )
         .await
         .unwrap();
@@ -710,10 +1098,10 @@ mod tests {
     async fn ticker_batch_commits_and_gap_reaches_the_journal() {
         let (rt, journal, sink) = spawn(guests::TICKER_WASM, Limits::default()).await;
         let summary = rt
-            .ingest(Bytes::from_static(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}\n{\"symbol\":\"B\",\"price\":2,\"seq\":2}\n"))
+            .ingest(Bytes::from_static(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}\n{\"symbol\":\"B\",\"price\":2,\"seq\":2}\n"), None)
             .await
             .unwrap();
-        assert_eq!(summary.per_view.get("prices"), Some(&2));
+        assert_eq!(summary.receipt.events.get("prices"), Some(&2));
         let before = Cursor::new(journal.epoch().await, 1);
         assert_eq!(
             journal
@@ -724,9 +1112,10 @@ mod tests {
             1
         );
 
-        rt.ingest(Bytes::from_static(
-            b"{\"symbol\":\"A\",\"price\":3,\"seq\":9}\n",
-        ))
+        rt.ingest(
+            Bytes::from_static(b"{\"symbol\":\"A\",\"price\":3,\"seq\":9}\n"),
+            None,
+        )
         .await
         .unwrap();
         assert!(matches!(
@@ -741,11 +1130,14 @@ mod tests {
     #[tokio::test]
     async fn failed_batch_commits_nothing_and_the_runtime_recovers_its_state() {
         let (rt, _journal, sink) = spawn(guests::MISBEHAVE_WASM, Limits::default()).await;
-        rt.ingest(Bytes::from_static(b"count\ncount"))
+        rt.ingest(Bytes::from_static(b"count\ncount"), None)
             .await
             .unwrap();
         let err = rt
-            .ingest(Bytes::from_static(b"count\npublish v k x\npanic boom"))
+            .ingest(
+                Bytes::from_static(b"count\npublish v k x\npanic boom"),
+                None,
+            )
             .await
             .unwrap_err();
         assert!(
@@ -759,7 +1151,7 @@ mod tests {
             "{err}"
         );
         let err = rt
-            .ingest(Bytes::from_static(b"count\nfail nope"))
+            .ingest(Bytes::from_static(b"count\nfail nope"), None)
             .await
             .unwrap_err();
         assert!(
@@ -772,7 +1164,7 @@ mod tests {
             ),
             "{err}"
         );
-        rt.ingest(Bytes::from_static(b"count")).await.unwrap();
+        rt.ingest(Bytes::from_static(b"count"), None).await.unwrap();
         let events = sink.events.lock().unwrap().clone();
         let counts: Vec<_> = events.iter().map(|(_, _, p)| p.as_str()).collect();
         assert_eq!(
@@ -788,7 +1180,10 @@ mod tests {
     async fn infinite_loop_does_not_stop_the_runtime() {
         // Out of fuel: a verdict on the batch, the same every time.
         let (rt, _journal, _sink) = spawn(guests::MISBEHAVE_WASM, Limits::default()).await;
-        let err = rt.ingest(Bytes::from_static(b"loop")).await.unwrap_err();
+        let err = rt
+            .ingest(Bytes::from_static(b"loop"), None)
+            .await
+            .unwrap_err();
         assert!(
             matches!(
                 &err,
@@ -799,7 +1194,7 @@ mod tests {
             ),
             "{err}"
         );
-        rt.ingest(Bytes::from_static(b"count")).await.unwrap();
+        rt.ingest(Bytes::from_static(b"count"), None).await.unwrap();
 
         // Past the wall-clock backstop: a fault, not the batch's.
         let limits = Limits {
@@ -808,7 +1203,10 @@ mod tests {
             ..Limits::default()
         };
         let (rt, _journal, _sink) = spawn(guests::MISBEHAVE_WASM, limits).await;
-        let err = rt.ingest(Bytes::from_static(b"loop")).await.unwrap_err();
+        let err = rt
+            .ingest(Bytes::from_static(b"loop"), None)
+            .await
+            .unwrap_err();
         assert!(
             matches!(
                 &err,
@@ -819,7 +1217,7 @@ mod tests {
             ),
             "{err}"
         );
-        rt.ingest(Bytes::from_static(b"count")).await.unwrap();
+        rt.ingest(Bytes::from_static(b"count"), None).await.unwrap();
     }
 
     #[tokio::test]
@@ -829,7 +1227,7 @@ mod tests {
         let sink = Arc::new(TestSink::default());
         let snapshot = RuntimeSnapshot {
             state: Bytes::from_static(b"41"),
-            checkpoint: None,
+            ..RuntimeSnapshot::default()
         };
         let rt = RuntimeHandle::spawn(
             module,
@@ -837,27 +1235,28 @@ mod tests {
             Some(snapshot),
             journal,
             Arc::clone(&sink),
+            Arc::default(),
         )
         .await
         .unwrap();
-        rt.ingest(Bytes::from_static(b"count")).await.unwrap();
+        rt.ingest(Bytes::from_static(b"count"), None).await.unwrap();
         assert_eq!(sink.events.lock().unwrap()[0].2, "42");
     }
 
     #[tokio::test]
     async fn restore_inside_a_pause_replaces_the_guest_only_when_committed() {
         let (rt, _journal, sink) = spawn(guests::MISBEHAVE_WASM, Limits::default()).await;
-        rt.ingest(Bytes::from_static(b"count")).await.unwrap();
+        rt.ingest(Bytes::from_static(b"count"), None).await.unwrap();
         let snapshot = RuntimeSnapshot {
             state: Bytes::from_static(b"41"),
-            checkpoint: None,
+            ..RuntimeSnapshot::default()
         };
         // Staged but not committed: dropped with the guard.
         let (saved, guard) = rt.pause().await.unwrap();
         assert_eq!(&saved.state[..], b"1");
         guard.stage_restore(snapshot.clone()).await.unwrap();
         drop(guard);
-        rt.ingest(Bytes::from_static(b"count")).await.unwrap();
+        rt.ingest(Bytes::from_static(b"count"), None).await.unwrap();
         // Committed: the next batch runs on the restored state.
         let (_, guard) = rt.pause().await.unwrap();
         assert!(!guard.commit_restore().await.unwrap(), "nothing staged");
@@ -865,7 +1264,7 @@ mod tests {
         assert!(guard.commit_restore().await.unwrap());
         drop(guard);
         assert_eq!(&rt.save().await.unwrap().state[..], b"41");
-        rt.ingest(Bytes::from_static(b"count")).await.unwrap();
+        rt.ingest(Bytes::from_static(b"count"), None).await.unwrap();
         let counts: Vec<_> = sink
             .events
             .lock()

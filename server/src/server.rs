@@ -3,13 +3,15 @@
 //! ## Start-up
 //!
 //! 1. Read the config (or take the embedded default).
-//! 2. Restore the newest valid snapshot from `<data-dir>/snapshots`: an exact
-//!    one keeps its epoch — once; it is marked consumed before any offset is
-//!    issued, so a crash later in this life cannot hand its epoch to the
-//!    next — and anything else takes a fresh epoch.
+//! 2. Restore the newest valid snapshot from `<data-dir>/snapshots` and
+//!    prepare the log in `<data-dir>/log` ([`crate::recovery::begin`]).
 //! 3. Compile every runtime's module once and start its task, restoring the
 //!    guest's state when the snapshot's module fingerprint matches.
-//! 4. Bind, print `viewtape listening on http://ADDR/` as the first line of
+//! 4. Replay the log after the snapshot ([`crate::recovery::replay`]): the
+//!    same epoch, offsets and frames as before the stop, whatever the stop was;
+//!    or a fresh epoch where continuity cannot be proven, followed at once by a
+//!    snapshot.
+//! 5. Bind, print `viewtape listening on http://ADDR/` as the first line of
 //!    stdout, and serve.
 //!
 //! ## Shutdown
@@ -37,7 +39,7 @@ use crate::http::{app, AppState};
 use crate::hub::Hub;
 use crate::registry::{ModuleFingerprint, Runtimes};
 use crate::runtime::{RuntimeConfig, RuntimeHandle};
-use crate::snapshot::{restore_at_start, Snapshots};
+use crate::snapshot::Snapshots;
 use crate::source::{FileTail, FileTailConfig, SourceCheckpoint};
 
 /// How `viewtape serve` was invoked.
@@ -70,7 +72,8 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         tracing::warn!(%error, "could not remove leftover temporary snapshot files");
     }
 
-    let mut restored = restore_at_start(&hub, &dir).await?;
+    let mut begun =
+        crate::recovery::begin(&hub, &dir, &options.data_dir.join("log"), &config.log).await?;
 
     let engine = GuestEngine::new(EngineConfig::default())?;
     let mut runtimes = Runtimes::default();
@@ -89,7 +92,8 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         for view in &section.views {
             hub.declare(view);
         }
-        let restore = match restored
+        let restore = match begun
+            .dumps
             .remove(&section.name)
             .map(|d| d.saved_for(&fingerprint))
         {
@@ -101,7 +105,6 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
             }
             None => None,
         };
-        let checkpoint = restore.as_ref().and_then(|r| r.checkpoint);
         let runtime_config = RuntimeConfig {
             guest_config: Bytes::from(section.config.clone().into_bytes()),
             limits: section.limits.to_limits(),
@@ -113,23 +116,45 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
             restore,
             Arc::clone(&journal),
             Arc::clone(&hub),
+            Arc::clone(&begun.log),
         )
         .await
         .map_err(|error| anyhow::anyhow!("runtime {:?} failed to start: {error}", section.name))?;
-        if let Some(source) = &section.source {
-            let position = checkpoint.map(|SourceCheckpoint::FileTail(position)| position);
-            let tail = FileTail::new(FileTailConfig::new(source.file.clone()), position);
-            sources.push(handle.follow(tail));
-        }
         runtimes.insert(handle, fingerprint);
     }
     let runtimes = Arc::new(runtimes);
-    let snapshots = Arc::new(Snapshots::new(Arc::clone(&hub), dir, Arc::clone(&runtimes)));
+    let replayed = crate::recovery::replay(&mut begun, &hub, &runtimes).await?;
+    let snapshots = Arc::new(Snapshots::new(
+        Arc::clone(&hub),
+        dir,
+        Arc::clone(&runtimes),
+        Arc::clone(&begun.log),
+    ));
+    if replayed.needs_snapshot {
+        let written = snapshots.write().await?;
+        tracing::info!(file = %written.info.path().display(), "snapshot written at the log's new beginning");
+    }
+    // Sources start where the replayed history left them.
+    for section in &config.runtimes {
+        let (Some(source), Some(registered)) = (&section.source, runtimes.get(&section.name))
+        else {
+            continue;
+        };
+        let position = registered
+            .handle
+            .save()
+            .await?
+            .checkpoint
+            .map(|SourceCheckpoint::FileTail(position)| position);
+        let tail = FileTail::new(FileTailConfig::new(source.file.clone()), position);
+        sources.push(registered.handle.follow(tail));
+    }
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let state = AppState::new(
         Arc::clone(&hub),
         Arc::clone(&runtimes),
+        begun.log.metrics(),
         config.server.clone(),
         shutdown_rx,
     );

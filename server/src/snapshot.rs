@@ -43,6 +43,7 @@ use viewtape_journal::{JournalEpoch, JournalSnapshot};
 use viewtape_snapshots::{SnapshotDir, SnapshotEntry, SnapshotError, SnapshotInfo, SnapshotMeta};
 
 use crate::hub::{Hub, ViewStateDump};
+use crate::log::Log;
 use crate::registry::{Cut, ModuleFingerprint, Runtimes};
 use crate::runtime::{IngestError, RuntimeSnapshot};
 
@@ -55,6 +56,9 @@ pub struct SnapshotBody {
     pub views: Vec<ViewStateDump>,
     /// Every runtime's state.
     pub runtimes: Vec<RuntimeDump>,
+    /// The last log position it reflects (`None`: taken with the log off).
+    #[serde(default)]
+    pub log_position: Option<u64>,
 }
 
 /// One runtime in a snapshot.
@@ -147,17 +151,28 @@ pub struct Snapshots {
     hub: Arc<Hub>,
     dir: Arc<SnapshotDir>,
     runtimes: Arc<Runtimes>,
+    log: Arc<Log>,
+    /// The log position of each snapshot file written or restored in this life: segments older
+    /// than every kept snapshot's position are deleted.
+    positions: std::sync::Mutex<BTreeMap<std::path::PathBuf, u64>>,
     /// One action at a time.
     busy: tokio::sync::Mutex<()>,
 }
 
 impl Snapshots {
-    /// Snapshot actions for `hub` and `runtimes`, kept in `dir`.
-    pub fn new(hub: Arc<Hub>, dir: Arc<SnapshotDir>, runtimes: Arc<Runtimes>) -> Self {
+    /// Snapshot actions for `hub`, `runtimes` and `log`, kept in `dir`.
+    pub fn new(
+        hub: Arc<Hub>,
+        dir: Arc<SnapshotDir>,
+        runtimes: Arc<Runtimes>,
+        log: Arc<Log>,
+    ) -> Self {
         Self {
             hub,
             dir,
             runtimes,
+            log,
+            positions: std::sync::Mutex::default(),
             busy: tokio::sync::Mutex::new(()),
         }
     }
@@ -208,6 +223,7 @@ impl Snapshots {
             journal,
             views,
             runtimes,
+            log_position: self.log.is_enabled().then(|| self.log.committed()),
         };
         Ok((body, cut))
     }
@@ -219,16 +235,54 @@ impl Snapshots {
         meta: SnapshotMeta,
     ) -> Result<WrittenSnapshot, SnapshotActionError> {
         let records = body.journal.record_count();
+        let position = body.log_position;
         let dir = Arc::clone(&self.dir);
-        let info = tokio::task::spawn_blocking(move || {
+        let (info, pruned) = tokio::task::spawn_blocking(move || {
             let info = dir.write(&body, &meta)?;
-            if let Err(error) = dir.prune() {
+            let pruned = dir.prune();
+            if let Err(error) = &pruned {
                 tracing::warn!(%error, "pruning old snapshots failed");
             }
-            Ok::<_, SnapshotError>(info)
+            Ok::<_, SnapshotError>((info, pruned.ok()))
         })
         .await??;
+        if let (Some(position), Some(pruned)) = (position, pruned) {
+            self.forget_log_before(info.path(), position, &pruned.kept);
+        }
         Ok(WrittenSnapshot { info, records })
+    }
+
+    /// Notes that `file` is at log `position`, and deletes the segments no kept snapshot needs.
+    /// A kept snapshot of an earlier life (its position unknown) keeps every segment.
+    fn forget_log_before(
+        &self,
+        file: &std::path::Path,
+        position: u64,
+        kept: &[std::path::PathBuf],
+    ) {
+        let oldest = {
+            let mut positions = self
+                .positions
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            positions.insert(file.to_owned(), position);
+            positions.retain(|path, _| kept.contains(path));
+            match kept.iter().all(|path| positions.contains_key(path)) {
+                true => positions.values().min().copied(),
+                false => None,
+            }
+        };
+        if let Some(oldest) = oldest {
+            match self.log.delete_before(oldest) {
+                Ok(0) => {}
+                Ok(deleted) => tracing::debug!(
+                    deleted,
+                    before = oldest,
+                    "log segments no snapshot needs deleted"
+                ),
+                Err(error) => tracing::warn!(%error, "deleting old log segments failed"),
+            }
+        }
     }
 
     /// Every file in the snapshot directory, newest first.
@@ -326,6 +380,10 @@ impl Snapshots {
             }
         }
         drop(cut);
+        // A restart replays the log from the newest snapshot: make it this state.
+        let (body, cut) = self.dump(false).await?;
+        drop(cut);
+        self.store(body, SnapshotMeta::periodic_now()).await?;
         Ok(Restored { epoch, records })
     }
 
@@ -406,13 +464,14 @@ mod tests {
             None,
             journal,
             Arc::clone(&hub),
+            Arc::default(),
         )
         .await
         .unwrap();
         let mut runtimes = Runtimes::default();
         runtimes.insert(handle.clone(), ModuleFingerprint::of(guests::TICKER_WASM));
         let dir = Arc::new(SnapshotDir::open(dir).unwrap());
-        let snapshots = Snapshots::new(Arc::clone(&hub), dir, Arc::new(runtimes));
+        let snapshots = Snapshots::new(Arc::clone(&hub), dir, Arc::new(runtimes), Arc::default());
         (snapshots, hub, handle)
     }
 
@@ -421,9 +480,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (snapshots, hub, handle) = server(dir.path()).await;
         handle
-            .ingest(bytes::Bytes::from_static(
-                b"{\"symbol\":\"ACME\",\"price\":1.5,\"seq\":1}\n",
-            ))
+            .ingest(
+                bytes::Bytes::from_static(b"{\"symbol\":\"ACME\",\"price\":1.5,\"seq\":1}\n"),
+                None,
+            )
             .await
             .unwrap();
         let written = snapshots.write().await.unwrap();
@@ -482,7 +542,7 @@ mod tests {
         let late = tokio::spawn({
             let handle = handle.clone();
             let tick = tick.clone();
-            async move { handle.ingest(tick).await }
+            async move { handle.ingest(tick, None).await }
         });
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         assert!(!late.is_finished(), "a batch ran after the exact snapshot");

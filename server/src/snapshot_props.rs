@@ -93,7 +93,12 @@ impl World {
     /// The server's snapshot actions over this life's hub (no runtimes).
     fn snapshots(&self) -> Result<Snapshots, String> {
         let dir = Self::dir(self.dir.path())?;
-        Ok(Snapshots::new(Arc::clone(&self.hub), dir, Arc::default()))
+        Ok(Snapshots::new(
+            Arc::clone(&self.hub),
+            dir,
+            Arc::default(),
+            Arc::default(),
+        ))
     }
 
     /// A new life: a fresh journal and hub, restored by `rule`.
@@ -147,6 +152,7 @@ impl World {
                             events,
                             gaps: vec![],
                         },
+                        crate::log::unix_ms_now(),
                     )
                     .await;
             }

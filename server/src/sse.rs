@@ -497,7 +497,11 @@ mod tests {
         };
         let streams = Arc::new(Streams::new(
             Arc::clone(hub),
-            Arc::new(Metrics::new(Arc::clone(hub), Arc::default())),
+            Arc::new(Metrics::new(
+                Arc::clone(hub),
+                Arc::default(),
+                &crate::log::LogMetrics::default(),
+            )),
             &config,
             shutdown.clone(),
         ));
@@ -534,7 +538,12 @@ mod tests {
             payload: Bytes::from(format!("\"{}\"", "x".repeat(size))),
         };
         let events = vec![publish("a", 10), publish("big", 20_000), publish("c", 10)];
-        hub.commit("test", GuestBatch::of_events(events)).await;
+        hub.commit(
+            "test",
+            GuestBatch::of_events(events),
+            crate::log::unix_ms_now(),
+        )
+        .await;
         let (_shutdown_tx, shutdown) = watch::channel(false);
         let mut stream = connect(&hub, &Client::default(), &shutdown);
         let big_state = hub.view("v").unwrap().entries();
@@ -558,7 +567,12 @@ mod tests {
         // Following: a big frame is the tape's frame itself; small ones stay within the cap.
         let mut events = vec![publish("big", 30_000)];
         events.extend((0..400).map(|i| publish(&format!("s{i}"), 100)));
-        hub.commit("test", GuestBatch::of_events(events)).await;
+        hub.commit(
+            "test",
+            GuestBatch::of_events(events),
+            crate::log::unix_ms_now(),
+        )
+        .await;
         let window = hub.journal().window_now("v");
         let tape = hub
             .journal()
@@ -604,7 +618,8 @@ mod tests {
                                 kind: if value.is_some() { EventKind::Update } else { EventKind::Delete },
                                 payload: value.map(|v| Bytes::from(format!("{{\"v\":{v}}}"))).unwrap_or_default(),
                             }).collect();
-                            hub.commit("test", GuestBatch::of_events(events)).await;
+                            hub.commit("test", GuestBatch::of_events(events), crate::log::unix_ms_now())
+            .await;
                         }
                         Op::Read(chunks) => read_ready(&mut stream, &mut client, chunks).await,
                         Op::Disconnect => {

@@ -292,6 +292,46 @@ impl LogDir {
         Ok(kept)
     }
 
+    /// Sets every segment aside ([`LogDir::set_aside`]): the log starts over, its files kept.
+    /// Returns where they went.
+    ///
+    /// # Errors
+    /// Listing, a rename or the directory sync fails.
+    pub fn set_aside_all(&self) -> Result<Vec<PathBuf>, LogError> {
+        self.segment_files()?
+            .into_iter()
+            .map(|(_, path)| self.set_aside(&path))
+            .collect()
+    }
+
+    /// Syncs every segment to the device (what an earlier life wrote without syncing).
+    ///
+    /// # Errors
+    /// A segment cannot be opened or synced.
+    pub fn sync_all(&self) -> Result<(), LogError> {
+        for (_, path) in self.segment_files()? {
+            File::open(&path)
+                .and_then(|file| file.sync_all())
+                .map_err(|e| LogError::io("sync", &path, e))?;
+        }
+        sync_dir(&self.dir)
+    }
+
+    /// Segment files and their bytes on disk.
+    ///
+    /// # Errors
+    /// Listing or reading a file's size fails.
+    pub fn usage(&self) -> Result<(u64, u64), LogError> {
+        let mut bytes = 0;
+        let files = self.segment_files()?;
+        for (_, path) in &files {
+            bytes += fs::metadata(path)
+                .map_err(|e| LogError::io("stat", path, e))?
+                .len();
+        }
+        Ok((files.len() as u64, bytes))
+    }
+
     /// Calls `visit` with every intact record after position `after`, in order, stopping at the
     /// first damage.
     ///

@@ -45,7 +45,7 @@ pub use config::{EngineConfig, Limits, DEFAULT_FUEL};
 pub use engine::GuestEngine;
 pub use error::{GuestError, LoadError};
 pub use instance::GuestInstance;
-pub use module::GuestModule;
+pub use module::{GuestModule, ModuleFingerprint};
 
 /// Decodes a guest's batch output buffer (`ABI.md`) the way [`GuestInstance::on_batch`] does.
 /// Exposed for the benchmarks that compare output designs; not needed to run guests.

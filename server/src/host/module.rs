@@ -1,6 +1,10 @@
 //! A compiled, checked and pre-linked guest module.
 
+use std::fmt;
 use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
 
 use viewtape_guest::abi;
 use wasmtime::{ExternType, InstancePre, Module, ValType};
@@ -8,12 +12,34 @@ use wasmtime::{ExternType, InstancePre, Module, ValType};
 use super::engine::HostState;
 use super::{GuestEngine, LoadError};
 
+/// Names the exact bytes of a guest module: `sha256:<hex>` of them. A guest's saved state and
+/// a logged batch mean something only to the module with this fingerprint.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ModuleFingerprint(String);
+
+impl ModuleFingerprint {
+    /// The fingerprint of `wasm`.
+    pub fn of(wasm: &[u8]) -> Self {
+        let digest = Sha256::digest(wasm);
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        Self(format!("sha256:{hex}"))
+    }
+}
+
+impl fmt::Display for ModuleFingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// A guest module: compiled once, checked against the ABI, pre-linked. Cheap to clone; every
 /// runtime running this guest instantiates from it.
 #[derive(Clone)]
 pub struct GuestModule {
     engine: GuestEngine,
     pre: Arc<InstancePre<HostState>>,
+    fingerprint: ModuleFingerprint,
 }
 
 impl std::fmt::Debug for GuestModule {
@@ -50,7 +76,13 @@ impl GuestModule {
         Ok(Self {
             engine: engine.clone(),
             pre: Arc::new(pre),
+            fingerprint: ModuleFingerprint::of(wasm),
         })
+    }
+
+    /// The fingerprint of the bytes it was compiled from.
+    pub fn fingerprint(&self) -> &ModuleFingerprint {
+        &self.fingerprint
     }
 
     /// The engine it was compiled for.

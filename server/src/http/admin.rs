@@ -231,7 +231,10 @@ mod tests {
             JournalConfig::default(),
         ))));
         let dir = Arc::new(SnapshotDir::open(std::env::temp_dir()).expect("temp dir"));
-        Admin::new(token, Arc::new(Snapshots::new(hub, dir, Arc::default())))
+        Admin::new(
+            token,
+            Arc::new(Snapshots::new(hub, dir, Arc::default(), Arc::default())),
+        )
     }
 
     fn status(result: Result<(), ApiError>) -> u16 {

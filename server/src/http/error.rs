@@ -2,7 +2,7 @@
 //! `{"error": code, "message": message}`. Internal detail is logged, never sent.
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
@@ -14,6 +14,8 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// Headers that say more (e.g. the `Producer-Expected-Seq` of a 409).
+    headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl ApiError {
@@ -22,7 +24,14 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            headers: Vec::new(),
         }
+    }
+
+    /// The same error, with `name: value` on the response.
+    pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.push((name, value));
+        self
     }
 
     /// `404 not_found`: no such route, view or runtime.
@@ -38,6 +47,16 @@ impl ApiError {
     /// `401 unauthorized`, with `WWW-Authenticate: Bearer`.
     pub fn unauthorized(message: impl Into<String>) -> Self {
         Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    /// `403` with `code`: understood, and not allowed.
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, code, message)
+    }
+
+    /// `409` with `code`: conflicts with what the server already has.
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, code, message)
     }
 
     /// `413 body_too_large`.
@@ -86,6 +105,7 @@ impl IntoResponse for ApiError {
         }
         let body = serde_json::json!({ "error": self.code, "message": self.message });
         let mut response = (self.status, Json(body)).into_response();
+        response.headers_mut().extend(self.headers);
         if self.status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()

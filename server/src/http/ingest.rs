@@ -1,31 +1,46 @@
-//! `POST /runtimes/{runtime}/ingest`: one all-or-nothing batch for a runtime's guest.
+//! `POST /runtimes/{runtime}/ingest`: one all-or-nothing batch for a runtime's guest, answered
+//! once it is durable.
+//!
+//! Optional idempotent-producer headers: `Producer-Id` (1–256 visible ASCII characters),
+//! `Producer-Epoch` (an integer, default 0) and `Producer-Seq` (an integer, required with an id).
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 
 use super::{ApiError, AppState};
+use crate::log::producer::{ProducerStamp, MAX_PRODUCER_ID};
 use crate::runtime::IngestError;
+
+const PRODUCER_ID: &str = "producer-id";
+const PRODUCER_EPOCH: &str = "producer-epoch";
+const PRODUCER_SEQ: &str = "producer-seq";
 
 pub(super) fn routes() -> Router<AppState> {
     Router::new().route("/runtimes/{runtime}/ingest", post(ingest))
 }
 
-/// 200 with the events per view; 404 for an unknown runtime; 413 past `max_body`; 422 when
-/// the guest refused or failed on the batch (nothing was committed); 503 when the runtime
-/// cannot run it.
+/// 200 with the receipt (events per view, gaps, log position, durability; `Producer-Duplicate:
+/// true` for a batch committed before); 400 for bad producer headers; 403 for a fenced producer
+/// epoch; 404 for an unknown runtime; 409 with `Producer-Expected-Seq` for a producer's batch
+/// out of order; 413 past `max_body`; 422 when the guest refused or failed on the batch
+/// (nothing was committed); 503 (with `Retry-After`) when the runtime or the log cannot take it.
 async fn ingest(
     State(state): State<AppState>,
     runtime: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
     body: Body,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let Path(runtime) = runtime?;
     let registered = state
         .runtimes
         .get(&runtime)
         .ok_or_else(|| ApiError::not_found(format!("no runtime named {runtime:?}")))?;
+    let producer = producer_stamp(&headers)?;
     let limit = state.config.max_body;
     // A declared length over the limit is refused before the body is read, so a client that
     // sent `Expect: 100-continue` gets the 413 instead of an invitation to upload.
@@ -37,17 +52,94 @@ async fn ingest(
         state.metrics.ingest_rejected.inc();
         ApiError::too_large(limit)
     })?;
-    let summary = registered.handle.ingest(input).await.map_err(|error| {
-        state.metrics.ingest_rejected.inc();
-        match error {
-            IngestError::Guest { .. } => {
-                ApiError::unprocessable("batch_rejected", error.to_string())
-            }
-            _ => ApiError::unavailable(error.to_string()),
-        }
-    })?;
+    let accepted = registered
+        .handle
+        .ingest(input, producer)
+        .await
+        .map_err(|error| {
+            state.metrics.ingest_rejected.inc();
+            refusal(error)
+        })?;
     state.metrics.ingest_accepted.inc();
-    Ok(Json(
-        serde_json::json!({ "events": summary.per_view, "gaps": summary.gaps }),
-    ))
+    let mut response = Json(accepted.receipt).into_response();
+    if accepted.duplicate {
+        response.headers_mut().insert(
+            HeaderName::from_static("producer-duplicate"),
+            HeaderValue::from_static("true"),
+        );
+    }
+    Ok(response)
+}
+
+/// The answer to a batch that was not committed.
+fn refusal(error: IngestError) -> ApiError {
+    match error {
+        IngestError::Guest { .. } => ApiError::unprocessable("batch_rejected", error.to_string()),
+        IngestError::OutOfOrder { expected, .. } => {
+            ApiError::conflict("producer_out_of_order", error.to_string()).with_header(
+                HeaderName::from_static("producer-expected-seq"),
+                expected.into(),
+            )
+        }
+        IngestError::Fenced { .. } => ApiError::forbidden("producer_fenced", error.to_string()),
+        _ => ApiError::unavailable(error.to_string()).with_header(
+            axum::http::header::RETRY_AFTER,
+            HeaderValue::from_static("1"),
+        ),
+    }
+}
+
+/// The producer headers, if any.
+fn producer_stamp(headers: &HeaderMap) -> Result<Option<ProducerStamp>, ApiError> {
+    let text = |name: &str| -> Result<Option<&str>, ApiError> {
+        let mut values = headers.get_all(name).iter();
+        let (Some(value), None) = (values.next(), values.next()) else {
+            return match headers.contains_key(name) {
+                true => Err(ApiError::bad_request(format!(
+                    "{name} is given more than once"
+                ))),
+                false => Ok(None),
+            };
+        };
+        value
+            .to_str()
+            .map(Some)
+            .map_err(|_| ApiError::bad_request(format!("{name} is not visible ASCII")))
+    };
+    let number = |name: &str| -> Result<Option<u64>, ApiError> {
+        text(name)?
+            .map(|value| {
+                value.parse::<u64>().map_err(|_| {
+                    ApiError::bad_request(format!(
+                        "{name} must be an integer from 0 to {}, not {value:?}",
+                        u64::MAX
+                    ))
+                })
+            })
+            .transpose()
+    };
+    let id = text(PRODUCER_ID)?;
+    let epoch = number(PRODUCER_EPOCH)?;
+    let seq = number(PRODUCER_SEQ)?;
+    let Some(id) = id else {
+        if epoch.is_some() || seq.is_some() {
+            return Err(ApiError::bad_request(
+                "Producer-Epoch and Producer-Seq need a Producer-Id",
+            ));
+        }
+        return Ok(None);
+    };
+    if id.is_empty() || id.len() > MAX_PRODUCER_ID || id.bytes().any(|b| !b.is_ascii_graphic()) {
+        return Err(ApiError::bad_request(format!(
+            "Producer-Id must be 1 to {MAX_PRODUCER_ID} visible ASCII characters"
+        )));
+    }
+    let Some(seq) = seq else {
+        return Err(ApiError::bad_request("Producer-Id needs a Producer-Seq"));
+    };
+    Ok(Some(ProducerStamp {
+        id: id.to_owned(),
+        epoch: epoch.unwrap_or(0),
+        seq,
+    }))
 }

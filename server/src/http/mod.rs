@@ -36,6 +36,7 @@ pub use error::ApiError;
 
 use crate::config::ServerConfig;
 use crate::hub::Hub;
+use crate::log::LogMetrics;
 use crate::metrics::Metrics;
 use crate::registry::Runtimes;
 use crate::sse::Streams;
@@ -59,15 +60,16 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// The state of a server over `hub` and `runtimes` with `config`; SSE streams end when
+    /// The state of a server over `hub`, `runtimes` and the log with `config`; SSE streams end when
     /// `shutdown` turns `true`.
     pub fn new(
         hub: Arc<Hub>,
         runtimes: Arc<Runtimes>,
+        log: &LogMetrics,
         config: ServerConfig,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
-        let metrics = Arc::new(Metrics::new(Arc::clone(&hub), Arc::clone(&runtimes)));
+        let metrics = Arc::new(Metrics::new(Arc::clone(&hub), Arc::clone(&runtimes), log));
         let streams = Streams::new(Arc::clone(&hub), Arc::clone(&metrics), &config, shutdown);
         Self {
             hub,
@@ -154,6 +156,7 @@ pub(crate) fn test_app() -> (Router, Arc<Hub>) {
     let state = AppState::new(
         Arc::clone(&hub),
         Arc::default(),
+        &LogMetrics::default(),
         ServerConfig::default(),
         shutdown,
     );

@@ -170,7 +170,12 @@ mod tests {
                 payload: bytes::Bytes::from(format!("{{\"n\":{i}}}")),
             })
             .collect();
-        hub.commit("test", GuestBatch::of_events(events)).await;
+        hub.commit(
+            "test",
+            GuestBatch::of_events(events),
+            crate::log::unix_ms_now(),
+        )
+        .await;
         let request = axum::http::Request::get("/views/v")
             .body(axum::body::Body::empty())
             .unwrap();

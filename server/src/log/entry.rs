@@ -1,0 +1,165 @@
+//! What one log record holds, and the digest that proves a replay reproduced it.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use super::producer::ProducerStamp;
+use crate::host::{EventKind, GuestBatch, ModuleFingerprint};
+use crate::source::SourceCheckpoint;
+
+/// One accepted batch, as the log keeps it: everything that reproduces it exactly.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchEntry {
+    /// The runtime that accepted it.
+    pub runtime: String,
+    /// The module that processed it.
+    pub module: ModuleFingerprint,
+    /// CRC-32C of the guest config the runtime ran with.
+    pub guest_config: u32,
+    /// When it was accepted (wall clock, Unix milliseconds): a replay appends with this time.
+    pub at_ms: u64,
+    /// The input bytes.
+    pub input: Bytes,
+    /// The producer headers it came with.
+    pub producer: Option<ProducerStamp>,
+    /// A pull source's position after it.
+    pub checkpoint: Option<SourceCheckpoint>,
+    /// Why a pull source lost input just before it.
+    pub source_gap: Option<String>,
+    /// What it produced.
+    pub outcome: Outcome,
+}
+
+/// What a logged batch did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// The guest accepted it and produced this.
+    Committed(Digest),
+    /// The guest failed on input a pull source had already consumed: the input is lost, a gap is
+    /// marked and the source moves past it. The input is not kept.
+    Lost,
+}
+
+/// A digest of what a batch produced: events per view, and a CRC-32C over every event and gap in
+/// order. A replay that produces a different digest is not the same history.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Digest {
+    /// Events per view.
+    pub per_view: BTreeMap<String, u64>,
+    /// Gaps the guest reported.
+    pub gaps: u32,
+    /// CRC-32C over `(view, key, kind, payload)` of every event and the reason of every gap.
+    pub crc: u32,
+}
+
+impl Digest {
+    /// The digest of `batch`.
+    pub fn of(batch: &GuestBatch) -> Self {
+        let mut digest = Digest {
+            gaps: u32::try_from(batch.gaps.len()).unwrap_or(u32::MAX),
+            ..Digest::default()
+        };
+        let mut crc = 0;
+        let field = |crc: u32, bytes: &[u8]| {
+            let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+            crc32c::crc32c_append(crc32c::crc32c_append(crc, &len.to_le_bytes()), bytes)
+        };
+        for gap in &batch.gaps {
+            crc = field(crc, gap.as_bytes());
+        }
+        for event in &batch.events {
+            match digest.per_view.get_mut(&*event.view) {
+                Some(n) => *n += 1,
+                None => {
+                    digest.per_view.insert(event.view.to_string(), 1);
+                }
+            }
+            let kind: &[u8] = match event.kind {
+                EventKind::Update => b"u",
+                EventKind::Delete => b"d",
+            };
+            crc = field(crc, event.view.as_bytes());
+            crc = field(crc, event.key.as_bytes());
+            crc = field(crc, kind);
+            crc = field(crc, &event.payload);
+        }
+        digest.crc = crc;
+        digest
+    }
+}
+
+impl BatchEntry {
+    /// The record's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        // A struct of plain fields always encodes.
+        rmp_serde::to_vec(self).unwrap_or_default()
+    }
+
+    /// Reads a record's bytes.
+    ///
+    /// # Errors
+    /// The bytes are not a batch entry of this version.
+    pub fn decode(bytes: &[u8]) -> Result<Self, rmp_serde::decode::Error> {
+        rmp_serde::from_slice(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::host::GuestEvent;
+
+    fn event(view: &str, key: &str, payload: &'static [u8]) -> GuestEvent {
+        GuestEvent {
+            view: Arc::from(view),
+            key: key.to_owned(),
+            kind: EventKind::Update,
+            payload: Bytes::from_static(payload),
+        }
+    }
+
+    #[test]
+    fn the_digest_sees_every_field_and_the_order() {
+        let batch = GuestBatch::of_events(vec![event("a", "k", b"1"), event("b", "k", b"2")]);
+        let digest = Digest::of(&batch);
+        assert_eq!(digest.per_view, [("a".into(), 1), ("b".into(), 1)].into());
+        let variants = [
+            GuestBatch::of_events(vec![event("b", "k", b"2"), event("a", "k", b"1")]),
+            GuestBatch::of_events(vec![event("a", "k", b"1"), event("b", "k", b"3")]),
+            GuestBatch::of_events(vec![event("a", "k1", b""), event("b", "k", b"2")]),
+            GuestBatch {
+                gaps: vec!["lost".into()],
+                ..batch.clone()
+            },
+        ];
+        for other in variants {
+            assert_ne!(Digest::of(&other), digest, "{other:?}");
+        }
+        assert_eq!(Digest::of(&batch.clone()), digest);
+    }
+
+    #[test]
+    fn an_entry_round_trips() {
+        let entry = BatchEntry {
+            runtime: "demo".into(),
+            module: ModuleFingerprint::of(b"wasm"),
+            guest_config: 7,
+            at_ms: 1_700_000_000_000,
+            input: Bytes::from_static(b"{\"seq\":1}\n"),
+            producer: Some(ProducerStamp {
+                id: "p".into(),
+                epoch: 1,
+                seq: 2,
+            }),
+            checkpoint: None,
+            source_gap: None,
+            outcome: Outcome::Committed(Digest::default()),
+        };
+        assert_eq!(BatchEntry::decode(&entry.encode()).unwrap(), entry);
+        assert!(BatchEntry::decode(b"\x01garbage").is_err());
+    }
+}

@@ -1,0 +1,312 @@
+//! The server's side of the log: what a record holds ([`BatchEntry`]), the receipt a producer
+//! gets ([`Receipt`]), idempotent producers ([`producer`]), and [`Log`] — the writer shared by
+//! every runtime, with the order in which their batches become visible.
+//!
+//! ## Durability before visibility
+//!
+//! A runtime runs a group of batches through its guest, appends their records with one
+//! [`Log::append`] (consecutive positions, durable together, sharing group commits with every
+//! other runtime), and only once that returns commits them to the journal and answers. Commits
+//! happen in log order across all runtimes: [`Log::turn`] waits until every earlier position has
+//! committed, so a replay, which applies records in log order, issues the same offsets.
+//!
+//! With the log disabled (`[log] enabled = false`) [`Log::append`] returns at once with no
+//! position, and nothing is replayed at a restart.
+
+mod entry;
+pub mod producer;
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{oneshot, watch};
+use viewtape_snapshots::log::{Durability, GroupWritten, LogDir, LogError, LogWriter};
+use viewtape_snapshots::log::{Observer, WriterOptions};
+
+pub use entry::{BatchEntry, Digest, Outcome};
+
+/// What an acknowledged batch was promised: the body of an ingest `200`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    /// Events per view.
+    pub events: BTreeMap<String, u64>,
+    /// The gaps the batch reported (the guest's reasons, or its source's).
+    pub gaps: Vec<String>,
+    /// The batch's log position (`None` with the log off).
+    pub position: Option<u64>,
+    /// `"fsync"` (on the device) or `"os"` (handed to the operating system); `None` with the
+    /// log off.
+    pub durability: Option<DurabilityName>,
+}
+
+/// How durable an acknowledged batch is, as a receipt names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DurabilityName {
+    /// Synced to the device.
+    Fsync,
+    /// Handed to the operating system.
+    Os,
+}
+
+impl From<Durability> for DurabilityName {
+    fn from(durability: Durability) -> Self {
+        match durability {
+            Durability::Fsync => Self::Fsync,
+            Durability::Os => Self::Os,
+        }
+    }
+}
+
+/// The log's metrics, kept up to date by the log; `/metrics` renders them.
+#[derive(Clone, Debug)]
+pub struct LogMetrics {
+    /// The last durable position.
+    pub position: Gauge,
+    /// Bytes in the log's segments.
+    pub bytes: Gauge,
+    /// Segment files.
+    pub segments: Gauge,
+    /// Records appended.
+    pub records: Counter,
+    /// Group commits synced to the device.
+    pub fsyncs: Counter,
+    /// How long each sync took.
+    pub fsync_seconds: Histogram,
+    /// Records replayed at start.
+    pub replayed: Counter,
+    /// Bytes of torn tails cut at start.
+    pub repaired_bytes: Counter,
+    /// Times continuity broke and a fresh epoch was taken, by cause.
+    pub fail_closed: Family<[(&'static str, &'static str); 1], Counter>,
+}
+
+/// Every cause of [`LogMetrics::fail_closed`].
+pub const FAIL_CLOSED_CAUSES: [&str; 5] = ["corrupt", "missing", "digest", "module", "boot"];
+
+impl Default for LogMetrics {
+    fn default() -> Self {
+        let fail_closed = Family::<[(&'static str, &'static str); 1], Counter>::default();
+        // Present from the start, at 0, so that a dashboard sees every cause.
+        for cause in FAIL_CLOSED_CAUSES {
+            drop(fail_closed.get_or_create(&[("cause", cause)]));
+        }
+        Self {
+            position: Gauge::default(),
+            bytes: Gauge::default(),
+            segments: Gauge::default(),
+            records: Counter::default(),
+            fsyncs: Counter::default(),
+            // 50 µs … ~1.6 s.
+            fsync_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            replayed: Counter::default(),
+            repaired_bytes: Counter::default(),
+            fail_closed,
+        }
+    }
+}
+
+impl LogMetrics {
+    /// Counts a break of continuity.
+    pub fn failed_closed(&self, cause: &'static str) {
+        self.fail_closed.get_or_create(&[("cause", cause)]).inc();
+    }
+
+    fn observer(&self) -> Observer {
+        let metrics = self.clone();
+        Box::new(move |group: GroupWritten| {
+            metrics.records.inc_by(group.records);
+            metrics
+                .bytes
+                .inc_by(i64::try_from(group.bytes).unwrap_or(i64::MAX));
+            metrics
+                .position
+                .set(i64::try_from(group.next - 1).unwrap_or(i64::MAX));
+            if group.new_segment {
+                metrics.segments.inc();
+            }
+            if let Some(sync) = group.sync {
+                metrics.fsyncs.inc();
+                metrics.fsync_seconds.observe(sync.as_secs_f64());
+            }
+        })
+    }
+}
+
+/// The log as the runtimes use it.
+#[derive(Debug)]
+pub struct Log {
+    /// Set once start-up has replayed and repaired the log; `None` forever with the log off.
+    writer: OnceLock<LogWriter>,
+    /// The log's directory, once the writer runs.
+    dir: OnceLock<LogDir>,
+    enabled: bool,
+    durability: Durability,
+    /// The last position committed to the journal.
+    committed: watch::Sender<u64>,
+    metrics: LogMetrics,
+}
+
+impl Log {
+    /// A log whose records up to `committed` are already applied (a snapshot's position). Its
+    /// writer comes with [`Log::start_writer`]; until then, and forever when `enabled` is
+    /// false, nothing is appended.
+    pub fn new(enabled: bool, durability: Durability, committed: u64) -> Self {
+        Self {
+            writer: OnceLock::new(),
+            dir: OnceLock::new(),
+            enabled,
+            durability,
+            committed: watch::Sender::new(committed),
+            metrics: LogMetrics::default(),
+        }
+    }
+
+    /// Whether batches are logged.
+    pub fn is_enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// How durable an acknowledged batch is.
+    pub fn durability(&self) -> Option<DurabilityName> {
+        self.enabled.then_some(self.durability.into())
+    }
+
+    /// Its metrics.
+    pub fn metrics(&self) -> &LogMetrics {
+        &self.metrics
+    }
+
+    /// Starts writing at position `next` of `dir`, segments of `segment_bytes`.
+    ///
+    /// # Errors
+    /// The newest segment cannot be opened or a new one created.
+    pub fn start_writer(
+        &self,
+        dir: &LogDir,
+        next: u64,
+        segment_bytes: u64,
+    ) -> Result<(), LogError> {
+        let options = WriterOptions {
+            durability: self.durability,
+            segment_bytes,
+        };
+        let writer = LogWriter::start(dir, next, options, self.metrics.observer())?;
+        self.metrics
+            .position
+            .set(i64::try_from(next.saturating_sub(1)).unwrap_or(i64::MAX));
+        // Called once, at start-up.
+        let _ = self.writer.set(writer);
+        let _ = self.dir.set(LogDir::open_existing(dir.path())?);
+        Ok(())
+    }
+
+    /// Deletes the segments whose records are all at or before `position` (no snapshot kept
+    /// needs them any more). Returns how many went.
+    ///
+    /// # Errors
+    /// Listing or deleting fails.
+    pub fn delete_before(&self, position: u64) -> Result<usize, LogError> {
+        let Some(dir) = self.dir.get() else {
+            return Ok(0);
+        };
+        let deleted = dir.delete_before(position)?;
+        if deleted > 0 {
+            let (segments, bytes) = dir.usage()?;
+            self.metrics
+                .segments
+                .set(i64::try_from(segments).unwrap_or(i64::MAX));
+            self.metrics
+                .bytes
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+        Ok(deleted)
+    }
+
+    /// Appends `records` at consecutive positions and waits until they are durable. Returns the
+    /// position of the first, or `None` with the log off.
+    ///
+    /// # Errors
+    /// The log failed (it is poisoned from then on) or is not started.
+    pub async fn append(&self, records: Vec<Vec<u8>>) -> Result<Option<u64>, LogError> {
+        if !self.enabled {
+            return Ok(None);
+        }
+        let Some(writer) = self.writer.get() else {
+            return Err(LogError::Stopped);
+        };
+        let (done, durable) = oneshot::channel();
+        writer.append_all(
+            records,
+            Box::new(move |result| {
+                let _ = done.send(result);
+            }),
+        );
+        durable.await.map_err(|_| LogError::Stopped)?.map(Some)
+    }
+
+    /// Waits until every position before `first` has committed, and returns the turn of the
+    /// `count` records from `first`: they are committed when it is dropped. `None` (the log is
+    /// off) is always its turn.
+    pub async fn turn(&self, first: Option<u64>, count: u64) -> Turn<'_> {
+        let Some(first) = first else {
+            return Turn {
+                log: self,
+                last: None,
+            };
+        };
+        let mut committed = self.committed.subscribe();
+        // The sender lives as long as `self`.
+        let _ = committed.wait_for(|c| *c + 1 >= first).await;
+        Turn {
+            log: self,
+            last: Some(first + count.saturating_sub(1)),
+        }
+    }
+
+    /// Marks `position` as applied without a commit (start-up, before the runtimes run).
+    pub fn skip_to(&self, position: u64) {
+        self.committed.send_modify(|c| *c = (*c).max(position));
+    }
+
+    /// The last position committed: what a snapshot taken now reflects.
+    pub fn committed(&self) -> u64 {
+        *self.committed.borrow()
+    }
+}
+
+impl Default for Log {
+    /// The log off.
+    fn default() -> Self {
+        Self::new(false, Durability::Fsync, 0)
+    }
+}
+
+/// Now, on the wall clock, in Unix milliseconds: the time a batch is accepted at.
+pub fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
+}
+
+/// A group's turn to commit; see [`Log::turn`].
+#[derive(Debug)]
+pub struct Turn<'a> {
+    log: &'a Log,
+    last: Option<u64>,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if let Some(last) = self.last {
+            self.log.skip_to(last);
+        }
+    }
+}

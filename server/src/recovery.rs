@@ -1,0 +1,388 @@
+//! Start-up: the newest valid snapshot, then every log record after its position, replayed
+//! through the same guests — or, where continuity cannot be proven, a fresh epoch.
+//!
+//! 1. [`begin`]: load the newest valid snapshot (an I/O error stops the start; only invalid files
+//!    are passed over), scan the log (an I/O error stops the start too), cut a torn tail off
+//!    the newest segment, and restore the snapshot keeping its epoch. With the log off, the
+//!    snapshot-only rules of [`restore_at_start`] apply instead.
+//! 2. The server starts its runtimes from the snapshot's guest states.
+//! 3. [`replay`]: every intact record after the snapshot's position, in order, each checked
+//!    against its digest; then the writer starts after the last record.
+//!
+//! Anything that breaks continuity — a record missing or damaged before the tail, a segment
+//! missing, a replay that produces something else, a record of another module or guest config,
+//! a machine restart under `fsync = "os"` — **fails closed**: the replay stops at the last
+//! proven record, the journal takes a fresh epoch (views keep the state rebuilt so far, every
+//! client gets a `reset`), every segment is set aside as `….vtlog.damaged` (kept, never
+//! deleted), the log starts over after the highest position ever used, a metric counts the cause
+//! and one log line says all of it. The caller then writes a snapshot at once, so that the next
+//! start begins from the new history.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use viewtape_snapshots::log::{Durability, LogDir, LogError, LogScan};
+use viewtape_snapshots::{SnapshotDir, SnapshotError};
+
+use crate::config::{FsyncMode, LogSection};
+use crate::hub::Hub;
+use crate::log::{BatchEntry, Log, LogMetrics};
+use crate::registry::Runtimes;
+use crate::snapshot::{restore_at_start, RuntimeDump, SnapshotBody};
+
+/// Where the boot id of a life that wrote with `fsync = "os"` is kept.
+const UNSYNCED_BOOT: &str = "unsynced-boot-id";
+
+/// Why start-up failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecoveryError {
+    /// The snapshot directory could not be read.
+    #[error(transparent)]
+    Snapshots(#[from] SnapshotError),
+    /// The log could not be read, repaired or started.
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// A blocking file task failed.
+    #[error("log file task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// What [`begin`] restored, for the runtimes to start from and [`replay`] to finish.
+#[derive(Debug)]
+pub struct Begun {
+    /// The runtimes' states from the snapshot, by name.
+    pub dumps: BTreeMap<String, RuntimeDump>,
+    /// The log, positioned at the snapshot.
+    pub log: Arc<Log>,
+    plan: Option<Plan>,
+}
+
+/// The log's part of a start.
+#[derive(Debug)]
+struct Plan {
+    dir: LogDir,
+    scan: LogScan,
+    segment_bytes: u64,
+    /// The snapshot's position: replay starts after it.
+    from: u64,
+    /// A break found before replaying anything: `(cause, what)`.
+    broken_before: Option<(&'static str, String)>,
+    /// The snapshot holds no log position (taken with the log off).
+    unpositioned: bool,
+    /// No snapshot was found: nothing holds the epoch of what the log may hold.
+    no_snapshot: bool,
+}
+
+/// Loads the newest valid snapshot into `hub` and prepares the log; see the module docs.
+///
+/// # Errors
+/// The snapshot directory or the log cannot be read, or a torn tail cannot be cut.
+pub async fn begin(
+    hub: &Hub,
+    snapshots: &SnapshotDir,
+    log_dir: &Path,
+    settings: &LogSection,
+) -> Result<Begun, RecoveryError> {
+    let durability = match settings.fsync {
+        FsyncMode::Always => Durability::Fsync,
+        FsyncMode::Os => Durability::Os,
+    };
+    if !settings.enabled {
+        let dumps = restore_at_start(hub, snapshots).await?;
+        return Ok(Begun {
+            dumps,
+            log: Arc::new(Log::new(false, durability, 0)),
+            plan: None,
+        });
+    }
+    let newest = snapshots.load_newest_valid::<SnapshotBody>()?;
+    for skipped in &newest.skipped {
+        tracing::warn!(file = %skipped.path.display(), error = %skipped.error, "snapshot skipped; falling back to an older one");
+    }
+    let (body, file, exact) = match newest.loaded {
+        Some(loaded) => (
+            Some(loaded.body),
+            Some(loaded.info.path().to_owned()),
+            loaded.info.is_exact(),
+        ),
+        None => (None, None, false),
+    };
+    let from = body.as_ref().and_then(|b| b.log_position);
+    let log = Arc::new(Log::new(true, durability, from.unwrap_or(0)));
+    let dir = LogDir::create(log_dir)?;
+    let (scan, boot_changed) = {
+        let dir = LogDir::open_existing(log_dir)?;
+        let os = durability == Durability::Os;
+        let metrics = log.metrics().clone();
+        tokio::task::spawn_blocking(move || prepare(&dir, os, &metrics)).await??
+    };
+    // A snapshot taken with the log off: an empty log may start from it (a snapshot follows at
+    // once); a log with records cannot be related to it.
+    let unpositioned = body.is_some() && from.is_none();
+    let mut broken_before = None;
+    if unpositioned && !scan.segments.iter().all(|s| s.records == 0) {
+        broken_before = Some((
+            "missing",
+            "the snapshot was taken with the log off, so the log's records cannot follow it"
+                .to_owned(),
+        ));
+    }
+    let from = from.unwrap_or(0);
+    if boot_changed {
+        broken_before.get_or_insert((
+            "boot",
+            "the machine restarted since the log was written with fsync = \"os\"; its unsynced tail may be gone".to_owned(),
+        ));
+    }
+    if scan.next() < from + 1 {
+        broken_before.get_or_insert((
+            "missing",
+            format!(
+                "the snapshot is at log position {from}, but the log ends at {}",
+                scan.next() - 1
+            ),
+        ));
+    }
+    let mut dumps = BTreeMap::new();
+    if let Some(body) = body {
+        // The epoch is kept unless continuity is already broken (the replay may still break
+        // it); a snapshot taken with the log off keeps it only if it was exact.
+        let keep = broken_before.is_none() && (!unpositioned || exact);
+        hub.restore(body.journal, keep, body.views).await;
+        tracing::info!(
+            file = %file.as_deref().unwrap_or(Path::new("")).display(),
+            log_position = from,
+            epoch = %hub.journal().epoch().await,
+            "restored snapshot"
+        );
+        dumps = body
+            .runtimes
+            .into_iter()
+            .map(|r| (r.name.clone(), r))
+            .collect();
+    }
+    Ok(Begun {
+        dumps,
+        log,
+        plan: Some(Plan {
+            dir,
+            scan,
+            segment_bytes: settings.segment_bytes as u64,
+            from,
+            broken_before,
+            unpositioned,
+            no_snapshot: file.is_none(),
+        }),
+    })
+}
+
+/// Scans the log and cuts a torn tail; syncs what an earlier life left unsynced and notes (or
+/// clears) this life's boot id. Returns the scan and whether a `fsync = "os"` life ran on another
+/// boot of the machine.
+fn prepare(dir: &LogDir, os: bool, metrics: &LogMetrics) -> Result<(LogScan, bool), LogError> {
+    let mut scan = dir.scan()?;
+    if scan.corruption().is_none() {
+        let cut = dir.repair(&scan)?;
+        if cut > 0 {
+            metrics.repaired_bytes.inc_by(cut);
+            tracing::warn!(
+                bytes = cut,
+                "cut a torn tail off the newest log segment (never acknowledged)"
+            );
+            scan = dir.scan()?;
+        }
+    }
+    let marker = dir.path().join(UNSYNCED_BOOT);
+    let boot = boot_id();
+    let boot_changed = match std::fs::read_to_string(&marker) {
+        Ok(noted) => noted.trim() != boot,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => false,
+        Err(error) => {
+            return Err(LogError::Io {
+                action: "read",
+                path: marker,
+                source: error,
+            })
+        }
+    };
+    dir.sync_all()?;
+    let io = |action: &'static str, path: &Path| {
+        let path = path.to_owned();
+        move |source| LogError::Io {
+            action,
+            path,
+            source,
+        }
+    };
+    if os {
+        std::fs::write(&marker, &boot).map_err(io("write", &marker))?;
+    } else if marker.exists() {
+        std::fs::remove_file(&marker).map_err(io("remove", &marker))?;
+    }
+    Ok((scan, boot_changed))
+}
+
+/// This boot of the machine (Linux); elsewhere a constant, so the rule never fires.
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|id| id.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
+/// How [`replay`] ended.
+#[derive(Debug, Default)]
+pub struct Replayed {
+    /// Records replayed.
+    pub records: u64,
+    /// Set when continuity broke: the cause (the metric's label) and where the files went.
+    pub failed_closed: Option<(&'static str, Vec<PathBuf>)>,
+    /// The next start needs a snapshot at the log's new beginning: write one now.
+    pub needs_snapshot: bool,
+}
+
+/// Replays the log after the snapshot through `runtimes` and starts the writer; see the module
+/// docs.
+///
+/// # Errors
+/// The log cannot be read (an I/O error, not damage), set aside, or started.
+pub async fn replay(
+    begun: &mut Begun,
+    hub: &Hub,
+    runtimes: &Runtimes,
+) -> Result<Replayed, RecoveryError> {
+    let Some(plan) = begun.plan.take() else {
+        return Ok(Replayed::default());
+    };
+    let log = Arc::clone(&begun.log);
+    let mut replayed = Replayed::default();
+    let mut broken = plan.broken_before.clone();
+    if broken.as_ref().is_none_or(|(cause, _)| *cause == "boot") {
+        broken = replay_records(&plan, runtimes, &mut replayed.records)
+            .await?
+            .or(broken);
+    }
+    if broken.is_none() && plan.no_snapshot && replayed.records > 0 {
+        broken = Some((
+            "missing",
+            "no snapshot holds the epoch of the logged history".to_owned(),
+        ));
+    }
+    if broken.is_none() {
+        if let Some((path, reason)) = plan.scan.corruption() {
+            let cause = if reason.contains("missing") {
+                "missing"
+            } else {
+                "corrupt"
+            };
+            broken = Some((cause, format!("{}: {reason}", path.display())));
+        }
+    }
+    let mut next = plan.scan.next().max(plan.from + 1);
+    if let Some((cause, what)) = broken {
+        let kept = plan.dir.set_aside_all()?;
+        hub.journal()
+            .hydrate(hub.journal().dump().await, false)
+            .await;
+        hub.wake_all();
+        // Positions are never reused, not even those of set-aside records.
+        next = next.max(log.committed() + 1);
+        log.metrics().failed_closed(cause);
+        tracing::error!(
+            cause,
+            problem = %what,
+            proven_through = log.committed(),
+            kept = ?kept,
+            epoch = %hub.journal().epoch().await,
+            "log continuity is broken: taking a fresh epoch from here (clients get a reset); the log starts over, its files are kept"
+        );
+        replayed.failed_closed = Some((cause, kept));
+    } else if replayed.records > 0 {
+        tracing::info!(
+            records = replayed.records,
+            through = next - 1,
+            "log replayed"
+        );
+    }
+    // The epoch lives in snapshots: the first life writes one before it issues an offset.
+    replayed.needs_snapshot =
+        replayed.failed_closed.is_some() || plan.unpositioned || plan.no_snapshot;
+    log.skip_to(next - 1);
+    log.start_writer(&plan.dir, next, plan.segment_bytes)?;
+    let (segments, bytes) = plan.dir.usage()?;
+    log.metrics()
+        .segments
+        .set(i64::try_from(segments).unwrap_or(i64::MAX));
+    log.metrics()
+        .bytes
+        .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    Ok(replayed)
+}
+
+/// Replays every intact record after `plan.from`. Returns the break that stopped it, if any.
+async fn replay_records(
+    plan: &Plan,
+    runtimes: &Runtimes,
+    count: &mut u64,
+) -> Result<Option<(&'static str, String)>, RecoveryError> {
+    // Records are read on a blocking thread and handed over one at a time.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Vec<u8>)>(64);
+    let dir = LogDir::open_existing(plan.dir.path())?;
+    let from = plan.from;
+    let reader = tokio::task::spawn_blocking(move || {
+        dir.read_after(from, |record| {
+            tx.blocking_send((record.position, record.payload))
+                .map_err(|_| LogError::Stopped)
+        })
+    });
+    let mut expected = plan.from + 1;
+    let mut broken = None;
+    while let Some((position, payload)) = rx.recv().await {
+        if position != expected {
+            broken = Some((
+                "missing",
+                format!(
+                    "log position {position} follows {} (records are missing)",
+                    expected - 1
+                ),
+            ));
+            break;
+        }
+        let entry = match BatchEntry::decode(&payload) {
+            Ok(entry) => entry,
+            Err(error) => {
+                broken = Some((
+                    "corrupt",
+                    format!("log position {position} does not decode: {error}"),
+                ));
+                break;
+            }
+        };
+        let Some(runtime) = runtimes.get(&entry.runtime) else {
+            broken = Some((
+                "module",
+                format!(
+                    "log position {position} belongs to runtime {:?}, which is not configured",
+                    entry.runtime
+                ),
+            ));
+            break;
+        };
+        if let Err(error) = runtime.handle.replay(entry, position).await {
+            let cause = match error {
+                crate::runtime::ReplayError::ModuleChanged { .. } => "module",
+                _ => "digest",
+            };
+            broken = Some((cause, format!("log position {position}: {error}")));
+            break;
+        }
+        *count += 1;
+        expected += 1;
+    }
+    drop(rx);
+    match reader.await? {
+        Ok(()) | Err(LogError::Stopped) => Ok(broken),
+        Err(error) => Err(error.into()),
+    }
+}
