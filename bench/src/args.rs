@@ -1,9 +1,13 @@
-//! A tiny `--flag value` parser (the tool has a handful of numeric options).
+//! A tiny `--flag value` parser (the tool has a handful of numeric options), plus a few
+//! switches ([`SWITCHES`]) that take no value.
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use anyhow::{anyhow, bail, Context as _};
+
+/// Flags that take no value (`--pin` means `--pin=true`); `--pin=false` turns one off.
+pub const SWITCHES: [&str; 2] = ["compare", "pin"];
 
 /// Parsed `--name value` / `--name=value` pairs; repeated names keep every value.
 #[derive(Debug, Default)]
@@ -26,6 +30,7 @@ impl Args {
             };
             let (name, value) = match flag.split_once('=') {
                 Some((name, value)) => (name.to_owned(), value.to_owned()),
+                None if SWITCHES.contains(&flag) => (flag.to_owned(), "true".to_owned()),
                 None => {
                     let value = iter
                         .next()
@@ -58,6 +63,18 @@ impl Args {
             bail!("--{name} {value} is outside {min}..={max}");
         }
         Ok(value)
+    }
+
+    /// Whether switch `--name` is on (absent: off).
+    ///
+    /// # Errors
+    /// When its value is neither `true` nor `false`.
+    pub fn switch(&self, name: &str) -> anyhow::Result<bool> {
+        match self.get(name) {
+            None | Some("false") => Ok(false),
+            Some("true") => Ok(true),
+            Some(other) => bail!("--{name}={other:?}: expected true or false"),
+        }
     }
 
     /// The last value of `--name`.
@@ -113,5 +130,11 @@ mod tests {
         assert!(b.finish().is_err());
         assert!(Args::parse(&["pos".to_owned()]).is_err());
         assert!(Args::parse(&["--rate".to_owned()]).is_err());
+        let c = args("--compare --seconds 5 --pin=false");
+        assert!(c.switch("compare").unwrap());
+        assert!(!c.switch("pin").unwrap());
+        assert_eq!(c.num("seconds", 1u64, 1, 10).unwrap(), 5);
+        assert!(!c.switch("nothing").unwrap());
+        assert!(args("--pin=maybe").switch("pin").is_err());
     }
 }

@@ -5,6 +5,9 @@
 //! viewtape-bench replay --events 100000 [--runs 7]
 //! viewtape-bench idle   --connections 10000 [--hold-seconds 3]
 //! viewtape-bench stalled --subscribers 30 [--keys 2000 --size 20000 --hold-seconds 1]
+//! viewtape-bench durable [--compare | --peer jetstream] [--workload acks|bulk|latency]
+//!                        [--seconds 10 --runs 3 --rate 1000] [--nats-server PATH] [--pin]
+//!                        (acknowledged durable ingest beside NATS JetStream: bench/src/durable.rs)
 //! common: --addr 127.0.0.1:PORT [--pid PID]   (a running server; PID for RSS/CPU)
 //!         or nothing: spawns target/<profile>/viewtape serve --demo-rate 0 [--server-arg …]
 //!         or --peer nchan --peer-url http://127.0.0.1:PORT [--pid WORKER_PID]
@@ -21,11 +24,18 @@
 //! Against nchan the same ticks are published as one `POST /pub/prices` each (body = the tick
 //! JSON; nchan assigns `<time>:<tag>` ids), subscribers follow the eventsource `/sub/prices`
 //! and resume with `Last-Event-ID` set to the id nchan reported for the warm-up publish.
+//!
+//! `durable` measures acknowledged (fsynced) ingest: viewtape's `POST /runtimes/<runtime>/ingest`
+//! against a real `nats-server` with JetStream (`sync_interval: always`), alternately in one
+//! invocation with `--compare`; `--pin` runs the server under `taskset -c 0` and the bench on
+//! CPU 1. See [`durable`].
 
 mod args;
+mod durable;
 mod fanout;
 mod histogram;
 mod idle;
+mod jetstream;
 mod publish;
 mod replay;
 mod stalled;
@@ -36,7 +46,7 @@ use anyhow::{bail, Context as _};
 use crate::args::Args;
 use crate::target::Target;
 
-const USAGE: &str = "usage: viewtape-bench <fanout|replay|idle|stalled> [options]; see the module docs in bench/src/main.rs";
+const USAGE: &str = "usage: viewtape-bench <fanout|replay|idle|stalled|durable> [options]; see the module docs in bench/src/main.rs";
 
 fn main() -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -48,7 +58,12 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let args = Args::parse(rest)?;
-    let threads = args.num("threads", 2usize, 1, 64)?;
+    // `durable --pin` pins this process to one CPU before any thread exists; kept to the end.
+    let pinned = match command.as_str() {
+        "durable" => durable::pin_before_runtime(&args)?,
+        _ => None,
+    };
+    let threads = args.num("threads", if pinned.is_some() { 1 } else { 2 }, 1, 64)?;
     let nofile = target::raise_nofile()?;
     eprintln!("RLIMIT_NOFILE soft limit: {nofile}");
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -56,7 +71,12 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("tokio runtime")?;
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
+        if command == "durable" {
+            let options = durable::Options::from_args(&args)?;
+            args.finish()?;
+            return durable::run(&options).await;
+        }
         let target_and_run = async {
             let target = Target::from_args(&args).await?;
             let result = match command.as_str() {
@@ -90,5 +110,7 @@ fn main() -> anyhow::Result<()> {
             result
         };
         target_and_run.await
-    })
+    });
+    drop(pinned);
+    result
 }

@@ -3,7 +3,8 @@
 //   node clients/browser/test.mjs <base-url> <screenshot.png>
 //
 // Run by tests/tests/clients.rs, which serves <base-url> on a pinned port and restarts the
-// server when this script prints `@@ctl graceful-restart` / `@@ctl kill9-restart`.
+// server when this script prints `@@ctl graceful-restart`, `@@ctl kill9-restart` or
+// `@@ctl kill9-lose-log-restart`.
 //
 // An init script wraps the page's `EventSource` so every event it receives (update, delete,
 // reset, state, synced, open, error) is recorded in `window.__events`; the page's own handlers
@@ -11,9 +12,10 @@
 //  1. live updates reach the page;
 //  2. after a graceful stop and restart, the browser's own reconnection (Last-Event-ID) resumes
 //     with no reset, no duplicate and no loss: update ids contiguous in one epoch, seq in order;
-//  3. after kill -9 and restart, the page gets exactly one reset (JSON reason/epoch/first/next),
-//     then the state and `synced` in a new epoch, follows live again, and its table ends with
-//     exactly the rows `GET /views/prices` has.
+//  3. after kill -9 and restart, the same: the log carries every acknowledged batch and the epoch;
+//  4. after kill -9 with the log lost, the page gets exactly one reset (JSON
+//     reason/epoch/first/next), then the state and `synced` in a new epoch, follows live again,
+//     and its table ends with exactly the rows `GET /views/prices` has.
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -109,9 +111,28 @@ async function run(context) {
   await page.screenshot({ path: screenshot });
   log(`screenshot: ${screenshot}`);
 
-  // 3. kill -9 and restart: the old cursor cannot be vouched for; the page gets one reset.
-  const before = log0.length;
+  // 3. kill -9 and restart: the log replays every acknowledged batch under the same epoch; the
+  //    browser resumes with no reset.
+  const opensBeforeKill = await count('open');
   await control('kill9-restart');
+  await ingest(base, 'demo', feed.batch(5));
+  await waitFor(n => window.__events.filter(e => e.type === 'open').length > n, opensBeforeKill, 'the reconnection after kill -9');
+  await waitUpdates(30);
+  await new Promise(r => setTimeout(r, 500));
+  log0 = await events();
+  check(!log0.some(e => e.type === 'reset'), () => `no reset after kill -9: ${JSON.stringify(log0)}`);
+  const afterKill = log0.filter(e => e.type === 'update');
+  check(afterKill.length === 30, () => `exactly 30 updates after kill -9 (no duplicate): ${afterKill.length}`);
+  afterKill.forEach((u, i) => {
+    const c = parseCursor(u.id);
+    check(c.epoch === synced.epoch && c.offset === synced.offset + 1 + i,
+      () => `update ${i}: id ${u.id}, want ${synced.epoch}-${synced.offset + 1 + i}`);
+  });
+  log(`kill -9: resumed, 30 updates contiguous to ${afterKill.at(-1).id}, no reset`);
+
+  // 4. kill -9 with the log lost: the old cursor cannot be vouched for; the page gets one reset.
+  const before = log0.length;
+  await control('kill9-lose-log-restart');
   await waitFor(n => window.__events.slice(n).some(e => e.type === 'synced'), before, 'synced after the reset');
   let after = (await events()).slice(before);
   const resets = after.filter(e => e.type === 'reset');
@@ -121,7 +142,7 @@ async function run(context) {
   check(/^[0-9a-f]{16}$/.test(reset.epoch) && Number.isInteger(reset.first) && Number.isInteger(reset.next),
     `reset carries epoch/first/next: ${resets[0].data}`);
   const resynced = parseCursor(after.find(e => e.type === 'synced').id);
-  check(resynced.epoch !== synced.epoch, 'a fresh epoch after kill -9');
+  check(resynced.epoch !== synced.epoch, 'a fresh epoch after the log was lost');
   check(resynced.epoch === reset.epoch, `synced in the reset's epoch: ${JSON.stringify(resynced)} vs ${resets[0].data}`);
   await compareRows(page, 'after the reset');
 
@@ -142,7 +163,7 @@ async function run(context) {
   });
   const rows = await compareRows(page, 'at the end');
   check(await page.textContent('#resets') === '1', 'the page counts one reset');
-  log(`kill -9: one reset (${reset.reason}), synced ${resynced.epoch}-${resynced.offset}, ${rows} rows match GET /views/prices`);
+  log(`log lost: one reset (${reset.reason}), synced ${resynced.epoch}-${resynced.offset}, ${rows} rows match GET /views/prices`);
 }
 
 /** The page's table equals `GET /views/prices` (symbol, price to 2 places, seq). */

@@ -35,6 +35,10 @@ pub fn inspect_file(path: &Path, out: &mut impl Write) -> std::io::Result<bool> 
                 Some(epoch) => writeln!(out, "epoch:    {epoch}")?,
                 None => writeln!(out, "epoch:    none (journal disabled)")?,
             }
+            match body.log_position {
+                Some(position) => writeln!(out, "log:      through position {position}")?,
+                None => writeln!(out, "log:      none (taken with the log off)")?,
+            }
             writeln!(out, "views:")?;
             for view in &body.journal.views {
                 let bytes: usize = view.records.iter().map(|r| r.frame.len()).sum();

@@ -5,7 +5,7 @@
 //! Each test starts the server with the harness, then runs the client's script as a child with
 //! the server's base URL. The script ingests, subscribes and asserts on its own; when it needs
 //! the server restarted it prints a control line (`@@ctl graceful-restart`,
-//! `@@ctl kill9-restart`) and waits for `ok` (or `err …`) on its stdin. The tests that restart
+//! `@@ctl kill9-restart`, `@@ctl kill9-lose-log-restart`) and waits for `ok` (or `err …`) on its stdin. The tests that restart
 //! pin the port (`--listen 127.0.0.1:PORT`) so the clients' own reconnection reaches the new
 //! process. Everything the child prints is forwarded into the test's output.
 //!
@@ -118,6 +118,12 @@ async fn control(server: &mut Server, command: &str) -> anyhow::Result<()> {
             server.kill9().await?;
             server.restart().await
         }
+        "kill9-lose-log-restart" => {
+            server.kill9().await?;
+            let log = server.data_dir().join("log");
+            std::fs::remove_dir_all(&log).with_context(|| format!("remove {}", log.display()))?;
+            server.restart().await
+        }
         other => bail!("unknown control command {other:?}"),
     }
 }
@@ -227,8 +233,8 @@ async fn run_client(
 }
 
 /// Chromium on the demo page: live events through `EventSource`; a graceful restart resumes
-/// with no duplicate, no loss and no reset; a kill -9 restart shows exactly one reset and the
-/// page ends with the rows `GET /views/prices` has. Takes a screenshot of the page
+/// with no duplicate, no loss and no reset, and so does a kill -9 restart; a kill -9 that loses
+/// the log shows exactly one reset and the page ends with the rows `GET /views/prices` has. Takes a screenshot of the page
 /// (`$VIEWTAPE_DEMO_SCREENSHOT`, else a temporary file; `docs/demo.png` was made this way).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn browser_demo_page_resumes_and_handles_a_reset() -> anyhow::Result<()> {

@@ -1,6 +1,7 @@
 //! Shutdown and restart: a graceful stop closes streams, exits 0 and writes an exact
-//! snapshot, so cursors resume after the restart with no reset; a kill -9 cannot vouch for
-//! its offsets, so the same resume gets a reset.
+//! snapshot, so cursors resume after the restart with no reset. (A kill -9 keeps them too, by
+//! the log: `durability.rs`.) With the log off, a kill -9 cannot vouch for its offsets, so the
+//! same resume gets a reset.
 
 use std::time::Duration;
 
@@ -71,9 +72,17 @@ async fn graceful_stop_exits_zero_and_cursors_survive_the_restart() -> anyhow::R
     Ok(())
 }
 
+/// With `[log] enabled = false` nothing vouches for the offsets a crashed server issued: the
+/// same resume that survives a kill -9 with the log gets a reset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_nine_then_restart_resets_old_cursors() -> anyhow::Result<()> {
-    let mut server = Server::start(&[]).await?;
+async fn kill_nine_with_the_log_off_resets_old_cursors() -> anyhow::Result<()> {
+    let config = tempfile::NamedTempFile::new()?;
+    std::fs::write(
+        config.path(),
+        "[log]\nenabled = false\n\n[[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
+    )?;
+    let path = config.path().display().to_string();
+    let mut server = Server::start(&["--config", &path]).await?;
     let mut feed = Feed::new(&["ACME", "BOLT"]);
     server.ingest_ok(&feed.batch(5)).await?;
     let tape = expect::tape(&server, "prices", 5).await?;
@@ -88,6 +97,15 @@ async fn kill_nine_then_restart_resets_old_cursors() -> anyhow::Result<()> {
     ensure!(
         synced.epoch() != last.epoch(),
         "a fresh epoch after a crash"
+    );
+    let receipt = server.ingest_ok(&feed.batch(1)).await?;
+    ensure!(
+        receipt["position"].is_null() && receipt["durability"].is_null(),
+        "no log, no position: {receipt}"
+    );
+    ensure!(
+        !server.data_dir().join("log").exists(),
+        "no log directory with the log off"
     );
     Ok(())
 }

@@ -1,0 +1,1188 @@
+//! The log (DESIGN §8): what a `200` promises.
+//!
+//! - A `kill -9` loses nothing acknowledged and keeps the epoch: restart replays the log, so
+//!   cursors resume with no `reset` and the same offsets (also over rounds of crashes with
+//!   concurrent producers, periodic snapshots and small segments).
+//! - A torn tail is cut at start, the epoch kept; anything else that breaks continuity (a bad
+//!   record before the tail, a missing segment, a guest module swapped behind the server's
+//!   back) fails closed: the server starts and serves with a fresh epoch, says so in its log
+//!   output and in `viewtape_log_fail_closed_total{cause}`, and keeps the files.
+//! - `viewtape log inspect DIR` exits 0 on a clean log and non-zero on corruption.
+//! - Idempotent producers (`Producer-Id`, `Producer-Epoch`, `Producer-Seq`): duplicates,
+//!   `409` with the expected seq, `403` for a fenced epoch, and the producer table rebuilt by
+//!   replay after a crash.
+//!
+//! A graceful stop and restart keeping the epoch is covered in `restart.rs` and `snapshots.rs`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context as _};
+use viewtape_journal::Cursor;
+use viewtape_tests::server::{binary, guest_wasm};
+use viewtape_tests::{expect, feed::event_seq, http, EventStream, Feed, Response, Server};
+
+/// The size of a segment header; records follow it.
+const SEGMENT_HEADER: usize = 24;
+/// The size of a record header (length, CRC, position); the payload follows it.
+const RECORD_HEADER: usize = 16;
+
+// ---- helpers -----------------------------------------------------------------------------
+
+/// A config file for `--config`; keep it alive as long as the server may restart.
+fn config_file(text: &str) -> anyhow::Result<tempfile::NamedTempFile> {
+    let file = tempfile::Builder::new()
+        .prefix("viewtape-durability-")
+        .suffix(".toml")
+        .tempfile()?;
+    std::fs::write(file.path(), text)?;
+    Ok(file)
+}
+
+/// Starts with a config file (and `--demo-rate 0`, the harness default).
+async fn start_with(config: &str) -> anyhow::Result<(Server, tempfile::NamedTempFile)> {
+    let file = config_file(config)?;
+    let path = file.path().display().to_string();
+    let server = Server::start(&["--config", &path]).await?;
+    Ok((server, file))
+}
+
+/// The runtime `demo` running `wasm` into `prices`, with no periodic snapshot (so a restart
+/// after `kill -9` rebuilds everything from the log) and optional extra `[log]` lines.
+fn demo_config(wasm: &str, log: &str) -> String {
+    format!(
+        "[server]\nsnapshot_interval = \"0s\"\n\n[log]\n{log}\n\n\
+         [[runtime]]\nname = \"demo\"\nwasm = \"{wasm}\"\nviews = [\"prices\"]\n"
+    )
+}
+
+/// The log directory of a server.
+fn log_dir(server: &Server) -> PathBuf {
+    server.data_dir().join("log")
+}
+
+/// The segment files (`log-<20 digits>.vtlog`) of a log directory, oldest first.
+fn segments(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("read {}", dir.display()))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.strip_prefix("log-")
+                    .and_then(|rest| rest.strip_suffix(".vtlog"))
+                    .is_some_and(|digits| {
+                        digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit())
+                    })
+            })
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// The newest segment and its bytes.
+fn newest_segment(server: &Server) -> anyhow::Result<(PathBuf, Vec<u8>)> {
+    let dir = log_dir(server);
+    let newest = segments(&dir)?
+        .pop()
+        .with_context(|| format!("no segment in {}", dir.display()))?;
+    let bytes = std::fs::read(&newest)?;
+    Ok((newest, bytes))
+}
+
+/// The record frames of a whole segment, as `(start, length)` (header included), walking the
+/// length fields only. Fails unless the records end exactly at the end of the file.
+fn record_frames(bytes: &[u8]) -> anyhow::Result<Vec<(usize, usize)>> {
+    ensure!(
+        bytes.len() >= SEGMENT_HEADER,
+        "segment of {} bytes has no header",
+        bytes.len()
+    );
+    let mut frames = Vec::new();
+    let mut at = SEGMENT_HEADER;
+    while at < bytes.len() {
+        let head = bytes
+            .get(at..at + RECORD_HEADER)
+            .with_context(|| format!("partial record header at byte {at}"))?;
+        let payload = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        let len = RECORD_HEADER + payload;
+        ensure!(
+            at + len <= bytes.len(),
+            "record at byte {at} of {len} bytes runs past the end ({})",
+            bytes.len()
+        );
+        frames.push((at, len));
+        at += len;
+    }
+    Ok(frames)
+}
+
+/// The name of a file, for matching output.
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// A damaged (or fail-closed) file is kept for inspection: either set aside as
+/// `<name>.damaged` with exactly the bytes it had, or still in place, starting with them.
+fn kept(original: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let mut damaged = original.as_os_str().to_owned();
+    damaged.push(".damaged");
+    let damaged = PathBuf::from(damaged);
+    if let Ok(now) = std::fs::read(&damaged) {
+        ensure!(
+            now == bytes,
+            "{} is not the file as it was ({} bytes, was {})",
+            damaged.display(),
+            now.len(),
+            bytes.len()
+        );
+        return Ok(());
+    }
+    let now = std::fs::read(original).with_context(|| {
+        format!(
+            "neither {} nor {} is kept",
+            original.display(),
+            damaged.display()
+        )
+    })?;
+    ensure!(
+        now.starts_with(bytes),
+        "{} was kept in place but changed ({} bytes, was {})",
+        original.display(),
+        now.len(),
+        bytes.len()
+    );
+    Ok(())
+}
+
+/// Runs the binary with `args`; returns its exit code and stdout + stderr.
+async fn cli(args: &[&str]) -> anyhow::Result<(i32, String)> {
+    let bin = binary().await?;
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(bin)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .output(),
+    )
+    .await
+    .context("viewtape CLI timed out")??;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok((out.status.code().unwrap_or(-1), text))
+}
+
+/// `viewtape log inspect DIR`.
+async fn inspect(dir: &Path) -> anyhow::Result<(i32, String)> {
+    cli(&["log", "inspect", &dir.to_string_lossy()]).await
+}
+
+/// Checks a `200` ingest receipt: `events.prices`, no gap, fsync durability; returns the
+/// batch's log position.
+fn receipt(reply: &serde_json::Value, events: u64) -> anyhow::Result<u64> {
+    ensure!(
+        reply["events"]["prices"].as_u64().unwrap_or(0) == events,
+        "expected {events} events: {reply}"
+    );
+    ensure!(
+        reply["gaps"] == serde_json::json!([]),
+        "no gap expected: {reply}"
+    );
+    ensure!(
+        reply["durability"] == "fsync",
+        "the receipt names fsync durability: {reply}"
+    );
+    reply["position"]
+        .as_u64()
+        .with_context(|| format!("the receipt has no numeric position: {reply}"))
+}
+
+/// The view's cursor from `GET /views/{view}`: epoch text and offset (`<epoch>-0` when empty).
+async fn head(server: &Server, view: &str) -> anyhow::Result<(String, u64)> {
+    let state = server.get(&format!("/views/{view}")).await?.json()?;
+    let cursor = state["cursor"]
+        .as_str()
+        .with_context(|| format!("no cursor in {state}"))?;
+    let (epoch, offset) = cursor
+        .split_once('-')
+        .with_context(|| format!("bad cursor {cursor:?}"))?;
+    Ok((epoch.to_owned(), offset.parse().context("cursor offset")?))
+}
+
+/// Whether the server's log output says it took a fresh epoch.
+fn says_fresh_epoch(server: &Server) -> bool {
+    server.logs().to_lowercase().contains("fresh epoch")
+}
+
+/// `viewtape_log_fail_closed_total{cause="…"}`; a series that is not there yet counts 0.
+async fn fail_closed(server: &Server, cause: &str) -> f64 {
+    server
+        .metric(&format!(
+            "viewtape_log_fail_closed_total{{cause=\"{cause}\"}}"
+        ))
+        .await
+        .unwrap_or(0.0)
+}
+
+/// The checks every fail-closed start shares: a clear log line, the metric, and a cursor of
+/// the old epoch refused with a reset, then a fresh epoch. Returns the stream after `synced`
+/// and its cursor.
+async fn failed_closed(
+    server: &Server,
+    cause: &str,
+    old: &Cursor,
+) -> anyhow::Result<(EventStream, Cursor)> {
+    ensure!(
+        says_fresh_epoch(server),
+        "the log output names the fresh epoch:\n{}",
+        server.logs()
+    );
+    let count = fail_closed(server, cause).await;
+    ensure!(
+        count >= 1.0,
+        "viewtape_log_fail_closed_total{{cause=\"{cause}\"}} is {count}"
+    );
+    let mut stream = expect::refused(server, "prices", old).await?;
+    let (_, synced) = stream.until_synced(10_000).await?;
+    let synced = expect::cursor_of(&synced)?;
+    ensure!(
+        synced.epoch() != old.epoch(),
+        "a fresh epoch after failing closed: {synced} vs {old}"
+    );
+    Ok((stream, synced))
+}
+
+/// `POST /runtimes/{runtime}/ingest` as an idempotent producer.
+async fn produce(
+    server: &Server,
+    id: &str,
+    epoch: Option<u64>,
+    seq: u64,
+    body: &str,
+) -> anyhow::Result<Response> {
+    let seq = seq.to_string();
+    let epoch = epoch.map(|e| e.to_string());
+    let mut headers = vec![("Producer-Id", id), ("Producer-Seq", seq.as_str())];
+    if let Some(epoch) = &epoch {
+        headers.push(("Producer-Epoch", epoch.as_str()));
+    }
+    http::request(
+        server.addr(),
+        "POST",
+        "/runtimes/demo/ingest",
+        &headers,
+        body.as_bytes(),
+    )
+    .await
+}
+
+fn is_duplicate(resp: &Response) -> bool {
+    resp.header("producer-duplicate")
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+/// A `200` that ran (not a duplicate); returns the receipt.
+fn ran(resp: &Response, events: u64) -> anyhow::Result<serde_json::Value> {
+    ensure!(
+        resp.status() == 200,
+        "expected 200: {} {}",
+        resp.status(),
+        resp.text()
+    );
+    ensure!(
+        !is_duplicate(resp),
+        "not a duplicate: {:?} {}",
+        resp.head.headers,
+        resp.text()
+    );
+    let reply = resp.json()?;
+    receipt(&reply, events)?;
+    Ok(reply)
+}
+
+/// A `200` duplicate; returns the receipt.
+fn duplicate(resp: &Response) -> anyhow::Result<serde_json::Value> {
+    ensure!(
+        resp.status() == 200,
+        "a duplicate is a 200: {} {}",
+        resp.status(),
+        resp.text()
+    );
+    ensure!(
+        is_duplicate(resp),
+        "Producer-Duplicate: true expected: {:?} {}",
+        resp.head.headers,
+        resp.text()
+    );
+    resp.json()
+}
+
+/// A JSON error `{"error","message"}` with this status.
+fn refused_with(resp: &Response, status: u16) -> anyhow::Result<()> {
+    ensure!(
+        resp.status() == status,
+        "expected {status}: {} {}",
+        resp.status(),
+        resp.text()
+    );
+    let error = resp.json()?;
+    ensure!(
+        error["error"].is_string() && error["message"].is_string(),
+        "a JSON error body: {error}"
+    );
+    Ok(())
+}
+
+/// A `409` naming the seq the server expects.
+fn out_of_order(resp: &Response, expected: u64) -> anyhow::Result<()> {
+    refused_with(resp, 409)?;
+    ensure!(
+        resp.header("producer-expected-seq").map(str::trim) == Some(expected.to_string().as_str()),
+        "Producer-Expected-Seq: {expected} expected: {:?}",
+        resp.head.headers
+    );
+    Ok(())
+}
+
+/// Appends a custom section (id 0) to a wasm module: a valid module with other bytes.
+fn with_custom_section(module: &[u8], name: &str, data: &[u8]) -> Vec<u8> {
+    fn leb128(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let mut payload = Vec::new();
+    leb128(name.len(), &mut payload);
+    payload.extend_from_slice(name.as_bytes());
+    payload.extend_from_slice(data);
+    let mut out = module.to_vec();
+    out.push(0);
+    leb128(payload.len(), &mut out);
+    out.extend_from_slice(&payload);
+    out
+}
+
+// ---- crash and replay ----------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_nine_keeps_the_epoch_and_every_acknowledged_batch() -> anyhow::Result<()> {
+    let mut server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME", "BOLT"]);
+    let mut last_position = 0;
+    for _ in 0..5 {
+        let position = receipt(&server.ingest_ok(&feed.batch(2)).await?, 2)?;
+        ensure!(
+            position > last_position,
+            "positions increase: {position} after {last_position}"
+        );
+        last_position = position;
+    }
+    let tape = expect::tape(&server, "prices", 10).await?;
+    for (i, event) in tape.iter().enumerate() {
+        let n = i as u64 + 1;
+        expect::update(event, n, feed.symbol_of(n), n)?;
+    }
+    let middle = expect::cursor_of(&tape[5])?;
+    let last = expect::cursor_of(&tape[9])?;
+    let before = server.get("/views/prices").await?.json()?;
+
+    server.kill9().await?;
+    // Every acknowledged batch is on disk, in a clean log.
+    let dir = log_dir(&server);
+    let files = segments(&dir)?;
+    ensure!(!files.is_empty(), "no segment in {}", dir.display());
+    let (code, out) = inspect(&dir).await?;
+    ensure!(code == 0, "inspect of a clean log exits 0: {code}\n{out}");
+    ensure!(
+        out.contains(&file_name(&files[0])) && out.contains(&last_position.to_string()),
+        "inspect names the segments and positions (up to {last_position}):\n{out}"
+    );
+
+    server.restart().await?;
+    ensure!(
+        !says_fresh_epoch(&server),
+        "no fresh epoch after a clean crash:\n{}",
+        server.logs()
+    );
+    // The same state at the same cursor.
+    let after = server.get("/views/prices").await?.json()?;
+    ensure!(after == before, "state after replay: {after} vs {before}");
+    // A client that had read up to offset 6 gets exactly 7..=10: no reset, nothing repeated.
+    let mut resumed = server
+        .sse(
+            "/views/prices/events",
+            &[("Last-Event-ID", &middle.to_string())],
+        )
+        .await?;
+    for n in 7..=10 {
+        let cursor = expect::update(&resumed.next_event().await?, n, feed.symbol_of(n), n)?;
+        ensure!(cursor.epoch() == last.epoch(), "same epoch: {cursor}");
+    }
+    resumed.expect_silence(Duration::from_millis(300)).await?;
+    // A client that had read everything waits for new events, which continue the offsets.
+    let mut live = server
+        .sse(
+            "/views/prices/events",
+            &[("Last-Event-ID", &last.to_string())],
+        )
+        .await?;
+    live.expect_silence(Duration::from_millis(200)).await?;
+    // The guest's state was replayed too: seq 11 is the next it accepts.
+    let position = receipt(&server.ingest_ok(&feed.batch(1)).await?, 1)?;
+    ensure!(
+        position > last_position,
+        "positions go on increasing after a restart: {position} after {last_position}"
+    );
+    for stream in [&mut live, &mut resumed] {
+        let cursor = expect::update(&stream.next_event().await?, 11, feed.symbol_of(11), 11)?;
+        ensure!(cursor.epoch() == last.epoch(), "same epoch: {cursor}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_tail_is_cut_at_start_and_the_epoch_kept() -> anyhow::Result<()> {
+    let mut server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME"]);
+    let mut last_position = 0;
+    for _ in 0..4 {
+        last_position = receipt(&server.ingest_ok(&feed.batch(2)).await?, 2)?;
+    }
+    let mut last = expect::cursor_of(&expect::tape(&server, "prices", 8).await?[7])?;
+    let epoch = last.epoch();
+
+    // Two crashes, each leaving a partial record after the last acknowledged one, as a crash
+    // in the middle of a write does: (1) a few bytes that are no record at all; (2) the first
+    // half of a copy of the last record (a well-formed record header, its payload cut short).
+    // Either way no acknowledged byte is touched, so nothing may be lost.
+    for round in 0..2 {
+        server.kill9().await?;
+        let (segment, bytes) = newest_segment(&server)?;
+        let frames = record_frames(&bytes)?;
+        let torn: Vec<u8> = if round == 0 {
+            vec![
+                0xa5, 0x5a, 0x00, 0xff, 0x13, 0x37, 0x00, 0x01, 0x02, 0x03, 0x04,
+            ]
+        } else {
+            let &(at, len) = frames.last().context("no record in the newest segment")?;
+            bytes[at..at + len / 2].to_vec()
+        };
+        let mut damaged = bytes.clone();
+        damaged.extend_from_slice(&torn);
+        std::fs::write(&segment, &damaged)?;
+
+        server.restart().await?;
+        ensure!(
+            !says_fresh_epoch(&server),
+            "a torn tail keeps the epoch (round {round}):\n{}",
+            server.logs()
+        );
+        ensure!(
+            fail_closed(&server, "corrupt").await == 0.0,
+            "a torn tail is not corruption (round {round})"
+        );
+        // Repaired: the acknowledged bytes are as they were, the torn bytes are gone.
+        let now = std::fs::read(&segment)?;
+        ensure!(
+            now.starts_with(&bytes),
+            "the intact records are kept (round {round})"
+        );
+        ensure!(
+            now.get(bytes.len()..bytes.len() + torn.len()) != Some(&torn[..]),
+            "the torn tail was cut (round {round})"
+        );
+        // The cursor of the last acknowledged event resumes: no reset, nothing new yet.
+        let mut resumed = server
+            .sse(
+                "/views/prices/events",
+                &[("Last-Event-ID", &last.to_string())],
+            )
+            .await?;
+        resumed.expect_silence(Duration::from_millis(300)).await?;
+        // New batches continue the offsets, the guest's seq and the log positions.
+        let position = receipt(&server.ingest_ok(&feed.batch(2)).await?, 2)?;
+        ensure!(
+            position > last_position,
+            "position {position} after {last_position} (round {round})"
+        );
+        last_position = position;
+        for _ in 0..2 {
+            let n = last.offset() + 1;
+            last = expect::update(&resumed.next_event().await?, n, "ACME", n)?;
+            ensure!(last.epoch() == epoch, "same epoch (round {round}): {last}");
+        }
+        let (code, out) = inspect(&log_dir(&server)).await?;
+        ensure!(
+            code == 0,
+            "inspect after the repair exits 0 (round {round}): {code}\n{out}"
+        );
+    }
+    // Nothing acknowledged was lost: the whole tape, dense.
+    let tape = expect::tape(&server, "prices", 12).await?;
+    for (i, event) in tape.iter().enumerate() {
+        let n = i as u64 + 1;
+        ensure!(expect::update(event, n, "ACME", n)?.epoch() == epoch);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_last_record_loses_only_that_batch_and_keeps_the_epoch() -> anyhow::Result<()> {
+    // Cutting bytes off the end of the last record removes part of an *acknowledged* record —
+    // what a disk that lied about its flush would do. The server cannot tell that from a torn
+    // write, so it treats it as one: the last batch is gone, everything before it is served
+    // under the same epoch. (Its offsets, 9 and 10 here, are then reissued for new events; a
+    // client that had read them is outside what the log can vouch for, so no cursor past
+    // offset 8 is checked.)
+    let mut server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME", "BOLT"]);
+    for _ in 0..5 {
+        receipt(&server.ingest_ok(&feed.batch(2)).await?, 2)?;
+    }
+    let tape = expect::tape(&server, "prices", 10).await?;
+    let kept_cursor = expect::cursor_of(&tape[7])?;
+
+    server.kill9().await?;
+    let (segment, bytes) = newest_segment(&server)?;
+    let frames = record_frames(&bytes)?;
+    let &(at, len) = frames.last().context("no record")?;
+    ensure!(
+        at + len == bytes.len() && len > RECORD_HEADER + 5,
+        "the last record ends the segment"
+    );
+    std::fs::write(&segment, &bytes[..bytes.len() - 5])?;
+
+    server.restart().await?;
+    ensure!(
+        !says_fresh_epoch(&server),
+        "a cut tail keeps the epoch:\n{}",
+        server.logs()
+    );
+    let view = server.get("/views/prices").await?.json()?;
+    ensure!(
+        view["cursor"] == kept_cursor.to_string().as_str()
+            && view["entries"]["ACME"]["seq"] == 7
+            && view["entries"]["BOLT"]["seq"] == 8,
+        "the state is as after batch 4, at {kept_cursor}: {view}"
+    );
+    let mut resumed = server
+        .sse(
+            "/views/prices/events",
+            &[("Last-Event-ID", &kept_cursor.to_string())],
+        )
+        .await?;
+    resumed.expect_silence(Duration::from_millis(300)).await?;
+    // The guest lost seq 9 and 10 with the record: sent again, they are new to it.
+    feed.set_next_seq(9);
+    receipt(&server.ingest_ok(&feed.batch(2)).await?, 2)?;
+    for n in 9..=10 {
+        let cursor = expect::update(&resumed.next_event().await?, n, feed.symbol_of(n), n)?;
+        ensure!(
+            cursor.epoch() == kept_cursor.epoch(),
+            "same epoch: {cursor}"
+        );
+    }
+    Ok(())
+}
+
+// ---- failing closed --------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_record_before_the_tail_fails_closed() -> anyhow::Result<()> {
+    let mut server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME", "BOLT"]);
+    for _ in 0..5 {
+        receipt(&server.ingest_ok(&feed.batch(2)).await?, 2)?;
+    }
+    let last = expect::cursor_of(&expect::tape(&server, "prices", 10).await?[9])?;
+    server.kill9().await?;
+
+    // One flipped byte in the middle of the first record's payload, with intact records after
+    // it: not a torn tail.
+    let (segment, mut bytes) = newest_segment(&server)?;
+    let frames = record_frames(&bytes)?;
+    ensure!(frames.len() >= 2, "records after the first: {frames:?}");
+    let (at, len) = frames[0];
+    ensure!(len > RECORD_HEADER, "the first record has a payload");
+    bytes[at + RECORD_HEADER + (len - RECORD_HEADER) / 2] ^= 0x5a;
+    std::fs::write(&segment, &bytes)?;
+
+    let dir = log_dir(&server);
+    let (code, out) = inspect(&dir).await?;
+    ensure!(code != 0, "inspect of a corrupted log fails: {code}\n{out}");
+    ensure!(
+        out.contains(&file_name(&segment)),
+        "inspect names the segment:\n{out}"
+    );
+    ensure!(
+        std::fs::read(&segment)? == bytes,
+        "inspect changed the segment"
+    );
+
+    server.restart().await?;
+    let (mut stream, synced) = failed_closed(&server, "corrupt", &last).await?;
+    kept(&segment, &bytes)?;
+
+    // It serves: seq 11 follows whatever the guest's state was rebuilt to (nothing, or seq 10)
+    // without a gap.
+    receipt(&server.ingest_ok(&feed.batch(1)).await?, 1)?;
+    let fresh = expect::update(
+        &stream.next_event().await?,
+        synced.offset() + 1,
+        feed.symbol_of(11),
+        11,
+    )?;
+    ensure!(fresh.epoch() == synced.epoch(), "{fresh} vs {synced}");
+
+    // From then on the log is healthy again: the next crash keeps the fresh epoch, and the
+    // kept file does not fail the start a second time.
+    drop(stream);
+    server.kill9().await?;
+    server.restart().await?;
+    let mut resumed = server
+        .sse(
+            "/views/prices/events",
+            &[("Last-Event-ID", &fresh.to_string())],
+        )
+        .await?;
+    resumed.expect_silence(Duration::from_millis(300)).await?;
+    ensure!(
+        !says_fresh_epoch(&server),
+        "no second fresh epoch:\n{}",
+        server.logs()
+    );
+    kept(&segment, &bytes)?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_middle_segment_fails_closed() -> anyhow::Result<()> {
+    let (mut server, _config) =
+        start_with(&demo_config("builtin:ticker", "segment_bytes = 4096")).await?;
+    let dir = log_dir(&server);
+    let mut feed = Feed::new(&["ACME", "BOLT"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut batches = 0;
+    while segments(&dir)?.len() < 4 {
+        ensure!(
+            batches < 300 && Instant::now() < deadline,
+            "{batches} batches made only {} segments of 4096 bytes",
+            segments(&dir)?.len()
+        );
+        receipt(&server.ingest_ok(&feed.batch(10)).await?, 10)?;
+        batches += 1;
+    }
+    let acked = feed.next_seq() - 1;
+    let (epoch, offset) = head(&server, "prices").await?;
+    let last = viewtape_tests::parse_cursor(&format!("{epoch}-{offset}"))?;
+    ensure!(offset == acked, "one event per tick: {offset} vs {acked}");
+
+    server.kill9().await?;
+    let files = segments(&dir)?;
+    let later: Vec<(PathBuf, Vec<u8>)> = files[2..]
+        .iter()
+        .map(|f| Ok((f.clone(), std::fs::read(f)?)))
+        .collect::<anyhow::Result<_>>()?;
+    std::fs::remove_file(&files[1])?;
+    let (code, out) = inspect(&dir).await?;
+    ensure!(
+        code != 0,
+        "inspect of a log with a hole fails: {code}\n{out}"
+    );
+
+    server.restart().await?;
+    failed_closed(&server, "missing", &last).await?;
+    for (file, bytes) in &later {
+        kept(file, bytes)?;
+    }
+    // Rebuilt at most as far as proven: no tick the producer never sent.
+    let view = server.get("/views/prices").await?.json()?;
+    for symbol in ["ACME", "BOLT"] {
+        let seq = &view["entries"][symbol]["seq"];
+        ensure!(
+            seq.is_null() || seq.as_u64().is_some_and(|s| s <= acked),
+            "{symbol}: {view}"
+        );
+    }
+    // And it takes new batches.
+    let resp = server.ingest("demo", &feed.batch(1)).await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_module_swapped_behind_the_servers_back_fails_closed() -> anyhow::Result<()> {
+    let modules = tempfile::tempdir()?;
+    let wasm = modules.path().join("ticker.wasm");
+    let original = std::fs::read(guest_wasm("ticker"))?;
+    std::fs::write(&wasm, &original)?;
+    let (mut server, _config) = start_with(&demo_config(&wasm.display().to_string(), "")).await?;
+    let mut feed = Feed::new(&["ACME", "BOLT"]);
+    for _ in 0..3 {
+        receipt(&server.ingest_ok(&feed.batch(2)).await?, 2)?;
+    }
+    let last = expect::cursor_of(&expect::tape(&server, "prices", 6).await?[5])?;
+    server.kill9().await?;
+    let files: Vec<(PathBuf, Vec<u8>)> = segments(&log_dir(&server))?
+        .into_iter()
+        .map(|f| {
+            let bytes = std::fs::read(&f)?;
+            Ok((f, bytes))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    ensure!(!files.is_empty(), "no segment");
+
+    // A different, valid module at the same path: the records were produced by the old one.
+    std::fs::write(
+        &wasm,
+        with_custom_section(&original, "viewtape-test", b"another build"),
+    )?;
+    server.restart().await?;
+    let (mut stream, synced) = failed_closed(&server, "module", &last).await?;
+    for (file, bytes) in &files {
+        kept(file, bytes)?;
+    }
+    // The new module runs: seq 7 follows whatever its state was rebuilt to, without a gap.
+    receipt(&server.ingest_ok(&feed.batch(1)).await?, 1)?;
+    let fresh = expect::update(
+        &stream.next_event().await?,
+        synced.offset() + 1,
+        feed.symbol_of(7),
+        7,
+    )?;
+    ensure!(fresh.epoch() == synced.epoch(), "{fresh} vs {synced}");
+    Ok(())
+}
+
+// ---- idempotent producers --------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotent_producers_dedupe_fence_and_name_the_expected_seq() -> anyhow::Result<()> {
+    let server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME"]);
+
+    // A new producer starts at seq 0; Producer-Epoch defaults to 0.
+    let first = ran(
+        &produce(&server, "orders", None, 0, &feed.batch(2)).await?,
+        2,
+    )?;
+    let second = ran(
+        &produce(&server, "orders", Some(0), 1, &feed.batch(2)).await?,
+        2,
+    )?;
+    ensure!(
+        second["position"].as_u64() > first["position"].as_u64(),
+        "{first} then {second}"
+    );
+
+    // Duplicates carry ticks the guest would accept (seq 5, 6) if it ran: it must not.
+    let unseen = feed.clone().batch(2);
+    let dup = duplicate(&produce(&server, "orders", None, 1, &unseen).await?)?;
+    ensure!(
+        dup["events"] == second["events"] && dup["position"] == second["position"],
+        "a duplicate of the last seq answers with the original receipt: {dup} vs {second}"
+    );
+    duplicate(&produce(&server, "orders", Some(0), 0, &unseen).await?)?;
+    // Ahead of the next seq: 409, naming it; nothing runs.
+    out_of_order(&produce(&server, "orders", None, 3, &unseen).await?, 2)?;
+    let view = server.get("/views/prices").await?.json()?;
+    ensure!(
+        view["entries"]["ACME"]["seq"] == 4
+            && view["cursor"].as_str().is_some_and(|c| c.ends_with("-4")),
+        "nothing published by a duplicate or a 409: {view}"
+    );
+
+    // The next seq runs: seq 5 and 6 are new to the guest.
+    ran(
+        &produce(&server, "orders", None, 2, &feed.batch(2)).await?,
+        2,
+    )?;
+
+    // A newer epoch starts over at seq 0 and fences the older one.
+    out_of_order(
+        &produce(&server, "orders", Some(1), 3, &feed.clone().batch(1)).await?,
+        0,
+    )?;
+    ran(
+        &produce(&server, "orders", Some(1), 0, &feed.batch(1)).await?,
+        1,
+    )?;
+    refused_with(
+        &produce(&server, "orders", Some(0), 3, &feed.clone().batch(1)).await?,
+        403,
+    )?;
+    refused_with(
+        &produce(&server, "orders", Some(0), 2, &feed.clone().batch(1)).await?,
+        403,
+    )?;
+    duplicate(&produce(&server, "orders", Some(1), 0, &feed.clone().batch(1)).await?)?;
+
+    // Another producer id has its own sequence, starting at 0.
+    out_of_order(
+        &produce(&server, "billing", None, 1, &feed.clone().batch(1)).await?,
+        0,
+    )?;
+    ran(
+        &produce(&server, "billing", None, 0, &feed.batch(1)).await?,
+        1,
+    )?;
+    // A batch without producer headers is not affected.
+    receipt(&server.ingest_ok(&feed.batch(1)).await?, 1)?;
+
+    // On the tape: exactly seq 1..=9, once each, dense.
+    let mut stream = server.sse("/views/prices/events?from=tape", &[]).await?;
+    for n in 1..=9 {
+        expect::update(&stream.next_event().await?, n, "ACME", n)?;
+    }
+    stream.expect_silence(Duration::from_millis(300)).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_retrying_after_kill_nine_gets_a_duplicate() -> anyhow::Result<()> {
+    let mut server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME", "BOLT"]);
+    let mut last = serde_json::Value::Null;
+    for seq in 0..5 {
+        last = ran(
+            &produce(&server, "ingestor", Some(3), seq, &feed.batch(2)).await?,
+            2,
+        )?;
+    }
+    let cursor = expect::cursor_of(&expect::tape(&server, "prices", 10).await?[9])?;
+
+    // The 200 of seq 4 got lost with the crash; the producer retries it on the restarted
+    // server (with ticks the guest would accept, to prove it does not run).
+    server.kill9().await?;
+    server.restart().await?;
+    let mut resumed = server
+        .sse(
+            "/views/prices/events",
+            &[("Last-Event-ID", &cursor.to_string())],
+        )
+        .await?;
+    let dup = duplicate(&produce(&server, "ingestor", Some(3), 4, &feed.clone().batch(2)).await?)?;
+    ensure!(
+        dup["events"] == last["events"] && dup["position"] == last["position"],
+        "the original receipt, rebuilt by the replay: {dup} vs {last}"
+    );
+    duplicate(&produce(&server, "ingestor", Some(3), 1, &feed.clone().batch(2)).await?)?;
+    // The table came back whole: the expected seq and the fence.
+    out_of_order(
+        &produce(&server, "ingestor", Some(3), 7, &feed.clone().batch(2)).await?,
+        5,
+    )?;
+    refused_with(
+        &produce(&server, "ingestor", Some(2), 5, &feed.clone().batch(2)).await?,
+        403,
+    )?;
+    resumed.expect_silence(Duration::from_millis(300)).await?;
+
+    let next = ran(
+        &produce(&server, "ingestor", Some(3), 5, &feed.batch(2)).await?,
+        2,
+    )?;
+    ensure!(
+        next["position"].as_u64() > last["position"].as_u64(),
+        "{next} after {last}"
+    );
+    for n in 11..=12 {
+        let c = expect::update(&resumed.next_event().await?, n, feed.symbol_of(n), n)?;
+        ensure!(c.epoch() == cursor.epoch(), "same epoch: {c}");
+    }
+
+    // The snapshot of a graceful stop carries the table as well.
+    drop(resumed);
+    ensure!(server.stop_graceful().await?.success());
+    server.restart().await?;
+    duplicate(&produce(&server, "ingestor", Some(3), 5, &feed.clone().batch(2)).await?)?;
+    out_of_order(
+        &produce(&server, "ingestor", Some(3), 9, &feed.clone().batch(2)).await?,
+        6,
+    )?;
+    let (_, offset) = head(&server, "prices").await?;
+    ensure!(offset == 12, "nothing published by the retries: {offset}");
+    Ok(())
+}
+
+// ---- rounds of crashes under concurrent load ----------------------------------------------
+
+/// Rounds of kill -9.
+const ROUNDS: usize = 5;
+/// Concurrent producers, each with a runtime of its own (the ticker keeps one `seq` per
+/// runtime: producers sharing one would race each other's seqs and see ticks skipped).
+const PRODUCERS: usize = 4;
+/// Ticks per batch.
+const TICKS: usize = 3;
+/// Batches the leading producer sends per round; the kill follows its last `200`.
+const LEAD_BATCHES: usize = 12;
+/// Bound on any producer's batches per round.
+const MAX_BATCHES: usize = 400;
+
+/// One producer: its runtime, its feed (symbols `P<i>A`, `P<i>B`, seqs 1, 2, 3, …), and what
+/// the server promised it.
+#[derive(Debug)]
+struct Producer {
+    runtime: String,
+    feed: Feed,
+    /// Every seq up to this one is acknowledged (batches go one at a time, in order).
+    acked: u64,
+    /// A batch that got no answer (the server died): its outcome is unknown, so it is sent
+    /// again first in the next round; the guest skips its ticks if the first try was logged.
+    unanswered: Option<(String, u64)>,
+}
+
+impl Producer {
+    /// The highest seq ever sent.
+    fn sent(&self) -> u64 {
+        self.feed.next_seq() - 1
+    }
+}
+
+/// Sends batches until the server stops answering, `max` batches, or 20 s.
+async fn produce_until_killed(
+    addr: SocketAddr,
+    mut producer: Producer,
+    max: usize,
+) -> anyhow::Result<Producer> {
+    let path = format!("/runtimes/{}/ingest", producer.runtime);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for _ in 0..max {
+        if Instant::now() >= deadline {
+            break;
+        }
+        let (body, last_seq, retry) = match producer.unanswered.take() {
+            Some((body, last_seq)) => (body, last_seq, true),
+            None => {
+                let body = producer.feed.batch(TICKS);
+                (body, producer.sent(), false)
+            }
+        };
+        match http::request(addr, "POST", &path, &[], body.as_bytes()).await {
+            Ok(resp) if resp.status() == 200 => {
+                let reply = resp.json()?;
+                let events = reply["events"]["prices"].as_u64().unwrap_or(0);
+                ensure!(
+                    events == TICKS as u64 || (retry && events == 0),
+                    "{}: {TICKS} events expected (or 0 for a retry already logged): {reply}",
+                    producer.runtime
+                );
+                ensure!(
+                    reply["gaps"] == serde_json::json!([]) && reply["durability"] == "fsync",
+                    "{}: {reply}",
+                    producer.runtime
+                );
+                producer.acked = last_seq;
+            }
+            Ok(resp) => bail!(
+                "{}: ingest answered {} {}",
+                producer.runtime,
+                resp.status(),
+                resp.text()
+            ),
+            Err(_) => {
+                producer.unanswered = Some((body, last_seq));
+                break;
+            }
+        }
+    }
+    Ok(producer)
+}
+
+/// Reads `count` events from `stream`: updates at offsets `after + 1 ..`, in `epoch`; returns
+/// their (symbol, seq).
+async fn read_updates(
+    stream: &mut EventStream,
+    after: u64,
+    count: u64,
+    epoch: &str,
+) -> anyhow::Result<Vec<(String, u64)>> {
+    let mut out = Vec::new();
+    for offset in after + 1..=after + count {
+        let event = stream.next_event().await?;
+        ensure!(
+            event.event == "update",
+            "update at offset {offset} expected, got {event:?}"
+        );
+        let cursor = expect::cursor_of(&event)?;
+        ensure!(
+            cursor.offset() == offset && cursor.epoch().to_string() == epoch,
+            "{epoch}-{offset} expected, got {event:?}"
+        );
+        let data = event.json()?;
+        let symbol = data["key"]
+            .as_str()
+            .with_context(|| format!("no key: {event:?}"))?
+            .to_owned();
+        out.push((symbol, event_seq(&data)?));
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rounds_of_kill_nine_under_concurrent_producers_lose_nothing_acknowledged(
+) -> anyhow::Result<()> {
+    // Periodic snapshots every second and small segments, so restarts replay the log on top of
+    // a snapshot, and old segments get deleted along the way.
+    let mut config =
+        String::from("[server]\nsnapshot_interval = \"1s\"\n\n[log]\nsegment_bytes = 4096\n\n");
+    for i in 0..PRODUCERS {
+        config.push_str(&format!(
+            "[[runtime]]\nname = \"p{i}\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n\n"
+        ));
+    }
+    let (mut server, _config) = start_with(&config).await?;
+    let (epoch, start) = head(&server, "prices").await?;
+    ensure!(start == 0, "an empty tape at first");
+
+    let mut producers: Vec<Producer> = (0..PRODUCERS)
+        .map(|i| {
+            let (a, b) = (format!("P{i}A"), format!("P{i}B"));
+            Producer {
+                runtime: format!("p{i}"),
+                feed: Feed::new(&[a.as_str(), b.as_str()]),
+                acked: 0,
+                unanswered: None,
+            }
+        })
+        .collect();
+    // Every event read so far, in offset order: (symbol, seq).
+    let mut seen: Vec<(String, u64)> = Vec::new();
+
+    for round in 0..ROUNDS {
+        let addr = server.addr();
+        let mut tasks = Vec::new();
+        for (i, producer) in producers.drain(..).enumerate() {
+            let max = if i == 0 { LEAD_BATCHES } else { MAX_BATCHES };
+            tasks.push(tokio::spawn(produce_until_killed(addr, producer, max)));
+        }
+        let mut tasks = tasks.into_iter();
+        let lead = tasks.next().context("no producer")?.await??;
+        // Right after the lead's last 200, with the others in flight.
+        server.kill9().await?;
+        producers.push(lead);
+        for task in tasks {
+            producers.push(task.await??);
+        }
+        ensure!(
+            producers[0].unanswered.is_none() && producers[0].acked > 0,
+            "round {round}: the lead producer was acknowledged: {:?}",
+            producers[0]
+        );
+
+        server.restart().await?;
+        let (now_epoch, now) = head(&server, "prices").await?;
+        ensure!(
+            now_epoch == epoch,
+            "round {round}: the epoch survives kill -9: {now_epoch} vs {epoch}"
+        );
+        let before = seen.len() as u64;
+        ensure!(
+            now >= before,
+            "round {round}: the tape shrank from {before} to {now}"
+        );
+        // Resume where the last round's reading ended: no reset, offsets dense.
+        let mut stream = if before == 0 {
+            server.sse("/views/prices/events?from=tape", &[]).await?
+        } else {
+            let cursor = format!("{epoch}-{before}");
+            server
+                .sse("/views/prices/events", &[("Last-Event-ID", &cursor)])
+                .await?
+        };
+        seen.extend(read_updates(&mut stream, before, now - before, &epoch).await?);
+        stream.expect_silence(Duration::from_millis(200)).await?;
+
+        // Per producer: its seqs in offset order are exactly 1, 2, …, m — every acknowledged
+        // one, nothing twice, nothing it did not send.
+        for (i, producer) in producers.iter().enumerate() {
+            let prefix = format!("P{i}");
+            let seqs: Vec<u64> = seen
+                .iter()
+                .filter(|(symbol, _)| symbol.starts_with(&prefix))
+                .map(|(symbol, seq)| {
+                    ensure!(
+                        symbol == producer.feed.symbol_of(*seq),
+                        "round {round}: {symbol} with seq {seq}"
+                    );
+                    Ok(*seq)
+                })
+                .collect::<anyhow::Result<_>>()?;
+            let m = seqs.len() as u64;
+            ensure!(
+                seqs.iter().copied().eq(1..=m),
+                "round {round}: {} seqs are not 1..={m}: {seqs:?}",
+                producer.runtime
+            );
+            ensure!(
+                m >= producer.acked && m <= producer.sent(),
+                "round {round}: {}: {m} on the tape, {} acknowledged, {} sent",
+                producer.runtime,
+                producer.acked,
+                producer.sent()
+            );
+        }
+    }
+
+    // The whole tape once more, from the start, and the state it adds up to.
+    let tape = expect::tape(&server, "prices", seen.len()).await?;
+    let mut last: BTreeMap<String, u64> = BTreeMap::new();
+    for (i, event) in tape.iter().enumerate() {
+        let (symbol, seq) = &seen[i];
+        expect::update(event, i as u64 + 1, symbol, *seq)?;
+        last.insert(symbol.clone(), *seq);
+    }
+    let view = server.get("/views/prices").await?.json()?;
+    let entries = view["entries"]
+        .as_object()
+        .with_context(|| format!("{view}"))?;
+    ensure!(entries.len() == last.len(), "{view}");
+    for (symbol, seq) in &last {
+        ensure!(entries[symbol]["seq"] == *seq, "{symbol} at {seq}: {view}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn os_durability_is_named_in_the_receipt_and_survives_a_process_crash() -> anyhow::Result<()>
+{
+    let (mut server, _config) =
+        start_with(&demo_config("builtin:ticker", "fsync = \"os\"")).await?;
+    let mut feed = Feed::new(&["ACME"]);
+    for _ in 0..3 {
+        let reply = server.ingest_ok(&feed.batch(2)).await?;
+        ensure!(
+            reply["durability"] == "os" && reply["events"]["prices"] == 2,
+            "{reply}"
+        );
+    }
+    let last = expect::cursor_of(&expect::tape(&server, "prices", 6).await?[5])?;
+    // The machine did not go down (same boot id): the OS has every byte.
+    server.kill9().await?;
+    server.restart().await?;
+    let mut resumed = server
+        .sse(
+            "/views/prices/events",
+            &[("Last-Event-ID", &last.to_string())],
+        )
+        .await?;
+    resumed.expect_silence(Duration::from_millis(300)).await?;
+    server.ingest_ok(&feed.batch(1)).await?;
+    let next = expect::update(&resumed.next_event().await?, 7, "ACME", 7)?;
+    ensure!(next.epoch() == last.epoch(), "{next} vs {last}");
+    Ok(())
+}
