@@ -3,7 +3,7 @@
 //! ```text
 //! viewtape-bench durable [--compare | --peer viewtape|jetstream] [--workload all|acks|bulk|latency]
 //!     [--seconds 10] [--runs 3] [--rate 1000] [--max-batches 10000000] [--drain-seconds 10]
-//!     [--runtimes per-producer|shared]
+//!     [--runtimes per-producer|shared] [--log fsync|os|off]
 //!     [--producers N --events-per-batch K]   (override the defaults of one selected workload)
 //!     [--nats-server nats-server] [--nats-connections 1] [--pin]
 //!     [--addr 127.0.0.1:PORT [--pid PID] | --server-arg ARG ...]   (viewtape, as elsewhere)
@@ -45,6 +45,9 @@
 //!   (its latency runs from its first send). With many producers most sends are resends (seen:
 //!   4 to 8 per acked batch at 64 producers), so its figures measure the reordering more than
 //!   the log; it is there to show that.
+//!
+//! `--log` sets the spawned server's `[log]` (per-producer mode): `fsync` (the default: synced
+//! before the 200), `os` (handed to the OS), or `off` (no log: what the log costs).
 //!
 //! Workloads, each bounded by `--seconds` and by `--max-batches`:
 //! - `acks`: 64 producers × 1-event batches, closed loop: acknowledged batches/s.
@@ -159,8 +162,12 @@ fn producer_runtime(i: usize) -> String {
 /// The spawned server's config for `--runtimes per-producer`: `n` producer runtimes, every
 /// one the built-in ticker into `prices` (no `demo`: the server's pool holds 64 guest
 /// instances, one per runtime).
-fn per_producer_config(n: usize) -> String {
+fn per_producer_config(n: usize, log: &str) -> String {
     let mut text = String::from("# written by viewtape-bench durable --runtimes per-producer\n");
+    text.push_str(&match log {
+        "off" => "\n[log]\nenabled = false\n".to_owned(),
+        fsync => format!("\n[log]\nfsync = \"{}\"\n", if fsync == "os" { "os" } else { "always" }),
+    });
     for i in 0..n {
         text.push_str(&format!(
             "\n[[runtime]]\nname = \"{}\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
@@ -204,6 +211,8 @@ pub struct Options {
     nats_server: String,
     nats_connections: usize,
     pin: bool,
+    /// `[log]` of the spawned server: `fsync`, `os` or `off`.
+    log: String,
     addr: Option<SocketAddr>,
     pid: Option<u32>,
     server_args: Vec<String>,
@@ -298,6 +307,10 @@ impl Options {
             nats_server: args.get("nats-server").unwrap_or("nats-server").to_owned(),
             nats_connections: args.num("nats-connections", 1usize, 1, 1024)?,
             pin: args.switch("pin")?,
+            log: match args.get("log").unwrap_or("fsync") {
+                log @ ("fsync" | "os" | "off") => log.to_owned(),
+                other => bail!("--log {other:?}: expected fsync, os or off"),
+            },
             addr,
             pid,
             server_args,
@@ -713,7 +726,7 @@ impl Peers {
                                 .tempdir()
                                 .context("temp dir for the server config")?;
                             let path = dir.path().join("durable.toml");
-                            std::fs::write(&path, per_producer_config(most))
+                            std::fs::write(&path, per_producer_config(most, &options.log))
                                 .with_context(|| format!("write {}", path.display()))?;
                             args.extend(["--config".to_owned(), path.display().to_string()]);
                             Some(dir)
@@ -1268,7 +1281,7 @@ mod tests {
 
     #[test]
     fn per_producer_config_names_runtimes() {
-        let text = per_producer_config(2);
+        let text = per_producer_config(2, "fsync");
         assert!(
             text.contains("name = \"bench-p0\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]")
         );

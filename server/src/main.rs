@@ -1,5 +1,9 @@
 //! The `viewtape` binary: parses arguments and hands over to the library.
 
+/// mimalloc: see the note in `Cargo.toml`.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
