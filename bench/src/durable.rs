@@ -166,7 +166,10 @@ fn per_producer_config(n: usize, log: &str) -> String {
     let mut text = String::from("# written by viewtape-bench durable --runtimes per-producer\n");
     text.push_str(&match log {
         "off" => "\n[log]\nenabled = false\n".to_owned(),
-        fsync => format!("\n[log]\nfsync = \"{}\"\n", if fsync == "os" { "os" } else { "always" }),
+        fsync => format!(
+            "\n[log]\nfsync = \"{}\"\n",
+            if fsync == "os" { "os" } else { "always" }
+        ),
     });
     for i in 0..n {
         text.push_str(&format!(
