@@ -27,6 +27,8 @@ pub mod hub;
 pub mod inspect;
 pub mod listener;
 pub mod log;
+#[cfg(test)]
+mod log_props;
 pub mod metrics;
 pub mod recovery;
 pub mod registry;

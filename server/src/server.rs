@@ -23,7 +23,7 @@
 //! exact snapshot, exit.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -37,6 +37,7 @@ use crate::host::{EngineConfig, GuestEngine, GuestModule};
 use crate::http::admin::Admin;
 use crate::http::{app, AppState};
 use crate::hub::Hub;
+use crate::log::Log;
 use crate::registry::{ModuleFingerprint, Runtimes};
 use crate::runtime::{RuntimeConfig, RuntimeHandle};
 use crate::snapshot::Snapshots;
@@ -62,99 +63,20 @@ pub struct ServeOptions {
 pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     let config = &options.config;
     let _lock = lock_data_dir(&options.data_dir)?;
-    let journal = Arc::new(EventJournal::new(config.journal.to_journal_config()));
-    let hub = Arc::new(Hub::new(Arc::clone(&journal)));
-    let dir = Arc::new(
-        SnapshotDir::open(options.data_dir.join("snapshots"))?
-            .with_keep_periodic(config.server.keep_snapshots),
-    );
-    if let Err(error) = dir.remove_temp_files() {
-        tracing::warn!(%error, "could not remove leftover temporary snapshot files");
-    }
-
-    let mut begun =
-        crate::recovery::begin(&hub, &dir, &options.data_dir.join("log"), &config.log).await?;
-
-    let engine = GuestEngine::new(EngineConfig::default())?;
-    let mut runtimes = Runtimes::default();
-    let mut sources: Vec<JoinHandle<()>> = Vec::new();
-    for section in &config.runtimes {
-        let wasm = section.wasm_bytes().map_err(|error| {
-            anyhow::anyhow!(
-                "runtime {:?}: cannot read {}: {error}",
-                section.name,
-                section.wasm
-            )
-        })?;
-        let fingerprint = ModuleFingerprint::of(&wasm);
-        let module = GuestModule::new(&engine, &wasm)
-            .map_err(|error| anyhow::anyhow!("runtime {:?}: {error}", section.name))?;
-        for view in &section.views {
-            hub.declare(view);
-        }
-        let restore = match begun
-            .dumps
-            .remove(&section.name)
-            .map(|d| d.saved_for(&fingerprint))
-        {
-            Some(Ok(saved)) => Some(saved),
-            Some(Err(error)) => {
-                tracing::warn!(%error, "starting the guest fresh and marking a gap");
-                journal.mark_gap().await;
-                None
-            }
-            None => None,
-        };
-        let runtime_config = RuntimeConfig {
-            guest_config: Bytes::from(section.config.clone().into_bytes()),
-            limits: section.limits.to_limits(),
-            ..RuntimeConfig::new(section.name.clone(), section.views.iter().cloned())
-        };
-        let handle = RuntimeHandle::spawn(
-            module,
-            runtime_config,
-            restore,
-            Arc::clone(&journal),
-            Arc::clone(&hub),
-            Arc::clone(&begun.log),
-        )
-        .await
-        .map_err(|error| anyhow::anyhow!("runtime {:?} failed to start: {error}", section.name))?;
-        runtimes.insert(handle, fingerprint);
-    }
-    let runtimes = Arc::new(runtimes);
-    let replayed = crate::recovery::replay(&mut begun, &hub, &runtimes).await?;
-    let snapshots = Arc::new(Snapshots::new(
-        Arc::clone(&hub),
-        dir,
-        Arc::clone(&runtimes),
-        Arc::clone(&begun.log),
-    ));
-    if replayed.needs_snapshot {
-        let written = snapshots.write().await?;
-        tracing::info!(file = %written.info.path().display(), "snapshot written at the log's new beginning");
-    }
-    // Sources start where the replayed history left them.
-    for section in &config.runtimes {
-        let (Some(source), Some(registered)) = (&section.source, runtimes.get(&section.name))
-        else {
-            continue;
-        };
-        let position = registered
-            .handle
-            .save()
-            .await?
-            .checkpoint
-            .map(|SourceCheckpoint::FileTail(position)| position);
-        let tail = FileTail::new(FileTailConfig::new(source.file.clone()), position);
-        sources.push(registered.handle.follow(tail));
-    }
+    let Started {
+        hub,
+        runtimes,
+        log,
+        snapshots,
+    } = start(config, &options.data_dir).await?;
+    let journal = Arc::clone(hub.journal());
+    let mut sources = start_sources(config, &runtimes).await?;
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let state = AppState::new(
         Arc::clone(&hub),
         Arc::clone(&runtimes),
-        begun.log.metrics(),
+        log.metrics(),
         config.server.clone(),
         shutdown_rx,
     );
@@ -219,6 +141,129 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     let (written, _cut) = snapshots.write_exact().await?;
     tracing::info!(file = %written.info.path().display(), "exact snapshot written; bye");
     Ok(())
+}
+
+/// A started server's parts, before it listens.
+#[derive(Debug)]
+pub struct Started {
+    /// Views and the journal.
+    pub hub: Arc<Hub>,
+    /// The runtimes, running.
+    pub runtimes: Arc<Runtimes>,
+    /// The log, writing.
+    pub log: Arc<Log>,
+    /// Snapshot actions.
+    pub snapshots: Arc<Snapshots>,
+}
+
+/// Start-up steps 2 to 4 (see the module docs) over `data_dir`: the snapshot, the runtimes, the
+/// log replayed. Sources and the listener are not started.
+///
+/// # Errors
+/// The data directory or the log cannot be read, a guest module cannot be loaded or started.
+pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> {
+    let journal = Arc::new(EventJournal::new(config.journal.to_journal_config()));
+    let hub = Arc::new(Hub::new(Arc::clone(&journal)));
+    let dir = Arc::new(
+        SnapshotDir::open(data_dir.join("snapshots"))?
+            .with_keep_periodic(config.server.keep_snapshots),
+    );
+    if let Err(error) = dir.remove_temp_files() {
+        tracing::warn!(%error, "could not remove leftover temporary snapshot files");
+    }
+
+    let mut begun = crate::recovery::begin(&hub, &dir, &data_dir.join("log"), &config.log).await?;
+
+    let engine = GuestEngine::new(EngineConfig::default())?;
+    let mut runtimes = Runtimes::default();
+    for section in &config.runtimes {
+        let wasm = section.wasm_bytes().map_err(|error| {
+            anyhow::anyhow!(
+                "runtime {:?}: cannot read {}: {error}",
+                section.name,
+                section.wasm
+            )
+        })?;
+        let fingerprint = ModuleFingerprint::of(&wasm);
+        let module = GuestModule::new(&engine, &wasm)
+            .map_err(|error| anyhow::anyhow!("runtime {:?}: {error}", section.name))?;
+        for view in &section.views {
+            hub.declare(view);
+        }
+        let restore = match begun
+            .dumps
+            .remove(&section.name)
+            .map(|d| d.saved_for(&fingerprint))
+        {
+            Some(Ok(saved)) => Some(saved),
+            Some(Err(error)) => {
+                tracing::warn!(%error, "starting the guest fresh and marking a gap");
+                journal.mark_gap().await;
+                None
+            }
+            None => None,
+        };
+        let runtime_config = RuntimeConfig {
+            guest_config: Bytes::from(section.config.clone().into_bytes()),
+            limits: section.limits.to_limits(),
+            ..RuntimeConfig::new(section.name.clone(), section.views.iter().cloned())
+        };
+        let handle = RuntimeHandle::spawn(
+            module,
+            runtime_config,
+            restore,
+            Arc::clone(&journal),
+            Arc::clone(&hub),
+            Arc::clone(&begun.log),
+        )
+        .await
+        .map_err(|error| anyhow::anyhow!("runtime {:?} failed to start: {error}", section.name))?;
+        runtimes.insert(handle, fingerprint);
+    }
+    let runtimes = Arc::new(runtimes);
+    let replayed = crate::recovery::replay(&mut begun, &hub, &runtimes).await?;
+    let snapshots = Arc::new(Snapshots::new(
+        Arc::clone(&hub),
+        dir,
+        Arc::clone(&runtimes),
+        Arc::clone(&begun.log),
+    ));
+    if replayed.needs_snapshot {
+        let written = snapshots.write().await?;
+        tracing::info!(file = %written.info.path().display(), "snapshot written at the log's new beginning");
+    }
+    Ok(Started {
+        hub,
+        runtimes,
+        log: begun.log,
+        snapshots,
+    })
+}
+
+/// Starts each runtime's pull source where the replayed history left it.
+///
+/// # Errors
+/// A runtime has stopped.
+async fn start_sources(
+    config: &Config,
+    runtimes: &Runtimes,
+) -> anyhow::Result<Vec<JoinHandle<()>>> {
+    let mut sources = Vec::new();
+    for section in &config.runtimes {
+        let (Some(source), Some(registered)) = (&section.source, runtimes.get(&section.name))
+        else {
+            continue;
+        };
+        let position = registered
+            .handle
+            .save()
+            .await?
+            .checkpoint
+            .map(|SourceCheckpoint::FileTail(position)| position);
+        let tail = FileTail::new(FileTailConfig::new(source.file.clone()), position);
+        sources.push(registered.handle.follow(tail));
+    }
+    Ok(sources)
 }
 
 /// Takes `<data-dir>/viewtape.lock` for this process (an OS file lock, released when the
