@@ -136,6 +136,15 @@ pub async fn begin(
             "the machine restarted since the log was written with fsync = \"os\"; its unsynced tail may be gone".to_owned(),
         ));
     }
+    if let Some(first) = scan.segments.first().filter(|s| s.first > from + 1) {
+        broken_before.get_or_insert((
+            "missing",
+            format!(
+                "the snapshot is at log position {from}, but the log starts at {}",
+                first.first
+            ),
+        ));
+    }
     if scan.next() < from + 1 {
         broken_before.get_or_insert((
             "missing",

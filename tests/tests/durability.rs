@@ -1186,3 +1186,39 @@ async fn os_durability_is_named_in_the_receipt_and_survives_a_process_crash() ->
     ensure!(next.epoch() == last.epoch(), "{next} vs {last}");
     Ok(())
 }
+
+/// With `fsync = "os"`, a restart of the machine may have lost the unsynced tail: the server
+/// cannot tell, so it keeps what the log still proves and takes a fresh epoch. (The test stands
+/// in for a reboot by changing the boot id the server noted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn os_durability_after_a_machine_restart_fails_closed() -> anyhow::Result<()> {
+    let (mut server, _config) =
+        start_with(&demo_config("builtin:ticker", "fsync = \"os\"")).await?;
+    let mut feed = Feed::new(&["ACME"]);
+    for _ in 0..3 {
+        server.ingest_ok(&feed.batch(2)).await?;
+    }
+    let last = expect::cursor_of(&expect::tape(&server, "prices", 6).await?[5])?;
+    server.kill9().await?;
+    let noted = log_dir(&server).join("unsynced-boot-id");
+    ensure!(noted.exists(), "an os-mode life notes its boot id");
+    std::fs::write(&noted, "00000000-another-boot\n")?;
+    server.restart().await?;
+    let (mut stream, synced) = failed_closed(&server, "boot", &last).await?;
+    // Everything the log still holds was replayed: the state is whole.
+    let view = server.get("/views/prices").await?.json()?;
+    ensure!(view["entries"]["ACME"]["seq"] == 6, "{view}");
+    server.ingest_ok(&feed.batch(1)).await?;
+    let next = expect::update(&stream.next_event().await?, synced.offset() + 1, "ACME", 7)?;
+    ensure!(next.epoch() == synced.epoch());
+    // The boot id now noted is this machine's: the next crash keeps the new epoch.
+    server.kill9().await?;
+    server.restart().await?;
+    let (epoch, _) = head(&server, "prices").await?;
+    ensure!(
+        epoch == synced.epoch().to_string(),
+        "{epoch} vs {}",
+        synced.epoch()
+    );
+    Ok(())
+}
