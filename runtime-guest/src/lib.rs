@@ -137,7 +137,9 @@
 //!
 //! The server may run a batch again — to rebuild its state after a restart, or on another node
 //! of a cluster — and requires the same output every time: **your output must be a function of
-//! your state and your input only.** The host makes most of that automatic:
+//! your state and your input only.** Every logged batch carries a digest of what it produced; a
+//! replay that produces something else breaks the history, and the server starts a fresh one
+//! (every client gets a `reset`). The host makes most of that automatic:
 //!
 //! - There is no clock, no randomness and no I/O to import. Take timestamps and ids from the
 //!   input; seed any pseudo-random generator from your state.
