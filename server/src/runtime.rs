@@ -176,7 +176,7 @@ pub enum IngestError {
         current: u64,
     },
     /// The log could not make the batch durable; nothing of it was committed, and nothing is
-    /// until the log is reopened (a restart).
+    /// until the log has been reopened and verified (it is, in the background).
     #[error("runtime `{runtime}`: the log failed, nothing was committed: {source}")]
     Log {
         /// The runtime.
@@ -672,7 +672,7 @@ impl<S: BatchSink> Task<S> {
         let first = match durable {
             Ok(first) => first,
             Err(error) => {
-                tracing::error!(%error, "the log failed: the group is not committed, and nothing is until a restart");
+                tracing::error!(%error, "the log failed: the group is not committed, nor anything until the log is reopened");
                 self.last.state = before.0;
                 self.last.checkpoint = before.1;
                 self.instance = None;

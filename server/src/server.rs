@@ -62,6 +62,13 @@ pub struct ServeOptions {
 /// Start-up failures: the data directory, a guest module, the listener.
 pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     let config = &options.config;
+    #[cfg(unix)]
+    // SAFETY: installs the ignore disposition for one signal, before any thread of ours could
+    // depend on it; no handler code runs. A write past RLIMIT_FSIZE then fails with EFBIG, which
+    // the log handles, instead of killing the process.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     let _lock = lock_data_dir(&options.data_dir)?;
     let Started {
         hub,

@@ -292,6 +292,49 @@ impl LogDir {
         Ok(kept)
     }
 
+    /// Removes every record after `position`: segments that start after it are deleted, the one
+    /// holding it is cut after it (and synced). For records that were written but never made
+    /// durable by a writer that then failed: they were never acknowledged. Fails if a segment
+    /// up to `position` does not hold its records intact.
+    ///
+    /// # Errors
+    /// A file cannot be read, cut, deleted or synced, or the records up to `position` are not
+    /// intact.
+    pub fn truncate_after(&self, position: u64) -> Result<(), LogError> {
+        for (first, path) in self.segment_files()?.into_iter().rev() {
+            if first > position {
+                fs::remove_file(&path).map_err(|e| LogError::io("delete", &path, e))?;
+                continue;
+            }
+            let bytes = fs::read(&path).map_err(|e| LogError::io("read", &path, e))?;
+            let mut at = SEGMENT_HEADER_LEN;
+            let mut next = first;
+            while next <= position {
+                let Some((_, len)) = record_at(&bytes, at, next) else {
+                    return Err(LogError::io(
+                        "cut",
+                        &path,
+                        io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!("record {next} is not intact"),
+                        ),
+                    ));
+                };
+                at += len;
+                next += 1;
+            }
+            let file = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(|e| LogError::io("open", &path, e))?;
+            file.set_len(at as u64)
+                .and_then(|()| file.sync_all())
+                .map_err(|e| LogError::io("cut", &path, e))?;
+            break;
+        }
+        sync_dir(&self.dir)
+    }
+
     /// Sets every segment aside ([`LogDir::set_aside`]): the log starts over, its files kept.
     /// Returns where they went.
     ///
@@ -942,6 +985,36 @@ mod tests {
         assert_eq!(seen.len(), 1);
         assert_eq!((seen[0].records, seen[0].next), (3, 10));
         assert!(seen[0].sync.is_some(), "fsync durability syncs");
+        Ok(())
+    }
+
+    #[test]
+    fn truncate_after_leaves_exactly_the_records_up_to_a_position() -> TestResult {
+        let tmp = tempfile::tempdir()?;
+        let log = LogDir::create(tmp.path())?;
+        let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+        append_each(&writer, payloads(200));
+        drop(writer);
+        assert!(log.scan()?.segments.len() >= 3);
+        // A write cut short after it, too.
+        let newest = log
+            .segment_files()?
+            .last()
+            .map(|(_, p)| p.clone())
+            .ok_or("none")?;
+        OpenOptions::new()
+            .append(true)
+            .open(&newest)?
+            .write_all(b"\x10\x00")?;
+        log.truncate_after(95)?;
+        let scan = log.scan()?;
+        assert_eq!((scan.next(), scan.corruption()), (96, None));
+        assert_eq!(read_all(&log, 0)?.len(), 95);
+        let writer = LogWriter::start(&log, 96, small_segments(), Box::new(|_| {}))?;
+        let more = append_each(&writer, payloads(3));
+        assert_eq!(more.first().map(|(p, _)| *p), Some(96));
+        drop(writer);
+        assert_eq!(log.scan()?.corruption(), None);
         Ok(())
     }
 

@@ -1222,3 +1222,93 @@ async fn os_durability_after_a_machine_restart_fails_closed() -> anyhow::Result<
     );
     Ok(())
 }
+
+/// Sets the server's file size limit (RLIMIT_FSIZE); `None` lifts it.
+fn limit_file_size(server: &Server, bytes: Option<u64>) -> anyhow::Result<()> {
+    let limit = libc::rlimit {
+        rlim_cur: bytes.unwrap_or(libc::RLIM_INFINITY),
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: prlimit(2) on a process this test spawned, with a valid resource and a pointer to
+    // a live rlimit; the old limit is not asked for.
+    let set = unsafe {
+        libc::prlimit(
+            server.pid() as libc::pid_t,
+            libc::RLIMIT_FSIZE,
+            &limit,
+            std::ptr::null_mut(),
+        )
+    };
+    ensure!(set == 0, "prlimit failed");
+    Ok(())
+}
+
+/// A log write that fails (here: past the file size limit) is never acknowledged and nothing of
+/// it is served; the log is reopened on its own — the partial write cut, what is left verified —
+/// and ingest resumes; a restart then finds exactly the acknowledged batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_log_write_is_never_acknowledged_and_the_log_reopens() -> anyhow::Result<()> {
+    let (mut server, _config) = start_with(&demo_config("builtin:ticker", "")).await?;
+    let mut feed = Feed::new(&["ACME"]);
+    let before = receipt(&server.ingest_ok(&feed.batch(2)).await?, 2)?;
+    let (_, bytes) = newest_segment(&server)?;
+    let mut stream = server.sse("/views/prices/events?from=tape", &[]).await?;
+    for offset in 1..=2 {
+        expect::update(&stream.next_event().await?, offset, "ACME", offset)?;
+    }
+
+    // The next write cannot complete: refused with 503, nothing served.
+    limit_file_size(&server, Some(bytes.len() as u64 + 10))?;
+    let refused = server.ingest("demo", &feed.batch(2)).await?;
+    ensure!(
+        refused.status() == 503 && refused.header("retry-after").is_some(),
+        "{} {}",
+        refused.status(),
+        refused.text()
+    );
+    ensure!(refused.text().contains("log"), "{}", refused.text());
+    stream.expect_silence(Duration::from_millis(300)).await?;
+
+    // Once the disk takes writes again, the log reopens by itself and ingest resumes; the
+    // refused ticks are sent again.
+    limit_file_size(&server, None)?;
+    feed.set_next_seq(3);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let resumed = loop {
+        let reply = server.ingest("demo", &feed.batch(2)).await?;
+        if reply.status() == 200 {
+            break reply.json()?;
+        }
+        ensure!(
+            reply.status() == 503 && Instant::now() < deadline,
+            "{} {}\n{}",
+            reply.status(),
+            reply.text(),
+            server.logs()
+        );
+        feed.set_next_seq(3);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let position = receipt(&resumed, 2)?;
+    ensure!(
+        position == before + 1,
+        "the failed write's position is reused: {position} after {before}"
+    );
+    for offset in 3..=4 {
+        expect::update(&stream.next_event().await?, offset, "ACME", offset)?;
+    }
+    ensure!(server.logs().contains("log reopened"), "{}", server.logs());
+
+    // The log holds exactly what was acknowledged: a crash and restart bring back 1..=4.
+    let (code, out) = inspect(&log_dir(&server)).await?;
+    ensure!(code == 0, "{out}");
+    server.kill9().await?;
+    server.restart().await?;
+    let tape = expect::tape(&server, "prices", 4).await?;
+    for (i, event) in tape.iter().enumerate() {
+        let offset = i as u64 + 1;
+        expect::update(event, offset, "ACME", offset)?;
+    }
+    ensure!(!says_fresh_epoch(&server), "{}", server.logs());
+    Ok(())
+}

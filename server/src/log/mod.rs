@@ -17,7 +17,8 @@ mod entry;
 pub mod producer;
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -139,16 +140,30 @@ impl LogMetrics {
 }
 
 /// The log as the runtimes use it.
+///
+/// ## After a failure
+///
+/// A failed write or sync poisons the writer: what reached the disk is unknown. The first
+/// append that fails starts a reopen, which takes the writer away (appends fail fast with
+/// [`LogError::Poisoned`] meanwhile, so ingest answers 503), waits until every record that was
+/// made durable has committed, cuts the records after the last committed one (written, never
+/// acknowledged), checks what is left, and starts a new writer on a new file descriptor — the
+/// old one is never trusted again. It retries every second until it succeeds.
 #[derive(Debug)]
 pub struct Log {
-    /// Set once start-up has replayed and repaired the log; `None` forever with the log off.
-    writer: OnceLock<LogWriter>,
-    /// The log's directory, once the writer runs.
-    dir: OnceLock<LogDir>,
+    /// `None` before start-up has replayed the log, while it is reopened, and forever with the
+    /// log off.
+    writer: Mutex<Option<LogWriter>>,
+    /// The log's directory and segment size, once the writer runs.
+    dir: OnceLock<(LogDir, u64)>,
     enabled: bool,
     durability: Durability,
     /// The last position committed to the journal.
     committed: watch::Sender<u64>,
+    /// The last position made durable.
+    durable: AtomicU64,
+    /// A reopen is under way.
+    reopening: AtomicBool,
     metrics: LogMetrics,
 }
 
@@ -158,11 +173,13 @@ impl Log {
     /// false, nothing is appended.
     pub fn new(enabled: bool, durability: Durability, committed: u64) -> Self {
         Self {
-            writer: OnceLock::new(),
+            writer: Mutex::new(None),
             dir: OnceLock::new(),
             enabled,
             durability,
             committed: watch::Sender::new(committed),
+            durable: AtomicU64::new(committed),
+            reopening: AtomicBool::new(false),
             metrics: LogMetrics::default(),
         }
     }
@@ -200,10 +217,62 @@ impl Log {
         self.metrics
             .position
             .set(i64::try_from(next.saturating_sub(1)).unwrap_or(i64::MAX));
-        // Called once, at start-up.
-        let _ = self.writer.set(writer);
-        let _ = self.dir.set(LogDir::open_existing(dir.path())?);
+        self.durable
+            .fetch_max(next.saturating_sub(1), Ordering::Relaxed);
+        *self.writer.lock().unwrap_or_else(PoisonError::into_inner) = Some(writer);
+        let _ = self
+            .dir
+            .set((LogDir::open_existing(dir.path())?, segment_bytes));
         Ok(())
+    }
+
+    /// Reopens the log after a failure; see the type's docs.
+    async fn reopen(self: Arc<Self>) {
+        let old = self
+            .writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        // Dropping it waits for its thread, which fails what is still queued.
+        let _ = tokio::task::spawn_blocking(move || drop(old)).await;
+        let durable = self.durable.load(Ordering::Relaxed);
+        let mut committed = self.committed.subscribe();
+        let _ = committed.wait_for(|c| *c >= durable).await;
+        let Some((dir, segment_bytes)) = self.dir.get() else {
+            return;
+        };
+        loop {
+            let log = Arc::clone(&self);
+            let path = dir.path().to_owned();
+            let segment_bytes = *segment_bytes;
+            let reopened = tokio::task::spawn_blocking(move || {
+                let dir = LogDir::open_existing(path)?;
+                let last = log.committed();
+                dir.truncate_after(last)?;
+                if let Some((file, reason)) = dir.scan()?.corruption() {
+                    return Err(LogError::Io {
+                        action: "verify",
+                        path: file,
+                        source: std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
+                    });
+                }
+                log.start_writer(&dir, last + 1, segment_bytes)?;
+                Ok(last)
+            })
+            .await;
+            match reopened {
+                Ok(Ok(last)) => {
+                    tracing::warn!(through = last, "log reopened and verified; ingest resumes");
+                    self.reopening.store(false, Ordering::Relaxed);
+                    return;
+                }
+                Ok(Err(error)) => {
+                    tracing::error!(%error, "reopening the log failed; ingest answers 503; retrying in 1 s");
+                }
+                Err(error) => tracing::error!(%error, "reopening the log failed; retrying in 1 s"),
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
     }
 
     /// Deletes the segments whose records are all at or before `position` (no snapshot kept
@@ -212,7 +281,7 @@ impl Log {
     /// # Errors
     /// Listing or deleting fails.
     pub fn delete_before(&self, position: u64) -> Result<usize, LogError> {
-        let Some(dir) = self.dir.get() else {
+        let Some((dir, _)) = self.dir.get() else {
             return Ok(0);
         };
         let deleted = dir.delete_before(position)?;
@@ -232,22 +301,43 @@ impl Log {
     /// position of the first, or `None` with the log off.
     ///
     /// # Errors
-    /// The log failed (it is poisoned from then on) or is not started.
-    pub async fn append(&self, records: Vec<Vec<u8>>) -> Result<Option<u64>, LogError> {
+    /// The log failed (a reopen starts; see the type's docs), is being reopened, or is not
+    /// started.
+    pub async fn append(self: &Arc<Self>, records: Vec<Vec<u8>>) -> Result<Option<u64>, LogError> {
         if !self.enabled {
             return Ok(None);
         }
-        let Some(writer) = self.writer.get() else {
-            return Err(LogError::Stopped);
-        };
+        let count = records.len() as u64;
         let (done, durable) = oneshot::channel();
-        writer.append_all(
-            records,
-            Box::new(move |result| {
-                let _ = done.send(result);
-            }),
-        );
-        durable.await.map_err(|_| LogError::Stopped)?.map(Some)
+        {
+            let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(writer) = writer.as_ref() else {
+                return Err(match self.reopening.load(Ordering::Relaxed) {
+                    true => LogError::Poisoned("the log is being reopened after a failure".into()),
+                    false => LogError::Stopped,
+                });
+            };
+            writer.append_all(
+                records,
+                Box::new(move |result| {
+                    let _ = done.send(result);
+                }),
+            );
+        }
+        match durable.await.map_err(|_| LogError::Stopped)? {
+            Ok(first) => {
+                self.durable
+                    .fetch_max(first + count.saturating_sub(1), Ordering::Relaxed);
+                Ok(Some(first))
+            }
+            Err(error) => {
+                if !self.reopening.swap(true, Ordering::Relaxed) {
+                    tracing::error!(%error, "the log failed; reopening it");
+                    tokio::spawn(Arc::clone(self).reopen());
+                }
+                Err(error)
+            }
+        }
     }
 
     /// Waits until every position before `first` has committed, and returns the turn of the
