@@ -8,6 +8,8 @@
 //! viewtape-bench durable [--compare | --peer jetstream] [--workload acks|bulk|latency]
 //!                        [--seconds 10 --runs 3 --rate 1000] [--nats-server PATH] [--pin]
 //!                        (acknowledged durable ingest beside NATS JetStream: bench/src/durable.rs)
+//! viewtape-bench restart [--events 1000000 --events-per-batch 1000 --runs 3 --producers 4]
+//!                        (start-up after kill -9: log replay vs an empty log; bench/src/restart.rs)
 //! common: --addr 127.0.0.1:PORT [--pid PID]   (a running server; PID for RSS/CPU)
 //!         or nothing: spawns target/<profile>/viewtape serve --demo-rate 0 [--server-arg …]
 //!         or --peer nchan --peer-url http://127.0.0.1:PORT [--pid WORKER_PID]
@@ -29,6 +31,10 @@
 //! against a real `nats-server` with JetStream (`sync_interval: always`), alternately in one
 //! invocation with `--compare`; `--pin` runs the server under `taskset -c 0` and the bench on
 //! CPU 1. See [`durable`].
+//!
+//! `restart` always spawns its own servers (fresh data directories): it ingests `--events`,
+//! `kill -9`s the server and times the restart that replays them from the log, beside a
+//! restart with an empty log. See [`restart`].
 
 mod args;
 mod durable;
@@ -38,6 +44,7 @@ mod idle;
 mod jetstream;
 mod publish;
 mod replay;
+mod restart;
 mod stalled;
 mod target;
 
@@ -46,7 +53,7 @@ use anyhow::{bail, Context as _};
 use crate::args::Args;
 use crate::target::Target;
 
-const USAGE: &str = "usage: viewtape-bench <fanout|replay|idle|stalled|durable> [options]; see the module docs in bench/src/main.rs";
+const USAGE: &str = "usage: viewtape-bench <fanout|replay|idle|stalled|durable|restart> [options]; see the module docs in bench/src/main.rs";
 
 fn main() -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -76,6 +83,11 @@ fn main() -> anyhow::Result<()> {
             let options = durable::Options::from_args(&args)?;
             args.finish()?;
             return durable::run(&options).await;
+        }
+        if command == "restart" {
+            let options = restart::Options::from_args(&args)?;
+            args.finish()?;
+            return restart::run(&options).await;
         }
         let target_and_run = async {
             let target = Target::from_args(&args).await?;

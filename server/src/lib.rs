@@ -10,16 +10,17 @@
 //! | process | [`server`] (`viewtape serve`: start-up, shutdown), [`inspect`] (`viewtape snapshot …`, `viewtape log …`), [`run`] (`viewtape run`: a guest over recorded input), [`scaffold`] (`viewtape new`: a guest crate) |
 //! | transport | [`listener`] — the accept loop; HTTP/1.1 carried to a router, lean or through hyper |
 //! | HTTP | [`http`] — the one router: routes, layers, the API error; [`http::admin`] |
-//! | operations | [`snapshot`] — snapshot body, cut, write, restore; [`recovery`] — start-up from a snapshot and the log; [`demo`] — the demo feed |
+//! | operations | [`snapshot`] — snapshot body, cut, write, restore; [`recovery`] — start-up from a snapshot and the log; [`deploy`] — a new module into a running runtime; [`demo`] — the demo feed |
 //! | streams | [`sse`] — one subscriber: replay or state, then live |
 //! | observation | [`metrics`] — Prometheus metrics, reading the counters of the layers below |
-//! | views | [`hub`] — views, their state, the commit path into the journal; [`registry`] — runtimes by name, module fingerprints, the consistency cut |
+//! | views | [`hub`] — views, their state, the commit path into the journal; [`registry`] — runtimes by name, the module store, the consistency cut |
 //! | runtimes | [`runtime`] — the task owning one guest; [`log`] — log records, receipts, idempotent producers, commit order; [`source`] — pull sources and their checkpoints |
 //! | foundation | [`host`] — the wasmtime host; [`frame`] — the SSE wire format; [`config`] — settings |
 #![deny(missing_docs)]
 
 pub mod config;
 pub mod demo;
+pub mod deploy;
 pub mod frame;
 pub mod host;
 pub mod http;

@@ -3,7 +3,9 @@
 //! write of an unacknowledged record left at the end of the log, or with a batch that was made
 //! durable but never answered — and restarts through the server's own start-up
 //! ([`crate::server::start`]), the epoch never changes, every cursor ever served names one frame
-//! only, and every acknowledged batch is in the tape after every restart.
+//! only, every acknowledged batch is in the tape after every restart, and each runtime runs the
+//! module last deployed to it (modules deployed without a restart are replayed where they took
+//! over).
 //!
 //! The guests count their batches and publish the count, so a replay that ran on the wrong
 //! guest state would produce another digest and fail closed (a fresh epoch), which the test
@@ -38,6 +40,8 @@ enum Op {
     Crash { torn: Option<usize> },
     /// A batch made durable and committed, but the process dies before anyone sees it.
     DurableThenCrash { rt: usize, view: usize },
+    /// A new build of the guest deployed to runtime `rt` without a restart.
+    Deploy { rt: usize },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -47,6 +51,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Graceful),
         2 => proptest::option::of(1..60usize).prop_map(|torn| Op::Crash { torn }),
         1 => (0..2usize, 0..2usize).prop_map(|(rt, view)| Op::DurableThenCrash { rt, view }),
+        1 => (0..2usize).prop_map(|rt| Op::Deploy { rt }),
     ]
 }
 
@@ -59,6 +64,9 @@ struct World {
     served: BTreeMap<(String, u64), Bytes>,
     epoch: Option<String>,
     next_payload: u64,
+    /// The module each runtime should run: the configured one, or the last deployed.
+    modules: BTreeMap<&'static str, crate::host::ModuleFingerprint>,
+    deploys: u64,
 }
 
 impl World {
@@ -81,6 +89,16 @@ impl World {
             served: BTreeMap::new(),
             epoch: None,
             next_payload: 0,
+            modules: RUNTIMES
+                .iter()
+                .map(|rt| {
+                    (
+                        *rt,
+                        crate::host::ModuleFingerprint::of(guests::MISBEHAVE_WASM),
+                    )
+                })
+                .collect(),
+            deploys: 0,
         };
         world.start().await?;
         Ok(world)
@@ -95,6 +113,18 @@ impl World {
             .await
             .map_err(|e| format!("start: {e:#}"))?;
         self.server = Some(started);
+        for (rt, module) in &self.modules {
+            let running = self
+                .server()?
+                .runtimes
+                .get(rt)
+                .ok_or("no runtime")?
+                .handle
+                .module();
+            if running != *module {
+                return Err(format!("{rt} runs {running}, not {module}, after a start"));
+            }
+        }
         self.check(true).await
     }
 
@@ -110,11 +140,12 @@ impl World {
             runtimes,
             log,
             snapshots,
+            deployer,
         }) = self.server.take()
         else {
             return Err("not running".to_owned());
         };
-        drop((hub, runtimes, snapshots));
+        drop((hub, runtimes, snapshots, deployer));
         for _ in 0..2_000 {
             if Arc::strong_count(&log) == 1 {
                 return Ok(());
@@ -257,6 +288,27 @@ impl World {
                     self.tear(*len)?;
                 }
                 self.start().await
+            }
+            Op::Deploy { rt } => {
+                // The same guest with a custom section naming the build: another module.
+                self.deploys += 1;
+                let mut wasm = guests::MISBEHAVE_WASM.to_vec();
+                let name = b"build";
+                let data = self.deploys.to_le_bytes();
+                wasm.extend_from_slice(&[0, (1 + name.len() + data.len()) as u8, name.len() as u8]);
+                wasm.extend_from_slice(name);
+                wasm.extend_from_slice(&data);
+                let deployed = self
+                    .server()?
+                    .deployer
+                    .deploy(RUNTIMES[*rt], Bytes::from(wasm))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if deployed.position.is_none() {
+                    return Err("a deploy without a log position".to_owned());
+                }
+                self.modules.insert(RUNTIMES[*rt], deployed.module);
+                self.check(false).await
             }
             Op::DurableThenCrash { rt, view } => {
                 // Committed and durable, never observed: it must come back at the same

@@ -26,9 +26,11 @@ use viewtape_snapshots::log::{Durability, LogDir, LogError, LogScan};
 use viewtape_snapshots::{SnapshotDir, SnapshotError};
 
 use crate::config::{FsyncMode, LogSection};
+use crate::host::{GuestEngine, GuestModule};
 use crate::hub::Hub;
-use crate::log::{BatchEntry, Log, LogMetrics};
-use crate::registry::Runtimes;
+use crate::log::{DeployEntry, Entry, Log, LogMetrics};
+use crate::registry::{ModuleStore, Runtimes};
+use crate::runtime::{ReplayError, RuntimeHandle};
 use crate::snapshot::{restore_at_start, RuntimeDump, SnapshotBody};
 
 /// Where the boot id of a life that wrote with `fsync = "os"` is kept.
@@ -260,6 +262,8 @@ pub async fn replay(
     begun: &mut Begun,
     hub: &Hub,
     runtimes: &Runtimes,
+    modules: &ModuleStore,
+    engine: &GuestEngine,
 ) -> Result<Replayed, RecoveryError> {
     let Some(plan) = begun.plan.take() else {
         return Ok(Replayed::default());
@@ -268,7 +272,7 @@ pub async fn replay(
     let mut replayed = Replayed::default();
     let mut broken = plan.broken_before.clone();
     if broken.as_ref().is_none_or(|(cause, _)| *cause == "boot") {
-        broken = replay_records(&plan, runtimes, &mut replayed.records)
+        broken = replay_records(&plan, runtimes, modules, engine, &mut replayed.records)
             .await?
             .or(broken);
     }
@@ -329,10 +333,54 @@ pub async fn replay(
     Ok(replayed)
 }
 
+/// Switches `runtime` to the module a logged deploy installed, from the store.
+async fn replay_deploy(
+    runtime: &RuntimeHandle,
+    deploy: DeployEntry,
+    position: u64,
+    modules: &ModuleStore,
+    engine: &GuestEngine,
+) -> Result<(), (&'static str, String)> {
+    let running = runtime.module();
+    if deploy.previous != running {
+        return Err((
+            "module",
+            format!(
+                "a deploy to runtime {:?} from module {}, which runs {running}",
+                deploy.runtime, deploy.previous
+            ),
+        ));
+    }
+    let wasm = modules.get(&deploy.module).map_err(|error| {
+        let path = modules.path(&deploy.module);
+        (
+            "module",
+            format!(
+                "deployed module {}: {}: {error}",
+                deploy.module,
+                path.display()
+            ),
+        )
+    })?;
+    let module = GuestModule::new(engine, &wasm).map_err(|error| {
+        (
+            "module",
+            format!("deployed module {}: {error}", deploy.module),
+        )
+    })?;
+    runtime
+        .replay_deploy(module, position)
+        .await
+        .map(drop)
+        .map_err(|error| ("digest", error.to_string()))
+}
+
 /// Replays every intact record after `plan.from`. Returns the break that stopped it, if any.
 async fn replay_records(
     plan: &Plan,
     runtimes: &Runtimes,
+    modules: &ModuleStore,
+    engine: &GuestEngine,
     count: &mut u64,
 ) -> Result<Option<(&'static str, String)>, RecoveryError> {
     // Records are read on a blocking thread and handed over one at a time.
@@ -358,7 +406,7 @@ async fn replay_records(
             ));
             break;
         }
-        let entry = match BatchEntry::decode(&payload) {
+        let entry = match Entry::decode(&payload) {
             Ok(entry) => entry,
             Err(error) => {
                 broken = Some((
@@ -368,21 +416,30 @@ async fn replay_records(
                 break;
             }
         };
-        let Some(runtime) = runtimes.get(&entry.runtime) else {
+        let Some(runtime) = runtimes.get(entry.runtime()) else {
             broken = Some((
                 "module",
                 format!(
                     "log position {position} belongs to runtime {:?}, which is not configured",
-                    entry.runtime
+                    entry.runtime()
                 ),
             ));
             break;
         };
-        if let Err(error) = runtime.handle.replay(entry, position).await {
-            let cause = match error {
-                crate::runtime::ReplayError::ModuleChanged { .. } => "module",
-                _ => "digest",
-            };
+        let replayed = match entry {
+            Entry::Batch(batch) => runtime
+                .handle
+                .replay(batch, position)
+                .await
+                .map_err(|error| match error {
+                    ReplayError::ModuleChanged { .. } => ("module", error.to_string()),
+                    _ => ("digest", error.to_string()),
+                }),
+            Entry::Deploy(deploy) => {
+                replay_deploy(&runtime.handle, deploy, position, modules, engine).await
+            }
+        };
+        if let Err((cause, error)) = replayed {
             broken = Some((cause, format!("log position {position}: {error}")));
             break;
         }

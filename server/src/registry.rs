@@ -1,10 +1,12 @@
 //! The running runtimes, by name, and the consistency cut over all of them.
 //!
-//! ## Module fingerprints
+//! ## Modules
 //!
-//! A guest's saved state only means something to the module that saved it. Every runtime is
-//! registered with the [`ModuleFingerprint`] of its module; snapshots record it beside the
-//! state, and state is handed back only to a runtime whose module has the same fingerprint.
+//! A guest's saved state only means something to the module that saved it. Snapshots record
+//! each runtime's [`ModuleFingerprint`] beside its state, and state is handed back only to a
+//! runtime running a module with the same fingerprint. A runtime runs the module its config
+//! names until one is deployed to it; deployed modules are kept in the [`ModuleStore`] by
+//! fingerprint, so that a restart runs, and a replay switches to, exactly the module that ran.
 //!
 //! ## The cut
 //!
@@ -14,6 +16,8 @@
 //! cuts never wait on each other's runtimes crosswise.
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 
 pub use crate::host::ModuleFingerprint;
 use crate::runtime::{IngestError, PauseGuard, RuntimeHandle, RuntimeSnapshot};
@@ -23,8 +27,8 @@ use crate::runtime::{IngestError, PauseGuard, RuntimeHandle, RuntimeSnapshot};
 pub struct Registered {
     /// Its task.
     pub handle: RuntimeHandle,
-    /// The module it runs.
-    pub module: ModuleFingerprint,
+    /// The module its config names (it runs another after a deploy).
+    pub configured: ModuleFingerprint,
 }
 
 /// Every runtime of the server, by name. Built at start-up, then shared read-only.
@@ -35,9 +39,9 @@ pub struct Runtimes {
 
 impl Runtimes {
     /// Adds a runtime (start-up only).
-    pub fn insert(&mut self, handle: RuntimeHandle, module: ModuleFingerprint) {
+    pub fn insert(&mut self, handle: RuntimeHandle, configured: ModuleFingerprint) {
         self.by_name
-            .insert(handle.name().to_owned(), Registered { handle, module });
+            .insert(handle.name().to_owned(), Registered { handle, configured });
     }
 
     /// The runtime named `name`.
@@ -65,7 +69,8 @@ impl Runtimes {
             let (saved, guard) = registered.handle.pause().await?;
             paused.push(Paused {
                 name: name.clone(),
-                module: registered.module.clone(),
+                module: registered.handle.module(),
+                configured: registered.configured.clone(),
                 saved,
                 guard,
             });
@@ -87,6 +92,8 @@ pub struct Paused {
     pub name: String,
     /// The module it runs.
     pub module: ModuleFingerprint,
+    /// The module its config names.
+    pub configured: ModuleFingerprint,
     /// Its state and checkpoint at the cut: exactly what it has committed.
     pub saved: RuntimeSnapshot,
     /// Keeps it paused; stages and commits a restore.
@@ -97,5 +104,72 @@ impl Cut {
     /// The paused runtimes, in name order.
     pub fn runtimes(&self) -> &[Paused] {
         &self.paused
+    }
+}
+
+/// Guest modules by fingerprint, in `<data-dir>/modules/<sha-256 hex>.wasm`: every module ever
+/// deployed, so that a restart and a replay find the module each record ran on.
+#[derive(Debug)]
+pub struct ModuleStore {
+    dir: PathBuf,
+}
+
+impl ModuleStore {
+    /// The store in `dir`, created if missing.
+    ///
+    /// # Errors
+    /// The directory cannot be created.
+    pub fn open(dir: impl Into<PathBuf>) -> std::io::Result<Self> {
+        let dir = dir.into();
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self { dir })
+    }
+
+    /// Keeps `wasm` (durably: written aside, synced, renamed, directory synced) unless it is
+    /// kept already. Returns its fingerprint.
+    ///
+    /// # Errors
+    /// Writing or syncing fails.
+    pub fn put(&self, wasm: &[u8]) -> std::io::Result<ModuleFingerprint> {
+        let fingerprint = ModuleFingerprint::of(wasm);
+        let path = self.path(&fingerprint);
+        if path.exists() {
+            return Ok(fingerprint);
+        }
+        let temp = path.with_extension("wasm.tmp");
+        let mut file = std::fs::File::create(&temp)?;
+        file.write_all(wasm)?;
+        file.sync_all()?;
+        std::fs::rename(&temp, &path)?;
+        std::fs::File::open(&self.dir)?.sync_all()?;
+        Ok(fingerprint)
+    }
+
+    /// The module with `fingerprint`, checked against it.
+    ///
+    /// # Errors
+    /// It is not kept, cannot be read, or its bytes do not match the fingerprint.
+    pub fn get(&self, fingerprint: &ModuleFingerprint) -> std::io::Result<Vec<u8>> {
+        let path = self.path(fingerprint);
+        let wasm = std::fs::read(&path)?;
+        if ModuleFingerprint::of(&wasm) != *fingerprint {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{} does not hold module {fingerprint}", path.display()),
+            ));
+        }
+        Ok(wasm)
+    }
+
+    /// Where `fingerprint` is kept.
+    pub fn path(&self, fingerprint: &ModuleFingerprint) -> PathBuf {
+        let text = fingerprint.to_string();
+        let name = text.strip_prefix("sha256:").unwrap_or(&text);
+        self.dir.join(format!("{name}.wasm"))
+    }
+
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 }

@@ -37,7 +37,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
@@ -45,9 +45,9 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 use viewtape_journal::EventJournal;
 
-use crate::host::{GuestBatch, GuestError, GuestInstance, GuestModule, Limits};
+use crate::host::{GuestBatch, GuestError, GuestInstance, GuestModule, Limits, ModuleFingerprint};
 use crate::log::producer::{ProducerStamp, ProducerTable, Undo, Verdict};
-use crate::log::{unix_ms_now, BatchEntry, Digest, Log, Outcome, Receipt};
+use crate::log::{unix_ms_now, BatchEntry, DeployEntry, Digest, Entry, Log, Outcome, Receipt};
 use crate::source::{FileTail, SourceCheckpoint};
 
 /// Most batches one group takes from the queue.
@@ -187,6 +187,48 @@ pub enum IngestError {
     },
 }
 
+/// A module that replaced a runtime's module.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Deployed {
+    /// The module before.
+    pub previous: ModuleFingerprint,
+    /// The module now.
+    pub module: ModuleFingerprint,
+    /// The deploy's log position (`None` with the log off, or when the module already ran).
+    pub position: Option<u64>,
+}
+
+/// Why a deploy did not happen; the runtime runs its old module, untouched.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeployError {
+    /// The new module could not take over the guest's state: its `restore` (or `init`, for a
+    /// runtime without state) refused, or it could not be instantiated.
+    #[error("runtime `{runtime}`: the new module cannot take over: {source}")]
+    Refused {
+        /// The runtime.
+        runtime: String,
+        /// What the new module did.
+        #[source]
+        source: GuestError,
+    },
+    /// The deploy could not be made durable.
+    #[error("runtime `{runtime}`: the log failed, the deploy did not happen: {source}")]
+    Log {
+        /// The runtime.
+        runtime: String,
+        /// Why.
+        #[source]
+        source: viewtape_snapshots::log::LogError,
+    },
+    /// The runtime's task has stopped.
+    #[error("runtime `{runtime}` has stopped")]
+    Stopped {
+        /// The runtime.
+        runtime: String,
+    },
+}
+
 /// Why a logged batch could not be replayed: from there on, the log is not this server's
 /// history.
 #[derive(Debug, thiserror::Error)]
@@ -257,6 +299,12 @@ enum Command {
     },
     Save {
         reply: oneshot::Sender<RuntimeSnapshot>,
+    },
+    Deploy {
+        module: GuestModule,
+        /// The log position of the deploy when it is replayed.
+        replayed_at: Option<u64>,
+        reply: oneshot::Sender<Result<Deployed, DeployError>>,
     },
     Pause {
         reply: oneshot::Sender<RuntimeSnapshot>,
@@ -342,6 +390,8 @@ pub struct RuntimeHandle {
     name: Arc<str>,
     tx: mpsc::Sender<Command>,
     stats: Arc<RuntimeStats>,
+    /// The module it runs now (a deploy changes it).
+    module: Arc<Mutex<ModuleFingerprint>>,
 }
 
 impl RuntimeHandle {
@@ -373,7 +423,9 @@ impl RuntimeHandle {
         let name: Arc<str> = Arc::from(config.name.as_str());
         let stats = Arc::new(RuntimeStats::default());
         let views = Arc::from(config.views.as_slice());
+        let module_now = Arc::new(Mutex::new(module.fingerprint().clone()));
         let task = Task {
+            module_now: Arc::clone(&module_now),
             name: Arc::clone(&name),
             guest_config_crc: crc32c::crc32c(&config.guest_config),
             module,
@@ -388,7 +440,13 @@ impl RuntimeHandle {
         };
         let span = tracing::info_span!("runtime", runtime = %name);
         tokio::spawn(task.run(rx).instrument(span));
-        Ok(Self { name, tx, stats })
+        let module = module_now;
+        Ok(Self {
+            name,
+            tx,
+            stats,
+            module,
+        })
     }
 
     /// The runtime's name.
@@ -453,6 +511,56 @@ impl RuntimeHandle {
         });
         self.tx.send(cmd).await.map_err(|_| self.stopped())?;
         rx.await.map_err(|_| self.stopped())?
+    }
+
+    /// The module it runs now.
+    pub fn module(&self) -> ModuleFingerprint {
+        self.module
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces the guest's module between two batches, carrying its state over: the new
+    /// module restores the old one's saved state, the deploy is logged, and the next batch runs
+    /// on the new module. No gap, no new epoch. If the new module refuses the state or the log
+    /// fails, the old module keeps running as if nothing happened. Deploying the module that
+    /// runs already changes nothing.
+    ///
+    /// # Errors
+    /// [`DeployError`], with nothing changed.
+    pub async fn deploy(&self, module: GuestModule) -> Result<Deployed, DeployError> {
+        self.send_deploy(module, None).await
+    }
+
+    /// Applies a logged deploy again at `position` (start-up).
+    ///
+    /// # Errors
+    /// [`DeployError`]: the deploy does not replay, so the log is not this runtime's history.
+    pub async fn replay_deploy(
+        &self,
+        module: GuestModule,
+        position: u64,
+    ) -> Result<Deployed, DeployError> {
+        self.send_deploy(module, Some(position)).await
+    }
+
+    async fn send_deploy(
+        &self,
+        module: GuestModule,
+        replayed_at: Option<u64>,
+    ) -> Result<Deployed, DeployError> {
+        let stopped = || DeployError::Stopped {
+            runtime: self.name.to_string(),
+        };
+        let (reply, rx) = oneshot::channel();
+        let cmd = Command::Deploy {
+            module,
+            replayed_at,
+            reply,
+        };
+        self.tx.send(cmd).await.map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
     }
 
     /// Applies a logged batch again (start-up): runs it through the guest unless it was lost,
@@ -573,6 +681,8 @@ struct Task<S> {
     stats: Arc<RuntimeStats>,
     /// `config.views`, shared with each batch's check.
     views: Arc<[String]>,
+    /// The fingerprint of `module`, shared with the handles.
+    module_now: Arc<Mutex<ModuleFingerprint>>,
 }
 
 /// A batch of a group, between the guest and the commit.
@@ -634,6 +744,13 @@ impl<S: BatchSink> Task<S> {
                 let result = journal.scope(self.replay(entry, position)).await;
                 let _ = reply.send(result);
             }
+            Command::Deploy {
+                module,
+                replayed_at,
+                reply,
+            } => {
+                let _ = reply.send(self.deploy(module, replayed_at).await);
+            }
             Command::Save { reply } => {
                 let _ = reply.send(self.last.clone());
             }
@@ -660,7 +777,7 @@ impl<S: BatchSink> Task<S> {
         let records: Vec<Vec<u8>> = staged
             .iter()
             .filter_map(|s| match s {
-                Staged::Batch { entry, .. } => Some(entry.encode()),
+                Staged::Batch { entry, .. } => Some(Entry::encode_batch(entry)),
                 Staged::Duplicate { .. } => None,
             })
             .collect();
@@ -849,6 +966,77 @@ impl<S: BatchSink> Task<S> {
         drop(turn);
         self.log.metrics().replayed.inc();
         Ok(())
+    }
+
+    /// Swaps `module` in, carrying the state over; see [`RuntimeHandle::deploy`].
+    async fn deploy(
+        &mut self,
+        module: GuestModule,
+        replayed_at: Option<u64>,
+    ) -> Result<Deployed, DeployError> {
+        let previous = self.module.fingerprint().clone();
+        let next = module.fingerprint().clone();
+        if next == previous && replayed_at.is_none() {
+            return Ok(Deployed {
+                previous,
+                module: next,
+                position: None,
+            });
+        }
+        let refused = |source| DeployError::Refused {
+            runtime: self.name.to_string(),
+            source,
+        };
+        let state = (!self.last.state.is_empty()).then_some(&self.last.state[..]);
+        let mut instance = GuestInstance::new(
+            &module,
+            &self.name,
+            &self.config.limits,
+            &self.config.guest_config,
+            state,
+        )
+        .await
+        .map_err(refused)?;
+        // From here on the state is in the new module's own format.
+        let state = instance.save().await.map_err(refused)?;
+        let position = match replayed_at {
+            Some(position) => Some(position),
+            None => {
+                let entry = Entry::Deploy(DeployEntry {
+                    runtime: self.name.to_string(),
+                    module: next.clone(),
+                    previous: previous.clone(),
+                    at_ms: unix_ms_now(),
+                });
+                self.log
+                    .append(vec![entry.encode()])
+                    .await
+                    .map_err(|source| DeployError::Log {
+                        runtime: self.name.to_string(),
+                        source,
+                    })?
+            }
+        };
+        let log = Arc::clone(&self.log);
+        let turn = log.turn(position, 1).await;
+        self.module = module;
+        self.instance = Some(instance);
+        self.last.state = state;
+        *self
+            .module_now
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = next.clone();
+        drop(turn);
+        if replayed_at.is_some() {
+            self.log.metrics().replayed.inc();
+        } else {
+            tracing::info!(module = %next, %previous, "module deployed; the guest's state carried over");
+        }
+        Ok(Deployed {
+            previous,
+            module: next,
+            position,
+        })
     }
 
     /// Makes one durable batch visible: its gaps, then its events.

@@ -33,12 +33,13 @@ use viewtape_journal::EventJournal;
 use viewtape_snapshots::SnapshotDir;
 
 use crate::config::Config;
+use crate::deploy::Deployer;
 use crate::host::{EngineConfig, GuestEngine, GuestModule};
 use crate::http::admin::Admin;
 use crate::http::{app, AppState};
 use crate::hub::Hub;
 use crate::log::Log;
-use crate::registry::{ModuleFingerprint, Runtimes};
+use crate::registry::{ModuleFingerprint, ModuleStore, Runtimes};
 use crate::runtime::{RuntimeConfig, RuntimeHandle};
 use crate::snapshot::Snapshots;
 use crate::source::{FileTail, FileTailConfig, SourceCheckpoint};
@@ -75,6 +76,7 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         runtimes,
         log,
         snapshots,
+        deployer,
     } = start(config, &options.data_dir).await?;
     let journal = Arc::clone(hub.journal());
     let mut sources = start_sources(config, &runtimes).await?;
@@ -88,7 +90,7 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         shutdown_rx,
     );
     let metrics = Arc::clone(&state.metrics);
-    let admin = Admin::from_env(Arc::clone(&snapshots)).map(Arc::new);
+    let admin = Admin::from_env(Arc::clone(&snapshots), deployer).map(Arc::new);
 
     if options.demo_rate > 0 {
         if let Some(demo) = runtimes.get("demo") {
@@ -161,6 +163,8 @@ pub struct Started {
     pub log: Arc<Log>,
     /// Snapshot actions.
     pub snapshots: Arc<Snapshots>,
+    /// Module deploys.
+    pub deployer: Arc<Deployer>,
 }
 
 /// Start-up steps 2 to 4 (see the module docs) over `data_dir`: the snapshot, the runtimes, the
@@ -182,6 +186,9 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
     let mut begun = crate::recovery::begin(&hub, &dir, &data_dir.join("log"), &config.log).await?;
 
     let engine = GuestEngine::new(EngineConfig::default())?;
+    let modules_dir = data_dir.join("modules");
+    let modules = ModuleStore::open(&modules_dir)
+        .map_err(|error| anyhow::anyhow!("cannot create {}: {error}", modules_dir.display()))?;
     let mut runtimes = Runtimes::default();
     for section in &config.runtimes {
         let wasm = section.wasm_bytes().map_err(|error| {
@@ -191,25 +198,42 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
                 section.wasm
             )
         })?;
-        let fingerprint = ModuleFingerprint::of(&wasm);
-        let module = GuestModule::new(&engine, &wasm)
-            .map_err(|error| anyhow::anyhow!("runtime {:?}: {error}", section.name))?;
+        let configured = ModuleFingerprint::of(&wasm);
         for view in &section.views {
             hub.declare(view);
         }
-        let restore = match begun
-            .dumps
-            .remove(&section.name)
-            .map(|d| d.saved_for(&fingerprint))
-        {
-            Some(Ok(saved)) => Some(saved),
-            Some(Err(error)) => {
-                tracing::warn!(%error, "starting the guest fresh and marking a gap");
-                journal.mark_gap().await;
-                None
+        // The module that ran at the snapshot runs on, unless the config now names another
+        // one than it did then (changed while the server was stopped).
+        let (wasm, restore) = match begun.dumps.remove(&section.name) {
+            Some(dump) if dump.configured.as_ref().unwrap_or(&dump.module) == &configured => {
+                if dump.module == configured {
+                    (wasm, Some(dump.saved))
+                } else {
+                    let deployed = modules.get(&dump.module).map_err(|error| {
+                        anyhow::anyhow!(
+                            "runtime {:?} ran the deployed module {}, which cannot be read from {}: {error}",
+                            section.name,
+                            dump.module,
+                            modules.path(&dump.module).display()
+                        )
+                    })?;
+                    (deployed, Some(dump.saved))
+                }
             }
-            None => None,
+            Some(dump) => {
+                tracing::warn!(
+                    runtime = %section.name,
+                    saved_by = %dump.module,
+                    configured = %configured,
+                    "the config names another module than when the state was saved: starting the guest fresh and marking a gap"
+                );
+                journal.mark_gap().await;
+                (wasm, None)
+            }
+            None => (wasm, None),
         };
+        let module = GuestModule::new(&engine, &wasm)
+            .map_err(|error| anyhow::anyhow!("runtime {:?}: {error}", section.name))?;
         let runtime_config = RuntimeConfig {
             guest_config: Bytes::from(section.config.clone().into_bytes()),
             limits: section.limits.to_limits(),
@@ -225,10 +249,10 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         )
         .await
         .map_err(|error| anyhow::anyhow!("runtime {:?} failed to start: {error}", section.name))?;
-        runtimes.insert(handle, fingerprint);
+        runtimes.insert(handle, configured);
     }
     let runtimes = Arc::new(runtimes);
-    let replayed = crate::recovery::replay(&mut begun, &hub, &runtimes).await?;
+    let replayed = crate::recovery::replay(&mut begun, &hub, &runtimes, &modules, &engine).await?;
     let snapshots = Arc::new(Snapshots::new(
         Arc::clone(&hub),
         dir,
@@ -239,11 +263,13 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         let written = snapshots.write().await?;
         tracing::info!(file = %written.info.path().display(), "snapshot written at the log's new beginning");
     }
+    let deployer = Arc::new(Deployer::new(engine, modules, Arc::clone(&runtimes)));
     Ok(Started {
         hub,
         runtimes,
         log: begun.log,
         snapshots,
+        deployer,
     })
 }
 

@@ -66,8 +66,12 @@ pub struct SnapshotBody {
 pub struct RuntimeDump {
     /// The runtime's name.
     pub name: String,
-    /// The module the state belongs to.
+    /// The module the state belongs to: the one the runtime ran.
     pub module: ModuleFingerprint,
+    /// The module the runtime's config named then (`None` in snapshots from before deploys:
+    /// the same as `module`). A start whose config names this one still runs `module`.
+    #[serde(default)]
+    pub configured: Option<ModuleFingerprint>,
     /// The guest's state and the source position it reflects.
     pub saved: RuntimeSnapshot,
 }
@@ -216,6 +220,7 @@ impl Snapshots {
             .map(|paused| RuntimeDump {
                 name: paused.name.clone(),
                 module: paused.module.clone(),
+                configured: Some(paused.configured.clone()),
                 saved: paused.saved.clone(),
             })
             .collect();
@@ -329,7 +334,7 @@ impl Snapshots {
             match self.runtimes.get(&dump.name) {
                 Some(running) => {
                     let runtime = dump.name.clone();
-                    let saved = dump.saved_for(&running.module).map_err(|error| {
+                    let saved = dump.saved_for(&running.handle.module()).map_err(|error| {
                         SnapshotActionError::Unrestorable(format!("{name}: {error}"))
                     })?;
                     guests.insert(runtime, saved);

@@ -1,10 +1,12 @@
-//! Operator routes: write a snapshot now, list snapshots, restore one into the running server.
+//! Operator routes: write a snapshot now, list snapshots, restore one into the running server,
+//! deploy a new module to a runtime.
 //!
 //! | route | what |
 //! |---|---|
 //! | `POST /admin/snapshot` | a periodic snapshot now, through the same consistency cut as the timer: `{"name","size","records","exact":false}` |
 //! | `GET /admin/snapshots` | every file in `<data-dir>/snapshots`, newest first: `{"snapshots":[{"name","kind","exact","age_seconds","size","valid","error"}]}` |
 //! | `POST /admin/restore` | body `{"name": "snap-….vtsnap"}`: replace the running server's state with that snapshot's |
+//! | `PUT /admin/runtimes/{runtime}/module` | body: a `.wasm` module (at most 64 MiB): swap it into the runtime between two batches, the guest's state carried over; `{"runtime","module","previous","position"}`; 422 when it does not load or refuses the state (the old module keeps running) |
 //!
 //! ## Access
 //!
@@ -22,16 +24,20 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use axum::extract::rejection::PathRejection;
+use axum::extract::Path;
 use axum::extract::{FromRequestParts, State};
 use axum::http::header;
 use axum::http::request::Parts;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use bytes::Bytes;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::ApiError;
+use crate::deploy::{DeployActionError, Deployer, MAX_MODULE_BYTES};
+use crate::runtime::DeployError;
 use crate::snapshot::{SnapshotActionError, Snapshots};
 
 /// The environment variable holding the admin token.
@@ -46,21 +52,24 @@ pub struct Admin {
     /// SHA-256 of the token.
     token: [u8; 32],
     snapshots: Arc<Snapshots>,
+    deployer: Arc<Deployer>,
 }
 
 impl Admin {
-    /// Admin over `snapshots` with `token`; `None` for an empty token, which enables nothing.
-    pub fn new(token: &str, snapshots: Arc<Snapshots>) -> Option<Self> {
+    /// Admin over `snapshots` and `deployer` with `token`; `None` for an empty token, which
+    /// enables nothing.
+    pub fn new(token: &str, snapshots: Arc<Snapshots>, deployer: Arc<Deployer>) -> Option<Self> {
         (!token.is_empty()).then(|| Self {
             token: Sha256::digest(token.as_bytes()).into(),
             snapshots,
+            deployer,
         })
     }
 
     /// Admin with the token from [`TOKEN_ENV`], if set; logs whether the routes are enabled.
-    pub fn from_env(snapshots: Arc<Snapshots>) -> Option<Self> {
+    pub fn from_env(snapshots: Arc<Snapshots>, deployer: Arc<Deployer>) -> Option<Self> {
         let token = std::env::var(TOKEN_ENV).unwrap_or_default();
-        let admin = Self::new(&token, snapshots);
+        let admin = Self::new(&token, snapshots, deployer);
         if admin.is_some() {
             tracing::info!("admin routes enabled ({TOKEN_ENV} is set)");
         } else {
@@ -105,6 +114,7 @@ pub(super) fn routes(admin: Option<Arc<Admin>>) -> axum::Router {
         .route("/admin/snapshot", post(snapshot_now))
         .route("/admin/snapshots", get(list))
         .route("/admin/restore", post(restore))
+        .route("/admin/runtimes/{runtime}/module", put(deploy))
         .with_state(admin)
 }
 
@@ -218,6 +228,47 @@ async fn restore(
     })))
 }
 
+impl From<DeployActionError> for ApiError {
+    fn from(error: DeployActionError) -> Self {
+        match error {
+            DeployActionError::NoSuchRuntime(_) => ApiError::not_found(error.to_string()),
+            DeployActionError::Load { .. }
+            | DeployActionError::Runtime(DeployError::Refused { .. }) => {
+                ApiError::unprocessable("module_refused", error.to_string())
+            }
+            DeployActionError::Runtime(_) => ApiError::unavailable(error.to_string()),
+            other => ApiError::internal(other),
+        }
+    }
+}
+
+/// `PUT /admin/runtimes/{runtime}/module` with a `.wasm` body.
+async fn deploy(
+    _: Authorized,
+    State(admin): State<Arc<Admin>>,
+    runtime: Result<Path<String>, PathRejection>,
+    body: axum::body::Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let Path(runtime) = runtime?;
+    let wasm = axum::body::to_bytes(body, MAX_MODULE_BYTES)
+        .await
+        .map_err(|_| ApiError::too_large(MAX_MODULE_BYTES))?;
+    let deployed = admin.deployer.deploy(&runtime, wasm).await?;
+    tracing::info!(
+        action = "deploy",
+        %runtime,
+        module = %deployed.module,
+        previous = %deployed.previous,
+        "admin: module deployed"
+    );
+    Ok(Json(serde_json::json!({
+        "runtime": runtime,
+        "module": deployed.module.to_string(),
+        "previous": deployed.previous.to_string(),
+        "position": deployed.position,
+    })))
+}
+
 #[cfg(test)]
 mod tests {
     use viewtape_journal::{EventJournal, JournalConfig};
@@ -231,9 +282,16 @@ mod tests {
             JournalConfig::default(),
         ))));
         let dir = Arc::new(SnapshotDir::open(std::env::temp_dir()).expect("temp dir"));
+        let engine = crate::host::GuestEngine::new(crate::host::EngineConfig {
+            pooled_instances: 1,
+            ..crate::host::EngineConfig::default()
+        })
+        .expect("engine");
+        let store = crate::registry::ModuleStore::open(std::env::temp_dir()).expect("store");
         Admin::new(
             token,
             Arc::new(Snapshots::new(hub, dir, Arc::default(), Arc::default())),
+            Arc::new(Deployer::new(engine, store, Arc::default())),
         )
     }
 

@@ -1,4 +1,5 @@
-//! What one log record holds, and the digest that proves a replay reproduced it.
+//! What one log record holds ([`Entry`]: a batch, or a module deployed to a runtime), and the
+//! digest that proves a replay reproduced a batch.
 
 use std::collections::BTreeMap;
 
@@ -8,6 +9,63 @@ use serde::{Deserialize, Serialize};
 use super::producer::ProducerStamp;
 use crate::host::{EventKind, GuestBatch, ModuleFingerprint};
 use crate::source::SourceCheckpoint;
+
+/// One log record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Entry {
+    /// A batch a runtime accepted.
+    Batch(BatchEntry),
+    /// A module deployed to a runtime: the records after it ran on that module.
+    Deploy(DeployEntry),
+}
+
+/// A module that replaced a runtime's module, carrying the guest's state over.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeployEntry {
+    /// The runtime.
+    pub runtime: String,
+    /// The module it runs from here on (kept in the data dir by this fingerprint).
+    pub module: ModuleFingerprint,
+    /// The module it ran before.
+    pub previous: ModuleFingerprint,
+    /// When (wall clock, Unix milliseconds).
+    pub at_ms: u64,
+}
+
+impl Entry {
+    /// The runtime it belongs to.
+    pub fn runtime(&self) -> &str {
+        match self {
+            Entry::Batch(batch) => &batch.runtime,
+            Entry::Deploy(deploy) => &deploy.runtime,
+        }
+    }
+
+    /// The record's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        // Plain fields always encode.
+        rmp_serde::to_vec(self).unwrap_or_default()
+    }
+
+    /// The bytes of the record of `batch`, without copying it into an [`Entry`].
+    pub fn encode_batch(batch: &BatchEntry) -> Vec<u8> {
+        /// Encodes exactly as [`Entry`] does: same name, same variants, in the same order.
+        #[derive(Serialize)]
+        #[serde(rename = "Entry")]
+        enum Borrowed<'a> {
+            Batch(&'a BatchEntry),
+        }
+        rmp_serde::to_vec(&Borrowed::Batch(batch)).unwrap_or_default()
+    }
+
+    /// Reads a record's bytes.
+    ///
+    /// # Errors
+    /// The bytes are not an entry of this version.
+    pub fn decode(bytes: &[u8]) -> Result<Self, rmp_serde::decode::Error> {
+        rmp_serde::from_slice(bytes)
+    }
+}
 
 /// One accepted batch, as the log keeps it: everything that reproduces it exactly.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,22 +148,6 @@ impl Digest {
     }
 }
 
-impl BatchEntry {
-    /// The record's bytes.
-    pub fn encode(&self) -> Vec<u8> {
-        // A struct of plain fields always encodes.
-        rmp_serde::to_vec(self).unwrap_or_default()
-    }
-
-    /// Reads a record's bytes.
-    ///
-    /// # Errors
-    /// The bytes are not a batch entry of this version.
-    pub fn decode(bytes: &[u8]) -> Result<Self, rmp_serde::decode::Error> {
-        rmp_serde::from_slice(bytes)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -159,7 +201,17 @@ mod tests {
             source_gap: None,
             outcome: Outcome::Committed(Digest::default()),
         };
-        assert_eq!(BatchEntry::decode(&entry.encode()).unwrap(), entry);
-        assert!(BatchEntry::decode(b"\x01garbage").is_err());
+        let bytes = Entry::encode_batch(&entry);
+        let entry = Entry::Batch(entry);
+        assert_eq!(bytes, entry.encode());
+        assert_eq!(Entry::decode(&entry.encode()).unwrap(), entry);
+        assert!(Entry::decode(b"\x01garbage").is_err());
+        let deploy = Entry::Deploy(DeployEntry {
+            runtime: "demo".into(),
+            module: ModuleFingerprint::of(b"new"),
+            previous: ModuleFingerprint::of(b"old"),
+            at_ms: 1,
+        });
+        assert_eq!(Entry::decode(&deploy.encode()).unwrap(), deploy);
     }
 }

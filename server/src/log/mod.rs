@@ -1,4 +1,4 @@
-//! The server's side of the log: what a record holds ([`BatchEntry`]), the receipt a producer
+//! The server's side of the log: what a record holds ([`Entry`]), the receipt a producer
 //! gets ([`Receipt`]), idempotent producers ([`producer`]), and [`Log`] — the writer shared by
 //! every runtime, with the order in which their batches become visible.
 //!
@@ -29,7 +29,7 @@ use tokio::sync::{oneshot, watch};
 use viewtape_snapshots::log::{Durability, GroupWritten, LogDir, LogError, LogWriter};
 use viewtape_snapshots::log::{Observer, WriterOptions};
 
-pub use entry::{BatchEntry, Digest, Outcome};
+pub use entry::{BatchEntry, DeployEntry, Digest, Entry, Outcome};
 
 /// What an acknowledged batch was promised: the body of an ingest `200`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,95 @@
+//! Deploying a new module to a running runtime, without a restart: compile it, keep it in the
+//! [`ModuleStore`], and hand it to the runtime, which swaps it in between two batches with the
+//! guest's state carried over ([`RuntimeHandle::deploy`](crate::runtime::RuntimeHandle::deploy)).
+//! The admin route `PUT /admin/runtimes/{runtime}/module` and `viewtape deploy` go through
+//! [`Deployer::deploy`].
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::host::{GuestEngine, GuestModule};
+use crate::registry::{ModuleStore, Runtimes};
+use crate::runtime::{DeployError, Deployed};
+
+/// Largest module a deploy takes.
+pub const MAX_MODULE_BYTES: usize = 64 << 20;
+
+/// Why a deploy did not happen; the runtime runs its old module, untouched.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeployActionError {
+    /// No runtime has that name.
+    #[error("no runtime named {0:?}")]
+    NoSuchRuntime(String),
+    /// The bytes are not a guest module this host can run.
+    #[error("runtime {runtime:?}: the module does not load: {message}")]
+    Load {
+        /// The runtime.
+        runtime: String,
+        /// The compiler's or the ABI check's message.
+        message: String,
+    },
+    /// The runtime refused it or could not log it.
+    #[error(transparent)]
+    Runtime(#[from] DeployError),
+    /// The module could not be kept in the data dir.
+    #[error("cannot keep the module in {path}: {source}")]
+    Storage {
+        /// Where.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A blocking task failed.
+    #[error("deploy task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// Deploys modules to the server's runtimes.
+#[derive(Debug)]
+pub struct Deployer {
+    engine: GuestEngine,
+    store: Arc<ModuleStore>,
+    runtimes: Arc<Runtimes>,
+}
+
+impl Deployer {
+    /// Deploys with `engine`, keeping modules in `store`.
+    pub fn new(engine: GuestEngine, store: ModuleStore, runtimes: Arc<Runtimes>) -> Self {
+        Self {
+            engine,
+            store: Arc::new(store),
+            runtimes,
+        }
+    }
+
+    /// Compiles `wasm`, keeps it, and swaps it into `runtime` with the guest's state carried
+    /// over. One deploy at a time per runtime (its task takes them in turn, between batches).
+    ///
+    /// # Errors
+    /// [`DeployActionError`]; the runtime runs its old module, untouched.
+    pub async fn deploy(&self, runtime: &str, wasm: Bytes) -> Result<Deployed, DeployActionError> {
+        let registered = self
+            .runtimes
+            .get(runtime)
+            .ok_or_else(|| DeployActionError::NoSuchRuntime(runtime.to_owned()))?;
+        let engine = self.engine.clone();
+        let compile = wasm.clone();
+        let module = tokio::task::spawn_blocking(move || GuestModule::new(&engine, &compile))
+            .await?
+            .map_err(|error| DeployActionError::Load {
+                runtime: runtime.to_owned(),
+                message: error.to_string(),
+            })?;
+        let store = Arc::clone(&self.store);
+        tokio::task::spawn_blocking(move || store.put(&wasm))
+            .await?
+            .map_err(|source| DeployActionError::Storage {
+                path: self.store.dir().display().to_string(),
+                source,
+            })?;
+        Ok(registered.handle.deploy(module).await?)
+    }
+}
