@@ -27,7 +27,7 @@ enum Command {
         /// Address to listen on (port 0 picks a free one).
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
-        /// Where snapshots are kept.
+        /// Where snapshots, the log and deployed modules are kept.
         #[arg(long, default_value = "./viewtape-data")]
         data_dir: PathBuf,
         /// A TOML config file naming runtimes, limits and retention.
@@ -36,6 +36,18 @@ enum Command {
         /// Synthetic ticks per second into the `demo` runtime (0 turns the feed off).
         #[arg(long, default_value_t = 5)]
         demo_rate: u32,
+    },
+    /// Deploy a new module to a runtime of a running server, without a restart: the guest's
+    /// state carries over, no client notices. Needs the server's admin token in
+    /// VIEWTAPE_ADMIN_TOKEN.
+    Deploy {
+        /// The runtime.
+        runtime: String,
+        /// The new module (`.wasm`).
+        wasm: PathBuf,
+        /// The server's address.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        server: SocketAddr,
     },
     /// Inspect snapshot files.
     #[command(subcommand)]
@@ -172,6 +184,23 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Deploy {
+            runtime,
+            wasm,
+            server,
+        } => {
+            let module = std::fs::read(&wasm)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", wasm.display()))?;
+            let token = std::env::var(viewtape_server::http::admin::TOKEN_ENV).map_err(|_| {
+                anyhow::anyhow!(
+                    "set {} to the server's admin token",
+                    viewtape_server::http::admin::TOKEN_ENV
+                )
+            })?;
+            let (status, body) = deploy(server, &runtime, module, &token).await?;
+            println!("{body}");
+            std::process::exit(if status == 200 { 0 } else { 1 })
+        }
         Command::Log(LogCommand::Inspect { dir }) => {
             let ok = viewtape_server::inspect::inspect_log(&dir, &mut std::io::stdout())?;
             std::process::exit(if ok { 0 } else { 1 })
@@ -181,4 +210,30 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(if ok { 0 } else { 1 })
         }
     }
+}
+
+/// `PUT /admin/runtimes/{runtime}/module` with `module` as the body; the status and the body.
+async fn deploy(
+    server: SocketAddr,
+    runtime: &str,
+    module: Vec<u8>,
+    token: &str,
+) -> anyhow::Result<(u16, String)> {
+    use http_body_util::{BodyExt as _, Full};
+
+    let stream = tokio::net::TcpStream::connect(server)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot connect to {server}: {e}"))?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    let request = hyper::Request::put(format!("/admin/runtimes/{runtime}/module"))
+        .header(hyper::header::HOST, server.to_string())
+        .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
+        .header(hyper::header::CONTENT_TYPE, "application/wasm")
+        .body(Full::new(bytes::Bytes::from(module)))?;
+    let response = sender.send_request(request).await?;
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
