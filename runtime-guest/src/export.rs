@@ -118,7 +118,9 @@ fn with_runtime<R: Runtime>(
 /// `viewtape_restore(len) -> status`.
 #[doc(hidden)]
 pub fn restore<R: Runtime>(slot: &RefCell<Option<R>>, len: i32) -> i32 {
-    with_runtime(slot, |rt| with_input(len, |state| rt.restore(state))?)
+    with_runtime(slot, |rt| {
+        with_input(len, |state| crate::state::restore(rt, state))?
+    })
 }
 
 /// `viewtape_on_batch(len) -> status`.
@@ -142,7 +144,7 @@ pub fn on_batch<R: Runtime>(slot: &RefCell<Option<R>>, len: i32) -> i32 {
 #[doc(hidden)]
 pub fn save<R: Runtime>(slot: &RefCell<Option<R>>) -> i32 {
     with_runtime(slot, |rt| {
-        host_reply(&rt.save());
+        host_reply(&crate::state::save(rt));
         Ok(())
     })
 }

@@ -133,6 +133,51 @@
 //!   `RUST_LOG=info` (the default) shows info and above, `RUST_LOG=debug` everything. In unit
 //!   tests, `testing::Harness::logs` returns them.
 //!
+//! ## Deploying a new build, and evolving its state
+//!
+//! `viewtape deploy RUNTIME FILE.wasm` (with the server's admin token in `VIEWTAPE_ADMIN_TOKEN`)
+//! swaps a new build into a running runtime between two batches: the new build's
+//! [`Runtime::restore`] gets the state the running build saved, and if it refuses, the running
+//! build keeps going and the deploy fails with the reason. No client notices a deploy that
+//! succeeds: no gap, no reset.
+//!
+//! The host stores saved state with the format's version, [`Runtime::STATE_VERSION`] (0 unless
+//! you say otherwise). When you change what [`Runtime::save`] writes, raise it and turn the
+//! older formats into the new one in [`Runtime::migrate`]:
+//!
+//! ```
+//! use viewtape_guest::{Context, Error, Result, Runtime};
+//!
+//! /// Version 1 keeps the count as 8 little-endian bytes; version 0 kept it as text.
+//! struct Counter(u64);
+//!
+//! impl Runtime for Counter {
+//!     const STATE_VERSION: u32 = 1;
+//!
+//!     fn init(_: &[u8]) -> Result<Self> { Ok(Self(0)) }
+//!     fn on_batch(&mut self, _: &[u8], _: &mut Context) -> Result<()> { self.0 += 1; Ok(()) }
+//!     fn save(&self) -> Vec<u8> { self.0.to_le_bytes().to_vec() }
+//!     fn restore(&mut self, state: &[u8]) -> Result<()> {
+//!         let bytes = state.try_into().map_err(|_| Error::msg("expected 8 bytes"))?;
+//!         self.0 = u64::from_le_bytes(bytes);
+//!         Ok(())
+//!     }
+//!     fn migrate(from: u32, state: &[u8]) -> Result<Vec<u8>> {
+//!         match from {
+//!             0 => {
+//!                 let text = std::str::from_utf8(state).map_err(Error::msg)?;
+//!                 let n: u64 = text.parse().map_err(Error::msg)?;
+//!                 Ok(n.to_le_bytes().to_vec())
+//!             }
+//!             other => Err(Error::msg(format!("unknown state version {other}"))),
+//!         }
+//!     }
+//! }
+//! ```
+//!
+//! [`testing::Harness::restore`] takes stored state the same way, so a test can hand the new
+//! build what the old one saved ([`testing::Harness::save`]) and check the migration.
+//!
 //! ## Determinism
 //!
 //! The server may run a batch again — to rebuild its state after a restart, or on another node
@@ -162,6 +207,7 @@
 pub mod abi;
 mod context;
 mod export;
+mod state;
 pub mod testing;
 
 pub use context::{Context, Level, Output};
@@ -189,14 +235,34 @@ pub trait Runtime: Sized + 'static {
     /// and where (e.g. the line number): the message reaches the client that sent the batch.
     fn on_batch(&mut self, input: &[u8], ctx: &mut Context) -> Result<()>;
 
-    /// Serializes the runtime's state; [`Runtime::restore`] must accept the result.
+    /// Serializes the runtime's state; [`Runtime::restore`] must accept the result. The host
+    /// stores it with [`Runtime::STATE_VERSION`].
     fn save(&self) -> Vec<u8>;
 
-    /// Replaces the runtime's state with one produced by [`Runtime::save`].
+    /// Replaces the runtime's state with one produced by [`Runtime::save`] of this
+    /// [`Runtime::STATE_VERSION`] (older versions come through [`Runtime::migrate`] first).
     ///
     /// # Errors
     /// State the runtime cannot read.
     fn restore(&mut self, state: &[u8]) -> Result<()>;
+
+    /// The version of the format [`Runtime::save`] writes. Raise it when the format changes,
+    /// and teach [`Runtime::migrate`] the older ones: a new build deployed with `viewtape
+    /// deploy` then takes over the state the running build saved.
+    const STATE_VERSION: u32 = 0;
+
+    /// Turns state saved with version `from` (0: before versions existed) into this
+    /// [`Runtime::STATE_VERSION`]'s format, for [`Runtime::restore`].
+    ///
+    /// # Errors
+    /// A version the runtime cannot read. The default refuses every other version: a deploy of
+    /// a build with another version is then refused, and the running build keeps going.
+    fn migrate(from: u32, state: &[u8]) -> Result<Vec<u8>> {
+        let _ = state;
+        Err(Error::msg(format!(
+            "no migration from state version {from}: implement Runtime::migrate"
+        )))
+    }
 }
 
 /// The result type of [`Runtime`] methods.

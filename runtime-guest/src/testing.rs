@@ -49,7 +49,7 @@ impl<R: Runtime> Harness<R> {
     /// The error `Runtime::init` returns.
     pub fn new(config: &[u8]) -> Result<Self> {
         let runtime = R::init(config)?;
-        let last_good = runtime.save();
+        let last_good = crate::state::save(&runtime);
         Ok(Self {
             config: config.to_vec(),
             runtime,
@@ -103,12 +103,12 @@ impl<R: Runtime> Harness<R> {
             });
         match result {
             Ok(out) => {
-                self.last_good = self.runtime.save();
+                self.last_good = crate::state::save(&self.runtime);
                 Ok(out)
             }
             Err(err) => {
                 self.runtime = R::init(&self.config)?;
-                self.runtime.restore(&self.last_good)?;
+                crate::state::restore(&mut self.runtime, &self.last_good)?;
                 Err(err)
             }
         }
@@ -151,9 +151,9 @@ impl<R: Runtime> Harness<R> {
         &self.logs
     }
 
-    /// The runtime's saved state, as the host would store it.
+    /// The runtime's saved state, as the host would store it (with its version).
     pub fn save(&self) -> Vec<u8> {
-        self.runtime.save()
+        crate::state::save(&self.runtime)
     }
 
     /// Replaces the runtime with a fresh one restored from `state`.
@@ -162,7 +162,7 @@ impl<R: Runtime> Harness<R> {
     /// The error `init` or `restore` returned.
     pub fn restore(&mut self, state: &[u8]) -> Result<()> {
         let mut runtime = R::init(&self.config)?;
-        runtime.restore(state)?;
+        crate::state::restore(&mut runtime, state)?;
         self.runtime = runtime;
         self.last_good = state.to_vec();
         Ok(())

@@ -1312,7 +1312,7 @@ mod tests {
         ));
         assert_eq!(rt.stats().gaps.load(Ordering::Relaxed), 1);
         assert_eq!(sink.events.lock().unwrap().len(), 3);
-        assert_eq!(&rt.save().await.unwrap().state[..], b"9");
+        assert_eq!(guests::saved_state(&rt.save().await.unwrap().state), b"9");
     }
 
     #[tokio::test]
@@ -1441,7 +1441,7 @@ mod tests {
         };
         // Staged but not committed: dropped with the guard.
         let (saved, guard) = rt.pause().await.unwrap();
-        assert_eq!(&saved.state[..], b"1");
+        assert_eq!(guests::saved_state(&saved.state), b"1");
         guard.stage_restore(snapshot.clone()).await.unwrap();
         drop(guard);
         rt.ingest(Bytes::from_static(b"count"), None).await.unwrap();

@@ -53,7 +53,9 @@ async fn run_prints_each_batch_as_ndjson_and_saves_the_state() -> anyhow::Result
         "{stdout}"
     );
     ensure!(lines[3]["update"]["value"]["seq"] == 3, "{stdout}");
-    ensure!(std::fs::read(&state)? == b"3", "saved state");
+    // As the host stores it: the SDK's version header (`\xffVTS`, version 0), then the ticker's
+    // own state.
+    ensure!(std::fs::read(&state)? == b"\xffVTS\0\0\0\x003", "saved state");
     Ok(())
 }
 

@@ -12,3 +12,12 @@ pub const LOGSTATS_WASM: &[u8] = include_bytes!("../../guests/logstats.wasm");
 /// `misbehave`: the host's test fixture (commands that publish, fail, trap, loop, exhaust
 /// memory). Not for production use.
 pub const MISBEHAVE_WASM: &[u8] = include_bytes!("../../guests/misbehave.wasm");
+
+/// The example guests' state as they `save` it: the SDK stores it after an 8-byte version
+/// header (`\xffVTS` and `STATE_VERSION`, 0 for them).
+#[cfg(test)]
+pub fn saved_state(stored: &[u8]) -> &[u8] {
+    stored
+        .strip_prefix(b"\xffVTS\0\0\0\0")
+        .expect("state with the SDK's version-0 header")
+}

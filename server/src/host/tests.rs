@@ -140,7 +140,7 @@ async fn save_restore_round_trip() {
     let mut g = instance(misbehave(), Limits::default()).await;
     g.on_batch(b"count\ncount").await.unwrap();
     let state = g.save().await.unwrap();
-    assert_eq!(&state[..], b"2");
+    assert_eq!(guests::saved_state(&state), b"2");
     let mut fresh = GuestInstance::new(misbehave(), "test", &Limits::default(), b"", Some(&state))
         .await
         .unwrap();
