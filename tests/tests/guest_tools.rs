@@ -1,4 +1,6 @@
-//! `viewtape run`: a guest module over recorded input, through the real binary.
+//! The guest author's tools through the real binary: `viewtape run` over recorded input, and
+//! `viewtape new` → `cargo test` → a wasm build → `viewtape run` → `viewtape deploy` of new
+//! builds into a running server with a subscriber attached.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -6,7 +8,8 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context as _};
 use tokio::io::AsyncWriteExt;
-use viewtape_tests::server::binary;
+use viewtape_tests::server::{binary, ADMIN_TOKEN_ENV};
+use viewtape_tests::Server;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_prints_each_batch_as_ndjson_and_saves_the_state() -> anyhow::Result<()> {
@@ -55,7 +58,10 @@ async fn run_prints_each_batch_as_ndjson_and_saves_the_state() -> anyhow::Result
     ensure!(lines[3]["update"]["value"]["seq"] == 3, "{stdout}");
     // As the host stores it: the SDK's version header (`\xffVTS`, version 0), then the ticker's
     // own state.
-    ensure!(std::fs::read(&state)? == b"\xffVTS\0\0\0\x003", "saved state");
+    ensure!(
+        std::fs::read(&state)? == b"\xffVTS\0\0\0\x003",
+        "saved state"
+    );
     Ok(())
 }
 
@@ -133,5 +139,134 @@ async fn a_new_guest_builds_passes_its_tests_and_runs() -> anyhow::Result<()> {
         last_alice["update"]["view"] == "orders" && last_alice["update"]["value"]["total"] == 3,
         "{stdout}"
     );
+    deploy_builds_into_a_running_server(&crate_dir, &wasm).await
+}
+
+/// Build 1 of the scaffolded guest serves; build 2 (another payload) is deployed with
+/// subscribers attached and carries the running totals over; build 3 (a new state version
+/// without a migration) is refused while build 2 keeps serving; a crash and restart keep the
+/// epoch and build 2.
+async fn deploy_builds_into_a_running_server(crate_dir: &Path, built: &Path) -> anyhow::Result<()> {
+    let keep = tempfile::tempdir()?;
+    let build1 = keep.path().join("orders-1.wasm");
+    std::fs::copy(built, &build1)?;
+    let config = keep.path().join("viewtape.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[runtime]]\nname = \"orders\"\nwasm = {:?}\nviews = [\"orders\"]\n",
+            build1.display().to_string()
+        ),
+    )?;
+    let config = config.display().to_string();
+    let token = "guest-tools-token";
+    let mut server =
+        Server::start_with_env(&["--config", &config], &[(ADMIN_TOKEN_ENV, token)]).await?;
+    let mut stream = server.sse("/views/orders/events", &[]).await?;
+    stream.until_synced(10).await?;
+    let order = |amount: i64| format!("{{\"key\":\"alice\",\"amount\":{amount}}}\n");
+    let ingest = |server: &Server, amount: i64| {
+        let body = order(amount);
+        let addr = server.addr();
+        async move {
+            let resp = viewtape_tests::http::request(
+                addr,
+                "POST",
+                "/runtimes/orders/ingest",
+                &[],
+                body.as_bytes(),
+            )
+            .await?;
+            ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+            anyhow::Ok(())
+        }
+    };
+    ingest(&server, 5).await?;
+    let first = stream.next_event().await?;
+    ensure!(first.data.contains("\"total\":5"), "{first:?}");
+
+    // Build 2 publishes one more field; the totals carry over.
+    let source = crate_dir.join("src/lib.rs");
+    let text = std::fs::read_to_string(&source)?;
+    let build2 = text.replace(
+        "serde_json::json!({ \"total\": *total })",
+        "serde_json::json!({ \"total\": *total, \"build\": 2 })",
+    );
+    ensure!(build2 != text, "the scaffold's payload line moved");
+    std::fs::write(&source, &build2)?;
+    let wasm_build = [
+        "build",
+        "--release",
+        "--target",
+        "wasm32-unknown-unknown",
+        "--quiet",
+    ];
+    cargo(crate_dir, &wasm_build).await?;
+    let (code, out) = deploy(&server, token, built).await?;
+    ensure!(code == 0, "{out}");
+    ingest(&server, 3).await?;
+    let carried = stream.next_event().await?;
+    ensure!(
+        carried.event == "update"
+            && carried.data.contains("\"total\":8")
+            && carried.data.contains("\"build\":2"),
+        "the deployed build runs on the carried-over total: {carried:?}"
+    );
+
+    // Build 3 changes its state version without a migration: refused, build 2 serves on.
+    std::fs::write(
+        &source,
+        build2.replace(
+            "impl Runtime for Totals {",
+            "impl Runtime for Totals {\n    const STATE_VERSION: u32 = 1;\n",
+        ),
+    )?;
+    cargo(crate_dir, &wasm_build).await?;
+    let (code, out) = deploy(&server, token, built).await?;
+    ensure!(
+        code != 0 && out.contains("no migration from state version 0"),
+        "{out}"
+    );
+    ingest(&server, 1).await?;
+    let still = stream.next_event().await?;
+    ensure!(
+        still.data.contains("\"total\":9") && still.data.contains("\"build\":2"),
+        "{still:?}"
+    );
+
+    // A crash: the same epoch, build 2, the totals.
+    let last = still.id.clone().context("an id")?;
+    drop(stream);
+    server.kill9().await?;
+    server.restart().await?;
+    let mut resumed = server
+        .sse("/views/orders/events", &[("Last-Event-ID", &last)])
+        .await?;
+    resumed.expect_silence(Duration::from_millis(300)).await?;
+    ingest(&server, 1).await?;
+    let after = resumed.next_event().await?;
+    ensure!(
+        after.event == "update"
+            && after.data.contains("\"total\":10")
+            && after.data.contains("\"build\":2"),
+        "{after:?}"
+    );
     Ok(())
+}
+
+/// `viewtape deploy orders WASM` against `server`.
+async fn deploy(server: &Server, token: &str, wasm: &Path) -> anyhow::Result<(i32, String)> {
+    let out = tokio::process::Command::new(binary().await?)
+        .args(["deploy", "orders"])
+        .arg(wasm)
+        .args(["--server", &server.addr().to_string()])
+        .env(ADMIN_TOKEN_ENV, token)
+        .output()
+        .await?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok((out.status.code().unwrap_or(-1), text))
 }
