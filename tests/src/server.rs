@@ -153,6 +153,44 @@ fn has_flag(args: &[String], flag: &str) -> bool {
         .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
 }
 
+/// Runs the binary with `args` (and `env`) to completion, within 60 s; its exit code and its
+/// stdout followed by its stderr.
+///
+/// # Errors
+/// It cannot be built or started, or it runs too long.
+pub async fn cli(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<(i32, String)> {
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        Command::new(binary().await?)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
+            .output(),
+    )
+    .await
+    .with_context(|| format!("viewtape {args:?} timed out"))??;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok((out.status.code().unwrap_or(-1), text))
+}
+
+/// A config file holding `text`, for `--config`; keep it alive as long as the server may
+/// restart.
+///
+/// # Errors
+/// The file cannot be written.
+pub fn config_file(text: &str) -> anyhow::Result<tempfile::NamedTempFile> {
+    let file = tempfile::Builder::new()
+        .prefix("viewtape-config-")
+        .suffix(".toml")
+        .tempfile()?;
+    std::fs::write(file.path(), text)?;
+    Ok(file)
+}
+
 /// Parses the listening line into a loopback address.
 ///
 /// # Errors

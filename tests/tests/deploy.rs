@@ -3,10 +3,8 @@
 //! does not load is refused with the reason while the old one keeps running, and the deployed
 //! module is the one that runs after a crash or a graceful restart.
 
-use std::time::Duration;
-
 use anyhow::{ensure, Context as _};
-use viewtape_tests::server::{binary, guest_wasm, ADMIN_TOKEN_ENV};
+use viewtape_tests::server::{cli, config_file, guest_wasm, ADMIN_TOKEN_ENV};
 use viewtape_tests::{http, EventStream, Response, Server};
 
 const TOKEN: &str = "deploy-test-token-41";
@@ -20,27 +18,17 @@ fn build(build: u8) -> anyhow::Result<Vec<u8>> {
     Ok(wasm)
 }
 
-/// `viewtape deploy RUNTIME FILE --server ADDR` with the token; exit code and output.
+/// `viewtape deploy counter FILE --server ADDR` with the token; exit code and output.
 async fn deploy_cli(server: &Server, wasm: &[u8]) -> anyhow::Result<(i32, String)> {
     let file = tempfile::NamedTempFile::new()?;
     std::fs::write(file.path(), wasm)?;
-    let out = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::process::Command::new(binary().await?)
-            .args(["deploy", "counter"])
-            .arg(file.path())
-            .args(["--server", &server.addr().to_string()])
-            .env(ADMIN_TOKEN_ENV, TOKEN)
-            .output(),
+    let path = file.path().display().to_string();
+    let addr = server.addr().to_string();
+    cli(
+        &["deploy", "counter", &path, "--server", &addr],
+        &[(ADMIN_TOKEN_ENV, TOKEN)],
     )
     .await
-    .context("viewtape deploy timed out")??;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok((out.status.code().unwrap_or(-1), text))
 }
 
 /// `PUT /admin/runtimes/{runtime}/module` over HTTP.
@@ -74,14 +62,10 @@ async fn count(server: &Server, stream: &mut EventStream) -> anyhow::Result<(u64
 async fn a_deployed_module_takes_over_the_state_without_a_restart() -> anyhow::Result<()> {
     let wasm = tempfile::NamedTempFile::new()?;
     std::fs::write(wasm.path(), build(0)?)?;
-    let config = tempfile::NamedTempFile::new()?;
-    std::fs::write(
-        config.path(),
-        format!(
-            "[[runtime]]\nname = \"counter\"\nwasm = {:?}\nviews = [\"state\"]\n",
-            wasm.path().display().to_string()
-        ),
-    )?;
+    let config = config_file(&format!(
+        "[[runtime]]\nname = \"counter\"\nwasm = {:?}\nviews = [\"state\"]\n",
+        wasm.path().display().to_string()
+    ))?;
     let config_path = config.path().display().to_string();
     let mut server =
         Server::start_with_env(&["--config", &config_path], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;

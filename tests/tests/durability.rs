@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use viewtape_journal::Cursor;
-use viewtape_tests::server::{binary, guest_wasm};
+use viewtape_tests::server::{cli, config_file, guest_wasm};
 use viewtape_tests::{expect, feed::event_seq, http, EventStream, Feed, Response, Server};
 
 /// The size of a segment header; records follow it.
@@ -30,16 +30,6 @@ const SEGMENT_HEADER: usize = 24;
 const RECORD_HEADER: usize = 16;
 
 // ---- helpers -----------------------------------------------------------------------------
-
-/// A config file for `--config`; keep it alive as long as the server may restart.
-fn config_file(text: &str) -> anyhow::Result<tempfile::NamedTempFile> {
-    let file = tempfile::Builder::new()
-        .prefix("viewtape-durability-")
-        .suffix(".toml")
-        .tempfile()?;
-    std::fs::write(file.path(), text)?;
-    Ok(file)
-}
 
 /// Starts with a config file (and `--demo-rate 0`, the harness default).
 async fn start_with(config: &str) -> anyhow::Result<(Server, tempfile::NamedTempFile)> {
@@ -160,29 +150,9 @@ fn kept(original: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the binary with `args`; returns its exit code and stdout + stderr.
-async fn cli(args: &[&str]) -> anyhow::Result<(i32, String)> {
-    let bin = binary().await?;
-    let out = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::process::Command::new(bin)
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .output(),
-    )
-    .await
-    .context("viewtape CLI timed out")??;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok((out.status.code().unwrap_or(-1), text))
-}
-
 /// `viewtape log inspect DIR`.
 async fn inspect(dir: &Path) -> anyhow::Result<(i32, String)> {
-    cli(&["log", "inspect", &dir.to_string_lossy()]).await
+    cli(&["log", "inspect", &dir.to_string_lossy()], &[]).await
 }
 
 /// Checks a `200` ingest receipt: `events.prices`, no gap, fsync durability; returns the

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context as _};
 use tokio::io::AsyncWriteExt;
-use viewtape_tests::server::{binary, ADMIN_TOKEN_ENV};
+use viewtape_tests::server::{binary, cli, ADMIN_TOKEN_ENV};
 use viewtape_tests::Server;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,6 +142,17 @@ async fn a_new_guest_builds_passes_its_tests_and_runs() -> anyhow::Result<()> {
     deploy_builds_into_a_running_server(&crate_dir, &wasm).await
 }
 
+/// `viewtape deploy orders WASM` against `server`.
+async fn deploy(server: &Server, token: &str, wasm: &Path) -> anyhow::Result<(i32, String)> {
+    let path = wasm.display().to_string();
+    let addr = server.addr().to_string();
+    cli(
+        &["deploy", "orders", &path, "--server", &addr],
+        &[(ADMIN_TOKEN_ENV, token)],
+    )
+    .await
+}
+
 /// Build 1 of the scaffolded guest serves; build 2 (another payload) is deployed with
 /// subscribers attached and carries the running totals over; build 3 (a new state version
 /// without a migration) is refused while build 2 keeps serving; a crash and restart keep the
@@ -252,21 +263,4 @@ async fn deploy_builds_into_a_running_server(crate_dir: &Path, built: &Path) -> 
         "{after:?}"
     );
     Ok(())
-}
-
-/// `viewtape deploy orders WASM` against `server`.
-async fn deploy(server: &Server, token: &str, wasm: &Path) -> anyhow::Result<(i32, String)> {
-    let out = tokio::process::Command::new(binary().await?)
-        .args(["deploy", "orders"])
-        .arg(wasm)
-        .args(["--server", &server.addr().to_string()])
-        .env(ADMIN_TOKEN_ENV, token)
-        .output()
-        .await?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok((out.status.code().unwrap_or(-1), text))
 }

@@ -76,9 +76,7 @@ async fn graceful_stop_exits_zero_and_cursors_survive_the_restart() -> anyhow::R
 /// same resume that survives a kill -9 with the log gets a reset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_nine_with_the_log_off_resets_old_cursors() -> anyhow::Result<()> {
-    let config = tempfile::NamedTempFile::new()?;
-    std::fs::write(
-        config.path(),
+    let config = viewtape_tests::server::config_file(
         "[log]\nenabled = false\n\n[[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
     )?;
     let path = config.path().display().to_string();

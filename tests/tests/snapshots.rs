@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context as _};
 use viewtape_journal::Cursor;
-use viewtape_tests::server::{binary, ADMIN_TOKEN_ENV};
+use viewtape_tests::server::{cli, config_file, ADMIN_TOKEN_ENV};
 use viewtape_tests::{expect, http, EventStream, Feed, Response, Server};
 
 const TOKEN: &str = "test-admin-token-7f3a";
@@ -65,25 +65,6 @@ async fn admin(
     http::request(server.addr(), method, path, &headers, body).await
 }
 
-async fn cli(args: &[&str]) -> anyhow::Result<(i32, String)> {
-    let bin = binary().await?;
-    let out = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::process::Command::new(bin)
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .output(),
-    )
-    .await
-    .context("viewtape snapshot timed out")??;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok((out.status.code().unwrap_or(-1), text))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_restart_keeps_a_live_cursor_valid() -> anyhow::Result<()> {
     let mut server = Server::start(&[]).await?;
@@ -134,9 +115,7 @@ async fn graceful_restart_keeps_a_live_cursor_valid() -> anyhow::Result<()> {
 /// A config with the log off (the snapshot-only rules) and the demo runtime; keep it alive
 /// while the server may restart.
 fn log_off() -> anyhow::Result<(tempfile::NamedTempFile, String)> {
-    let config = tempfile::NamedTempFile::new()?;
-    std::fs::write(
-        config.path(),
+    let config = config_file(
         "[log]\nenabled = false\n\n[[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
     )?;
     let path = config.path().display().to_string();
@@ -260,7 +239,7 @@ async fn corrupted_newest_snapshot_falls_back_and_is_kept() -> anyhow::Result<()
     ensure!(view["entries"]["ACME"]["seq"] == 5, "{view}");
 
     // The CLI agrees.
-    let (code, out) = cli(&["snapshot", "inspect", &newest.to_string_lossy()]).await?;
+    let (code, out) = cli(&["snapshot", "inspect", &newest.to_string_lossy()], &[]).await?;
     ensure!(
         code == 1,
         "inspect of a corrupted file exits 1: {code}\n{out}"
@@ -275,7 +254,7 @@ async fn corrupted_newest_snapshot_falls_back_and_is_kept() -> anyhow::Result<()
         .rev()
         .find(|f| *f != &newest)
         .context("a valid snapshot")?;
-    let (code, out) = cli(&["snapshot", "inspect", &good.to_string_lossy()]).await?;
+    let (code, out) = cli(&["snapshot", "inspect", &good.to_string_lossy()], &[]).await?;
     ensure!(code == 0, "inspect of a good file exits 0: {code}\n{out}");
     ensure!(
         out.contains("valid:    yes")
@@ -284,7 +263,7 @@ async fn corrupted_newest_snapshot_falls_back_and_is_kept() -> anyhow::Result<()
         "inspect prints header, epoch and log position:\n{out}"
     );
     let dir = server.data_dir().join("snapshots");
-    let (code, out) = cli(&["snapshot", "verify", &dir.to_string_lossy()]).await?;
+    let (code, out) = cli(&["snapshot", "verify", &dir.to_string_lossy()], &[]).await?;
     ensure!(
         code == 1,
         "verify with a corrupted file exits 1: {code}\n{out}"
@@ -295,7 +274,7 @@ async fn corrupted_newest_snapshot_falls_back_and_is_kept() -> anyhow::Result<()
     );
     // Without the corrupted file, verify passes.
     std::fs::remove_file(&newest)?;
-    let (code, out) = cli(&["snapshot", "verify", &dir.to_string_lossy()]).await?;
+    let (code, out) = cli(&["snapshot", "verify", &dir.to_string_lossy()], &[]).await?;
     ensure!(code == 0, "verify of good files exits 0: {code}\n{out}");
     Ok(())
 }
@@ -517,7 +496,11 @@ async fn admin_restore_resets_subscribers_to_the_restored_state() -> anyhow::Res
 async fn a_second_server_on_the_same_data_dir_refuses_at_once() -> anyhow::Result<()> {
     let server = Server::start(&["--demo-rate", "0"]).await?;
     let data_dir = server.data_dir().to_string_lossy().into_owned();
-    let (code, out) = cli(&["serve", "--listen", "127.0.0.1:0", "--data-dir", &data_dir]).await?;
+    let (code, out) = cli(
+        &["serve", "--listen", "127.0.0.1:0", "--data-dir", &data_dir],
+        &[],
+    )
+    .await?;
     ensure!(code != 0, "the second server started: {out}");
     ensure!(
         out.contains(&data_dir) && out.contains(&format!("pid {}", server.pid())),
@@ -534,7 +517,7 @@ async fn a_second_server_on_the_same_data_dir_refuses_at_once() -> anyhow::Resul
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspection_changes_nothing_and_names_consumed_snapshots() -> anyhow::Result<()> {
     let missing = tempfile::tempdir()?.path().join("nope");
-    let (code, out) = cli(&["snapshot", "verify", &missing.to_string_lossy()]).await?;
+    let (code, out) = cli(&["snapshot", "verify", &missing.to_string_lossy()], &[]).await?;
     ensure!(code != 0, "verify of a missing dir exits non-zero: {out}");
     ensure!(!missing.exists(), "verify created {}", missing.display());
 
@@ -543,7 +526,7 @@ async fn inspection_changes_nothing_and_names_consumed_snapshots() -> anyhow::Re
     server.stop_graceful().await?;
     server.restart().await?; // adopts, and so consumes, the exact snapshot
     let dir = server.data_dir().join("snapshots");
-    let (code, out) = cli(&["snapshot", "verify", &dir.to_string_lossy()]).await?;
+    let (code, out) = cli(&["snapshot", "verify", &dir.to_string_lossy()], &[]).await?;
     ensure!(code == 0, "{out}");
     ensure!(
         out.lines()
@@ -571,13 +554,16 @@ async fn an_unreadable_newest_snapshot_stops_the_start_instead_of_losing_it() ->
         .join("snapshots")
         .join("snap-9999999999999999-9999999999-periodic.vtsnap");
     std::fs::create_dir(&unreadable)?;
-    let (code, out) = cli(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        &data_dir.to_string_lossy(),
-    ])
+    let (code, out) = cli(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &data_dir.to_string_lossy(),
+        ],
+        &[],
+    )
     .await?;
     ensure!(code != 0, "started past an unreadable snapshot: {out}");
     ensure!(
