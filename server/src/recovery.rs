@@ -28,7 +28,7 @@ use viewtape_snapshots::{SnapshotDir, SnapshotError};
 use crate::config::{FsyncMode, LogSection};
 use crate::host::{GuestEngine, GuestModule};
 use crate::hub::Hub;
-use crate::log::{DeployEntry, Entry, Log, LogMetrics};
+use crate::log::{Break, DeployEntry, Entry, Log, LogMetrics};
 use crate::registry::{ModuleStore, Runtimes};
 use crate::runtime::{ReplayError, RuntimeHandle};
 use crate::snapshot::{restore_at_start, RuntimeDump, SnapshotBody};
@@ -70,7 +70,7 @@ struct Plan {
     /// The snapshot's position: replay starts after it.
     from: u64,
     /// A break found before replaying anything: `(cause, what)`.
-    broken_before: Option<(&'static str, String)>,
+    broken_before: Option<(Break, String)>,
     /// The snapshot holds no log position (taken with the log off).
     unpositioned: bool,
     /// No snapshot was found: nothing holds the epoch of what the log may hold.
@@ -126,7 +126,7 @@ pub async fn begin(
     let mut broken_before = None;
     if unpositioned && !scan.segments.iter().all(|s| s.records == 0) {
         broken_before = Some((
-            "missing",
+            Break::Missing,
             "the snapshot was taken with the log off, so the log's records cannot follow it"
                 .to_owned(),
         ));
@@ -134,13 +134,13 @@ pub async fn begin(
     let from = from.unwrap_or(0);
     if boot_changed {
         broken_before.get_or_insert((
-            "boot",
+            Break::Boot,
             "the machine restarted since the log was written with fsync = \"os\"; its unsynced tail may be gone".to_owned(),
         ));
     }
     if let Some(first) = scan.segments.first().filter(|s| s.first > from + 1) {
         broken_before.get_or_insert((
-            "missing",
+            Break::Missing,
             format!(
                 "the snapshot is at log position {from}, but the log starts at {}",
                 first.first
@@ -149,7 +149,7 @@ pub async fn begin(
     }
     if scan.next() < from + 1 {
         broken_before.get_or_insert((
-            "missing",
+            Break::Missing,
             format!(
                 "the snapshot is at log position {from}, but the log ends at {}",
                 scan.next() - 1
@@ -248,7 +248,7 @@ pub struct Replayed {
     /// Records replayed.
     pub records: u64,
     /// Set when continuity broke: the cause (the metric's label) and where the files went.
-    pub failed_closed: Option<(&'static str, Vec<PathBuf>)>,
+    pub failed_closed: Option<(Break, Vec<PathBuf>)>,
     /// The next start needs a snapshot at the log's new beginning: write one now.
     pub needs_snapshot: bool,
 }
@@ -269,25 +269,29 @@ pub async fn replay(
         return Ok(Replayed::default());
     };
     let log = Arc::clone(&begun.log);
+    let started = std::time::Instant::now();
     let mut replayed = Replayed::default();
     let mut broken = plan.broken_before.clone();
-    if broken.as_ref().is_none_or(|(cause, _)| *cause == "boot") {
+    if broken
+        .as_ref()
+        .is_none_or(|(cause, _)| *cause == Break::Boot)
+    {
         broken = replay_records(&plan, runtimes, modules, engine, &mut replayed.records)
             .await?
             .or(broken);
     }
     if broken.is_none() && plan.no_snapshot && replayed.records > 0 {
         broken = Some((
-            "missing",
+            Break::Missing,
             "no snapshot holds the epoch of the logged history".to_owned(),
         ));
     }
     if broken.is_none() {
         if let Some((path, reason)) = plan.scan.corruption() {
             let cause = if reason.contains("missing") {
-                "missing"
+                Break::Missing
             } else {
-                "corrupt"
+                Break::Corrupt
             };
             broken = Some((cause, format!("{}: {reason}", path.display())));
         }
@@ -303,7 +307,7 @@ pub async fn replay(
         next = next.max(log.committed() + 1);
         log.metrics().failed_closed(cause);
         tracing::error!(
-            cause,
+            %cause,
             problem = %what,
             proven_through = log.committed(),
             kept = ?kept,
@@ -315,6 +319,7 @@ pub async fn replay(
         tracing::info!(
             records = replayed.records,
             through = next - 1,
+            seconds = started.elapsed().as_secs_f64(),
             "log replayed"
         );
     }
@@ -340,11 +345,11 @@ async fn replay_deploy(
     position: u64,
     modules: &ModuleStore,
     engine: &GuestEngine,
-) -> Result<(), (&'static str, String)> {
+) -> Result<(), (Break, String)> {
     let running = runtime.module();
     if deploy.previous != running {
         return Err((
-            "module",
+            Break::Module,
             format!(
                 "a deploy to runtime {:?} from module {}, which runs {running}",
                 deploy.runtime, deploy.previous
@@ -354,7 +359,7 @@ async fn replay_deploy(
     let wasm = modules.get(&deploy.module).map_err(|error| {
         let path = modules.path(&deploy.module);
         (
-            "module",
+            Break::Module,
             format!(
                 "deployed module {}: {}: {error}",
                 deploy.module,
@@ -364,7 +369,7 @@ async fn replay_deploy(
     })?;
     let module = GuestModule::new(engine, &wasm).map_err(|error| {
         (
-            "module",
+            Break::Module,
             format!("deployed module {}: {error}", deploy.module),
         )
     })?;
@@ -372,7 +377,7 @@ async fn replay_deploy(
         .replay_deploy(module, position)
         .await
         .map(drop)
-        .map_err(|error| ("digest", error.to_string()))
+        .map_err(|error| (Break::Digest, error.to_string()))
 }
 
 /// Replays every intact record after `plan.from`. Returns the break that stopped it, if any.
@@ -382,7 +387,7 @@ async fn replay_records(
     modules: &ModuleStore,
     engine: &GuestEngine,
     count: &mut u64,
-) -> Result<Option<(&'static str, String)>, RecoveryError> {
+) -> Result<Option<(Break, String)>, RecoveryError> {
     // Records are read on a blocking thread and handed over one at a time.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Vec<u8>)>(64);
     let dir = LogDir::open_existing(plan.dir.path())?;
@@ -398,7 +403,7 @@ async fn replay_records(
     while let Some((position, payload)) = rx.recv().await {
         if position != expected {
             broken = Some((
-                "missing",
+                Break::Missing,
                 format!(
                     "log position {position} follows {} (records are missing)",
                     expected - 1
@@ -410,7 +415,7 @@ async fn replay_records(
             Ok(entry) => entry,
             Err(error) => {
                 broken = Some((
-                    "corrupt",
+                    Break::Corrupt,
                     format!("log position {position} does not decode: {error}"),
                 ));
                 break;
@@ -418,7 +423,7 @@ async fn replay_records(
         };
         let Some(runtime) = runtimes.get(entry.runtime()) else {
             broken = Some((
-                "module",
+                Break::Module,
                 format!(
                     "log position {position} belongs to runtime {:?}, which is not configured",
                     entry.runtime()
@@ -432,8 +437,8 @@ async fn replay_records(
                 .replay(batch, position)
                 .await
                 .map_err(|error| match error {
-                    ReplayError::ModuleChanged { .. } => ("module", error.to_string()),
-                    _ => ("digest", error.to_string()),
+                    ReplayError::ModuleChanged { .. } => (Break::Module, error.to_string()),
+                    _ => (Break::Digest, error.to_string()),
                 }),
             Entry::Deploy(deploy) => {
                 replay_deploy(&runtime.handle, deploy, position, modules, engine).await

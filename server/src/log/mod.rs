@@ -87,15 +87,56 @@ pub struct LogMetrics {
     pub fail_closed: Family<[(&'static str, &'static str); 1], Counter>,
 }
 
-/// Every cause of [`LogMetrics::fail_closed`].
-pub const FAIL_CLOSED_CAUSES: [&str; 5] = ["corrupt", "missing", "digest", "module", "boot"];
+/// Why the log's history could not be continued (the label of
+/// `viewtape_log_fail_closed_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Break {
+    /// A damaged record or segment before the tail.
+    Corrupt,
+    /// Records or segments are missing, or nothing ties the log to a snapshot.
+    Missing,
+    /// A replayed batch produced something else than it did.
+    Digest,
+    /// A record of a module or guest config that does not run here.
+    Module,
+    /// The machine restarted under `fsync = "os"`.
+    Boot,
+}
+
+impl Break {
+    /// Every cause.
+    pub const ALL: [Break; 5] = [
+        Break::Corrupt,
+        Break::Missing,
+        Break::Digest,
+        Break::Module,
+        Break::Boot,
+    ];
+
+    /// The metric's label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Break::Corrupt => "corrupt",
+            Break::Missing => "missing",
+            Break::Digest => "digest",
+            Break::Module => "module",
+            Break::Boot => "boot",
+        }
+    }
+}
+
+impl std::fmt::Display for Break {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 impl Default for LogMetrics {
     fn default() -> Self {
         let fail_closed = Family::<[(&'static str, &'static str); 1], Counter>::default();
         // Present from the start, at 0, so that a dashboard sees every cause.
-        for cause in FAIL_CLOSED_CAUSES {
-            drop(fail_closed.get_or_create(&[("cause", cause)]));
+        for cause in Break::ALL {
+            drop(fail_closed.get_or_create(&[("cause", cause.as_str())]));
         }
         Self {
             position: Gauge::default(),
@@ -114,8 +155,10 @@ impl Default for LogMetrics {
 
 impl LogMetrics {
     /// Counts a break of continuity.
-    pub fn failed_closed(&self, cause: &'static str) {
-        self.fail_closed.get_or_create(&[("cause", cause)]).inc();
+    pub fn failed_closed(&self, cause: Break) {
+        self.fail_closed
+            .get_or_create(&[("cause", cause.as_str())])
+            .inc();
     }
 
     fn observer(&self) -> Observer {
