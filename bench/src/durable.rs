@@ -421,16 +421,16 @@ fn ticks(producer: usize, first: u64, k: usize) -> String {
 
 /// What a viewtape 200 says.
 #[derive(Debug, PartialEq, Eq)]
-struct IngestAck {
+pub(crate) struct IngestAck {
     /// `events.prices` (0 when absent: nothing published).
-    events: u64,
+    pub(crate) events: u64,
     /// `gaps.len()`.
-    gaps: u64,
+    pub(crate) gaps: u64,
     /// `durability == "fsync"`.
-    fsync: bool,
+    pub(crate) fsync: bool,
 }
 
-fn parse_ingest_ack(body: &[u8]) -> anyhow::Result<IngestAck> {
+pub(crate) fn parse_ingest_ack(body: &[u8]) -> anyhow::Result<IngestAck> {
     let value: serde_json::Value = serde_json::from_slice(body).with_context(|| {
         format!(
             "ingest answer is not JSON: {:.300}",
@@ -445,16 +445,17 @@ fn parse_ingest_ack(body: &[u8]) -> anyhow::Result<IngestAck> {
 }
 
 /// A keep-alive HTTP/1.1 connection whose write and read are separate steps, so a request
-/// can be written under the `seq` lock and its answer awaited outside it.
+/// can be written under the `seq` lock and its answer awaited outside it (also used by
+/// [`crate::deploy`]).
 #[derive(Debug)]
-struct IngestConn {
+pub(crate) struct IngestConn {
     addr: SocketAddr,
     stream: TcpStream,
     buf: Vec<u8>,
 }
 
 impl IngestConn {
-    async fn connect(addr: SocketAddr) -> anyhow::Result<Self> {
+    pub(crate) async fn connect(addr: SocketAddr) -> anyhow::Result<Self> {
         Ok(Self {
             addr,
             stream: http::connect(addr).await?,
@@ -462,7 +463,7 @@ impl IngestConn {
         })
     }
 
-    async fn write(&mut self, path: &str, body: &[u8]) -> anyhow::Result<()> {
+    pub(crate) async fn write(&mut self, path: &str, body: &[u8]) -> anyhow::Result<()> {
         let req = http::encode_request(self.addr, "POST", path, &[], body, true);
         tokio::time::timeout(IO_TIMEOUT, self.stream.write_all(&req))
             .await
@@ -481,7 +482,7 @@ impl IngestConn {
     }
 
     /// Reads one response: status and body (`Content-Length` or chunked).
-    async fn read(&mut self) -> anyhow::Result<(u16, Vec<u8>)> {
+    pub(crate) async fn read(&mut self) -> anyhow::Result<(u16, Vec<u8>)> {
         let head = loop {
             if let Some((head, len)) = http::parse_head(&self.buf)? {
                 self.buf.drain(..len);

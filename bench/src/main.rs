@@ -10,6 +10,8 @@
 //!                        (acknowledged durable ingest beside NATS JetStream: bench/src/durable.rs)
 //! viewtape-bench restart [--events 1000000 --events-per-batch 1000 --runs 3 --producers 4]
 //!                        (start-up after kill -9: log replay vs an empty log; bench/src/restart.rs)
+//! viewtape-bench deploy  [--deploys 10 --rate 500 --connections 4 --max-seconds 300]
+//!                        (live module deploys under open-loop ingest; bench/src/deploy.rs)
 //! common: --addr 127.0.0.1:PORT [--pid PID]   (a running server; PID for RSS/CPU)
 //!         or nothing: spawns target/<profile>/viewtape serve --demo-rate 0 [--server-arg …]
 //!         or --peer nchan --peer-url http://127.0.0.1:PORT [--pid WORKER_PID]
@@ -35,8 +37,13 @@
 //! `restart` always spawns its own servers (fresh data directories): it ingests `--events`,
 //! `kill -9`s the server and times the restart that replays them from the log, beside a
 //! restart with an empty log. See [`restart`].
+//!
+//! `deploy` always spawns its own server (with an admin token): it ingests into `demo` at a
+//! fixed rate and deploys a new ticker build to `demo` again and again, timing each deploy
+//! and the ingest acks while one is in flight. See [`deploy`].
 
 mod args;
+mod deploy;
 mod durable;
 mod fanout;
 mod histogram;
@@ -53,7 +60,7 @@ use anyhow::{bail, Context as _};
 use crate::args::Args;
 use crate::target::Target;
 
-const USAGE: &str = "usage: viewtape-bench <fanout|replay|idle|stalled|durable|restart> [options]; see the module docs in bench/src/main.rs";
+const USAGE: &str = "usage: viewtape-bench <fanout|replay|idle|stalled|durable|restart|deploy> [options]; see the module docs in bench/src/main.rs";
 
 fn main() -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -88,6 +95,11 @@ fn main() -> anyhow::Result<()> {
             let options = restart::Options::from_args(&args)?;
             args.finish()?;
             return restart::run(&options).await;
+        }
+        if command == "deploy" {
+            let options = deploy::Options::from_args(&args)?;
+            args.finish()?;
+            return deploy::run(&options).await;
         }
         let target_and_run = async {
             let target = Target::from_args(&args).await?;

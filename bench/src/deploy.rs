@@ -1,0 +1,582 @@
+//! `deploy`: what deploying a new module to a running runtime costs, and what it does to ingest.
+//!
+//! ```text
+//! viewtape-bench deploy [--deploys 10] [--rate 500] [--connections 4] [--max-seconds 300]
+//! ```
+//!
+//! Always spawns its own server (`viewtape serve --demo-rate 0`, a fresh data directory, the
+//! default config: runtime `demo` = the built-in ticker into view `prices`) with
+//! `VIEWTAPE_ADMIN_TOKEN` set to a token made up for the run.
+//!
+//! - Ingest: an open loop of 1-event batches into `POST /runtimes/demo/ingest` at `--rate`
+//!   batches/s for the whole run (a tokio interval schedules them; whichever of the
+//!   `--connections` keep-alive connections is free sends the next one; each batch's latency
+//!   counts from its scheduled time, so batches queued behind a paused runtime show the
+//!   pause). The ticker keeps one `seq` for the feed and skips non-increasing ones, so `seq`s
+//!   come from one counter locked across the request write; a batch the ticker skipped anyway
+//!   (`events.prices: 0`, the server reordered two connections) is sent again with a fresh
+//!   `seq` and counted as `resent`. Every 200 must say `events.prices: 1` in the end.
+//! - Deploys: after a 2 s warm-up, `--deploys` times, one after the other with 1 s between
+//!   them: `PUT /admin/runtimes/demo/module` with `server/guests/ticker.wasm` plus a custom
+//!   section `build` holding the deploy's number (8 bytes LE), so each one is a different,
+//!   valid module (the same module again would be a no-op). Its latency is the whole PUT:
+//!   compile, store, the swap between two batches and the durable log record. Each answer
+//!   must be a 200 with a log `position`, a new `module`, and as `previous` the module the
+//!   deploy before installed.
+//!
+//! Report: deploy latency p50/max; ingest ack latency p50/p99/max of the batches in flight
+//! while a deploy was (scheduled before the PUT's answer and acked after it was sent) beside
+//! those of every other batch after the warm-up; the longest gap between consecutive acks that
+//! overlaps a deploy, beside the longest one that does not.
+//!
+//! Bounds: at most `--rate × --max-seconds` batches are scheduled and the run stops scheduling
+//! at `--max-seconds` (a run that has not finished its deploys by then fails); every request
+//! write/read is bounded (a PUT by [`DEPLOY_TIMEOUT`]); the connections must drain their
+//! last batches within [`DRAIN_TIMEOUT`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context as _};
+use tokio::task::JoinSet;
+use viewtape_tests::feed::{price_of, tick};
+use viewtape_tests::server::{guest_wasm, ADMIN_TOKEN_ENV};
+use viewtape_tests::{http, Server};
+
+use crate::args::Args;
+use crate::durable::{parse_ingest_ack, IngestConn};
+use crate::histogram::Histogram;
+
+/// The runtime deployed to and ingested into (the default config's).
+const RUNTIME: &str = "demo";
+/// Ingest before the first deploy.
+const WARM_UP: Duration = Duration::from_secs(2);
+/// Between one deploy's answer and the next PUT; also ingest after the last one.
+const BETWEEN: Duration = Duration::from_secs(1);
+/// One PUT, start to answer.
+const DEPLOY_TIMEOUT: Duration = Duration::from_secs(60);
+/// The connections' last batches, after scheduling stopped.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(40);
+/// A batch the ticker skipped is sent again at most this often.
+const MAX_RESENDS: u32 = 1000;
+/// The custom section's name in each deployed module.
+const SECTION_NAME: &[u8] = b"build";
+
+/// What to run.
+#[derive(Debug)]
+pub struct Options {
+    deploys: u64,
+    rate: u64,
+    connections: usize,
+    max_seconds: u64,
+}
+
+impl Options {
+    /// `--deploys` (1..=100, default 10), `--rate` (batches/s, 1..=5,000, default 500),
+    /// `--connections` (1..=64, default 4), `--max-seconds` (the bound on the whole run,
+    /// 5..=3,600, default 300).
+    ///
+    /// # Errors
+    /// On out-of-bounds values.
+    pub fn from_args(args: &Args) -> anyhow::Result<Self> {
+        Ok(Self {
+            deploys: args.num("deploys", 10u64, 1, 100)?,
+            rate: args.num("rate", 500u64, 1, 5_000)?,
+            connections: args.num("connections", 4usize, 1, 64)?,
+            max_seconds: args.num("max-seconds", 300u64, 5, 3_600)?,
+        })
+    }
+}
+
+/// `wasm` with a custom section `build` holding `build` (8 bytes LE) appended: a valid module
+/// that differs from `wasm` and from every other `build`.
+fn with_build_section(wasm: &[u8], build: u64) -> Vec<u8> {
+    let data = build.to_le_bytes();
+    // name length byte + name + data; all below 128, so every LEB128 is one byte.
+    let section_len = 1 + SECTION_NAME.len() + data.len();
+    let mut out = Vec::with_capacity(wasm.len() + 2 + section_len);
+    out.extend_from_slice(wasm);
+    out.push(0x00); // custom section id
+    out.push(section_len as u8);
+    out.push(SECTION_NAME.len() as u8);
+    out.extend_from_slice(SECTION_NAME);
+    out.extend_from_slice(&data);
+    out
+}
+
+/// One acknowledged batch; times since the open loop's start.
+#[derive(Debug, Clone, Copy)]
+struct Batch {
+    scheduled: Duration,
+    acked: Duration,
+    resent: u32,
+}
+
+impl Batch {
+    fn latency(&self) -> Duration {
+        self.acked.saturating_sub(self.scheduled)
+    }
+}
+
+/// One deploy's PUT, start to answer, since the open loop's start.
+#[derive(Debug, Clone)]
+struct Deploy {
+    start: Duration,
+    end: Duration,
+    position: u64,
+    module: String,
+}
+
+impl Deploy {
+    /// Whether `from..to` overlaps this deploy.
+    fn overlaps(&self, from: Duration, to: Duration) -> bool {
+        from < self.end && to > self.start
+    }
+}
+
+/// Sends scheduled batches on one connection until the schedule ends.
+async fn ingest_worker(
+    mut conn: IngestConn,
+    start: Instant,
+    schedule: Arc<tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Instant>>>,
+    seq: Arc<tokio::sync::Mutex<u64>>,
+) -> anyhow::Result<Vec<Batch>> {
+    let mut batches = Vec::new();
+    loop {
+        let next = schedule.lock().await.recv().await;
+        let Some(scheduled) = next else {
+            return Ok(batches);
+        };
+        let resent = send_one(&mut conn, &seq).await?;
+        batches.push(Batch {
+            scheduled: scheduled.saturating_duration_since(start),
+            acked: start.elapsed(),
+            resent,
+        });
+    }
+}
+
+/// Sends one 1-event batch until the ticker takes it; how often it was sent again.
+async fn send_one(conn: &mut IngestConn, seq: &tokio::sync::Mutex<u64>) -> anyhow::Result<u32> {
+    let path = format!("/runtimes/{RUNTIME}/ingest");
+    let mut resent = 0;
+    loop {
+        {
+            let mut last = seq.lock().await;
+            *last += 1;
+            let body = tick("ACME", price_of(*last), *last);
+            conn.write(&path, body.as_bytes()).await?;
+        }
+        let (status, body) = conn.read().await?;
+        if status != 200 {
+            bail!(
+                "POST {path}: status {status}: {:.300}",
+                String::from_utf8_lossy(&body)
+            );
+        }
+        let events = parse_ingest_ack(&body)?.events;
+        if events == 1 {
+            return Ok(resent);
+        }
+        ensure!(
+            events == 0,
+            "POST {path}: events.prices {events} for one tick"
+        );
+        resent += 1;
+        ensure!(
+            resent <= MAX_RESENDS,
+            "a batch was skipped {MAX_RESENDS} times"
+        );
+    }
+}
+
+/// Schedules `rate` batches/s until `stop` or `max_seconds`; how many it scheduled.
+async fn schedule(
+    tx: tokio::sync::mpsc::UnboundedSender<Instant>,
+    rate: u64,
+    max_seconds: u64,
+    stop: Arc<AtomicBool>,
+) -> u64 {
+    let total = rate.saturating_mul(max_seconds);
+    let mut interval = tokio::time::interval(Duration::from_nanos(1_000_000_000 / rate));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut sent = 0;
+    while sent < total && !stop.load(Ordering::Relaxed) {
+        let at = interval.tick().await;
+        if tx.send(at.into_std()).is_err() {
+            break; // every connection ended: the join says why
+        }
+        sent += 1;
+    }
+    sent
+}
+
+/// The deploys, one after the other; times relative to `start`.
+async fn deploy_all(
+    server: &Server,
+    token: &str,
+    options: &Options,
+    start: Instant,
+) -> anyhow::Result<Vec<Deploy>> {
+    let base = std::fs::read(guest_wasm("ticker")).context("read the ticker module")?;
+    let bearer = format!("Bearer {token}");
+    let path = format!("/admin/runtimes/{RUNTIME}/module");
+    let deadline = start + Duration::from_secs(options.max_seconds);
+    let mut deploys: Vec<Deploy> = Vec::new();
+    tokio::time::sleep(WARM_UP).await;
+    for build in 1..=options.deploys {
+        ensure!(
+            Instant::now() + BETWEEN < deadline,
+            "deploy {build} of {} would run past --max-seconds {}",
+            options.deploys,
+            options.max_seconds
+        );
+        let wasm = with_build_section(&base, build);
+        let t0 = start.elapsed();
+        let resp = tokio::time::timeout(
+            DEPLOY_TIMEOUT,
+            http::request(
+                server.addr(),
+                "PUT",
+                &path,
+                &[
+                    ("Authorization", &bearer),
+                    ("Content-Type", "application/wasm"),
+                ],
+                &wasm,
+            ),
+        )
+        .await
+        .with_context(|| format!("deploy {build}: no answer within {DEPLOY_TIMEOUT:?}"))??;
+        let t1 = start.elapsed();
+        ensure!(
+            resp.status() == 200,
+            "deploy {build}: status {}: {:.300}",
+            resp.status(),
+            resp.text()
+        );
+        let body = resp.json()?;
+        let position = body["position"].as_u64().with_context(|| {
+            format!("deploy {build}: no log position (was it a no-op?): {body}")
+        })?;
+        let module = body["module"].as_str().unwrap_or_default().to_owned();
+        let previous = body["previous"].as_str().unwrap_or_default();
+        ensure!(
+            !module.is_empty() && module != previous && body["runtime"] == RUNTIME,
+            "deploy {build}: unexpected answer {body}"
+        );
+        if let Some(before) = deploys.last() {
+            ensure!(
+                previous == before.module,
+                "deploy {build}: previous {previous:?}, but deploy {} installed {:?}",
+                build - 1,
+                before.module
+            );
+        }
+        deploys.push(Deploy {
+            start: t0,
+            end: t1,
+            position,
+            module,
+        });
+        tokio::time::sleep(BETWEEN).await;
+    }
+    Ok(deploys)
+}
+
+/// Ack latencies (µs) of one class of batches.
+#[derive(Debug, Default)]
+struct Class {
+    latency: Histogram,
+}
+
+impl Class {
+    fn record(&mut self, batch: &Batch) {
+        self.latency
+            .record(u64::try_from(batch.latency().as_micros()).unwrap_or(u64::MAX));
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "batches={} p50_ms={:.2} p99_ms={:.2} max_ms={:.2}",
+            self.latency.samples(),
+            self.latency.quantile(0.5) as f64 / 1000.0,
+            self.latency.quantile(0.99) as f64 / 1000.0,
+            self.latency.max() as f64 / 1000.0
+        )
+    }
+}
+
+/// The batches split by whether a deploy was in flight, and the longest ack gaps.
+#[derive(Debug, Default)]
+struct Analysis {
+    /// Overlapping a deploy.
+    during: Class,
+    /// After the warm-up, overlapping none.
+    quiet: Class,
+    /// Per deploy: batches overlapping it, their largest latency, the longest ack gap.
+    per_deploy: Vec<(u64, Duration, Duration)>,
+    /// Longest gap between consecutive acks overlapping a deploy / after the warm-up, none.
+    gap_during: Duration,
+    gap_quiet: Duration,
+}
+
+fn analyse(batches: &[Batch], deploys: &[Deploy], warm_up: Duration) -> Analysis {
+    let mut a = Analysis {
+        per_deploy: vec![(0, Duration::ZERO, Duration::ZERO); deploys.len()],
+        ..Analysis::default()
+    };
+    for batch in batches {
+        let mut during = false;
+        for (d, per) in deploys.iter().zip(a.per_deploy.iter_mut()) {
+            if d.overlaps(batch.scheduled, batch.acked) {
+                during = true;
+                per.0 += 1;
+                per.1 = per.1.max(batch.latency());
+            }
+        }
+        if during {
+            a.during.record(batch);
+        } else if batch.scheduled >= warm_up {
+            a.quiet.record(batch);
+        }
+    }
+    let mut acks: Vec<Duration> = batches.iter().map(|b| b.acked).collect();
+    acks.sort_unstable();
+    for pair in acks.windows(2) {
+        let (from, to) = (pair[0], pair[1]);
+        let gap = to - from;
+        let mut during = false;
+        for (d, per) in deploys.iter().zip(a.per_deploy.iter_mut()) {
+            if d.overlaps(from, to) {
+                during = true;
+                per.2 = per.2.max(gap);
+            }
+        }
+        if during {
+            a.gap_during = a.gap_during.max(gap);
+        } else if from >= warm_up {
+            a.gap_quiet = a.gap_quiet.max(gap);
+        }
+    }
+    a
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Nearest-rank quantile of `values` (sorted here); NaN when empty.
+fn quantile(values: &[f64], q: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((q.clamp(0.0, 1.0) * sorted.len() as f64).ceil() as usize).max(1);
+    sorted[rank - 1]
+}
+
+/// A token for this run only.
+fn make_token() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("viewtape-bench-{}-{nanos:x}", std::process::id())
+}
+
+/// Runs it and prints the figures.
+///
+/// # Errors
+/// On server errors, a refused or skipped batch, a failed or no-op deploy, or a run past its
+/// bounds.
+pub async fn run(options: &Options) -> anyhow::Result<()> {
+    let token = make_token();
+    let mut server = Server::start_with_env(&[], &[(ADMIN_TOKEN_ENV, &token)]).await?;
+    eprintln!(
+        "spawned viewtape (pid {}) on {}; {} deploys to {RUNTIME} while ingesting {}/s on {} \
+         connections",
+        server.pid(),
+        server.addr(),
+        options.deploys,
+        options.rate,
+        options.connections
+    );
+    let result = measure(&server, &token, options).await;
+    if result.is_err() {
+        eprintln!("---- spawned server stderr (tail) ----\n{}", server.logs());
+    }
+    let _ = server.kill9().await;
+    result
+}
+
+async fn measure(server: &Server, token: &str, options: &Options) -> anyhow::Result<()> {
+    let seq = Arc::new(tokio::sync::Mutex::new(0u64));
+    let mut conns = Vec::with_capacity(options.connections);
+    for _ in 0..options.connections {
+        let mut conn = IngestConn::connect(server.addr()).await?;
+        // One untimed batch per connection: connections and runtime warm.
+        send_one(&mut conn, &seq).await.context("warm-up batch")?;
+        conns.push(conn);
+    }
+    let start = Instant::now();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+    let rx = Arc::new(tokio::sync::Mutex::new(rx));
+    let mut workers = JoinSet::new();
+    for conn in conns {
+        workers.spawn(ingest_worker(
+            conn,
+            start,
+            Arc::clone(&rx),
+            Arc::clone(&seq),
+        ));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let scheduler = tokio::spawn(schedule(
+        tx,
+        options.rate,
+        options.max_seconds,
+        Arc::clone(&stop),
+    ));
+    let deploys = deploy_all(server, token, options, start).await;
+    stop.store(true, Ordering::Relaxed);
+    let offered = scheduler.await.context("scheduler task")?;
+    let scheduled_for = start.elapsed();
+    // The schedule is closed: the connections send what is queued, then end.
+    let mut batches = Vec::new();
+    let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
+        while let Some(joined) = workers.join_next().await {
+            batches.extend(joined.context("ingest task")??);
+        }
+        anyhow::Ok(())
+    })
+    .await;
+    let drain_s = start.elapsed().saturating_sub(scheduled_for).as_secs_f64();
+    let deploys = deploys?;
+    match drained {
+        Ok(result) => result?,
+        Err(_) => {
+            workers.abort_all();
+            bail!("the ingest connections did not drain within {DRAIN_TIMEOUT:?}");
+        }
+    }
+    ensure!(
+        batches.len() as u64 == offered,
+        "{offered} batches scheduled, {} acked",
+        batches.len()
+    );
+    ensure!(
+        scheduled_for < Duration::from_secs(options.max_seconds),
+        "the run reached --max-seconds {}",
+        options.max_seconds
+    );
+
+    let a = analyse(&batches, &deploys, WARM_UP);
+    let resent: u64 = batches.iter().map(|b| u64::from(b.resent)).sum();
+    for (i, (d, per)) in deploys.iter().zip(&a.per_deploy).enumerate() {
+        println!(
+            "deploy n={} deploy_ms={:.1} position={} module={} batches_during={} \
+             ack_max_ms={:.2} max_ack_gap_ms={:.2}",
+            i + 1,
+            ms(d.end - d.start),
+            d.position,
+            d.module,
+            per.0,
+            ms(per.1),
+            ms(per.2)
+        );
+    }
+    let latencies: Vec<f64> = deploys.iter().map(|d| ms(d.end - d.start)).collect();
+    println!(
+        "deploy summary: deploys={} rate={} connections={} batches={} resent={resent} \
+         run_s={:.1} drain_s={drain_s:.3}",
+        deploys.len(),
+        options.rate,
+        options.connections,
+        batches.len(),
+        scheduled_for.as_secs_f64()
+    );
+    println!(
+        "deploy latency: p50_ms={:.1} max_ms={:.1}",
+        quantile(&latencies, 0.5),
+        quantile(&latencies, 1.0)
+    );
+    println!(
+        "ingest quiet (no deploy in flight, after warm-up): {}",
+        a.quiet.describe()
+    );
+    println!("ingest during deploys: {}", a.during.describe());
+    println!(
+        "longest ack gap: during_deploys_ms={:.2} quiet_ms={:.2}",
+        ms(a.gap_during),
+        ms(a.gap_quiet)
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_section_is_a_custom_section() {
+        let header = b"\0asm\x01\0\0\0";
+        let out = with_build_section(header, 3);
+        let mut want = header.to_vec();
+        want.extend_from_slice(&[0, 14, 5]);
+        want.extend_from_slice(b"build");
+        want.extend_from_slice(&[3, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(out, want);
+        assert_ne!(with_build_section(header, 1), with_build_section(header, 2));
+    }
+
+    fn d(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn splits_batches_and_gaps_by_deploy() {
+        let deploys = vec![Deploy {
+            start: d(3000),
+            end: d(3100),
+            position: 1,
+            module: "m".to_owned(),
+        }];
+        let batch = |s, a| Batch {
+            scheduled: d(s),
+            acked: d(a),
+            resent: 0,
+        };
+        let batches = vec![
+            batch(1000, 1001), // warm-up: neither class
+            batch(2500, 2502),
+            batch(2990, 2995),
+            batch(3050, 3150), // in flight during the deploy
+            batch(3200, 3204),
+        ];
+        let a = analyse(&batches, &deploys, d(2000));
+        assert_eq!(a.during.latency.samples(), 1);
+        assert_eq!(a.during.latency.max(), 100_000);
+        assert_eq!(a.quiet.latency.samples(), 3);
+        assert_eq!(a.quiet.latency.max(), 5_000);
+        assert_eq!(a.per_deploy, vec![(1, d(100), d(155))]);
+        assert_eq!(a.gap_during, d(155));
+        assert_eq!(a.gap_quiet, d(493));
+    }
+
+    #[test]
+    fn options_and_quantiles() {
+        let o =
+            Options::from_args(&Args::parse(&["--deploys".to_owned(), "3".to_owned()]).unwrap())
+                .unwrap();
+        assert_eq!((o.deploys, o.rate, o.connections), (3, 500, 4));
+        assert!(
+            Options::from_args(&Args::parse(&["--rate".to_owned(), "0".to_owned()]).unwrap())
+                .is_err()
+        );
+        assert!((quantile(&[3.0, 1.0, 2.0], 0.5) - 2.0).abs() < 1e-12);
+        assert!((quantile(&[3.0, 1.0, 2.0], 1.0) - 3.0).abs() < 1e-12);
+        assert!(quantile(&[], 0.5).is_nan());
+    }
+}
