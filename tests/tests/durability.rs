@@ -1282,3 +1282,133 @@ async fn a_failed_log_write_is_never_acknowledged_and_the_log_reopens() -> anyho
     ensure!(!says_fresh_epoch(&server), "{}", server.logs());
     Ok(())
 }
+
+/// Segments that no kept snapshot needs are deleted after a snapshot; the ones a kept snapshot
+/// still needs stay, so a restart from the oldest kept snapshot could still replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segments_no_kept_snapshot_needs_are_deleted() -> anyhow::Result<()> {
+    let token = "segments-token";
+    let config = config_file(
+        "[server]\nsnapshot_interval = \"0s\"\nkeep_snapshots = 1\n\n[log]\nsegment_bytes = \"4KiB\"\n\n\
+         [[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
+    )?;
+    let path = config.path().display().to_string();
+    let mut server = Server::start_with_env(
+        &["--config", &path],
+        &[(viewtape_tests::server::ADMIN_TOKEN_ENV, token)],
+    )
+    .await?;
+    let mut feed = Feed::new(&["ACME", "BOLT"]);
+    for _ in 0..60 {
+        receipt(&server.ingest_ok(&feed.batch(10)).await?, 10)?;
+    }
+    let before = segments(&log_dir(&server))?;
+    ensure!(before.len() >= 4, "several segments: {before:?}");
+    let snapshot = |server: &Server| {
+        let addr = server.addr();
+        async move {
+            let auth = format!("Bearer {token}");
+            let resp = http::request(
+                addr,
+                "POST",
+                "/admin/snapshot",
+                &[("Authorization", &auth)],
+                b"",
+            )
+            .await?;
+            ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+            anyhow::Ok(())
+        }
+    };
+    // keep_snapshots = 1 and no exact snapshot yet: a snapshot leaves only itself kept, so the
+    // segments wholly before its position can go (the newest segment always stays).
+    snapshot(&server).await?;
+    let after = segments(&log_dir(&server))?;
+    ensure!(
+        after.len() < before.len() && after.len() <= 2,
+        "deleted what no snapshot needs: {before:?} -> {after:?}"
+    );
+    ensure!(
+        server.metric("viewtape_log_segments").await? == after.len() as f64,
+        "the metric follows"
+    );
+    // Nothing needed went: a crash and restart replays from the kept snapshot, same epoch.
+    let (epoch, offset) = head(&server, "prices").await?;
+    server.ingest_ok(&feed.batch(2)).await?;
+    server.kill9().await?;
+    server.restart().await?;
+    let (epoch_after, offset_after) = head(&server, "prices").await?;
+    ensure!(
+        epoch_after == epoch && offset_after == offset + 2,
+        "{epoch}-{offset} then {epoch_after}-{offset_after}"
+    );
+    ensure!(!says_fresh_epoch(&server), "{}", server.logs());
+    Ok(())
+}
+
+/// Polls `GET /views/prices` until its head reaches `offset` (10 s at most).
+async fn wait_for_offset(server: &Server, offset: u64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, at) = head(server, "prices").await?;
+        if at >= offset {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "offset {offset} never came: at {at}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A file source's position is part of every logged batch: after `kill -9` the restarted
+/// server follows the file from where the replayed history left it — every line published once,
+/// none twice, in the same epoch. (The `misbehave` guest publishes whatever a line says, so a
+/// line read twice would show twice.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followed_file_is_read_once_across_kill_nine() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("commands.txt");
+    let lines = |from: u64, to: u64| -> String {
+        (from..=to)
+            .map(|n| format!("publish prices k{n} {n}\n"))
+            .collect()
+    };
+    std::fs::write(&file, lines(1, 5))?;
+    let config = config_file(&format!(
+        "[server]\nsnapshot_interval = \"0s\"\n\n[[runtime]]\nname = \"demo\"\n\
+         wasm = {:?}\nviews = [\"prices\"]\n[runtime.source]\nfile = {:?}\n",
+        guest_wasm("misbehave").display().to_string(),
+        file.display().to_string()
+    ))?;
+    let path = config.path().display().to_string();
+    let mut server = Server::start(&["--config", &path]).await?;
+    wait_for_offset(&server, 5).await?;
+    let (epoch, _) = head(&server, "prices").await?;
+    server.kill9().await?;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&file)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, lines(6, 10).as_bytes()))?;
+    server.restart().await?;
+    wait_for_offset(&server, 10).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (epoch_after, offset) = head(&server, "prices").await?;
+    ensure!(
+        epoch_after == epoch && offset == 10,
+        "{epoch}: every line once, in the same epoch: {epoch_after}-{offset}"
+    );
+    for (i, event) in expect::tape(&server, "prices", 10)
+        .await?
+        .iter()
+        .enumerate()
+    {
+        let n = i + 1;
+        ensure!(
+            event.data == format!("{{\"key\":\"k{n}\",\"value\":{n}}}"),
+            "line {n}: {event:?}"
+        );
+    }
+    Ok(())
+}
