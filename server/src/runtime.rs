@@ -585,7 +585,8 @@ impl RuntimeHandle {
     }
 
     /// Feeds `tail` into this runtime until the runtime stops (abort the handle to stop
-    /// earlier). Failed batches are logged; the runtime marks their loss as a gap and moves on.
+    /// earlier). A batch the guest fails on is lost (the runtime marks a gap and moves on); a
+    /// batch the log could not take ([`IngestError::Log`]) committed nothing and is sent again.
     pub fn follow(&self, mut tail: FileTail) -> JoinHandle<()> {
         let runtime = self.clone();
         let span = tracing::info_span!("file_tail", runtime = %runtime.name());
@@ -600,16 +601,26 @@ impl RuntimeHandle {
                     }
                 };
                 let checkpoint = SourceCheckpoint::FileTail(batch.checkpoint);
-                match runtime
-                    .ingest_from_source(batch.lines, checkpoint, batch.gap)
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(error @ IngestError::Stopped { .. }) => {
-                        tracing::debug!(%error, "runtime stopped; file tail ends");
-                        return;
+                loop {
+                    let sent = runtime
+                        .ingest_from_source(batch.lines.clone(), checkpoint, batch.gap.clone())
+                        .await;
+                    match sent {
+                        Ok(_) => break,
+                        Err(error @ IngestError::Stopped { .. }) => {
+                            tracing::debug!(%error, "runtime stopped; file tail ends");
+                            return;
+                        }
+                        // Nothing of it was logged: the same lines again, once the log is back.
+                        Err(error @ IngestError::Log { .. }) => {
+                            tracing::warn!(%error, "batch from the followed file not logged; retrying it");
+                            tokio::time::sleep(tail.retry_after()).await;
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, "batch from the followed file failed");
+                            break;
+                        }
                     }
-                    Err(error) => tracing::warn!(%error, "batch from the followed file failed"),
                 }
             }
         };
