@@ -24,10 +24,11 @@
 //! runtime stages a guest from the snapshot's state next to the running one (a guest refusing
 //! its state aborts the restore, still with nothing changed); the views' state and the journal
 //! are replaced, **always with a fresh epoch** — the snapshot's offsets were issued in another
-//! life, so no cursor may resume into them; the staged guests are swapped in; the cut is
-//! released. Every subscriber is woken, finds its cursor's epoch stale and gets a `reset`
-//! followed by the restored state. Views the snapshot does not name are emptied; a runtime it
-//! does not name keeps its guest. A pull source's read position is not moved (the source task
+//! life, so no cursor may resume into them; the staged guests are swapped in; a snapshot of the
+//! restored state is written (a restart replays the log on top of it, never on what was
+//! replaced); the cut is released. Every subscriber is woken, finds its cursor's epoch stale and
+//! gets a `reset` followed by the restored state. Views the snapshot does not name are emptied;
+//! a runtime it does not name keeps its guest. A pull source's read position is not moved (the source task
 //! owns it); only the runtime's recorded checkpoint is.
 //!
 //! Snapshot actions are serialized: one at a time, whoever asks.
@@ -212,6 +213,11 @@ impl Snapshots {
         if seal {
             self.hub.journal().seal();
         }
+        Ok((self.body_under(&cut).await, cut))
+    }
+
+    /// Everything a snapshot holds, read inside `cut`.
+    async fn body_under(&self, cut: &Cut) -> SnapshotBody {
         let journal = self.hub.journal().dump().await;
         let views = self.hub.dump_states();
         let runtimes = cut
@@ -224,13 +230,12 @@ impl Snapshots {
                 saved: paused.saved.clone(),
             })
             .collect();
-        let body = SnapshotBody {
+        SnapshotBody {
             journal,
             views,
             runtimes,
             log_position: self.log.is_enabled().then(|| self.log.committed()),
-        };
-        Ok((body, cut))
+        }
     }
 
     /// Writes `body` off the async threads, then prunes old snapshots.
@@ -360,10 +365,14 @@ impl Snapshots {
         //    as it was.
         let cut = self.runtimes.pause_all().await?;
         for paused in cut.runtimes() {
-            if let Some(saved) = guests.remove(&paused.name) {
-                paused.guard.stage_restore(saved).await.map_err(|error| {
-                    SnapshotActionError::Unrestorable(format!("{name}: {error}"))
-                })?;
+            if let Some(saved) = guests.get(&paused.name) {
+                paused
+                    .guard
+                    .stage_restore(saved.clone())
+                    .await
+                    .map_err(|error| {
+                        SnapshotActionError::Unrestorable(format!("{name}: {error}"))
+                    })?;
             }
         }
 
@@ -384,11 +393,17 @@ impl Snapshots {
                 tracing::error!(runtime = %paused.name, %error, "restored guest state not applied");
             }
         }
-        drop(cut);
-        // A restart replays the log from the newest snapshot: make it this state.
-        let (body, cut) = self.dump(false).await?;
-        drop(cut);
+        // A restart replays the log from the newest snapshot: make it this state, written before
+        // the cut is released, so that no batch commits on the restored state before a restart
+        // could find it.
+        let mut body = self.body_under(&cut).await;
+        for dump in &mut body.runtimes {
+            if let Some(saved) = guests.remove(&dump.name) {
+                dump.saved = saved;
+            }
+        }
         self.store(body, SnapshotMeta::periodic_now()).await?;
+        drop(cut);
         Ok(Restored { epoch, records })
     }
 

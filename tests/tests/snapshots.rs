@@ -368,7 +368,7 @@ async fn admin_token_is_required_and_checked() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_restore_resets_subscribers_to_the_restored_state() -> anyhow::Result<()> {
-    let server = Server::start_with_env(&[], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
+    let mut server = Server::start_with_env(&[], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
     let mut feed = Feed::new(&["ACME", "BOLT"]);
     server.ingest_ok(&feed.batch(3)).await?;
     let resp = admin(&server, "POST", "/admin/snapshot", Some(TOKEN), b"").await?;
@@ -489,6 +489,15 @@ async fn admin_restore_resets_subscribers_to_the_restored_state() -> anyhow::Res
     if view["entries"][feed.symbol_of(4)]["seq"] != 4 {
         bail!("seq 4 accepted after the restore: {view}");
     }
+
+    // A crash right after: the restored history is what comes back (the restore wrote a
+    // snapshot of it before any batch could commit on it), with the batch after it, same epoch.
+    server.kill9().await?;
+    server.restart().await?;
+    let back = server.get("/views/prices").await?.json()?;
+    ensure!(back == view, "after kill -9: {back} vs {view}");
+    feed.set_next_seq(5);
+    server.ingest_ok(&feed.batch(1)).await?;
     Ok(())
 }
 
