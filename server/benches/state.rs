@@ -82,6 +82,7 @@ fn state_transfer(c: &mut Criterion) {
             hub,
             Arc::default(),
             &viewtape_server::log::LogMetrics::default(),
+            None,
             config,
             shutdown,
         ),

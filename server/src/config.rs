@@ -26,6 +26,12 @@
 //! fsync = "always"            # "always": on the device before the 200; "os": handed to the OS
 //! segment_bytes = "64MiB"     # a new segment file past this size
 //!
+//! [auth]                      # off unless VIEWTAPE_JWT_SECRET (HS256) or public_keys is set
+//! public_keys = "key.pem"     # a PEM public key: ES256, RS256 or EdDSA tokens
+//! audience = "viewtape"       # the `aud` tokens must carry (not checked when unset)
+//! public_views = ["prices"]   # readable without a token (a trailing * matches a prefix)
+//! allow_query_token = false   # accept ?access_token= (URLs end up in logs: off by default)
+//!
 //! [[runtime]]
 //! name = "demo"
 //! wasm = "builtin:ticker"     # or a path to a .wasm file
@@ -97,6 +103,8 @@ pub struct Config {
     pub journal: JournalSection,
     /// The log.
     pub log: LogSection,
+    /// Access control.
+    pub auth: AuthSection,
     /// The runtimes to host. A file without any `[[runtime]]` runs the
     /// embedded demo runtime.
     #[serde(rename = "runtime")]
@@ -169,6 +177,20 @@ impl Default for ServerConfig {
             cors_origins: Vec::new(),
         }
     }
+}
+
+/// `[auth]`: who may read and write (see [`crate::auth`]).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthSection {
+    /// A PEM public key verifying ES256, RS256 or EdDSA tokens.
+    pub public_keys: Option<PathBuf>,
+    /// The `aud` tokens must carry.
+    pub audience: Option<String>,
+    /// Views anyone may read.
+    pub public_views: Vec<String>,
+    /// Whether `?access_token=` is accepted.
+    pub allow_query_token: bool,
 }
 
 /// `[log]`: the log every accepted batch is written to before it is acknowledged.
@@ -329,6 +351,7 @@ impl Default for Config {
             server: ServerConfig::default(),
             journal: JournalSection::default(),
             log: LogSection::default(),
+            auth: AuthSection::default(),
             runtimes: vec![RuntimeSection {
                 name: "demo".to_owned(),
                 wasm: "builtin:ticker".to_owned(),

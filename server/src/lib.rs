@@ -15,9 +15,10 @@
 //! | observation | [`metrics`] — Prometheus metrics, reading the counters of the layers below |
 //! | views | [`hub`] — views, their state, the commit path into the journal; [`registry`] — runtimes by name, the module store, the consistency cut |
 //! | runtimes | [`runtime`] — the task owning one guest; [`log`] — log records, receipts, idempotent producers, commit order; [`source`] — pull sources and their checkpoints |
-//! | foundation | [`host`] — the wasmtime host; [`frame`] — the SSE wire format; [`config`] — settings |
+//! | foundation | [`host`] — the wasmtime host; [`frame`] — the SSE wire format; [`auth`] — tokens and grants; [`config`] — settings |
 #![deny(missing_docs)]
 
+pub mod auth;
 pub mod config;
 pub mod demo;
 pub mod deploy;

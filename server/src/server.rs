@@ -32,6 +32,7 @@ use tokio::task::JoinHandle;
 use viewtape_journal::EventJournal;
 use viewtape_snapshots::SnapshotDir;
 
+use crate::auth::Auth;
 use crate::config::Config;
 use crate::deploy::Deployer;
 use crate::host::{EngineConfig, GuestEngine, GuestModule};
@@ -82,10 +83,22 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     let mut sources = start_sources(config, &runtimes).await?;
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let secret = std::env::var(crate::auth::SECRET_ENV).ok();
+    let auth = Auth::load(&config.auth, secret.as_deref())?.map(Arc::new);
+    match &auth {
+        Some(_) => tracing::info!("auth on: every view but [auth] public_views needs a token"),
+        None if !options.listen.ip().is_loopback() => tracing::warn!(
+            listen = %options.listen,
+            "AUTH IS OFF and the server listens beyond loopback: anyone who can reach it reads every view and pushes into every runtime; set {} or [auth] public_keys",
+            crate::auth::SECRET_ENV
+        ),
+        None => {}
+    }
     let state = AppState::new(
         Arc::clone(&hub),
         Arc::clone(&runtimes),
         log.metrics(),
+        auth,
         config.server.clone(),
         shutdown_rx,
     );

@@ -118,9 +118,17 @@ impl Streams {
 
     /// A subscriber of `view`, starting as `start` says.
     ///
+    /// The stream ends at `expires_at` (Unix seconds: the reader's token's `exp`) with a last
+    /// `event: reauth` and no `id`; the client reconnects with a fresh token and its cursor.
+    ///
     /// # Errors
     /// [`OpenError::NoSuchView`], or [`OpenError::Full`] past `max_connections`.
-    pub fn open(self: &Arc<Self>, view: &str, start: Start) -> Result<Subscriber, OpenError> {
+    pub fn open(
+        self: &Arc<Self>,
+        view: &str,
+        start: Start,
+        expires_at: Option<u64>,
+    ) -> Result<Subscriber, OpenError> {
         let view = self.hub.view(view).ok_or(OpenError::NoSuchView)?;
         let permit = Arc::clone(&self.permits).try_acquire_owned().map_err(|_| {
             self.metrics.connections_refused.inc();
@@ -129,7 +137,12 @@ impl Streams {
             }
         })?;
         tracing::debug!(view = view.name(), ?start, "subscribed");
-        Ok(Subscriber::new(Arc::clone(self), view, start, permit))
+        let mut subscriber = Subscriber::new(Arc::clone(self), view, start, permit);
+        subscriber.deadline = expires_at.map(|exp| {
+            let left = exp.saturating_sub(crate::log::unix_ms_now() / 1000);
+            tokio::time::Instant::now() + Duration::from_secs(left)
+        });
+        Ok(subscriber)
     }
 }
 
@@ -146,8 +159,14 @@ pub struct Subscriber {
     pending: BytesMut,
     /// A large frame to send, shared, right after the chunk being sent.
     shared: Option<Bytes>,
+    /// When the reader's token expires: the stream ends with `event: reauth`.
+    deadline: Option<tokio::time::Instant>,
     _permit: OwnedSemaphorePermit,
 }
+
+/// The last event of a stream whose token expired (no `id`: the client's cursor stays where it
+/// was).
+const REAUTH: &[u8] = b"event: reauth\ndata: {\"reason\":\"the token expired; reconnect with a fresh one and your cursor\"}\n\n";
 
 impl Subscriber {
     fn new(
@@ -215,6 +234,7 @@ impl Subscriber {
             phase,
             pending,
             shared: None,
+            deadline: None,
             _permit: permit,
         }
     }
@@ -235,6 +255,14 @@ impl Subscriber {
             }
             if let Some(frame) = self.shared.take() {
                 return Some(frame);
+            }
+            if self
+                .deadline
+                .is_some_and(|d| d <= tokio::time::Instant::now())
+                && !matches!(self.phase, Phase::Done)
+            {
+                self.phase = Phase::Done;
+                return Some(Bytes::from_static(REAUTH));
             }
             match &mut self.phase {
                 Phase::Done => return None,
@@ -356,11 +384,20 @@ impl Subscriber {
             () = tokio::time::sleep(self.streams.heartbeat) => {
                 return Some(Bytes::from_static(b": heartbeat\n\n"));
             }
+            () = until(self.deadline) => false,
         };
         if closed {
             self.phase = Phase::Done;
         }
         None
+    }
+}
+
+/// Waits until `deadline`; forever without one.
+async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -505,7 +542,11 @@ mod tests {
             &config,
             shutdown.clone(),
         ));
-        streams.open("v", start).unwrap().into_stream().boxed()
+        streams
+            .open("v", start, None)
+            .unwrap()
+            .into_stream()
+            .boxed()
     }
 
     /// Reads every chunk that is ready without waiting for new events.

@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 
+use super::access::Caller;
 use super::{ApiError, AppState};
 use crate::log::producer::{ProducerStamp, MAX_PRODUCER_ID};
 use crate::runtime::IngestError;
@@ -36,6 +37,7 @@ async fn ingest(
     body: Body,
 ) -> Result<Response, ApiError> {
     let Path(runtime) = runtime?;
+    Caller::of(&state, &headers, None)?.ingest(&runtime)?;
     let registered = state
         .runtimes
         .get(&runtime)

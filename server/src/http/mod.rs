@@ -14,6 +14,7 @@
 //! `[server] cors_origins`. Every route but the SSE stream: a time limit
 //! ([`REQUEST_TIMEOUT`]) and gzip for clients that accept it. Errors are [`ApiError`].
 
+mod access;
 pub mod admin;
 mod error;
 mod ingest;
@@ -34,6 +35,7 @@ use tower_http::trace::TraceLayer;
 
 pub use error::ApiError;
 
+use crate::auth::Auth;
 use crate::config::ServerConfig;
 use crate::hub::Hub;
 use crate::log::LogMetrics;
@@ -57,6 +59,8 @@ pub struct AppState {
     pub config: Arc<ServerConfig>,
     /// Opens SSE subscribers.
     pub streams: Arc<Streams>,
+    /// Token verification; `None`: auth is off.
+    pub auth: Option<Arc<Auth>>,
 }
 
 impl AppState {
@@ -66,6 +70,7 @@ impl AppState {
         hub: Arc<Hub>,
         runtimes: Arc<Runtimes>,
         log: &LogMetrics,
+        auth: Option<Arc<Auth>>,
         config: ServerConfig,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
@@ -77,6 +82,7 @@ impl AppState {
             metrics,
             config: Arc::new(config),
             streams: Arc::new(streams),
+            auth,
         }
     }
 }
@@ -157,6 +163,7 @@ pub(crate) fn test_app() -> (Router, Arc<Hub>) {
         Arc::clone(&hub),
         Arc::default(),
         &LogMetrics::default(),
+        None,
         ServerConfig::default(),
         shutdown,
     );

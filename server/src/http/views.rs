@@ -12,6 +12,7 @@ use axum::{Json, Router};
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::Deserialize;
 
+use super::access::Caller;
 use super::{ApiError, AppState};
 use crate::sse::{OpenError, Start, MAX_FRAMES_PER_CHUNK};
 
@@ -27,7 +28,20 @@ pub(super) fn stream_routes() -> Router<AppState> {
     Router::new().route("/views/{view}/events", get(events))
 }
 
-async fn list_views(State(state): State<AppState>) -> Json<serde_json::Value> {
+/// `?access_token=` on the reading routes.
+#[derive(Debug, Default, Deserialize)]
+struct TokenQuery {
+    access_token: Option<String>,
+}
+
+/// `GET /views`: the views the caller may read.
+async fn list_views(
+    State(state): State<AppState>,
+    query: Result<Query<TokenQuery>, QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let Query(query) = query?;
+    let caller = Caller::of(&state, &headers, query.access_token.as_deref())?;
     let journal = state.hub.journal();
     let counts: BTreeMap<String, u64> = journal.entry_counts_now().into_iter().collect();
     let bytes: BTreeMap<String, u64> = journal.retained_bytes_now().into_iter().collect();
@@ -35,6 +49,7 @@ async fn list_views(State(state): State<AppState>) -> Json<serde_json::Value> {
         .hub
         .views()
         .iter()
+        .filter(|view| caller.may_read(view.name()))
         .map(|view| {
             let window = journal.window_now(view.name());
             serde_json::json!({
@@ -49,7 +64,7 @@ async fn list_views(State(state): State<AppState>) -> Json<serde_json::Value> {
             })
         })
         .collect();
-    Json(serde_json::json!({ "views": views }))
+    Ok(Json(serde_json::json!({ "views": views })))
 }
 
 /// `GET /views/{view}`: `{"cursor": C, "entries": {key: payload}}`, read in one critical
@@ -58,8 +73,12 @@ async fn list_views(State(state): State<AppState>) -> Json<serde_json::Value> {
 async fn view_state(
     State(state): State<AppState>,
     view: Result<Path<String>, PathRejection>,
+    query: Result<Query<TokenQuery>, QueryRejection>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let Path(view) = view?;
+    let Query(query) = query?;
+    Caller::of(&state, &headers, query.access_token.as_deref())?.read(&view)?;
     let view = state
         .hub
         .view(&view)
@@ -101,6 +120,7 @@ async fn view_state(
 struct EventsQuery {
     cursor: Option<String>,
     from: Option<String>,
+    access_token: Option<String>,
 }
 
 /// The response headers of every SSE stream.
@@ -120,6 +140,8 @@ async fn events(
 ) -> Result<Response, ApiError> {
     let Path(view) = view?;
     let Query(query) = query?;
+    let caller = Caller::of(&state, &headers, query.access_token.as_deref())?;
+    caller.read(&view)?;
     let last_event_id = headers
         .get("last-event-id")
         .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
@@ -133,7 +155,7 @@ async fn events(
     };
     let subscriber = state
         .streams
-        .open(&view, start)
+        .open(&view, start, caller.expires_at())
         .map_err(|error| match error {
             OpenError::NoSuchView => ApiError::not_found(format!("no view named {view:?}")),
             OpenError::Full { .. } => ApiError::unavailable(error.to_string()),

@@ -1,0 +1,308 @@
+//! Who may read which views and push into which runtimes: JWTs and their grants.
+//!
+//! Auth is off unless configured: `VIEWTAPE_JWT_SECRET` in the environment (HS256) or
+//! `[auth] public_keys = "FILE"` (a PEM public key: ES256, RS256 or EdDSA). A token is a JWT
+//! with a required `exp` (5 s leeway) and, when `[auth] audience` is set, that `aud`. Its
+//! claims grant access: `views` — view names it may read, `ingest` — runtime names it may push
+//! to; a trailing `*` matches a prefix (`"orders.*"`). `[auth] public_views` may be read without
+//! a token. A token that is presented and fails is always refused — never a fallback to
+//! anonymous.
+
+use std::path::PathBuf;
+
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+
+use crate::config::AuthSection;
+
+/// The environment variable holding the HS256 secret.
+pub const SECRET_ENV: &str = "VIEWTAPE_JWT_SECRET";
+
+/// Names a grant covers: exact names, or prefixes written with a trailing `*`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Grants(Vec<String>);
+
+impl Grants {
+    /// Grants of these patterns.
+    pub fn new(patterns: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self(patterns.into_iter().map(Into::into).collect())
+    }
+
+    /// Whether `name` is granted.
+    pub fn allows(&self, name: &str) -> bool {
+        self.0
+            .iter()
+            .any(|pattern| match pattern.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => pattern == name,
+            })
+    }
+}
+
+/// What a valid token grants, and until when.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Access {
+    /// Views it may read.
+    pub views: Grants,
+    /// Runtimes it may push to.
+    pub ingest: Grants,
+    /// Its `exp`, Unix seconds.
+    pub expires_at: u64,
+}
+
+/// Why a token was refused (a `401`).
+#[derive(Debug, thiserror::Error)]
+#[error("invalid token: {0}")]
+pub struct TokenError(String);
+
+/// Why the auth settings could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthConfigError {
+    /// The key file could not be read.
+    #[error("[auth] public_keys: cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The key file holds no key this server can use.
+    #[error("[auth] public_keys: {path} holds no PEM public key for ES256, RS256 or EdDSA")]
+    NoKey {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+#[derive(Deserialize)]
+struct Claims {
+    exp: u64,
+    #[serde(default)]
+    views: Vec<String>,
+    #[serde(default)]
+    ingest: Vec<String>,
+}
+
+/// Verifies tokens; see the module docs.
+pub struct Auth {
+    keys: Vec<(DecodingKey, Validation)>,
+    public_views: Grants,
+    allow_query_token: bool,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auth")
+            .field("keys", &self.keys.len())
+            .field("public_views", &self.public_views)
+            .field("allow_query_token", &self.allow_query_token)
+            .finish()
+    }
+}
+
+impl Auth {
+    /// The auth of `section` and an HS256 `secret`; `None` (auth off) when neither a secret nor
+    /// a key file is given.
+    ///
+    /// # Errors
+    /// The key file cannot be read or holds no usable key.
+    pub fn load(
+        section: &AuthSection,
+        secret: Option<&str>,
+    ) -> Result<Option<Self>, AuthConfigError> {
+        let validation = |algorithm| {
+            let mut validation = Validation::new(algorithm);
+            validation.leeway = 5;
+            match &section.audience {
+                Some(audience) => {
+                    validation.set_required_spec_claims(&["exp", "aud"]);
+                    validation.set_audience(&[audience]);
+                }
+                None => {
+                    validation.set_required_spec_claims(&["exp"]);
+                    validation.validate_aud = false;
+                }
+            }
+            validation
+        };
+        let mut keys = Vec::new();
+        if let Some(secret) = secret.filter(|s| !s.is_empty()) {
+            keys.push((
+                DecodingKey::from_secret(secret.as_bytes()),
+                validation(Algorithm::HS256),
+            ));
+        }
+        if let Some(path) = &section.public_keys {
+            let pem = std::fs::read(path).map_err(|source| AuthConfigError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            let key = DecodingKey::from_ec_pem(&pem)
+                .map(|k| (k, Algorithm::ES256))
+                .or_else(|_| DecodingKey::from_rsa_pem(&pem).map(|k| (k, Algorithm::RS256)))
+                .or_else(|_| DecodingKey::from_ed_pem(&pem).map(|k| (k, Algorithm::EdDSA)))
+                .map_err(|_| AuthConfigError::NoKey { path: path.clone() })?;
+            keys.push((key.0, validation(key.1)));
+        }
+        if keys.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            keys,
+            public_views: Grants::new(section.public_views.iter().cloned()),
+            allow_query_token: section.allow_query_token,
+        }))
+    }
+
+    /// What `token` grants.
+    ///
+    /// # Errors
+    /// [`TokenError`]: malformed, expired, badly signed, of another audience, or without `exp`.
+    pub fn verify(&self, token: &str) -> Result<Access, TokenError> {
+        let header = jsonwebtoken::decode_header(token)
+            .map_err(|error| TokenError(format!("malformed: {error}")))?;
+        let mut last = TokenError(format!("algorithm {:?} is not accepted here", header.alg));
+        for (key, validation) in &self.keys {
+            if !validation.algorithms.contains(&header.alg) {
+                continue;
+            }
+            match jsonwebtoken::decode::<Claims>(token, key, validation) {
+                Ok(data) => {
+                    return Ok(Access {
+                        views: Grants::new(data.claims.views),
+                        ingest: Grants::new(data.claims.ingest),
+                        expires_at: data.claims.exp,
+                    })
+                }
+                Err(error) => last = TokenError(error.to_string()),
+            }
+        }
+        Err(last)
+    }
+
+    /// Views anyone may read.
+    pub fn public_views(&self) -> &Grants {
+        &self.public_views
+    }
+
+    /// Whether `?access_token=` is accepted.
+    pub fn allows_query_token(&self) -> bool {
+        self.allow_query_token
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use jsonwebtoken::{encode, EncodingKey, Header};
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const SECRET: &str = "test-secret";
+
+    fn auth(audience: Option<&str>) -> Auth {
+        let section = AuthSection {
+            audience: audience.map(str::to_owned),
+            public_views: vec!["public.*".into()],
+            ..AuthSection::default()
+        };
+        Auth::load(&section, Some(SECRET)).unwrap().unwrap()
+    }
+
+    fn now() -> u64 {
+        crate::log::unix_ms_now() / 1000
+    }
+
+    fn token(claims: serde_json::Value, secret: &str) -> String {
+        encode(
+            &Header::default(),
+            &claims,
+            &EncodingKey::from_secret(secret.as_bytes()),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn grants_match_exact_names_and_prefixes() {
+        let grants = Grants::new(["prices", "orders.*"]);
+        assert!(grants.allows("prices") && grants.allows("orders.eu") && grants.allows("orders."));
+        assert!(!grants.allows("prices2") && !grants.allows("order") && !grants.allows(""));
+        assert!(Grants::new(["*"]).allows("anything"));
+    }
+
+    #[test]
+    fn tokens_are_checked() {
+        let auth = auth(Some("viewtape"));
+        let good = serde_json::json!({"exp": now() + 60, "aud": "viewtape", "views": ["prices"], "ingest": ["demo"]});
+        let access = auth.verify(&token(good.clone(), SECRET)).unwrap();
+        assert!(access.views.allows("prices") && access.ingest.allows("demo"));
+        assert!(!access.views.allows("orders"));
+        for (claims, secret) in [
+            (good.clone(), "wrong"),
+            (
+                serde_json::json!({"exp": now() - 60, "aud": "viewtape"}),
+                SECRET,
+            ),
+            (serde_json::json!({"aud": "viewtape"}), SECRET),
+            (
+                serde_json::json!({"exp": now() + 60, "aud": "other"}),
+                SECRET,
+            ),
+            (serde_json::json!({"exp": now() + 60}), SECRET),
+        ] {
+            assert!(
+                auth.verify(&token(claims.clone(), secret)).is_err(),
+                "{claims} {secret}"
+            );
+        }
+        assert!(auth.verify("garbage").is_err());
+        assert!(auth.verify("").is_err());
+        // Without an audience configured, `aud` is not required.
+        let open = self::auth(None);
+        assert!(open
+            .verify(&token(serde_json::json!({"exp": now() + 60}), SECRET))
+            .is_ok());
+    }
+
+    #[test]
+    fn no_secret_and_no_keys_is_auth_off() {
+        assert!(Auth::load(&AuthSection::default(), None).unwrap().is_none());
+        assert!(Auth::load(&AuthSection::default(), Some(""))
+            .unwrap()
+            .is_none());
+        let missing = AuthSection {
+            public_keys: Some("/nonexistent/key.pem".into()),
+            ..AuthSection::default()
+        };
+        assert!(matches!(
+            Auth::load(&missing, None),
+            Err(AuthConfigError::Read { .. })
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_as_a_token_are_refused_without_a_panic(text in ".{0,300}") {
+            prop_assert!(auth(None).verify(&text).is_err());
+        }
+
+        #[test]
+        fn any_claims_either_verify_or_are_refused(
+            exp in proptest::option::of(any::<i64>()),
+            views in proptest::collection::vec(".{0,12}", 0..4),
+            extra in ".{0,20}",
+        ) {
+            let now = now() as i64;
+            // Near now the leeway decides; that is checked above.
+            prop_assume!(exp.is_none_or(|e| !(now - 10..=now + 10).contains(&e)));
+            let mut claims = serde_json::json!({ "views": views, "x": extra });
+            if let Some(exp) = exp {
+                claims["exp"] = exp.into();
+            }
+            let result = auth(None).verify(&token(claims, SECRET));
+            prop_assert_eq!(result.is_ok(), exp.is_some_and(|e| e > now));
+        }
+    }
+}

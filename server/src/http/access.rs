@@ -1,0 +1,135 @@
+//! Who is asking: the token of a request and what it may do, the same way on every route and
+//! whichever transport carried the request. See [`crate::auth`] for the rules.
+//!
+//! A token comes from `Authorization: Bearer …`, else the `viewtape_token` cookie (what a
+//! browser's `EventSource` can send), else `?access_token=` where `[auth] allow_query_token` is
+//! on. Missing where one is needed, malformed, expired or badly signed: `401` with
+//! `WWW-Authenticate: Bearer`. Valid without the grant: `403`.
+
+use axum::http::{header, HeaderMap};
+
+use super::{ApiError, AppState};
+use crate::auth::{Access, Auth};
+
+/// The cookie a browser sends its token in.
+pub const TOKEN_COOKIE: &str = "viewtape_token";
+
+/// The caller of one request.
+pub(super) struct Caller<'a> {
+    auth: Option<&'a Auth>,
+    access: Option<Access>,
+}
+
+impl<'a> Caller<'a> {
+    /// Who sent `headers` (and `query_token`, a `?access_token=`).
+    ///
+    /// # Errors
+    /// `401` for a token presented and refused, or an `Authorization` of another scheme.
+    pub(super) fn of(
+        state: &'a AppState,
+        headers: &HeaderMap,
+        query_token: Option<&str>,
+    ) -> Result<Self, ApiError> {
+        let Some(auth) = state.auth.as_deref() else {
+            return Ok(Self {
+                auth: None,
+                access: None,
+            });
+        };
+        let token = match headers.get(header::AUTHORIZATION) {
+            Some(value) => Some(
+                value
+                    .to_str()
+                    .ok()
+                    .and_then(|v| v.split_at_checked(7))
+                    .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer "))
+                    .map(|(_, token)| token.trim())
+                    .ok_or_else(|| ApiError::unauthorized("Authorization must be `Bearer <token>`"))?,
+            ),
+            None => cookie(headers).or(match query_token {
+                Some(_) if !auth.allows_query_token() => {
+                    return Err(ApiError::unauthorized(
+                        "?access_token= is not accepted here ([auth] allow_query_token): send the token in Authorization or the viewtape_token cookie",
+                    ))
+                }
+                other => other,
+            }),
+        };
+        let access = token
+            .map(|token| {
+                auth.verify(token)
+                    .map_err(|error| ApiError::unauthorized(error.to_string()))
+            })
+            .transpose()?;
+        Ok(Self {
+            auth: Some(auth),
+            access,
+        })
+    }
+
+    /// Whether the caller may read `view` (without an answer why).
+    pub(super) fn may_read(&self, view: &str) -> bool {
+        let Some(auth) = self.auth else {
+            return true;
+        };
+        auth.public_views().allows(view)
+            || self.access.as_ref().is_some_and(|a| a.views.allows(view))
+    }
+
+    /// `Ok` if the caller may read `view`.
+    ///
+    /// # Errors
+    /// `401` without a token, `403` with one that does not grant it.
+    pub(super) fn read(&self, view: &str) -> Result<(), ApiError> {
+        if self.may_read(view) {
+            return Ok(());
+        }
+        Err(match self.access {
+            None => ApiError::unauthorized(format!("view {view:?} needs a token")),
+            Some(_) => ApiError::forbidden(
+                "forbidden",
+                format!("the token does not grant view {view:?}"),
+            ),
+        })
+    }
+
+    /// `Ok` if the caller may push into `runtime`.
+    ///
+    /// # Errors
+    /// `401` without a token, `403` with one that does not grant it.
+    pub(super) fn ingest(&self, runtime: &str) -> Result<(), ApiError> {
+        if self.auth.is_none()
+            || self
+                .access
+                .as_ref()
+                .is_some_and(|a| a.ingest.allows(runtime))
+        {
+            return Ok(());
+        }
+        Err(match self.access {
+            None => ApiError::unauthorized(format!("runtime {runtime:?} needs a token")),
+            Some(_) => ApiError::forbidden(
+                "forbidden",
+                format!("the token does not grant ingest into runtime {runtime:?}"),
+            ),
+        })
+    }
+
+    /// When the caller's token expires (Unix seconds); `None` without one.
+    pub(super) fn expires_at(&self) -> Option<u64> {
+        self.access.as_ref().map(|a| a.expires_at)
+    }
+}
+
+/// The `viewtape_token` cookie, from every `Cookie` header.
+fn cookie(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .find_map(|pair| {
+            let (name, value) = pair.trim().split_once('=')?;
+            (name == TOKEN_COOKIE).then_some(value.trim())
+        })
+}
