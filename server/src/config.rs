@@ -179,7 +179,7 @@ impl Default for ServerConfig {
     }
 }
 
-/// `[auth]`: who may read and write (see [`crate::auth`]).
+/// `[auth]`: who may read and write (the rules are in the `auth` module).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthSection {

@@ -45,6 +45,7 @@
 
 use std::future::Future;
 use std::io::IoSlice;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -176,6 +177,7 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let connection = Connection {
+            peer,
             shared: Arc::clone(&shared),
             stopping: stopping.clone(),
             _permit: permit,
@@ -290,6 +292,8 @@ fn release_free_memory() {
 
 /// One accepted connection.
 struct Connection {
+    /// The client's address, handed to the router with every request (`ConnectInfo`).
+    peer: SocketAddr,
     shared: Arc<Shared>,
     /// Flips to `true` when the server stops.
     stopping: watch::Receiver<bool>,
@@ -335,7 +339,11 @@ impl Connection {
                 // may last for hours.
                 buf = BytesMut::new();
             }
-            let response = match self.shared.router.clone().oneshot(*request).await {
+            let mut request = *request;
+            request
+                .extensions_mut()
+                .insert(axum::extract::ConnectInfo(self.peer));
+            let response = match self.shared.router.clone().oneshot(request).await {
                 Ok(response) => response,
                 Err(infallible) => match infallible {},
             };
@@ -381,7 +389,15 @@ impl Connection {
             write_timeout: limits.write_timeout,
             stalled: None,
         });
-        let service = TowerToHyperService::new(router.clone());
+        let peer = self.peer;
+        let service = TowerToHyperService::new(router.clone().map_request(
+            move |mut request: hyper::Request<hyper::body::Incoming>| {
+                request
+                    .extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                request
+            },
+        ));
         let connection = builder.serve_connection(io, service);
         let mut connection = std::pin::pin!(connection);
         let mut stopping = self.stopping.clone();

@@ -79,7 +79,7 @@ impl Admin {
     }
 
     /// Checks an `Authorization` header value. The scheme is case-insensitive.
-    fn check(&self, authorization: Option<&[u8]>) -> Result<(), ApiError> {
+    pub(super) fn check(&self, authorization: Option<&[u8]>) -> Result<(), ApiError> {
         let presented = authorization
             .and_then(|value| {
                 let (scheme, token) = value.split_at_checked(7)?;

@@ -91,10 +91,14 @@ impl AppState {
 /// benchmarks drive it without a socket.
 pub fn app(state: AppState, admin: Option<Arc<admin::Admin>>) -> Router {
     let cors = cors(&state.config);
+    let operator = admin.clone();
     let bounded = Router::new()
         .route("/", get(index))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/metrics", get(metrics))
+        .route(
+            "/metrics",
+            get(move |state, extensions, headers| metrics(state, extensions, headers, operator)),
+        )
         .merge(views::routes())
         .merge(ingest::routes())
         .with_state(state.clone())
@@ -142,9 +146,26 @@ async fn index() -> Html<&'static str> {
     Html(include_str!("../../static/index.html"))
 }
 
+/// `GET /metrics`. With auth on, only from loopback or with the admin token: metrics name every
+/// view and runtime.
 async fn metrics(
     axum::extract::State(state): axum::extract::State<AppState>,
+    extensions: axum::http::Extensions,
+    headers: axum::http::HeaderMap,
+    admin: Option<Arc<admin::Admin>>,
 ) -> Result<Response, ApiError> {
+    if state.auth.is_some() {
+        let local = extensions
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .is_some_and(|peer| peer.0.ip().is_loopback());
+        let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+        let operator = admin.is_some_and(|admin| admin.check(authorization).is_ok());
+        if !local && !operator {
+            return Err(ApiError::unauthorized(
+                "/metrics: from loopback, or with the admin token (auth is on)",
+            ));
+        }
+    }
     let body = state.metrics.render().map_err(ApiError::internal)?;
     Ok(([(header::CONTENT_TYPE, Metrics::CONTENT_TYPE)], body).into_response())
 }
@@ -168,4 +189,49 @@ pub(crate) fn test_app() -> (Router, Arc<Hub>) {
         shutdown,
     );
     (app(state, None), hub)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use axum::extract::ConnectInfo;
+    use tower::ServiceExt;
+    use viewtape_journal::{EventJournal, JournalConfig};
+
+    use super::*;
+    use crate::config::AuthSection;
+
+    #[tokio::test]
+    async fn with_auth_on_metrics_are_for_loopback_only() {
+        let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
+            JournalConfig::default(),
+        ))));
+        let (_, shutdown) = watch::channel(false);
+        let auth = Auth::load(&AuthSection::default(), Some("secret"))
+            .unwrap()
+            .map(Arc::new);
+        let state = AppState::new(
+            hub,
+            Arc::default(),
+            &LogMetrics::default(),
+            auth,
+            ServerConfig::default(),
+            shutdown,
+        );
+        let router = app(state, None);
+        for (peer, status) in [
+            ("127.0.0.1:4000", StatusCode::OK),
+            ("[::1]:4000", StatusCode::OK),
+            ("10.1.2.3:4000", StatusCode::UNAUTHORIZED),
+        ] {
+            let peer: SocketAddr = peer.parse().unwrap();
+            let mut request = axum::http::Request::get("/metrics")
+                .body(axum::body::Body::empty())
+                .unwrap();
+            request.extensions_mut().insert(ConnectInfo(peer));
+            let response = router.clone().oneshot(request).await.unwrap();
+            assert_eq!(response.status(), status, "{peer}");
+        }
+    }
 }
