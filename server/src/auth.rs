@@ -7,13 +7,21 @@
 //! to; a trailing `*` matches a prefix (`"orders.*"`). `[auth] public_views` may be read without
 //! a token. A token that is presented and fails is always refused — never a fallback to
 //! anonymous.
+//!
+//! A verified token is remembered (by its SHA-256, at most [`VERIFIED_CACHE`] of them) until its
+//! `exp`: a client that reconnects, or opens a stream per view, pays the signature check once.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Mutex, PoisonError};
 
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
 use crate::config::AuthSection;
+
+/// Most verified tokens remembered.
+pub const VERIFIED_CACHE: usize = 10_000;
 
 /// The environment variable holding the HS256 secret.
 pub const SECRET_ENV: &str = "VIEWTAPE_JWT_SECRET";
@@ -90,12 +98,22 @@ pub struct Auth {
     keys: Vec<(DecodingKey, Validation)>,
     public_views: Grants,
     allow_query_token: bool,
+    /// Tokens already verified, by SHA-256, with what they grant.
+    verified: Mutex<HashMap<[u8; 32], Access>>,
 }
 
 impl std::fmt::Debug for Auth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Auth")
             .field("keys", &self.keys.len())
+            .field(
+                "verified",
+                &self
+                    .verified
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .len(),
+            )
             .field("public_views", &self.public_views)
             .field("allow_query_token", &self.allow_query_token)
             .finish()
@@ -153,6 +171,7 @@ impl Auth {
             keys,
             public_views: Grants::new(section.public_views.iter().cloned()),
             allow_query_token: section.allow_query_token,
+            verified: Mutex::default(),
         }))
     }
 
@@ -161,6 +180,32 @@ impl Auth {
     /// # Errors
     /// [`TokenError`]: malformed, expired, badly signed, of another audience, or without `exp`.
     pub fn verify(&self, token: &str) -> Result<Access, TokenError> {
+        use sha2::Digest as _;
+        let digest: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+        let now = crate::log::unix_ms_now() / 1000;
+        let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(access) = verified.get(&digest) {
+            // The same leeway as the check that admitted it.
+            if access.expires_at + 5 > now {
+                return Ok(access.clone());
+            }
+            verified.remove(&digest);
+        }
+        drop(verified);
+        let access = self.check(token)?;
+        let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
+        if verified.len() >= VERIFIED_CACHE {
+            verified.retain(|_, access| access.expires_at + 5 > now);
+            if verified.len() >= VERIFIED_CACHE {
+                verified.clear();
+            }
+        }
+        verified.insert(digest, access.clone());
+        Ok(access)
+    }
+
+    /// Checks `token`'s signature and claims.
+    fn check(&self, token: &str) -> Result<Access, TokenError> {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|error| TokenError(format!("malformed: {error}")))?;
         let mut last = TokenError(format!("algorithm {:?} is not accepted here", header.alg));
@@ -264,6 +309,23 @@ mod tests {
         assert!(open
             .verify(&token(serde_json::json!({"exp": now() + 60}), SECRET))
             .is_ok());
+    }
+
+    #[test]
+    fn a_remembered_token_still_expires() {
+        let auth = auth(None);
+        let soon = token(
+            serde_json::json!({"exp": now() - 4, "views": ["v"]}),
+            SECRET,
+        );
+        // Within the leeway: valid, and remembered.
+        assert!(auth.verify(&soon).is_ok());
+        assert!(auth.verify(&soon).is_ok());
+        std::thread::sleep(std::time::Duration::from_millis(2_100));
+        assert!(
+            auth.verify(&soon).is_err(),
+            "past exp + leeway, remembered or not"
+        );
     }
 
     #[test]
