@@ -136,8 +136,17 @@ fn cors(config: &ServerConfig) -> Option<CorsLayer> {
             header::AUTHORIZATION,
             header::CONTENT_TYPE,
             HeaderName::from_static("last-event-id"),
+            HeaderName::from_static("producer-id"),
+            HeaderName::from_static("producer-epoch"),
+            HeaderName::from_static("producer-seq"),
         ])
-        .expose_headers([header::CONTENT_TYPE])
+        .expose_headers([
+            header::CONTENT_TYPE,
+            header::RETRY_AFTER,
+            header::WWW_AUTHENTICATE,
+            HeaderName::from_static("producer-duplicate"),
+            HeaderName::from_static("producer-expected-seq"),
+        ])
         .max_age(Duration::from_secs(600));
     Some(layer)
 }
@@ -201,6 +210,54 @@ mod tests {
 
     use super::*;
     use crate::config::AuthSection;
+
+    #[tokio::test]
+    async fn a_browser_producer_may_send_and_read_the_producer_headers_cross_origin() {
+        let (_, shutdown) = watch::channel(false);
+        let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
+            JournalConfig::default(),
+        ))));
+        let config = ServerConfig {
+            cors_origins: vec!["https://app.example".into()],
+            ..ServerConfig::default()
+        };
+        let state = AppState::new(
+            hub,
+            Arc::default(),
+            &LogMetrics::default(),
+            None,
+            config,
+            shutdown,
+        );
+        let request = axum::http::Request::builder()
+            .method(Method::OPTIONS)
+            .uri("/runtimes/demo/ingest")
+            .header(header::ORIGIN, "https://app.example")
+            .header(header::ACCESS_CONTROL_REQUEST_METHOD, "POST")
+            .header(
+                header::ACCESS_CONTROL_REQUEST_HEADERS,
+                "producer-id,producer-seq,authorization",
+            )
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let response = app(state, None).oneshot(request).await.unwrap();
+        let allowed = response.headers()[header::ACCESS_CONTROL_ALLOW_HEADERS]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        for name in [
+            "producer-id",
+            "producer-epoch",
+            "producer-seq",
+            "authorization",
+        ] {
+            assert!(allowed.contains(name), "{name} in {allowed}");
+        }
+        assert_eq!(
+            response.headers()[header::ACCESS_CONTROL_ALLOW_CREDENTIALS],
+            "true"
+        );
+    }
 
     #[tokio::test]
     async fn with_auth_on_metrics_are_for_loopback_only() {
