@@ -328,13 +328,6 @@ pub async fn replay(
         replayed.failed_closed.is_some() || plan.unpositioned || plan.no_snapshot;
     log.skip_to(next - 1);
     log.start_writer(&plan.dir, next, plan.segment_bytes)?;
-    let (segments, bytes) = plan.dir.usage()?;
-    log.metrics()
-        .segments
-        .set(i64::try_from(segments).unwrap_or(i64::MAX));
-    log.metrics()
-        .bytes
-        .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     Ok(replayed)
 }
 

@@ -501,16 +501,25 @@ impl RuntimeHandle {
         source_gap: Option<String>,
         producer: Option<ProducerStamp>,
     ) -> Result<Accepted, IngestError> {
+        self.ask(|reply| {
+            Command::Ingest(Ingest {
+                input,
+                checkpoint,
+                source_gap,
+                producer,
+                reply,
+            })
+        })
+        .await
+        .unwrap_or_else(|| Err(self.stopped()))
+    }
+
+    /// Sends the task the command `make` builds around a reply channel and waits for the
+    /// reply; `None` when the task has stopped.
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
         let (reply, rx) = oneshot::channel();
-        let cmd = Command::Ingest(Ingest {
-            input,
-            checkpoint,
-            source_gap,
-            producer,
-            reply,
-        });
-        self.tx.send(cmd).await.map_err(|_| self.stopped())?;
-        rx.await.map_err(|_| self.stopped())?
+        self.tx.send(make(reply)).await.ok()?;
+        rx.await.ok()
     }
 
     /// The module it runs now.
@@ -550,17 +559,17 @@ impl RuntimeHandle {
         module: GuestModule,
         replayed_at: Option<u64>,
     ) -> Result<Deployed, DeployError> {
-        let stopped = || DeployError::Stopped {
-            runtime: self.name.to_string(),
-        };
-        let (reply, rx) = oneshot::channel();
-        let cmd = Command::Deploy {
+        self.ask(|reply| Command::Deploy {
             module,
             replayed_at,
             reply,
-        };
-        self.tx.send(cmd).await.map_err(|_| stopped())?;
-        rx.await.map_err(|_| stopped())?
+        })
+        .await
+        .unwrap_or_else(|| {
+            Err(DeployError::Stopped {
+                runtime: self.name.to_string(),
+            })
+        })
     }
 
     /// Applies a logged batch again (start-up): runs it through the guest unless it was lost,
@@ -571,17 +580,17 @@ impl RuntimeHandle {
     /// # Errors
     /// [`ReplayError`]: the record is not this runtime's history.
     pub async fn replay(&self, entry: BatchEntry, position: u64) -> Result<(), ReplayError> {
-        let stopped = || ReplayError::Stopped {
-            runtime: self.name.to_string(),
-        };
-        let (reply, rx) = oneshot::channel();
-        let cmd = Command::Replay {
+        self.ask(|reply| Command::Replay {
             entry,
             position,
             reply,
-        };
-        self.tx.send(cmd).await.map_err(|_| stopped())?;
-        rx.await.map_err(|_| stopped())?
+        })
+        .await
+        .unwrap_or_else(|| {
+            Err(ReplayError::Stopped {
+                runtime: self.name.to_string(),
+            })
+        })
     }
 
     /// Feeds `tail` into this runtime until the runtime stops (abort the handle to stop
@@ -633,12 +642,9 @@ impl RuntimeHandle {
     /// # Errors
     /// [`IngestError::Stopped`] if the task has stopped.
     pub async fn save(&self) -> Result<RuntimeSnapshot, IngestError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Command::Save { reply })
+        self.ask(|reply| Command::Save { reply })
             .await
-            .map_err(|_| self.stopped())?;
-        rx.await.map_err(|_| self.stopped())
+            .ok_or_else(|| self.stopped())
     }
 
     /// Stops the runtime between batches and keeps it stopped until the
@@ -649,16 +655,14 @@ impl RuntimeHandle {
     /// # Errors
     /// [`IngestError::Stopped`] if the task has stopped.
     pub async fn pause(&self) -> Result<(RuntimeSnapshot, PauseGuard), IngestError> {
-        let (reply, rx) = oneshot::channel();
         let (control, ops) = mpsc::channel(1);
-        self.tx
-            .send(Command::Pause {
+        let saved = self
+            .ask(|reply| Command::Pause {
                 reply,
                 control: ops,
             })
             .await
-            .map_err(|_| self.stopped())?;
-        let saved = rx.await.map_err(|_| self.stopped())?;
+            .ok_or_else(|| self.stopped())?;
         Ok((
             saved,
             PauseGuard {

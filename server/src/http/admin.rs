@@ -22,7 +22,6 @@
 //! with their outcome.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::Path;
@@ -173,9 +172,7 @@ async fn list(
     State(admin): State<Arc<Admin>>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let entries = admin.snapshots.list().await?;
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let now_ms = crate::log::unix_ms_now();
     let snapshots: Vec<serde_json::Value> = entries
         .iter()
         .map(|entry| {

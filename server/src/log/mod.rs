@@ -165,12 +165,8 @@ impl LogMetrics {
         let metrics = self.clone();
         Box::new(move |group: GroupWritten| {
             metrics.records.inc_by(group.records);
-            metrics
-                .bytes
-                .inc_by(i64::try_from(group.bytes).unwrap_or(i64::MAX));
-            metrics
-                .position
-                .set(i64::try_from(group.next - 1).unwrap_or(i64::MAX));
+            metrics.bytes.inc_by(gauge(group.bytes));
+            metrics.position.set(gauge(group.next - 1));
             if group.new_segment {
                 metrics.segments.inc();
             }
@@ -245,7 +241,8 @@ impl Log {
     /// Starts writing at position `next` of `dir`, segments of `segment_bytes`.
     ///
     /// # Errors
-    /// The newest segment cannot be opened or a new one created.
+    /// The newest segment cannot be opened or a new one created, or the directory cannot be
+    /// listed.
     pub fn start_writer(
         &self,
         dir: &LogDir,
@@ -257,9 +254,8 @@ impl Log {
             segment_bytes,
         };
         let writer = LogWriter::start(dir, next, options, self.metrics.observer())?;
-        self.metrics
-            .position
-            .set(i64::try_from(next.saturating_sub(1)).unwrap_or(i64::MAX));
+        self.metrics.position.set(gauge(next.saturating_sub(1)));
+        self.measure(dir)?;
         self.durable
             .fetch_max(next.saturating_sub(1), Ordering::Relaxed);
         *self.writer.lock().unwrap_or_else(PoisonError::into_inner) = Some(writer);
@@ -329,15 +325,17 @@ impl Log {
         };
         let deleted = dir.delete_before(position)?;
         if deleted > 0 {
-            let (segments, bytes) = dir.usage()?;
-            self.metrics
-                .segments
-                .set(i64::try_from(segments).unwrap_or(i64::MAX));
-            self.metrics
-                .bytes
-                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            self.measure(dir)?;
         }
         Ok(deleted)
+    }
+
+    /// Sets the segment and byte gauges from what `dir` holds.
+    fn measure(&self, dir: &LogDir) -> Result<(), LogError> {
+        let (segments, bytes) = dir.usage()?;
+        self.metrics.segments.set(gauge(segments));
+        self.metrics.bytes.set(gauge(bytes));
+        Ok(())
     }
 
     /// Appends `records` at consecutive positions and waits until they are durable. Returns the
@@ -427,6 +425,11 @@ pub fn unix_ms_now() -> u64 {
         .map_or(0, |since| {
             u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
         })
+}
+
+/// `n` as a gauge's value.
+fn gauge(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// A group's turn to commit; see [`Log::turn`].
