@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context as _};
 use tokio::task::JoinSet;
 use viewtape_tests::feed::{price_of, tick};
-use viewtape_tests::server::{guest_wasm, ADMIN_TOKEN_ENV};
+use viewtape_tests::server::{guest_wasm, with_custom_section, ADMIN_TOKEN_ENV};
 use viewtape_tests::{http, Server};
 
 use crate::args::Args;
@@ -61,7 +61,7 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(40);
 /// A batch the ticker skipped is sent again at most this often.
 const MAX_RESENDS: u32 = 1000;
 /// The custom section's name in each deployed module.
-const SECTION_NAME: &[u8] = b"build";
+const SECTION_NAME: &str = "build";
 
 /// What to run.
 #[derive(Debug)]
@@ -87,22 +87,6 @@ impl Options {
             max_seconds: args.num("max-seconds", 300u64, 5, 3_600)?,
         })
     }
-}
-
-/// `wasm` with a custom section `build` holding `build` (8 bytes LE) appended: a valid module
-/// that differs from `wasm` and from every other `build`.
-fn with_build_section(wasm: &[u8], build: u64) -> Vec<u8> {
-    let data = build.to_le_bytes();
-    // name length byte + name + data; all below 128, so every LEB128 is one byte.
-    let section_len = 1 + SECTION_NAME.len() + data.len();
-    let mut out = Vec::with_capacity(wasm.len() + 2 + section_len);
-    out.extend_from_slice(wasm);
-    out.push(0x00); // custom section id
-    out.push(section_len as u8);
-    out.push(SECTION_NAME.len() as u8);
-    out.extend_from_slice(SECTION_NAME);
-    out.extend_from_slice(&data);
-    out
 }
 
 /// One acknowledged batch; times since the open loop's start.
@@ -232,7 +216,7 @@ async fn deploy_all(
             options.deploys,
             options.max_seconds
         );
-        let wasm = with_build_section(&base, build);
+        let wasm = with_custom_section(&base, SECTION_NAME, &build.to_le_bytes());
         let t0 = start.elapsed();
         let resp = tokio::time::timeout(
             DEPLOY_TIMEOUT,
@@ -518,18 +502,6 @@ async fn measure(server: &Server, token: &str, options: &Options) -> anyhow::Res
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn build_section_is_a_custom_section() {
-        let header = b"\0asm\x01\0\0\0";
-        let out = with_build_section(header, 3);
-        let mut want = header.to_vec();
-        want.extend_from_slice(&[0, 14, 5]);
-        want.extend_from_slice(b"build");
-        want.extend_from_slice(&[3, 0, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(out, want);
-        assert_ne!(with_build_section(header, 1), with_build_section(header, 2));
-    }
 
     fn d(ms: u64) -> Duration {
         Duration::from_millis(ms)

@@ -4,6 +4,7 @@ use anyhow::{bail, ensure, Context as _};
 use viewtape_journal::Cursor;
 
 use crate::feed::{event_seq, parse_cursor};
+use crate::http::Response;
 use crate::server::Server;
 use crate::sse::SseEvent;
 
@@ -80,6 +81,48 @@ pub fn reset(event: &SseEvent, reason: &str) -> anyhow::Result<serde_json::Value
         _ => bail!("reset window is not first <= next: {data}"),
     }
     Ok(data)
+}
+
+/// A refusal with `status` and the one error shape of every route, `{"error","message"}`;
+/// returns the body.
+///
+/// # Errors
+/// Another status, or another body.
+pub fn json_error(resp: &Response, status: u16) -> anyhow::Result<serde_json::Value> {
+    ensure!(
+        resp.status() == status,
+        "expected {status}: {} {}",
+        resp.status(),
+        resp.text()
+    );
+    let error = resp.json()?;
+    ensure!(
+        error["error"].is_string() && error["message"].is_string(),
+        "a JSON error body: {error}"
+    );
+    Ok(error)
+}
+
+/// Resumes `cursor` on `view` and requires the stream to stay silent for 300 ms: no reset, and
+/// nothing missed. Returns the stream, to follow on.
+///
+/// # Errors
+/// When anything arrives.
+pub async fn resumes(
+    server: &Server,
+    view: &str,
+    cursor: &Cursor,
+) -> anyhow::Result<crate::stream::EventStream> {
+    let mut stream = server
+        .sse(
+            &format!("/views/{view}/events"),
+            &[("Last-Event-ID", &cursor.to_string())],
+        )
+        .await?;
+    stream
+        .expect_silence(std::time::Duration::from_millis(300))
+        .await?;
+    Ok(stream)
 }
 
 /// The first `n` events of the retained tape of `view` (`?from=tape`, no cursor).

@@ -83,6 +83,31 @@ pub fn guest_wasm(name: &str) -> PathBuf {
         .join(format!("{name}.wasm"))
 }
 
+/// `module` with a custom section (id 0) named `name` holding `data` appended: a valid module
+/// that runs the same and has other bytes (another build, to the server).
+pub fn with_custom_section(module: &[u8], name: &str, data: &[u8]) -> Vec<u8> {
+    fn leb128(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let mut payload = Vec::new();
+    leb128(name.len(), &mut payload);
+    payload.extend_from_slice(name.as_bytes());
+    payload.extend_from_slice(data);
+    let mut out = module.to_vec();
+    out.push(0);
+    leb128(payload.len(), &mut out);
+    out.extend_from_slice(&payload);
+    out
+}
+
 /// Locates the binary, building it once per process.
 ///
 /// # Errors
@@ -517,6 +542,19 @@ impl Drop for Server {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_custom_section_is_appended_whole() {
+        let header = b"\0asm\x01\0\0\0";
+        let out = super::with_custom_section(header, "build", &3u64.to_le_bytes());
+        let mut want = header.to_vec();
+        want.extend_from_slice(&[0, 14, 5]);
+        want.extend_from_slice(b"build");
+        want.extend_from_slice(&[3, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(out, want);
+        let long = super::with_custom_section(header, "n", &[7; 200]);
+        assert_eq!(&long[8..11], &[0, 0xca, 0x01], "LEB128 of 1 + 1 + 200 = 202");
+    }
+
     use super::*;
 
     #[test]

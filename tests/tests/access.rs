@@ -54,17 +54,7 @@ async fn get(server: &Server, path: &str, headers: &[(&str, &str)]) -> anyhow::R
 
 /// A refusal: the status, a JSON error, and `WWW-Authenticate: Bearer` on a 401.
 fn refused(resp: &Response, status: u16, what: &str) -> anyhow::Result<()> {
-    ensure!(
-        resp.status() == status,
-        "{what}: {} {}",
-        resp.status(),
-        resp.text()
-    );
-    let body = resp.json()?;
-    ensure!(
-        body["error"].is_string() && body["message"].is_string(),
-        "{what}: {body}"
-    );
+    expect::json_error(resp, status).with_context(|| what.to_owned())?;
     if status == 401 {
         ensure!(
             resp.header("www-authenticate") == Some("Bearer"),

@@ -4,18 +4,15 @@
 //! module is the one that runs after a crash or a graceful restart.
 
 use anyhow::{ensure, Context as _};
-use viewtape_tests::server::{cli, config_file, guest_wasm, ADMIN_TOKEN_ENV};
+use viewtape_tests::server::{cli, config_file, guest_wasm, with_custom_section, ADMIN_TOKEN_ENV};
 use viewtape_tests::{http, EventStream, Response, Server};
 
 const TOKEN: &str = "deploy-test-token-41";
 
 /// `misbehave` with a custom section naming `build`: the same guest, another module.
 fn build(build: u8) -> anyhow::Result<Vec<u8>> {
-    let mut wasm = std::fs::read(guest_wasm("misbehave"))?;
-    wasm.extend_from_slice(&[0, 7, 5]);
-    wasm.extend_from_slice(b"build");
-    wasm.push(build);
-    Ok(wasm)
+    let wasm = std::fs::read(guest_wasm("misbehave"))?;
+    Ok(with_custom_section(&wasm, "build", &[build]))
 }
 
 /// `viewtape deploy counter FILE --server ADDR` with the token; exit code and output.

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use viewtape_journal::Cursor;
-use viewtape_tests::server::{cli, config_file, guest_wasm};
+use viewtape_tests::server::{cli, config_file, guest_wasm, with_custom_section};
 use viewtape_tests::{expect, feed::event_seq, http, EventStream, Feed, Response, Server};
 
 /// The size of a segment header; records follow it.
@@ -295,55 +295,15 @@ fn duplicate(resp: &Response) -> anyhow::Result<serde_json::Value> {
     resp.json()
 }
 
-/// A JSON error `{"error","message"}` with this status.
-fn refused_with(resp: &Response, status: u16) -> anyhow::Result<()> {
-    ensure!(
-        resp.status() == status,
-        "expected {status}: {} {}",
-        resp.status(),
-        resp.text()
-    );
-    let error = resp.json()?;
-    ensure!(
-        error["error"].is_string() && error["message"].is_string(),
-        "a JSON error body: {error}"
-    );
-    Ok(())
-}
-
 /// A `409` naming the seq the server expects.
 fn out_of_order(resp: &Response, expected: u64) -> anyhow::Result<()> {
-    refused_with(resp, 409)?;
+    expect::json_error(resp, 409)?;
     ensure!(
         resp.header("producer-expected-seq").map(str::trim) == Some(expected.to_string().as_str()),
         "Producer-Expected-Seq: {expected} expected: {:?}",
         resp.head.headers
     );
     Ok(())
-}
-
-/// Appends a custom section (id 0) to a wasm module: a valid module with other bytes.
-fn with_custom_section(module: &[u8], name: &str, data: &[u8]) -> Vec<u8> {
-    fn leb128(mut n: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (n & 0x7f) as u8;
-            n >>= 7;
-            if n == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-    let mut payload = Vec::new();
-    leb128(name.len(), &mut payload);
-    payload.extend_from_slice(name.as_bytes());
-    payload.extend_from_slice(data);
-    let mut out = module.to_vec();
-    out.push(0);
-    leb128(payload.len(), &mut out);
-    out.extend_from_slice(&payload);
-    out
 }
 
 // ---- crash and replay ----------------------------------------------------------------------
@@ -404,13 +364,7 @@ async fn kill_nine_keeps_the_epoch_and_every_acknowledged_batch() -> anyhow::Res
     }
     resumed.expect_silence(Duration::from_millis(300)).await?;
     // A client that had read everything waits for new events, which continue the offsets.
-    let mut live = server
-        .sse(
-            "/views/prices/events",
-            &[("Last-Event-ID", &last.to_string())],
-        )
-        .await?;
-    live.expect_silence(Duration::from_millis(200)).await?;
+    let mut live = expect::resumes(&server, "prices", &last).await?;
     // The guest's state was replayed too: seq 11 is the next it accepts.
     let position = receipt(&server.ingest_ok(&feed.batch(1)).await?, 1)?;
     ensure!(
@@ -476,13 +430,7 @@ async fn a_torn_tail_is_cut_at_start_and_the_epoch_kept() -> anyhow::Result<()> 
             "the torn tail was cut (round {round})"
         );
         // The cursor of the last acknowledged event resumes: no reset, nothing new yet.
-        let mut resumed = server
-            .sse(
-                "/views/prices/events",
-                &[("Last-Event-ID", &last.to_string())],
-            )
-            .await?;
-        resumed.expect_silence(Duration::from_millis(300)).await?;
+        let mut resumed = expect::resumes(&server, "prices", &last).await?;
         // New batches continue the offsets, the guest's seq and the log positions.
         let position = receipt(&server.ingest_ok(&feed.batch(2)).await?, 2)?;
         ensure!(
@@ -549,13 +497,7 @@ async fn a_cut_last_record_loses_only_that_batch_and_keeps_the_epoch() -> anyhow
             && view["entries"]["BOLT"]["seq"] == 8,
         "the state is as after batch 4, at {kept_cursor}: {view}"
     );
-    let mut resumed = server
-        .sse(
-            "/views/prices/events",
-            &[("Last-Event-ID", &kept_cursor.to_string())],
-        )
-        .await?;
-    resumed.expect_silence(Duration::from_millis(300)).await?;
+    let mut resumed = expect::resumes(&server, "prices", &kept_cursor).await?;
     // The guest lost seq 9 and 10 with the record: sent again, they are new to it.
     feed.set_next_seq(9);
     receipt(&server.ingest_ok(&feed.batch(2)).await?, 2)?;
@@ -623,13 +565,7 @@ async fn a_corrupted_record_before_the_tail_fails_closed() -> anyhow::Result<()>
     drop(stream);
     server.kill9().await?;
     server.restart().await?;
-    let mut resumed = server
-        .sse(
-            "/views/prices/events",
-            &[("Last-Event-ID", &fresh.to_string())],
-        )
-        .await?;
-    resumed.expect_silence(Duration::from_millis(300)).await?;
+    expect::resumes(&server, "prices", &fresh).await?;
     ensure!(
         !says_fresh_epoch(&server),
         "no second fresh epoch:\n{}",
@@ -791,11 +727,11 @@ async fn idempotent_producers_dedupe_fence_and_name_the_expected_seq() -> anyhow
         &produce(&server, "orders", Some(1), 0, &feed.batch(1)).await?,
         1,
     )?;
-    refused_with(
+    expect::json_error(
         &produce(&server, "orders", Some(0), 3, &feed.clone().batch(1)).await?,
         403,
     )?;
-    refused_with(
+    expect::json_error(
         &produce(&server, "orders", Some(0), 2, &feed.clone().batch(1)).await?,
         403,
     )?;
@@ -856,7 +792,7 @@ async fn a_producer_retrying_after_kill_nine_gets_a_duplicate() -> anyhow::Resul
         &produce(&server, "ingestor", Some(3), 7, &feed.clone().batch(2)).await?,
         5,
     )?;
-    refused_with(
+    expect::json_error(
         &produce(&server, "ingestor", Some(2), 5, &feed.clone().batch(2)).await?,
         403,
     )?;
@@ -1144,13 +1080,7 @@ async fn os_durability_is_named_in_the_receipt_and_survives_a_process_crash() ->
     // The machine did not go down (same boot id): the OS has every byte.
     server.kill9().await?;
     server.restart().await?;
-    let mut resumed = server
-        .sse(
-            "/views/prices/events",
-            &[("Last-Event-ID", &last.to_string())],
-        )
-        .await?;
-    resumed.expect_silence(Duration::from_millis(300)).await?;
+    let mut resumed = expect::resumes(&server, "prices", &last).await?;
     server.ingest_ok(&feed.batch(1)).await?;
     let next = expect::update(&resumed.next_event().await?, 7, "ACME", 7)?;
     ensure!(next.epoch() == last.epoch(), "{next} vs {last}");

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use anyhow::ensure;
+use anyhow::{ensure, Context as _};
 use viewtape_tests::{expect, feed::tick, Feed, Server};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -34,12 +34,7 @@ async fn a_bad_line_publishes_nothing_from_its_batch() -> anyhow::Result<()> {
         attempt.line()
     );
     let resp = server.ingest("demo", &body).await?;
-    ensure!(resp.status() == 422, "{} {}", resp.status(), resp.text());
-    let error = resp.json()?;
-    ensure!(
-        error["error"].is_string() && error["message"].is_string(),
-        "{error}"
-    );
+    let error = expect::json_error(&resp, 422)?;
     ensure!(
         error["message"]
             .as_str()
@@ -67,17 +62,7 @@ async fn malformed_and_invalid_ticks_are_422() -> anyhow::Result<()> {
         tick("A", 1.0, 1).replace("1,", "\"x\","),
     ] {
         let resp = server.ingest("demo", &body).await?;
-        ensure!(
-            resp.status() == 422,
-            "{body:?}: {} {}",
-            resp.status(),
-            resp.text()
-        );
-        let error = resp.json()?;
-        ensure!(
-            error["error"].is_string() && error["message"].is_string(),
-            "{error}"
-        );
+        expect::json_error(&resp, 422).with_context(|| format!("{body:?}"))?;
     }
     let view = server.get("/views/prices").await?.json()?;
     ensure!(

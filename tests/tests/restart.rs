@@ -45,13 +45,7 @@ async fn graceful_stop_exits_zero_and_cursors_survive_the_restart() -> anyhow::R
     }
 
     server.restart().await?;
-    let mut resumed = server
-        .sse(
-            "/views/prices/events",
-            &[("Last-Event-ID", &last.to_string())],
-        )
-        .await?;
-    resumed.expect_silence(Duration::from_millis(300)).await?;
+    let mut resumed = expect::resumes(&server, "prices", &last).await?;
     // The guest's state came back too: seq 6 is the next one it accepts.
     server.ingest_ok(&feed.batch(2)).await?;
     let six = expect::update(&resumed.next_event().await?, 6, "BOLT", 6)?;

@@ -88,13 +88,7 @@ async fn graceful_restart_keeps_a_live_cursor_valid() -> anyhow::Result<()> {
 
     server.restart().await?;
     // The client reconnects with its last cursor: no reset, no duplicate, nothing lost.
-    let mut resumed = server
-        .sse(
-            "/views/prices/events",
-            &[("Last-Event-ID", &last.to_string())],
-        )
-        .await?;
-    resumed.expect_silence(Duration::from_millis(300)).await?;
+    let mut resumed = expect::resumes(&server, "prices", &last).await?;
     server.ingest_ok(&feed.batch(3)).await?;
     for offset in 5..=7 {
         let cursor = expect::update(
@@ -153,13 +147,7 @@ async fn exact_snapshot_vouches_for_one_life_only() -> anyhow::Result<()> {
                 .any(|f| f.to_string_lossy().ends_with("-exact.vtsnap")),
         "the exact snapshot is consumed at start: {files:?}"
     );
-    let mut resumed = server
-        .sse(
-            "/views/prices/events",
-            &[("Last-Event-ID", &first_life.to_string())],
-        )
-        .await?;
-    resumed.expect_silence(Duration::from_millis(200)).await?;
+    let mut resumed = expect::resumes(&server, "prices", &first_life).await?;
     server.ingest_ok(&feed.batch(3)).await?;
     let mut second_life = first_life;
     for offset in 4..=6 {
