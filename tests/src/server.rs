@@ -542,20 +542,24 @@ impl Drop for Server {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn a_custom_section_is_appended_whole() {
         let header = b"\0asm\x01\0\0\0";
-        let out = super::with_custom_section(header, "build", &3u64.to_le_bytes());
+        let out = with_custom_section(header, "build", &3u64.to_le_bytes());
         let mut want = header.to_vec();
         want.extend_from_slice(&[0, 14, 5]);
         want.extend_from_slice(b"build");
         want.extend_from_slice(&[3, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(out, want);
-        let long = super::with_custom_section(header, "n", &[7; 200]);
-        assert_eq!(&long[8..11], &[0, 0xca, 0x01], "LEB128 of 1 + 1 + 200 = 202");
+        let long = with_custom_section(header, "n", &[7; 200]);
+        assert_eq!(
+            &long[8..11],
+            &[0, 0xca, 0x01],
+            "LEB128 of 1 + 1 + 200 = 202"
+        );
     }
-
-    use super::*;
 
     #[test]
     fn listening_line() {
