@@ -1,7 +1,10 @@
 //! Who may read which views and push into which runtimes: JWTs and their grants.
 //!
 //! Auth is off unless configured: `VIEWTAPE_JWT_SECRET` in the environment (HS256) or
-//! `[auth] public_keys = "FILE"` (a PEM public key: ES256, RS256 or EdDSA). A token is a JWT
+//! `[auth] public_keys = "FILE"` (a PEM public key, or a JWKS: ES256, ES384, RS256 or EdDSA;
+//! read again by [`Auth::reload`], on SIGHUP). A token whose header names a `kid` is checked
+//! against the JWKS key of that id (and keys without one); a token without, against every key of
+//! its algorithm. A token is a JWT
 //! with a required `exp` (5 s leeway) and, when `[auth] audience` is set, that `aud`. Its
 //! claims grant access: `views` — view names it may read, `ingest` — runtime names it may push
 //! to; a trailing `*` matches a prefix (`"orders.*"`). `[auth] public_views` may be read without
@@ -13,8 +16,9 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError, RwLock};
 
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
@@ -77,10 +81,12 @@ pub enum AuthConfigError {
         source: std::io::Error,
     },
     /// The key file holds no key this server can use.
-    #[error("[auth] public_keys: {path} holds no PEM public key for ES256, RS256 or EdDSA")]
+    #[error("[auth] public_keys: {path} holds no PEM public key or JWKS signing key for ES256, ES384, RS256 or EdDSA{detail}")]
     NoKey {
         /// The file.
         path: PathBuf,
+        /// What was wrong with it, if known (starts with `: `).
+        detail: String,
     },
 }
 
@@ -93,9 +99,22 @@ struct Claims {
     ingest: Vec<String>,
 }
 
+/// A key that verifies tokens of one algorithm.
+struct Key {
+    /// Its JWKS `kid`, if it has one.
+    id: Option<String>,
+    key: DecodingKey,
+    validation: Validation,
+}
+
 /// Verifies tokens; see the module docs.
 pub struct Auth {
-    keys: Vec<(DecodingKey, Validation)>,
+    /// The HS256 key of the secret, then those of the key file.
+    keys: RwLock<Vec<Key>>,
+    /// The HS256 secret, kept across reloads of the file.
+    secret: Option<String>,
+    file: Option<PathBuf>,
+    audience: Option<String>,
     public_views: Grants,
     allow_query_token: bool,
     /// Tokens already verified, by SHA-256, with what they grant.
@@ -105,7 +124,14 @@ pub struct Auth {
 impl std::fmt::Debug for Auth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Auth")
-            .field("keys", &self.keys.len())
+            .field(
+                "keys",
+                &self
+                    .keys
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .len(),
+            )
             .field(
                 "verified",
                 &self
@@ -130,49 +156,74 @@ impl Auth {
         section: &AuthSection,
         secret: Option<&str>,
     ) -> Result<Option<Self>, AuthConfigError> {
-        let validation = |algorithm| {
-            let mut validation = Validation::new(algorithm);
-            validation.leeway = 5;
-            match &section.audience {
-                Some(audience) => {
-                    validation.set_required_spec_claims(&["exp", "aud"]);
-                    validation.set_audience(&[audience]);
-                }
-                None => {
-                    validation.set_required_spec_claims(&["exp"]);
-                    validation.validate_aud = false;
-                }
-            }
-            validation
-        };
-        let mut keys = Vec::new();
-        if let Some(secret) = secret.filter(|s| !s.is_empty()) {
-            keys.push((
-                DecodingKey::from_secret(secret.as_bytes()),
-                validation(Algorithm::HS256),
-            ));
-        }
-        if let Some(path) = &section.public_keys {
-            let pem = std::fs::read(path).map_err(|source| AuthConfigError::Read {
-                path: path.clone(),
-                source,
-            })?;
-            let key = DecodingKey::from_ec_pem(&pem)
-                .map(|k| (k, Algorithm::ES256))
-                .or_else(|_| DecodingKey::from_rsa_pem(&pem).map(|k| (k, Algorithm::RS256)))
-                .or_else(|_| DecodingKey::from_ed_pem(&pem).map(|k| (k, Algorithm::EdDSA)))
-                .map_err(|_| AuthConfigError::NoKey { path: path.clone() })?;
-            keys.push((key.0, validation(key.1)));
-        }
-        if keys.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(Self {
-            keys,
+        let auth = Self {
+            keys: RwLock::default(),
+            secret: secret.filter(|s| !s.is_empty()).map(str::to_owned),
+            file: section.public_keys.clone(),
+            audience: section.audience.clone(),
             public_views: Grants::new(section.public_views.iter().cloned()),
             allow_query_token: section.allow_query_token,
             verified: Mutex::default(),
-        }))
+        };
+        if auth.reload()? == 0 {
+            return Ok(None);
+        }
+        Ok(Some(auth))
+    }
+
+    /// Reads the key file again and forgets every token verified so far (a key taken out of
+    /// the file no longer admits anyone). Returns the number of keys now in use.
+    ///
+    /// # Errors
+    /// The key file cannot be read or holds no usable key; the keys in use then stay.
+    pub fn reload(&self) -> Result<usize, AuthConfigError> {
+        let mut keys = Vec::new();
+        if let Some(secret) = &self.secret {
+            keys.push(Key {
+                id: None,
+                key: DecodingKey::from_secret(secret.as_bytes()),
+                validation: self.validation(Algorithm::HS256),
+            });
+        }
+        if let Some(path) = &self.file {
+            let text = std::fs::read(path).map_err(|source| AuthConfigError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            let found = read_keys(&text).map_err(|detail| AuthConfigError::NoKey {
+                path: path.clone(),
+                detail: format!(": {detail}"),
+            })?;
+            keys.extend(found.into_iter().map(|(id, key, algorithm)| Key {
+                id,
+                key,
+                validation: self.validation(algorithm),
+            }));
+        }
+        let count = keys.len();
+        *self.keys.write().unwrap_or_else(PoisonError::into_inner) = keys;
+        self.verified
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        Ok(count)
+    }
+
+    /// The checks of a token signed with `algorithm`.
+    fn validation(&self, algorithm: Algorithm) -> Validation {
+        let mut validation = Validation::new(algorithm);
+        validation.leeway = 5;
+        match &self.audience {
+            Some(audience) => {
+                validation.set_required_spec_claims(&["exp", "aud"]);
+                validation.set_audience(&[audience]);
+            }
+            None => {
+                validation.set_required_spec_claims(&["exp"]);
+                validation.validate_aud = false;
+            }
+        }
+        validation
     }
 
     /// What `token` grants.
@@ -209,8 +260,15 @@ impl Auth {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|error| TokenError(format!("malformed: {error}")))?;
         let mut last = TokenError(format!("algorithm {:?} is not accepted here", header.alg));
-        for (key, validation) in &self.keys {
-            if !validation.algorithms.contains(&header.alg) {
+        let keys = self.keys.read().unwrap_or_else(PoisonError::into_inner);
+        for Key {
+            id,
+            key,
+            validation,
+        } in keys.iter()
+        {
+            let other_id = matches!((id, &header.kid), (Some(id), Some(kid)) if id != kid);
+            if !validation.algorithms.contains(&header.alg) || other_id {
                 continue;
             }
             match jsonwebtoken::decode::<Claims>(token, key, validation) {
@@ -236,6 +294,51 @@ impl Auth {
     pub fn allows_query_token(&self) -> bool {
         self.allow_query_token
     }
+}
+
+/// The keys of a public-key file: a JWKS (`{"keys": [...]}`), or one PEM public key. Each comes
+/// with its `kid` and the algorithm it verifies. JWKS keys for encryption, symmetric keys and
+/// curves this server does not verify are left out.
+fn read_keys(text: &[u8]) -> Result<Vec<(Option<String>, DecodingKey, Algorithm)>, String> {
+    if text.trim_ascii_start().starts_with(b"{") {
+        let set: JwkSet = serde_json::from_slice(text).map_err(|error| format!("JWKS: {error}"))?;
+        let keys: Vec<_> = set
+            .keys
+            .iter()
+            .filter(|jwk| !matches!(jwk.common.public_key_use, Some(PublicKeyUse::Encryption)))
+            .filter_map(|jwk| {
+                let inferred = match &jwk.algorithm {
+                    AlgorithmParameters::EllipticCurve(ec) => match ec.curve {
+                        EllipticCurve::P256 => Algorithm::ES256,
+                        EllipticCurve::P384 => Algorithm::ES384,
+                        _ => return None,
+                    },
+                    AlgorithmParameters::RSA(_) => Algorithm::RS256,
+                    AlgorithmParameters::OctetKeyPair(_) => Algorithm::EdDSA,
+                    AlgorithmParameters::OctetKey(_) => return None,
+                };
+                let algorithm = match jwk.common.key_algorithm {
+                    // A symmetric algorithm has no business in a public-key file.
+                    Some(named) => named.to_string().parse::<Algorithm>().ok().filter(|a| {
+                        !matches!(a, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512)
+                    })?,
+                    None => inferred,
+                };
+                let key = DecodingKey::from_jwk(jwk).ok()?;
+                Some((jwk.common.key_id.clone(), key, algorithm))
+            })
+            .collect();
+        if keys.is_empty() {
+            return Err(format!("none of the JWKS's {} keys", set.keys.len()));
+        }
+        return Ok(keys);
+    }
+    DecodingKey::from_ec_pem(text)
+        .map(|k| (k, Algorithm::ES256))
+        .or_else(|_| DecodingKey::from_rsa_pem(text).map(|k| (k, Algorithm::RS256)))
+        .or_else(|_| DecodingKey::from_ed_pem(text).map(|k| (k, Algorithm::EdDSA)))
+        .map(|(key, algorithm)| vec![(None, key, algorithm)])
+        .map_err(|_| "not a PEM public key".into())
 }
 
 #[cfg(test)]

@@ -14,6 +14,8 @@
 //! snapshot_interval = "30s"   # periodic snapshots; "0s" turns them off
 //! keep_snapshots = 5          # periodic snapshots kept (plus the newest exact one)
 //! cors_origins = []           # origins allowed cross-origin, with credentials
+//! tls_cert = "cert.pem"       # HTTPS (HTTP/2 by ALPN, and HTTP/1.1) with this certificate chain
+//! tls_key = "key.pem"         # and this private key (PEM); both reloaded on SIGHUP
 //!
 //! [journal]
 //! enabled = true
@@ -149,6 +151,10 @@ pub struct ServerConfig {
     /// Origins (`https://app.example`) allowed to call every route cross-origin, with
     /// credentials. Empty: no cross-origin access.
     pub cors_origins: Vec<String>,
+    /// The certificate chain (PEM) of HTTPS; set with [`ServerConfig::tls_key`] or not at all.
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of HTTPS.
+    pub tls_key: Option<PathBuf>,
 }
 
 impl ServerConfig {
@@ -175,6 +181,8 @@ impl Default for ServerConfig {
             snapshot_interval: Duration::from_secs(30),
             keep_snapshots: 5,
             cors_origins: Vec::new(),
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -452,6 +460,12 @@ impl Config {
                 return Err(format!("server.{key} must be above zero"));
             }
         }
+        if self.server.tls_cert.is_some() != self.server.tls_key.is_some() {
+            return Err(
+                "server.tls_cert and server.tls_key go together: set both for HTTPS, or neither"
+                    .into(),
+            );
+        }
         for origin in &self.server.cors_origins {
             if !is_origin(origin) {
                 return Err(format!(
@@ -601,6 +615,7 @@ mod tests {
             ),
             ("[server]\nmax_body = \"12 parsecs\"\n", "not a byte size"),
             ("[server]\ncors_origins = [\"*\"]\n", "not an origin"),
+            ("[server]\ntls_cert = \"c.pem\"\n", "go together"),
             (
                 "[server]\ncors_origins = [\"https://a.example/\"]\n",
                 "not an origin",

@@ -8,7 +8,7 @@
 //! | layer | modules |
 //! |---|---|
 //! | process | [`server`] (`viewtape serve`: start-up, shutdown), [`inspect`] (`viewtape snapshot …`, `viewtape log …`), [`run`] (`viewtape run`: a guest over recorded input), [`scaffold`] (`viewtape new`: a guest crate) |
-//! | transport | [`listener`] — the accept loop; HTTP/1.1 carried to a router, lean or through hyper |
+//! | transport | [`listener`] — the accept loop; HTTP/1.1 carried to a router, lean or through hyper, and HTTP/2 over TLS; [`tls`] — the certificate, reloadable |
 //! | HTTP | [`http`] — the one router: routes, layers, the API error; [`http::admin`] |
 //! | operations | [`snapshot`] — snapshot body, cut, write, restore; [`recovery`] — start-up from a snapshot and the log; [`deploy`] — a new module into a running runtime; [`demo`] — the demo feed |
 //! | streams | [`sse`] — one subscriber: replay or state, then live |
@@ -43,3 +43,4 @@ pub mod snapshot;
 mod snapshot_props;
 pub mod source;
 pub mod sse;
+pub mod tls;

@@ -57,7 +57,7 @@ use axum::http::{self, HeaderName, HeaderValue, Method, Request, Response, Versi
 use axum::Router;
 use bytes::{Buf, Bytes, BytesMut};
 use http_body_util::BodyExt;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -68,11 +68,14 @@ use tracing::Instrument;
 
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
+use crate::tls::Tls;
 
 /// Largest request head, on both transports; past it, 431.
 pub const MAX_HEAD: usize = 16 * 1024;
 /// Most header fields in one request, on both transports; past it, 431.
 pub const MAX_HEADERS: usize = 64;
+/// Most concurrent streams (requests) on one HTTP/2 connection.
+const H2_MAX_STREAMS: u32 = 256;
 /// Bytes the lean transport reads at a time while streaming a response: just
 /// enough to notice a closed connection or keep a pipelined request.
 const PROBE: usize = 64;
@@ -123,6 +126,7 @@ pub async fn serve(
     router: Router,
     metrics: Arc<Metrics>,
     limits: Limits,
+    tls: Option<Arc<Tls>>,
     shutdown: impl Future<Output = ()>,
     abandon: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
@@ -130,6 +134,7 @@ pub async fn serve(
         router,
         metrics,
         limits,
+        tls,
         closed: AtomicU64::new(0),
     });
     let trimmer = tokio::spawn(trim_after_closes(Arc::clone(&shared)));
@@ -184,7 +189,7 @@ pub async fn serve(
             _drained: drained.clone(),
         };
         let span = tracing::debug_span!("connection", %peer);
-        tokio::spawn(connection.run(stream).instrument(span));
+        tokio::spawn(connection.start(stream).instrument(span));
     }
     drop(listener);
     trimmer.abort();
@@ -260,6 +265,8 @@ struct Shared {
     router: Router,
     metrics: Arc<Metrics>,
     limits: Limits,
+    /// HTTPS, when configured: every connection starts with a handshake.
+    tls: Option<Arc<Tls>>,
     /// Connections that have ended, on either transport.
     closed: AtomicU64,
 }
@@ -319,8 +326,41 @@ enum Next {
     Close,
 }
 
+/// A connection's byte stream: TCP, or TLS over it.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for S {}
+
 impl Connection {
-    async fn run(self, mut stream: TcpStream) {
+    /// Serves a fresh connection: over TLS when configured (HTTP/2 when the client chose it by
+    /// ALPN), else plain HTTP/1.1.
+    async fn start(self, stream: TcpStream) {
+        let Some(tls) = self.shared.tls.clone() else {
+            return self.run(stream).await;
+        };
+        let handshake = tokio::time::timeout(
+            self.shared.limits.header_timeout,
+            tls.acceptor().accept(stream),
+        );
+        let stream = match handshake.await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(error)) => {
+                self.shared.metrics.tls_failures.inc();
+                return tracing::debug!(%error, "TLS handshake failed");
+            }
+            Err(_) => {
+                self.shared.metrics.tls_failures.inc();
+                return tracing::debug!("TLS handshake timed out");
+            }
+        };
+        if stream.get_ref().1.alpn_protocol() == Some(crate::tls::H2) {
+            return self.serve_h2(stream).await;
+        }
+        self.run(stream).await;
+    }
+
+    /// Serves HTTP/1.1: the lean transport, until a request it declines hands the rest of the
+    /// connection to hyper.
+    async fn run<S: Io>(self, mut stream: S) {
         // Bytes read and not yet consumed: a partial head, or pipelined requests.
         let mut buf = BytesMut::new();
         let mut first = true;
@@ -359,7 +399,7 @@ impl Connection {
 
     /// Waits for the next request head and decides which transport serves it. A stop ends
     /// the wait at once: a client that is slow to send a head cannot hold the server up.
-    async fn next_request(&self, stream: &mut TcpStream, buf: &mut BytesMut, first: bool) -> Next {
+    async fn next_request<S: Io>(&self, stream: &mut S, buf: &mut BytesMut, first: bool) -> Next {
         let mut stopping = self.stopping.clone();
         tokio::select! {
             next = read_request(stream, buf, first, self.shared.limits) => next,
@@ -369,12 +409,9 @@ impl Connection {
 
     /// Serves the rest of the connection with hyper, starting with the bytes
     /// the lean transport already read.
-    async fn hand_to_hyper(self, stream: TcpStream, read: Bytes) {
+    async fn hand_to_hyper<S: Io>(self, stream: S, read: Bytes) {
         let Shared {
-            router,
-            metrics,
-            limits,
-            closed: _,
+            metrics, limits, ..
         } = &*self.shared;
         metrics.hyper_connections.inc();
         let mut builder = hyper::server::conn::http1::Builder::new();
@@ -383,28 +420,73 @@ impl Connection {
             .header_read_timeout(limits.header_timeout)
             .max_buf_size(MAX_HEAD)
             .max_headers(MAX_HEADERS);
-        let io = TokioIo::new(HyperIo {
+        let connection = builder.serve_connection(self.hyper_io(stream, read), self.service());
+        self.drive(connection, |connection| connection.graceful_shutdown())
+            .await;
+    }
+
+    /// Serves an HTTP/2 connection with hyper: the same router, limits and stop.
+    async fn serve_h2<S: Io>(self, stream: S) {
+        let Shared {
+            metrics, limits, ..
+        } = &*self.shared;
+        metrics.h2_connections.inc();
+        let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        builder
+            .timer(TokioTimer::new())
+            .max_header_list_size(MAX_HEAD as u32)
+            .max_concurrent_streams(H2_MAX_STREAMS)
+            .keep_alive_interval(Some(limits.write_timeout))
+            .keep_alive_timeout(limits.write_timeout);
+        let connection =
+            builder.serve_connection(self.hyper_io(stream, Bytes::new()), self.service());
+        self.drive(connection, |connection| connection.graceful_shutdown())
+            .await;
+    }
+
+    /// The socket as hyper sees it.
+    fn hyper_io<S: Io>(&self, stream: S, read: Bytes) -> TokioIo<HyperIo<S>> {
+        TokioIo::new(HyperIo {
             read,
             inner: stream,
-            write_timeout: limits.write_timeout,
+            write_timeout: self.shared.limits.write_timeout,
             stalled: None,
-        });
+        })
+    }
+
+    /// The router as a hyper service, handing it the client's address with every request.
+    fn service(
+        &self,
+    ) -> TowerToHyperService<
+        impl tower::Service<
+                hyper::Request<hyper::body::Incoming>,
+                Response = Response<Body>,
+                Error = std::convert::Infallible,
+                Future = impl Send,
+            > + Clone,
+    > {
         let peer = self.peer;
-        let service = TowerToHyperService::new(router.clone().map_request(
+        TowerToHyperService::new(self.shared.router.clone().map_request(
             move |mut request: hyper::Request<hyper::body::Incoming>| {
                 request
                     .extensions_mut()
                     .insert(axum::extract::ConnectInfo(peer));
                 request
             },
-        ));
-        let connection = builder.serve_connection(io, service);
+        ))
+    }
+
+    /// Runs a hyper connection to its end; when the server stops, asks it to finish gracefully.
+    async fn drive<C>(&self, connection: C, graceful: impl FnOnce(Pin<&mut C>))
+    where
+        C: Future<Output = Result<(), hyper::Error>>,
+    {
         let mut connection = std::pin::pin!(connection);
         let mut stopping = self.stopping.clone();
         let result = tokio::select! {
             result = connection.as_mut() => result,
             () = stopped(&mut stopping) => {
-                connection.as_mut().graceful_shutdown();
+                graceful(connection.as_mut());
                 connection.await
             }
         };
@@ -416,9 +498,9 @@ impl Connection {
     /// Writes `response`. Bodies of known size go out with `content-length`;
     /// streams chunked, while a small probe reads from the client: it notices
     /// a close at once and keeps pipelined bytes for the next request.
-    async fn respond(
+    async fn respond<S: Io>(
         &self,
-        stream: &mut TcpStream,
+        stream: &mut S,
         buf: &mut BytesMut,
         response: Response<Body>,
     ) -> std::io::Result<()> {
@@ -494,8 +576,8 @@ impl Connection {
 /// Reads until `buf` holds a whole request head: the next request of a kept-alive connection
 /// has [`Limits::idle_timeout`] to start, and every head [`Limits::header_timeout`] to arrive
 /// once started (from the connection's start for its first).
-async fn read_request(
-    stream: &mut TcpStream,
+async fn read_request<S: Io>(
+    stream: &mut S,
     buf: &mut BytesMut,
     first: bool,
     limits: Limits,
@@ -532,7 +614,7 @@ async fn stopped(stopping: &mut watch::Receiver<bool>) {
 }
 
 /// Reads what the socket has into `buf`; `Ok(0)` when the client closed.
-async fn read_some(stream: &mut TcpStream, buf: &mut BytesMut) -> std::io::Result<usize> {
+async fn read_some<S: Io>(stream: &mut S, buf: &mut BytesMut) -> std::io::Result<usize> {
     buf.reserve(1024);
     stream.read_buf(buf).await
 }
@@ -592,8 +674,8 @@ fn lean_request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
 }
 
 /// Writes all of `parts`, vectored; fails when the client accepts no bytes for `timeout`.
-async fn write_all(
-    stream: &mut TcpStream,
+async fn write_all<S: AsyncWrite + Unpin>(
+    stream: &mut S,
     mut parts: &mut [IoSlice<'_>],
     timeout: Duration,
 ) -> std::io::Result<()> {
@@ -606,20 +688,23 @@ async fn write_all(
         }
         IoSlice::advance_slices(&mut parts, written);
     }
-    Ok(())
+    // TLS holds written bytes until flushed; for TCP this is nothing.
+    tokio::time::timeout(timeout, stream.flush())
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
 }
 
 /// The socket as hyper sees it: first the bytes the lean transport already took from it, and
 /// writes that fail when the client accepts nothing for the write timeout.
-struct HyperIo {
+struct HyperIo<S> {
     read: Bytes,
-    inner: TcpStream,
+    inner: S,
     write_timeout: Duration,
     /// Running while writes are blocked.
     stalled: Option<Pin<Box<Sleep>>>,
 }
 
-impl HyperIo {
+impl<S> HyperIo<S> {
     /// Passes a write's outcome through, failing it once writes have been blocked too long.
     fn timed<T>(
         &mut self,
@@ -641,7 +726,7 @@ impl HyperIo {
     }
 }
 
-impl AsyncRead for HyperIo {
+impl<S: Io> AsyncRead for HyperIo<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -657,7 +742,7 @@ impl AsyncRead for HyperIo {
     }
 }
 
-impl AsyncWrite for HyperIo {
+impl<S: Io> AsyncWrite for HyperIo<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

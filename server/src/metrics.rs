@@ -100,6 +100,10 @@ pub struct Metrics {
     pub lean_connections: Counter,
     /// HTTP connections handed to hyper.
     pub hyper_connections: Counter,
+    /// HTTP/2 connections (over TLS, served by hyper).
+    pub h2_connections: Counter,
+    /// TLS handshakes that failed or timed out.
+    pub tls_failures: Counter,
     /// Connections refused at `max_http_connections`.
     pub http_refused: Counter,
     /// Failed accepts (out of file descriptors, mostly).
@@ -154,7 +158,7 @@ impl Metrics {
         );
         registry.register(
             "viewtape_http_connections",
-            "HTTP connections by the transport that served them: lean (plain GETs, SSE) or hyper (from the first request the lean transport declines)",
+            "HTTP connections by the transport that served them: lean (plain GETs, SSE, over TCP or TLS), hyper (from the first HTTP/1.1 request the lean transport declines) or h2 (HTTP/2, negotiated over TLS)",
             transports.clone(),
         );
         let http_refused = Counter::default();
@@ -168,6 +172,12 @@ impl Metrics {
             "viewtape_accept_errors",
             "Failed accepts (out of file descriptors, mostly)",
             accept_errors.clone(),
+        );
+        let tls_failures = Counter::default();
+        registry.register(
+            "viewtape_tls_handshake_failures",
+            "TLS handshakes that failed or did not finish within header_timeout",
+            tls_failures.clone(),
         );
         registry.register_collector(Box::new(OwnerCounters { hub, runtimes }));
         register_log(&mut registry, log);
@@ -183,6 +193,8 @@ impl Metrics {
             ingest_rejected: ingest.get_or_create_owned(&[("result", "rejected")]),
             lean_connections: transports.get_or_create_owned(&[("transport", "lean")]),
             hyper_connections: transports.get_or_create_owned(&[("transport", "hyper")]),
+            h2_connections: transports.get_or_create_owned(&[("transport", "h2")]),
+            tls_failures,
             http_refused,
             accept_errors,
             streams,

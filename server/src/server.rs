@@ -44,6 +44,7 @@ use crate::registry::{ModuleFingerprint, ModuleStore, Runtimes};
 use crate::runtime::{RuntimeConfig, RuntimeHandle};
 use crate::snapshot::Snapshots;
 use crate::source::{FileTail, FileTailConfig, SourceCheckpoint};
+use crate::tls::Tls;
 
 /// How `viewtape serve` was invoked.
 #[derive(Debug, Clone)]
@@ -94,6 +95,11 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         ),
         None => {}
     }
+    let tls = match (&config.server.tls_cert, &config.server.tls_key) {
+        (Some(cert), Some(key)) => Some(Arc::new(Tls::load(cert, key)?)),
+        _ => None,
+    };
+    let reloads = reload_on_hangup(tls.clone(), auth.clone())?;
     let state = AppState::new(
         Arc::clone(&hub),
         Arc::clone(&runtimes),
@@ -122,7 +128,8 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         .await
         .map_err(|error| anyhow::anyhow!("cannot listen on {}: {error}", options.listen))?;
     let addr = listener.local_addr()?;
-    println!("viewtape listening on http://{addr}/");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    println!("viewtape listening on {scheme}://{addr}/");
     tracing::info!(
         %addr,
         runtimes = ?runtimes.names(),
@@ -147,10 +154,12 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         app(state, admin),
         metrics,
         limits,
+        tls,
         shutdown,
         abandon,
     )
     .await?;
+    reloads.abort();
 
     for source in sources {
         source.abort();
@@ -345,6 +354,47 @@ fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     writeln!(file, "{}", std::process::id())?;
     file.sync_all()?;
     Ok(file)
+}
+
+/// On every SIGHUP, reads the TLS certificate and key and the auth key file again. What cannot
+/// be loaded is logged and the settings in use stay.
+///
+/// # Errors
+/// The handler cannot be installed.
+fn reload_on_hangup(
+    tls: Option<Arc<Tls>>,
+    auth: Option<Arc<Auth>>,
+) -> std::io::Result<JoinHandle<()>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hangups = signal(SignalKind::hangup())?;
+        Ok(tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                if let Some(tls) = &tls {
+                    match tls.reload() {
+                        Ok(()) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),
+                        Err(error) => {
+                            tracing::error!(%error, "SIGHUP: TLS certificate not reloaded; the one in use stays")
+                        }
+                    }
+                }
+                if let Some(auth) = &auth {
+                    match auth.reload() {
+                        Ok(keys) => tracing::info!(keys, "SIGHUP: auth keys reloaded"),
+                        Err(error) => {
+                            tracing::error!(%error, "SIGHUP: auth keys not reloaded; the ones in use stay")
+                        }
+                    }
+                }
+            }
+        }))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (tls, auth);
+        Ok(tokio::spawn(async {}))
+    }
 }
 
 /// Registers SIGINT and SIGTERM handlers now and counts the signals: the first asks for a
