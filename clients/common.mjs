@@ -36,16 +36,16 @@ export class Feed {
   }
 }
 
-/** `POST /runtimes/{runtime}/ingest`, requiring a 200. */
-export async function ingest(base, runtime, body) {
-  const res = await fetch(`${base}/runtimes/${runtime}/ingest`, { method: 'POST', body, signal: AbortSignal.timeout(10000) });
+/** `POST /runtimes/{runtime}/ingest`, requiring a 200; `headers` (e.g. `Authorization`) go along. */
+export async function ingest(base, runtime, body, headers = {}) {
+  const res = await fetch(`${base}/runtimes/${runtime}/ingest`, { method: 'POST', body, headers, signal: AbortSignal.timeout(10000) });
   const text = await res.text();
   check(res.status === 200, `ingest into ${runtime}: status ${res.status}: ${text}`);
   return JSON.parse(text);
 }
 
-export async function getJson(base, path) {
-  const res = await fetch(`${base}${path}`, { signal: AbortSignal.timeout(10000) });
+export async function getJson(base, path, headers = {}) {
+  const res = await fetch(`${base}${path}`, { headers, signal: AbortSignal.timeout(10000) });
   check(res.status === 200, `GET ${path}: status ${res.status}`);
   return res.json();
 }

@@ -2,7 +2,8 @@
 //!
 //! Reports the publish rate held, deliveries/s, publish→receive latency (p50/p99/max), and the
 //! backlog: how many deliveries were still owed when publishing stopped, and how long they took
-//! to drain (bounded by `--drain-seconds`).
+//! to drain (bounded by `--drain-seconds`). Subscribers speak HTTP/1.1 over TCP, or with
+//! `--tls h1|h2` HTTP/1.1 or HTTP/2 over TLS ([`crate::transport`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -10,15 +11,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _};
 use viewtape_tests::feed::scan_seq;
-use viewtape_tests::{EventStream, Feed};
+use viewtape_tests::Feed;
 
 use crate::args::Args;
 use crate::histogram::Histogram;
 use crate::publish::Publisher;
 use crate::target::{cpu_seconds, rss_kib, Target};
-
-/// Concurrent connection attempts while subscribers connect.
-const CONNECT_CONCURRENCY: usize = 256;
+use crate::transport::{connect_all, Subscription};
 
 /// What to run.
 #[derive(Debug)]
@@ -95,7 +94,13 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
 
     let rss_before = target.pid.map(rss_kib).transpose()?;
     let connecting = Instant::now();
-    let streams = connect_all(target, options.subscribers, &head).await?;
+    let streams = connect_all(
+        &target.dialer,
+        target.events_path(),
+        options.subscribers,
+        &head,
+    )
+    .await?;
     eprintln!(
         "{} subscribers connected in {:?}",
         options.subscribers,
@@ -176,8 +181,9 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     let ms = |us: u64| us as f64 / 1000.0;
 
     println!(
-        "fanout peer={:?} subscribers={} rate={} seconds={} published={published} requests={requests} publish_rate_held={:.0}/s",
+        "fanout peer={:?} transport={} subscribers={} rate={} seconds={} published={published} requests={requests} publish_rate_held={:.0}/s",
         target.peer,
+        target.transport().name(),
         options.subscribers,
         options.rate,
         options.seconds,
@@ -208,9 +214,11 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
         );
     }
     if let Some(cpu) = cpu {
+        // The server's CPU over the publishing window, per delivery made in it.
         println!(
-            "fanout server_cpu_s={cpu:.2} server_cpu_share={:.0}%",
-            cpu / publish_took.as_secs_f64() * 100.0
+            "fanout server_cpu_s={cpu:.2} server_cpu_share={:.0}% server_cpu_us_per_delivery={:.2}",
+            cpu / publish_took.as_secs_f64() * 100.0,
+            cpu * 1e6 / delivered_at_end.max(1) as f64
         );
     }
     // The client shares the machine: when it is saturated, latency is the client's, not the
@@ -240,38 +248,8 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Opens `n` streams resuming at `cursor`, at most [`CONNECT_CONCURRENCY`] at a time.
-pub(crate) async fn connect_all(
-    target: &Target,
-    n: usize,
-    cursor: &str,
-) -> anyhow::Result<Vec<EventStream>> {
-    let mut streams = Vec::with_capacity(n);
-    let mut pending = tokio::task::JoinSet::new();
-    let mut started = 0;
-    while streams.len() < n {
-        while started < n && pending.len() < CONNECT_CONCURRENCY {
-            let addr = target.addr;
-            let path = target.events_path();
-            let cursor = cursor.to_owned();
-            pending.spawn(async move {
-                EventStream::connect(addr, path, &[("Last-Event-ID", &cursor)]).await
-            });
-            started += 1;
-        }
-        match pending.join_next().await {
-            Some(done) => streams.push(
-                done.context("connect task")?
-                    .with_context(|| format!("subscriber {} of {n}", streams.len() + 1))?,
-            ),
-            None => break,
-        }
-    }
-    Ok(streams)
-}
-
 /// One subscriber: counts deliveries and records latencies until told to stop.
-async fn subscribe(index: usize, mut stream: EventStream, kind: &str, shared: Arc<Shared>) {
+async fn subscribe(index: usize, mut stream: Subscription, kind: &str, shared: Arc<Shared>) {
     let mut hist = Histogram::default();
     let mut count = 0u64;
     let mut error = None;

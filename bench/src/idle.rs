@@ -1,5 +1,6 @@
-//! `idle`: opens N idle SSE connections (resuming at the head, so nothing is sent but
-//! heartbeats) and reports the server's resident memory per connection.
+//! `idle`: opens N idle SSE streams (resuming at the head, so nothing is sent but heartbeats)
+//! and reports the server's resident memory per stream: a connection each over plain HTTP/1.1
+//! or `--tls h1`, 256 streams to a connection with `--tls h2`.
 
 use std::time::{Duration, Instant};
 
@@ -7,9 +8,9 @@ use anyhow::{bail, Context as _};
 use viewtape_tests::Feed;
 
 use crate::args::Args;
-use crate::fanout::connect_all;
 use crate::publish::Publisher;
 use crate::target::{rss_kib, Target};
+use crate::transport::{connect_all, Transport, H2_STREAMS_PER_CONNECTION};
 
 /// What to run.
 #[derive(Debug)]
@@ -19,8 +20,8 @@ pub struct Options {
 }
 
 impl Options {
-    /// `--connections` (1..=50k, default 10k; must fit under the fd limit), `--hold-seconds`
-    /// (0..=600, default 3) before RSS is read.
+    /// `--connections` streams (1..=50k, default 10k; must fit under the fd limit),
+    /// `--hold-seconds` (0..=600, default 3) before RSS is read.
     ///
     /// # Errors
     /// On out-of-bounds values or a file-descriptor limit too low for the count.
@@ -51,21 +52,27 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     publisher.publish(&mut Feed::new(&["ACME"]), 1).await?;
     let head = publisher.head_id(target).await?;
     // Warm the server's connection path first, so one-time allocations are not counted.
-    drop(connect_all(target, 100, &head).await?);
+    let path = target.events_path();
+    drop(connect_all(&target.dialer, path, 100, &head).await?);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let before = rss_kib(pid)?;
     let start = Instant::now();
-    let streams = connect_all(target, options.connections, &head)
+    let streams = connect_all(&target.dialer, path, options.connections, &head)
         .await
         .context("opening idle connections")?;
     let opened_in = start.elapsed();
     tokio::time::sleep(Duration::from_secs(options.hold_seconds)).await;
     let after = rss_kib(pid)?;
     let per = (after.saturating_sub(before)) as f64 * 1024.0 / options.connections as f64;
+    let connections = match target.transport() {
+        Transport::TlsH2 => options.connections.div_ceil(H2_STREAMS_PER_CONNECTION),
+        Transport::Plain | Transport::TlsH1 => options.connections,
+    };
     println!(
-        "idle peer={:?} connections={} opened_in_ms={:.0} server_rss_kib before={before} after={after} per_connection_bytes={per:.0} ({:.2} KB)",
+        "idle peer={:?} transport={} streams={} connections={connections} opened_in_ms={:.0} server_rss_kib before={before} after={after} per_stream_bytes={per:.0} ({:.2} KB)",
         target.peer,
+        target.transport().name(),
         options.connections,
         opened_in.as_secs_f64() * 1000.0,
         per / 1000.0

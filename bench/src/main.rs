@@ -1,9 +1,9 @@
 //! `viewtape-bench`: load for a viewtape server, on loopback only, bounded in count and time.
 //!
 //! ```text
-//! viewtape-bench fanout --subscribers N --rate R --seconds S [--batch-ms 5]
-//! viewtape-bench replay --events 100000 [--runs 7]
-//! viewtape-bench idle   --connections 10000 [--hold-seconds 3]
+//! viewtape-bench fanout --subscribers N --rate R --seconds S [--batch-ms 5] [--tls h1|h2] [--pin]
+//! viewtape-bench replay --events 100000 [--runs 7] [--tls h1|h2]
+//! viewtape-bench idle   --connections 10000 [--hold-seconds 3] [--tls h1|h2] [--pin]
 //! viewtape-bench stalled --subscribers 30 [--keys 2000 --size 20000 --hold-seconds 1]
 //! viewtape-bench durable [--compare | --peer jetstream] [--workload acks|bulk|latency]
 //!                        [--seconds 10 --runs 3 --rate 1000] [--nats-server PATH] [--pin]
@@ -16,13 +16,19 @@
 //!         or nothing: spawns target/<profile>/viewtape serve --demo-rate 0 [--server-arg …]
 //!         or --peer nchan --peer-url http://127.0.0.1:PORT [--pid WORKER_PID]
 //!            (nginx + nchan from bench/peers/nchan.sh; same workloads, same bounds)
-//!         --threads 2   client runtime worker threads
+//!         --tls h1|h2   (spawned viewtape) HTTPS: a self-signed certificate, the config given
+//!                       with --server-arg=--config (or none) plus tls_cert/tls_key; subscribers
+//!                       speak HTTP/1.1 over TLS (a connection each) or HTTP/2 (256 streams to
+//!                       a connection); ingest and the tape stay HTTP/1.1 (over TLS)
+//!         --pin         (durable, fanout, idle) server on CPU 0, bench on CPU 1 (bench/src/pin.rs)
+//!         --threads 2   client runtime worker threads (1 with --pin)
 //!         --publishers 8   fanout/replay: publish connections for nchan (one message per POST)
 //! ```
 //!
 //! Input goes through `POST /runtimes/demo/ingest` as ticker NDJSON with a global `seq`;
 //! subscribers are raw TCP + minimal HTTP/1.1 + SSE parsing (the `viewtape-tests` harness), so
-//! thousands fit next to the server on a 2-core box. Latency is measured publish→receive: the
+//! thousands fit next to the server on a 2-core box; with `--tls` the same over tokio-rustls,
+//! or HTTP/2 streams through hyper's client ([`transport`]). Latency is measured publish→receive: the
 //! publisher notes the send time of every `seq`, subscribers look it up on receipt.
 //!
 //! Against nchan the same ticks are published as one `POST /pub/prices` each (body = the tick
@@ -49,11 +55,14 @@ mod fanout;
 mod histogram;
 mod idle;
 mod jetstream;
+mod pin;
 mod publish;
 mod replay;
 mod restart;
 mod stalled;
 mod target;
+mod tls;
+mod transport;
 
 use anyhow::{bail, Context as _};
 
@@ -72,9 +81,9 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let args = Args::parse(rest)?;
-    // `durable --pin` pins this process to one CPU before any thread exists; kept to the end.
+    // `--pin` pins this process to one CPU before any thread exists; kept to the end.
     let pinned = match command.as_str() {
-        "durable" => durable::pin_before_runtime(&args)?,
+        "durable" | "fanout" | "idle" => pin::pin_before_runtime(&args)?,
         _ => None,
     };
     let threads = args.num("threads", if pinned.is_some() { 1 } else { 2 }, 1, 64)?;

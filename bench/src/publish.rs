@@ -1,6 +1,7 @@
 //! Publishing into the target: viewtape ingest (NDJSON ticks in batches, one request per batch)
 //! or nchan's publisher endpoint (one `POST /pub/prices` per message, body = the tick; nchan has
-//! no batch publish, so its messages are spread over several keep-alive connections).
+//! no batch publish, so its messages are spread over several keep-alive connections). Over TLS
+//! (`--tls`) when the server has it, always HTTP/1.1.
 
 use std::net::SocketAddr;
 
@@ -9,6 +10,7 @@ use tokio::task::JoinSet;
 use viewtape_tests::{http::HttpConn, Feed};
 
 use crate::target::{Peer, Target};
+use crate::transport::Conn;
 
 /// Ticks per viewtape ingest request (~50 B each, well under the 1 MiB body limit).
 pub const INGEST_BATCH: usize = 5_000;
@@ -18,7 +20,7 @@ pub const INGEST_BATCH: usize = 5_000;
 pub struct Publisher {
     peer: Peer,
     addr: SocketAddr,
-    conns: Vec<HttpConn>,
+    conns: Vec<HttpConn<Conn>>,
     /// nchan: the newest message id a publish response reported.
     last_id: Option<String>,
 }
@@ -35,7 +37,7 @@ impl Publisher {
         };
         let mut conns = Vec::with_capacity(n);
         for _ in 0..n {
-            conns.push(HttpConn::connect(target.addr).await?);
+            conns.push(HttpConn::on(target.addr, target.dialer.connect().await?));
         }
         Ok(Self {
             peer: target.peer,
@@ -135,7 +137,7 @@ impl Publisher {
 }
 
 /// One ingest into `demo` on a keep-alive connection; anything but 200 is an error.
-pub(crate) async fn ingest_batch(conn: &mut HttpConn, body: &str) -> anyhow::Result<()> {
+pub(crate) async fn ingest_batch(conn: &mut HttpConn<Conn>, body: &str) -> anyhow::Result<()> {
     let resp = conn
         .send("POST", "/runtimes/demo/ingest", &[], body.as_bytes())
         .await
@@ -147,7 +149,7 @@ pub(crate) async fn ingest_batch(conn: &mut HttpConn, body: &str) -> anyhow::Res
 }
 
 /// One message to nchan's publisher; returns the message id it reports.
-async fn nchan_post(conn: &mut HttpConn, body: &str) -> anyhow::Result<Option<String>> {
+async fn nchan_post(conn: &mut HttpConn<Conn>, body: &str) -> anyhow::Result<Option<String>> {
     let resp = conn
         .send(
             "POST",

@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure};
 use viewtape_tests::feed::scan_seq;
-use viewtape_tests::{EventStream, Feed};
+use viewtape_tests::Feed;
 
 use crate::args::Args;
 use crate::publish::{Publisher, INGEST_BATCH};
 use crate::target::{cpu_seconds, Peer, Target};
+use crate::transport::connect_all;
 
 /// What to run.
 #[derive(Debug)]
@@ -75,12 +76,12 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     for run in 0..options.runs {
         let cpu_before = target.pid.map(cpu_seconds).transpose()?;
         let start = Instant::now();
-        let mut stream = EventStream::connect(
-            target.addr,
-            target.events_path(),
-            &[("Last-Event-ID", &cursor_text)],
-        )
-        .await?;
+        let Some(mut stream) = connect_all(&target.dialer, target.events_path(), 1, &cursor_text)
+            .await?
+            .pop()
+        else {
+            bail!("run {run}: no stream");
+        };
         let mut first_byte = None;
         let mut received = 0u64;
         let mut bytes = 0u64;
@@ -138,8 +139,9 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
             _ => String::new(),
         };
         println!(
-            "replay peer={:?} run={run} events={} data_bytes={bytes} first_event_ms={:.2} total_ms={:.2} events_per_s={:.0}{cpu}",
+            "replay peer={:?} transport={} run={run} events={} data_bytes={bytes} first_event_ms={:.2} total_ms={:.2} events_per_s={:.0}{cpu}",
             target.peer,
+            target.transport().name(),
             options.events,
             first_byte.unwrap_or_default().as_secs_f64() * 1000.0,
             took.as_secs_f64() * 1000.0,
@@ -149,8 +151,9 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     }
     times.sort();
     println!(
-        "replay summary: peer={:?} events={} runs={} median_ms={:.2} min_ms={:.2} max_ms={:.2}",
+        "replay summary: peer={:?} transport={} events={} runs={} median_ms={:.2} min_ms={:.2} max_ms={:.2}",
         target.peer,
+        target.transport().name(),
         options.events,
         options.runs,
         times[times.len() / 2].as_secs_f64() * 1000.0,

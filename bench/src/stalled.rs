@@ -12,6 +12,7 @@ use viewtape_tests::http::{connect_with_recv_buffer, request};
 
 use crate::args::Args;
 use crate::target::{rss_kib, Target};
+use crate::transport::Transport;
 
 /// What to run.
 #[derive(Debug)]
@@ -46,6 +47,9 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     let Some(pid) = target.pid else {
         bail!("stalled needs the server's pid: pass --pid with --addr, or let the tool spawn it");
     };
+    if target.transport() != Transport::Plain {
+        bail!("stalled speaks plain HTTP/1.1 only: drop --tls");
+    }
     for batch in big_state_batches(options.keys, options.size) {
         let reply = request(
             target.addr,

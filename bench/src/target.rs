@@ -1,6 +1,6 @@
-//! The server under test: a running viewtape (`--addr`, `--pid`), one the tool spawns, or the
-//! nginx nchan peer (`--peer nchan --peer-url http://127.0.0.1:PORT --pid WORKER`), and what the
-//! tool reads of it from `/proc`.
+//! The server under test: a running viewtape (`--addr`, `--pid`), one the tool spawns (over
+//! HTTPS with `--tls h1|h2`), or the nginx nchan peer (`--peer nchan --peer-url
+//! http://127.0.0.1:PORT --pid WORKER`), and what the tool reads of it from `/proc`.
 
 use std::net::SocketAddr;
 
@@ -8,9 +8,11 @@ use anyhow::{bail, Context as _};
 use std::time::Duration;
 
 use viewtape_journal::Cursor;
-use viewtape_tests::{expect, http::ensure_loopback, EventStream, Server};
+use viewtape_tests::{expect, http::ensure_loopback, Server};
 
 use crate::args::Args;
+use crate::tls::ServerTls;
+use crate::transport::{Dialer, Transport};
 
 /// Which server speaks on the other end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,18 +33,25 @@ pub struct Target {
     pub peer: Peer,
     /// Its process, when known (for RSS and CPU).
     pub pid: Option<u32>,
+    /// How the tool connects to it.
+    pub dialer: Dialer,
     /// Kept alive while benchmarking a spawned server; killed on drop.
     server: Option<Server>,
+    /// The spawned server's certificate and config files, with `--tls`.
+    _tls: Option<ServerTls>,
 }
 
 impl Target {
     /// `--addr ADDR [--pid PID]`, or spawns `viewtape serve --demo-rate 0` plus each
-    /// `--server-arg` (e.g. `--server-arg=--config --server-arg=bench.toml`), or
-    /// `--peer nchan --peer-url http://127.0.0.1:PORT [--pid WORKER_PID]`.
+    /// `--server-arg` (e.g. `--server-arg=--config --server-arg=bench.toml`), over HTTPS with
+    /// `--tls h1|h2` (see [`crate::tls`]), or `--peer nchan --peer-url http://127.0.0.1:PORT
+    /// [--pid WORKER_PID]`.
     ///
     /// # Errors
-    /// On a non-loopback address or a server that does not start.
+    /// On a non-loopback address, `--tls` without a spawned viewtape, or a server that does not
+    /// start.
     pub async fn from_args(args: &Args) -> anyhow::Result<Self> {
+        let transport = Transport::from_args(args)?;
         let pid = match args.get("pid") {
             Some(pid) => Some(pid.parse().context("--pid")?),
             None => None,
@@ -63,12 +72,10 @@ impl Target {
             }
             let addr = parse_peer_url(url)?;
             ensure_loopback(addr)?;
-            return Ok(Self {
-                addr,
-                peer,
-                pid,
-                server: None,
-            });
+            if transport != Transport::Plain {
+                bail!("--tls is for a viewtape the tool spawns");
+            }
+            return Ok(Self::running(addr, peer, pid));
         }
         if peer_url.is_some() {
             bail!("--peer-url needs --peer nchan (viewtape takes --addr)");
@@ -79,26 +86,53 @@ impl Target {
             if !server_args.is_empty() {
                 bail!("--server-arg only applies to a spawned server (no --addr)");
             }
-            return Ok(Self {
-                addr,
-                peer,
-                pid,
-                server: None,
-            });
+            if transport != Transport::Plain {
+                bail!("--tls makes the certificate of a server the tool spawns: drop --addr");
+            }
+            return Ok(Self::running(addr, peer, pid));
         }
+        let tls = match transport {
+            Transport::Plain => None,
+            Transport::TlsH1 | Transport::TlsH2 => Some(ServerTls::new()?),
+        };
+        let server_args = match &tls {
+            Some(tls) => tls.server_args(&server_args)?,
+            None => server_args.iter().map(|&arg| arg.to_owned()).collect(),
+        };
+        let server_args: Vec<&str> = server_args.iter().map(String::as_str).collect();
         let server = Server::start(&server_args).await?;
         eprintln!(
-            "spawned viewtape (pid {}) on {} with {:?}",
+            "spawned viewtape (pid {}) on {} with {:?}; subscribers: {}",
             server.pid(),
             server.addr(),
-            server_args
+            server_args,
+            transport.name()
         );
         Ok(Self {
             addr: server.addr(),
             peer,
             pid: Some(server.pid()),
+            dialer: Dialer::new(server.addr(), transport, tls.as_ref()),
             server: Some(server),
+            _tls: tls,
         })
+    }
+
+    /// A server the tool did not spawn, spoken to in plain HTTP.
+    fn running(addr: SocketAddr, peer: Peer, pid: Option<u32>) -> Self {
+        Self {
+            addr,
+            peer,
+            pid,
+            dialer: Dialer::new(addr, Transport::Plain, None),
+            server: None,
+            _tls: None,
+        }
+    }
+
+    /// What subscribers speak.
+    pub fn transport(&self) -> Transport {
+        self.dialer.transport()
     }
 
     /// The SSE path subscribers follow.
@@ -128,8 +162,10 @@ impl Target {
     /// # Errors
     /// On connection errors or an empty tape.
     pub async fn head_cursor(&self) -> anyhow::Result<Cursor> {
-        let mut tape =
-            EventStream::connect(self.addr, "/views/prices/events?from=tape", &[]).await?;
+        let mut tape = self
+            .dialer
+            .event_stream("/views/prices/events?from=tape", &[])
+            .await?;
         let mut head = expect::cursor_of(&tape.next_event().await?)?;
         for _ in 0..10_000_000 {
             match tape.next_within(Duration::from_millis(200)).await {

@@ -1,14 +1,17 @@
-// Headless Chromium (Debian's /usr/bin/chromium, driven by playwright-core) on the demo page.
+// Headless Chromium (Debian's /usr/bin/chromium, driven by playwright-core), two ways:
 //
-//   node clients/browser/test.mjs <base-url> <screenshot.png>
+//   node clients/browser/test.mjs <base-url> <screenshot.png>   the demo page, auth off
+//   node clients/browser/test.mjs <base-url> --auth <secret>    auth on: cookies and reauth
 //
 // Run by tests/tests/clients.rs, which serves <base-url> on a pinned port and restarts the
 // server when this script prints `@@ctl graceful-restart`, `@@ctl kill9-restart` or
 // `@@ctl kill9-lose-log-restart`.
 //
 // An init script wraps the page's `EventSource` so every event it receives (update, delete,
-// reset, state, synced, open, error) is recorded in `window.__events`; the page's own handlers
-// run unchanged. Asserts:
+// reset, state, synced, reauth, open with the URL, error with the readyState) is recorded in
+// `window.__events`; the page's own handlers run unchanged.
+//
+// The demo page, auth off. Asserts:
 //  1. live updates reach the page;
 //  2. after a graceful stop and restart, the browser's own reconnection (Last-Event-ID) resumes
 //     with no reset, no duplicate and no loss: update ids contiguous in one epoch, seq in order;
@@ -16,14 +19,32 @@
 //  4. after kill -9 with the log lost, the page gets exactly one reset (JSON
 //     reason/epoch/first/next), then the state and `synced` in a new epoch, follows live again,
 //     and its table ends with exactly the rows `GET /views/prices` has.
+//
+// Auth on (`--auth`: the server has VIEWTAPE_JWT_SECRET=<secret> and `[auth] audience =
+// "viewtape"`; this script signs its own HS256 tokens with the secret). Asserts:
+//  5. without the cookie `viewtape_token`, or with a refused token in it (expired, another view),
+//     an EventSource gets an error, ends CLOSED and receives no event; a fetch of the stream
+//     from the page gets 401 (403 for the other view) with `WWW-Authenticate: Bearer`;
+//  6. a bare EventSource with a 3 s token in the cookie: at expiry the server sends `reauth` and
+//     ends the response; the page sets a fresh cookie and the browser reconnects by itself (two
+//     rounds); every event of the tape arrives exactly once and in order (offsets 1..n, events
+//     ingested while it was away included), with no reset, and the browser never closed it;
+//  7. the demo page with a `window.viewtapeToken` hook and no cookie: refused at first, it gets a
+//     token and opens; on each `reauth` it shows "token expired — renewing" and sets the cookie
+//     (the browser reconnects by itself); when the token it got is refused, it opens a new
+//     EventSource from its cursor (`?cursor=`). Updates stay contiguous after `synced` across all
+//     of it, no reset, and its table ends with the rows `GET /views/prices` has.
+import { createHmac } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { chromium } from 'playwright-core';
 import { check, control, done, Feed, getJson, ingest, log, parseCursor } from '../common.mjs';
 
-const [base, screenshot] = process.argv.slice(2);
-check(base && screenshot, 'usage: test.mjs <base-url> <screenshot.png>');
+const [base, ...rest] = process.argv.slice(2);
+const secret = rest[0] === '--auth' ? rest[1] : null;
+const screenshot = secret === null ? rest[0] : null;
+check(base && (secret || screenshot), 'usage: test.mjs <base-url> <screenshot.png> | test.mjs <base-url> --auth <secret>');
 const WAIT = 30000;
 
 const profile = mkdtempSync(join(tmpdir(), 'viewtape-chromium-'));
@@ -35,14 +56,17 @@ const browser = await chromium.launchPersistentContext(profile, {
   viewport: { width: 900, height: 560 },
 });
 try {
-  await run(browser);
+  await recordEventSources(browser);
+  if (secret === null) await run(browser);
+  else await runWithAuth(browser);
 } finally {
   await browser.close().catch(() => {});
   rmSync(profile, { recursive: true, force: true });
 }
 done();
 
-async function run(context) {
+/** Every `EventSource` of every page records what it receives in `window.__events`. */
+async function recordEventSources(context) {
   await context.addInitScript(() => {
     window.__events = [];
     const Native = window.EventSource;
@@ -50,12 +74,15 @@ async function run(context) {
       constructor(url, init) {
         super(url, init);
         const record = type => e => window.__events.push({ type, id: e.lastEventId ?? null, data: e.data ?? null });
-        for (const type of ['update', 'delete', 'reset', 'state', 'synced']) this.addEventListener(type, record(type));
-        this.addEventListener('open', () => window.__events.push({ type: 'open' }));
+        for (const type of ['update', 'delete', 'reset', 'state', 'synced', 'reauth']) this.addEventListener(type, record(type));
+        this.addEventListener('open', () => window.__events.push({ type: 'open', url: this.url }));
         this.addEventListener('error', () => window.__events.push({ type: 'error', readyState: this.readyState }));
       }
     };
   });
+}
+
+async function run(context) {
   const page = await context.newPage();
   page.on('console', m => log(`[page console] ${m.text()}`));
   page.on('pageerror', e => log(`[page error] ${e}`));
@@ -167,8 +194,8 @@ async function run(context) {
 }
 
 /** The page's table equals `GET /views/prices` (symbol, price to 2 places, seq). */
-async function compareRows(page, when) {
-  const view = await getJson(base, '/views/prices');
+async function compareRows(page, when, headers = {}) {
+  const view = await getJson(base, '/views/prices', headers);
   const want = Object.entries(view.entries)
     .map(([k, v]) => [k, v.price.toFixed(2), String(v.seq)])
     .sort((a, b) => a[0].localeCompare(b[0]));
@@ -183,4 +210,221 @@ async function compareRows(page, when) {
     await new Promise(r => setTimeout(r, 50));
   }
   check(false, `page rows ${when}: ${JSON.stringify(got)}, GET /views/prices: ${JSON.stringify(want)}`);
+}
+
+function sleep(ms) {
+  return new Promise(r => setTimeout(r, ms));
+}
+
+function nowSeconds() {
+  return Math.floor(Date.now() / 1000);
+}
+
+/** A JWT over `claims`, signed HS256 with `key` (the server's secret unless told). */
+function jwt(claims, key = secret) {
+  const part = value => Buffer.from(JSON.stringify(value)).toString('base64url');
+  const signed = `${part({ alg: 'HS256', typ: 'JWT' })}.${part(claims)}`;
+  return `${signed}.${createHmac('sha256', key).update(signed).digest('base64url')}`;
+}
+
+/** A reader's token for `views`, valid for `seconds` from now (negative: expired). */
+function readToken(seconds, views = ['prices']) {
+  return jwt({ exp: nowSeconds() + seconds, aud: 'viewtape', views });
+}
+
+/** Sets the cookie a same-origin `EventSource` sends, as a page script would. */
+function setCookie(page, token) {
+  return page.evaluate(t => { document.cookie = `viewtape_token=${t}; path=/; SameSite=Strict`; }, token);
+}
+
+/** The events `page` recorded, without `update`s, as `open`, `error0` (readyState), …. */
+function shape(events) {
+  return events.filter(e => e.type !== 'update' && e.type !== 'state')
+    .map(e => (e.type === 'error' ? `error${e.readyState}` : e.type));
+}
+
+/** Updates are exactly offsets `from`..`to` of one epoch, in order, with the feed's ticks. */
+function contiguous(updates, from, to, epoch, feed, what) {
+  check(updates.length === to - from + 1,
+    () => `${what}: ${to - from + 1} updates (offsets ${from}..${to}), got ${updates.length}: ${updates.map(u => u.id).join(' ')}`);
+  updates.forEach((u, i) => {
+    const c = parseCursor(u.id);
+    check(c.epoch === epoch && c.offset === from + i, () => `${what}: update ${i}: id ${u.id}, want ${epoch}-${from + i}`);
+    // One tick per offset in this view: offset n carries seq n.
+    const { key, value } = JSON.parse(u.data);
+    check(value.seq === from + i && key === feed.symbolOf(from + i) && value.price === Feed.priceOf(from + i),
+      () => `${what}: update ${i}: ${u.data}, want seq ${from + i}`);
+  });
+}
+
+/**
+ * Publishes ticks while `page` follows, until it has received `rounds` reauths. Right after
+ * each reauth it publishes 3 more ticks and counts the rounds in which they were durable before
+ * the browser was back (no new `open`): those events can only arrive by the replay after the
+ * cursor the browser sends.
+ */
+async function throughReauths(page, rounds, feed, writer) {
+  const deadline = Date.now() + WAIT;
+  let away = 0;
+  for (let i = 0, round = 0; round < rounds; i++) {
+    const seen = await page.evaluate(() => window.__events);
+    check(Date.now() < deadline && i < 1000, () => `${rounds} reauths within ${WAIT} ms: ${JSON.stringify(shape(seen))}`);
+    if (seen.filter(e => e.type === 'reauth').length > round) {
+      const opens = seen.filter(e => e.type === 'open').length;
+      await ingest(base, 'demo', feed.batch(3), writer);
+      if (await page.evaluate(() => window.__events.filter(e => e.type === 'open').length) === opens) away++;
+      round++;
+    } else {
+      await ingest(base, 'demo', feed.batch(1), writer); // live traffic meanwhile
+      await sleep(150);
+    }
+  }
+  return away;
+}
+
+async function runWithAuth(context) {
+  const writer = { authorization: `Bearer ${jwt({ exp: nowSeconds() + 600, aud: 'viewtape', views: ['prices'], ingest: ['demo'] })}` };
+  const feed = new Feed(['ACME', 'BOLT', 'CRUX']);
+  // What a page gets when it asks for a fresh token: the next of `tokens` (made when asked).
+  let tokens = [];
+  let minted = 0;
+  await context.exposeFunction('__mintViewtapeToken', () => {
+    minted++;
+    const next = tokens.shift();
+    return next ? next() : 'no-more-tokens-planned';
+  });
+  await ingest(base, 'demo', feed.batch(4), writer); // offsets 1..4
+
+  // 5. Refused: no cookie, or a cookie the server refuses. The page is same-origin and runs no
+  //    script of its own.
+  const page = await context.newPage();
+  page.on('console', m => log(`[page console] ${m.text()}`));
+  page.on('pageerror', e => log(`[page error] ${e}`));
+  await page.goto(`${base}/healthz`, { timeout: WAIT });
+  const refusals = [
+    ['no cookie', null, 401],
+    ['an expired token', readToken(-60), 401],
+    ['a token signed with another secret', jwt({ exp: nowSeconds() + 60, aud: 'viewtape', views: ['prices'] }, 'another-secret'), 401],
+    ['a token for another view', readToken(60, ['orders.*']), 403],
+  ];
+  for (const [what, token, status] of refusals) {
+    await context.clearCookies();
+    if (token) await setCookie(page, token);
+    const got = await page.evaluate(async () => {
+      const res = await fetch('/views/prices/events?from=tape', { signal: AbortSignal.timeout(5000) });
+      const answer = { status: res.status, wwwAuthenticate: res.headers.get('www-authenticate') };
+      await res.body?.cancel();
+      window.__events = [];
+      const es = new EventSource('/views/prices/events?from=tape');
+      const deadline = Date.now() + 10000;
+      while (es.readyState !== EventSource.CLOSED && Date.now() < deadline) await new Promise(r => setTimeout(r, 50));
+      const closed = es.readyState === EventSource.CLOSED;
+      await new Promise(r => setTimeout(r, 300)); // anything late would show up now
+      es.close();
+      return { ...answer, closed, events: window.__events };
+    });
+    check(got.status === status, () => `${what}: status ${got.status}, want ${status}`);
+    check(status !== 401 || got.wwwAuthenticate === 'Bearer', () => `${what}: WWW-Authenticate ${got.wwwAuthenticate}`);
+    check(got.closed, `${what}: the browser closed the EventSource`);
+    check(JSON.stringify(shape(got.events)) === '["error2"]' && got.events.length === 1,
+      () => `${what}: one error (CLOSED) and no event: ${JSON.stringify(got.events)}`);
+  }
+  log(`refused: ${refusals.map(([what, , status]) => `${what} ${status}`).join(', ')}: the EventSource closed, no event`);
+
+  // 6. A bare EventSource with a short-lived token in the cookie, renewed on `reauth`, twice.
+  await context.clearCookies();
+  await setCookie(page, readToken(3));
+  tokens = [() => readToken(3), () => readToken(60)];
+  minted = 0;
+  await page.evaluate(() => {
+    window.__events = [];
+    const es = new EventSource('/views/prices/events?from=tape');
+    window.__bare = es;
+    es.addEventListener('reauth', async () => {
+      const token = await window.__mintViewtapeToken();
+      document.cookie = `viewtape_token=${token}; path=/; SameSite=Strict`;
+      window.__events.push({ type: 'renewed' });
+    });
+  });
+  const waitOn = (p, expr, arg, what) =>
+    p.waitForFunction(expr, arg, { timeout: WAIT, polling: 50 }).catch(e => {
+      throw new Error(`waiting for ${what}: ${e.message}`);
+    });
+  await waitOn(page, () => window.__events.filter(e => e.type === 'update').length >= 4, undefined, 'the tape');
+  let away = await throughReauths(page, 2, feed, writer);
+  await waitOn(page, () => window.__events.filter(e => e.type === 'open').length >= 3, undefined, 'the second reconnection');
+  await ingest(base, 'demo', feed.batch(2), writer); // live after the resume
+  let last = feed.nextSeq - 1;
+  await waitOn(page, n => window.__events.filter(e => e.type === 'update').length >= n, last, `${last} updates`);
+  await sleep(500); // anything extra would show up now
+  const bare = await page.evaluate(() => { window.__bare.close(); return window.__events; });
+  const epoch = parseCursor(bare.find(e => e.type === 'update').id).epoch;
+  contiguous(bare.filter(e => e.type === 'update'), 1, last, epoch, feed, 'bare EventSource across two reauths');
+  const bareShape = shape(bare);
+  check(JSON.stringify(bareShape.filter(t => t !== 'renewed')) === JSON.stringify(['open', 'reauth', 'error0', 'open', 'reauth', 'error0', 'open']),
+    () => `reauth ends the response, the browser reconnects by itself (never CLOSED), no reset/state: ${JSON.stringify(bareShape)}`);
+  check(bareShape.indexOf('renewed') > bareShape.indexOf('reauth') && bareShape.indexOf('renewed') < bareShape.indexOf('open', 1)
+    && bareShape.lastIndexOf('renewed') > bareShape.lastIndexOf('reauth') && bareShape.lastIndexOf('renewed') < bareShape.lastIndexOf('open')
+    && bareShape.filter(t => t === 'renewed').length === 2,
+    () => `the cookie was renewed after each reauth, before the reconnection: ${JSON.stringify(bareShape)}`);
+  check(minted === 2, `two fresh tokens: ${minted}`);
+  check(away >= 1, 'events published while the browser was away came by replay');
+  let view = await getJson(base, '/views/prices', writer);
+  check(view.cursor === `${epoch}-${last}`, () => `GET /views/prices at ${view.cursor}, the browser saw ${epoch}-${last}`);
+  log(`bare EventSource: two reauths, offsets 1..${last} exactly once (${away} rounds replayed events published while away), no reset`);
+  await page.close();
+
+  // 7. The demo page with a token hook and no cookie.
+  await context.clearCookies();
+  const bad = () => jwt({ exp: nowSeconds() + 60, aud: 'viewtape', views: ['prices'] }, 'not-the-secret');
+  tokens = [() => readToken(3), () => readToken(3), bad, () => readToken(60)];
+  minted = 0;
+  const demo = await context.newPage();
+  const pageErrors = [];
+  demo.on('console', m => log(`[demo console] ${m.text()}`));
+  demo.on('pageerror', e => { pageErrors.push(String(e)); log(`[demo error] ${e}`); });
+  await demo.addInitScript(() => {
+    window.__renewals = [];
+    window.viewtapeToken = async () => {
+      window.__renewals.push(document.getElementById('status')?.textContent ?? null);
+      return window.__mintViewtapeToken();
+    };
+  });
+  const before = feed.nextSeq - 1;
+  await demo.goto(`${base}/`, { timeout: WAIT });
+  await waitOn(demo, () => window.__events.some(e => e.type === 'synced'), undefined, 'synced on the demo page');
+  away = await throughReauths(demo, 2, feed, writer);
+  await waitOn(demo, () => window.__events.filter(e => e.type === 'open').length >= 3, undefined, 'the reopened EventSource');
+  await ingest(base, 'demo', feed.batch(2), writer);
+  last = feed.nextSeq - 1;
+  const seen = await demo.evaluate(() => window.__events);
+  const synced = parseCursor(seen.find(e => e.type === 'synced').id);
+  await waitOn(demo, n => window.__events.filter(e => e.type === 'update').length >= n, last - synced.offset, `updates to ${last}`);
+  await sleep(500);
+  const events = await demo.evaluate(() => window.__events);
+  const demoShape = shape(events);
+  check(JSON.stringify(demoShape) === JSON.stringify(['error2', 'open', 'synced', 'reauth', 'error0', 'open', 'reauth', 'error0', 'error2', 'open']),
+    () => `refused, renewed and opened; two reauths; the refused reconnection reopened: ${JSON.stringify(demoShape)}`);
+  check(synced.epoch === epoch && synced.offset >= before, `synced at ${JSON.stringify(synced)}, after offset ${before}`);
+  check(events.filter(e => e.type === 'state').length === feed.symbols.length, 'the state: one entry per symbol');
+  const updates = events.filter(e => e.type === 'update');
+  contiguous(updates, synced.offset + 1, last, epoch, feed, 'demo page across two reauths and a reopen');
+  const opens = events.filter(e => e.type === 'open');
+  const reopenedAfter = events.slice(0, events.indexOf(opens[2])).filter(e => e.type === 'update').at(-1);
+  check(opens[0].url === `${base}/views/prices/events` && opens[1].url === opens[0].url,
+    () => `the first EventSource, reconnected by the browser: ${JSON.stringify(opens)}`);
+  check(opens[2].url === `${base}/views/prices/events?cursor=${encodeURIComponent(reopenedAfter.id)}`,
+    () => `reopened from the last cursor ${reopenedAfter.id}: ${opens[2].url}`);
+  const renewals = await demo.evaluate(() => window.__renewals);
+  check(JSON.stringify(renewals) === JSON.stringify(['closed — renewing token', 'token expired — renewing', 'token expired — renewing', 'closed — renewing token']),
+    () => `the page asked for a token when refused and on each reauth, saying so: ${JSON.stringify(renewals)}`);
+  check(minted === 4, `four tokens asked for: ${minted}`);
+  check(away >= 1, 'events published while the page was away came by replay');
+  check(await demo.textContent('#status') === 'live', 'the page is live again');
+  check(await demo.textContent('#resets') === '0', 'the page saw no reset');
+  check(pageErrors.length === 0, () => `no page error: ${pageErrors.join('; ')}`);
+  const rows = await compareRows(demo, 'with auth', writer);
+  view = await getJson(base, '/views/prices', writer);
+  check(view.cursor === `${epoch}-${last}`, () => `GET /views/prices at ${view.cursor}, the page saw ${epoch}-${last}`);
+  log(`demo page: refused, renewed; two reauths; reopened from ${reopenedAfter.id}; offsets ${synced.offset + 1}..${last} exactly once, ${rows} rows match`);
 }

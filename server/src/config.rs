@@ -34,6 +34,15 @@
 //! public_views = ["prices"]   # readable without a token (a trailing * matches a prefix)
 //! allow_query_token = false   # accept ?access_token= (URLs end up in logs: off by default)
 //!
+//! [cluster]                   # replicas: the input log is a JetStream stream (or --nats URL)
+//! nats_url = "nats://127.0.0.1:4222"
+//! stream = "viewtape"         # created if missing: file storage, subjects "<stream>.in.>"
+//! replicas = 1                # the stream's replicas on the NATS cluster
+//! max_age = "0s"              # the stream drops older messages ("0s": never)
+//! bucket = "viewtape-snapshots"  # the object store bucket shared snapshots go to
+//! ahead_wait = "2s"           # a cursor ahead of this node waits this long before `ahead`
+//! apply_timeout = "10s"       # an ingest waits this long for this node to apply its batch
+//!
 //! [[runtime]]
 //! name = "demo"
 //! wasm = "builtin:ticker"     # or a path to a .wasm file
@@ -107,6 +116,8 @@ pub struct Config {
     pub log: LogSection,
     /// Access control.
     pub auth: AuthSection,
+    /// Replicas on a JetStream stream.
+    pub cluster: ClusterSection,
     /// The runtimes to host. A file without any `[[runtime]]` runs the
     /// embedded demo runtime.
     #[serde(rename = "runtime")]
@@ -199,6 +210,43 @@ pub struct AuthSection {
     pub public_views: Vec<String>,
     /// Whether `?access_token=` is accepted.
     pub allow_query_token: bool,
+}
+
+/// `[cluster]`: nodes that share one input log, a JetStream stream. Off without `nats_url`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSection {
+    /// The NATS server(s), comma-separated; `None`: a single node with its own log.
+    pub nats_url: Option<String>,
+    /// The stream's name.
+    pub stream: String,
+    /// The stream's replicas, when this node creates it.
+    pub replicas: usize,
+    /// Age past which the stream drops messages, when this node creates it; zero: never.
+    #[serde(with = "humantime_serde")]
+    pub max_age: Duration,
+    /// The object store bucket of shared snapshots.
+    pub bucket: String,
+    /// How long a cursor ahead of this node waits for it before it is answered `ahead`.
+    #[serde(with = "humantime_serde")]
+    pub ahead_wait: Duration,
+    /// How long an ingest waits for this node to apply its published batch.
+    #[serde(with = "humantime_serde")]
+    pub apply_timeout: Duration,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        Self {
+            nats_url: None,
+            stream: "viewtape".into(),
+            replicas: 1,
+            max_age: Duration::ZERO,
+            bucket: "viewtape-snapshots".into(),
+            ahead_wait: Duration::from_secs(2),
+            apply_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 /// `[log]`: the log every accepted batch is written to before it is acknowledged.
@@ -360,6 +408,7 @@ impl Default for Config {
             journal: JournalSection::default(),
             log: LogSection::default(),
             auth: AuthSection::default(),
+            cluster: ClusterSection::default(),
             runtimes: vec![RuntimeSection {
                 name: "demo".to_owned(),
                 wasm: "builtin:ticker".to_owned(),
@@ -459,6 +508,20 @@ impl Config {
             if value.is_zero() {
                 return Err(format!("server.{key} must be above zero"));
             }
+        }
+        let stream_name = |name: &str| {
+            !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        };
+        if !stream_name(&self.cluster.stream) || !stream_name(&self.cluster.bucket) {
+            return Err(
+                "cluster.stream and cluster.bucket: letters, digits, '-' and '_' only".into(),
+            );
+        }
+        if self.cluster.replicas == 0 || self.cluster.replicas > 5 {
+            return Err("cluster.replicas must be 1 to 5".into());
         }
         if self.server.tls_cert.is_some() != self.server.tls_key.is_some() {
             return Err(

@@ -141,11 +141,12 @@ impl World {
             log,
             snapshots,
             deployer,
+            cluster,
         }) = self.server.take()
         else {
             return Err("not running".to_owned());
         };
-        drop((hub, runtimes, snapshots, deployer));
+        drop((hub, runtimes, snapshots, deployer, cluster));
         for _ in 0..2_000 {
             if Arc::strong_count(&log) == 1 {
                 return Ok(());

@@ -36,6 +36,10 @@ enum Command {
         /// Synthetic ticks per second into the `demo` runtime (0 turns the feed off).
         #[arg(long, default_value_t = 5)]
         demo_rate: u32,
+        /// Join a cluster: the input log is the JetStream stream on this NATS server
+        /// (`[cluster] nats_url`).
+        #[arg(long)]
+        nats: Option<String>,
     },
     /// Deploy a new module to a runtime of a running server, without a restart: the guest's
     /// state carries over, no client notices. Needs the server's admin token in
@@ -128,11 +132,15 @@ async fn main() -> anyhow::Result<()> {
             data_dir,
             config,
             demo_rate,
+            nats,
         } => {
-            let config = match &config {
+            let mut config = match &config {
                 Some(path) => Config::load(path)?,
                 None => Config::default(),
             };
+            if nats.is_some() {
+                config.cluster.nats_url = nats;
+            }
             serve(ServeOptions {
                 listen,
                 data_dir,

@@ -420,6 +420,7 @@ mod tests {
             "viewtape_http_connections_total counter",
             "viewtape_http_connections_refused_total counter",
             "viewtape_accept_errors_total counter",
+            "viewtape_tls_handshake_failures_total counter",
             "viewtape_log_position gauge",
             "viewtape_log_bytes gauge",
             "viewtape_log_segments gauge",

@@ -77,6 +77,18 @@ struct Plan {
     no_snapshot: bool,
 }
 
+impl Begun {
+    /// A start whose history lies in a cluster's shared log: the runtimes start from `dumps`,
+    /// and nothing local is replayed.
+    pub fn shared(dumps: BTreeMap<String, RuntimeDump>, log: Arc<Log>) -> Self {
+        Self {
+            dumps,
+            log,
+            plan: None,
+        }
+    }
+}
+
 /// Loads the newest valid snapshot into `hub` and prepares the log; see the module docs.
 ///
 /// # Errors

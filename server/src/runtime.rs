@@ -37,7 +37,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
@@ -112,6 +112,17 @@ pub trait BatchSink: Send + Sync + 'static {
     ) -> impl Future<Output = ()> + Send;
 }
 
+/// A log shared by several nodes (a cluster's stream): a batch is published there first, and
+/// every node, this one included, runs it in the log's order ([`RuntimeHandle::apply`]).
+pub trait SharedLog: Send + Sync + std::fmt::Debug + 'static {
+    /// Publishes `entry` (its outcome [`Outcome::Pending`]) and waits until this node has
+    /// applied it; answers what applying it gave.
+    fn submit(&self, entry: BatchEntry) -> BoxFuture<'_, Result<Accepted, IngestError>>;
+}
+
+/// A boxed future, as [`SharedLog`] returns.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
 /// A runtime's state and the source position it reflects: what a snapshot stores.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RuntimeSnapshot {
@@ -148,6 +159,15 @@ pub enum IngestError {
         /// Why instantiation failed.
         #[source]
         source: GuestError,
+    },
+    /// The shared log could not take the batch, or this node did not apply it in time. A
+    /// batch that was published may still commit: send it again with its producer stamp.
+    #[error("runtime `{runtime}`: the shared log: {reason}")]
+    Shared {
+        /// The runtime.
+        runtime: String,
+        /// Why.
+        reason: String,
     },
     /// The runtime's task has stopped (the server is shutting down).
     #[error("runtime `{runtime}` has stopped")]
@@ -256,6 +276,15 @@ pub enum ReplayError {
         /// What differed.
         detail: String,
     },
+    /// The runtime could not run the batch now, for reasons that are not the batch's (see
+    /// [`IngestError::Unavailable`]); nothing changed, and it may be applied again.
+    #[error("runtime `{runtime}` could not run the batch: {reason}")]
+    Unavailable {
+        /// The runtime.
+        runtime: String,
+        /// Why.
+        reason: String,
+    },
     /// The runtime's task has stopped.
     #[error("runtime `{runtime}` has stopped")]
     Stopped {
@@ -296,6 +325,11 @@ enum Command {
         entry: BatchEntry,
         position: u64,
         reply: oneshot::Sender<Result<(), ReplayError>>,
+    },
+    Apply {
+        entry: BatchEntry,
+        position: u64,
+        reply: oneshot::Sender<Result<Result<Accepted, IngestError>, ReplayError>>,
     },
     Save {
         reply: oneshot::Sender<RuntimeSnapshot>,
@@ -392,6 +426,10 @@ pub struct RuntimeHandle {
     stats: Arc<RuntimeStats>,
     /// The module it runs now (a deploy changes it).
     module: Arc<Mutex<ModuleFingerprint>>,
+    /// CRC-32C of its guest config.
+    guest_config: u32,
+    /// Where batches go first when the node is part of a cluster.
+    shared: Arc<OnceLock<Arc<dyn SharedLog>>>,
 }
 
 impl RuntimeHandle {
@@ -424,6 +462,7 @@ impl RuntimeHandle {
         let stats = Arc::new(RuntimeStats::default());
         let views = Arc::from(config.views.as_slice());
         let module_now = Arc::new(Mutex::new(module.fingerprint().clone()));
+        let config_crc_source = config.guest_config.clone();
         let task = Task {
             module_now: Arc::clone(&module_now),
             name: Arc::clone(&name),
@@ -446,6 +485,8 @@ impl RuntimeHandle {
             tx,
             stats,
             module,
+            guest_config: crc32c::crc32c(&config_crc_source),
+            shared: Arc::default(),
         })
     }
 
@@ -501,6 +542,20 @@ impl RuntimeHandle {
         source_gap: Option<String>,
         producer: Option<ProducerStamp>,
     ) -> Result<Accepted, IngestError> {
+        if let Some(shared) = self.shared.get() {
+            let entry = BatchEntry {
+                runtime: self.name.to_string(),
+                module: self.module(),
+                guest_config: self.guest_config,
+                at_ms: unix_ms_now(),
+                input,
+                producer,
+                checkpoint,
+                source_gap,
+                outcome: Outcome::Pending,
+            };
+            return shared.submit(entry).await;
+        }
         self.ask(|reply| {
             Command::Ingest(Ingest {
                 input,
@@ -512,6 +567,37 @@ impl RuntimeHandle {
         })
         .await
         .unwrap_or_else(|| Err(self.stopped()))
+    }
+
+    /// From now on, sends every batch to `shared` first (a node joining a cluster, before it
+    /// serves). Returns false if it already had one.
+    pub fn share_through(&self, shared: Arc<dyn SharedLog>) -> bool {
+        self.shared.set(shared).is_ok()
+    }
+
+    /// Applies a batch of the shared log at `position`, where every node applies it: checks
+    /// its producer, runs it, and commits it if the guest accepts it. Whatever the verdict,
+    /// `position` is consumed, so later positions commit after it.
+    ///
+    /// # Errors
+    /// [`ReplayError`]: the batch was published by a node running another module or guest
+    /// config, so this node cannot reproduce what the others do.
+    pub async fn apply(
+        &self,
+        entry: BatchEntry,
+        position: u64,
+    ) -> Result<Result<Accepted, IngestError>, ReplayError> {
+        self.ask(|reply| Command::Apply {
+            entry,
+            position,
+            reply,
+        })
+        .await
+        .unwrap_or_else(|| {
+            Err(ReplayError::Stopped {
+                runtime: self.name.to_string(),
+            })
+        })
     }
 
     /// Sends the task the command `make` builds around a reply channel and waits for the
@@ -759,6 +845,15 @@ impl<S: BatchSink> Task<S> {
                 let result = journal.scope(self.replay(entry, position)).await;
                 let _ = reply.send(result);
             }
+            Command::Apply {
+                entry,
+                position,
+                reply,
+            } => {
+                let journal = Arc::clone(&self.journal);
+                let result = journal.scope(self.apply(entry, position)).await;
+                let _ = reply.send(result);
+            }
             Command::Deploy {
                 module,
                 replayed_at,
@@ -830,34 +925,106 @@ impl<S: BatchSink> Task<S> {
         let turn = log.turn(first, count).await;
         let mut position = first;
         for staged in staged {
-            match staged {
-                Staged::Batch {
-                    entry,
-                    batch,
-                    reply,
-                } => {
-                    let receipt = self.commit(&entry, batch, position).await;
-                    position = position.map(|p| p + 1);
-                    if let Some(reply) = reply {
-                        let _ = reply.send(Ok(Accepted {
-                            receipt,
-                            duplicate: false,
-                        }));
-                    }
-                }
-                Staged::Duplicate { stamp, reply } => {
-                    let receipt = match self.last.producers.check(&stamp) {
-                        Verdict::Duplicate(receipt) => receipt.unwrap_or_default(),
-                        _ => Receipt::default(),
-                    };
-                    let _ = reply.send(Ok(Accepted {
-                        receipt,
-                        duplicate: true,
-                    }));
-                }
+            let logged = matches!(staged, Staged::Batch { .. });
+            self.finish(staged, position).await;
+            if logged {
+                position = position.map(|p| p + 1);
             }
         }
         drop(turn);
+    }
+
+    /// Commits a staged batch at `position` and answers it, or answers a duplicate with the
+    /// original's receipt.
+    async fn finish(&mut self, staged: Staged, position: Option<u64>) {
+        match staged {
+            Staged::Batch {
+                entry,
+                batch,
+                reply,
+            } => {
+                let receipt = self.commit(&entry, batch, position).await;
+                if let Some(reply) = reply {
+                    let _ = reply.send(Ok(Accepted {
+                        receipt,
+                        duplicate: false,
+                    }));
+                }
+            }
+            Staged::Duplicate { stamp, reply } => {
+                let receipt = match self.last.producers.check(&stamp) {
+                    Verdict::Duplicate(receipt) => receipt.unwrap_or_default(),
+                    _ => Receipt::default(),
+                };
+                let _ = reply.send(Ok(Accepted {
+                    receipt,
+                    duplicate: true,
+                }));
+            }
+        }
+    }
+
+    /// Applies a batch of the shared log at `position`; see [`RuntimeHandle::apply`].
+    async fn apply(
+        &mut self,
+        entry: BatchEntry,
+        position: u64,
+    ) -> Result<Result<Accepted, IngestError>, ReplayError> {
+        self.same_module(&entry)?;
+        let (reply, mut answer) = oneshot::channel();
+        let ingest = Ingest {
+            input: entry.input,
+            checkpoint: entry.checkpoint,
+            source_gap: entry.source_gap,
+            producer: entry.producer,
+            reply,
+        };
+        // Undo records are for a log that fails after staging; this position is final.
+        let staged = self.stage(ingest, entry.at_ms, &mut Vec::new()).await;
+        let refused = match staged {
+            Some(_) => None,
+            None => Some(answer.try_recv().unwrap_or_else(|_| {
+                Err(IngestError::Stopped {
+                    runtime: self.name.to_string(),
+                })
+            })),
+        };
+        if let Some(Err(error @ IngestError::Unavailable { .. })) = &refused {
+            // A fault of this node (an instance that could not be made, the wall-clock
+            // backstop), not the batch's verdict: nothing changed, the position stays open.
+            return Err(ReplayError::Unavailable {
+                runtime: self.name.to_string(),
+                reason: error.to_string(),
+            });
+        }
+        let log = Arc::clone(&self.log);
+        let turn = log.turn(Some(position), 1).await;
+        if let Some(staged) = staged {
+            self.finish(staged, Some(position)).await;
+        }
+        drop(turn);
+        Ok(refused.unwrap_or_else(|| {
+            answer.try_recv().unwrap_or_else(|_| {
+                Err(IngestError::Stopped {
+                    runtime: self.name.to_string(),
+                })
+            })
+        }))
+    }
+
+    /// Whether `entry` was made by the module and guest config this runtime runs.
+    fn same_module(&self, entry: &BatchEntry) -> Result<(), ReplayError> {
+        if entry.module != *self.module.fingerprint() || entry.guest_config != self.guest_config_crc
+        {
+            return Err(ReplayError::ModuleChanged {
+                runtime: self.name.to_string(),
+                logged: entry.module.clone(),
+                logged_config: entry.guest_config,
+                running: self.module.fingerprint().clone(),
+                running_config: self.guest_config_crc,
+            });
+        }
+        Ok(())
     }
 
     /// Checks one batch's producer and runs it through the guest. Answers at once what will
@@ -934,16 +1101,7 @@ impl<S: BatchSink> Task<S> {
 
     /// Runs a logged batch again at `position`; see [`RuntimeHandle::replay`].
     async fn replay(&mut self, entry: BatchEntry, position: u64) -> Result<(), ReplayError> {
-        if entry.module != *self.module.fingerprint() || entry.guest_config != self.guest_config_crc
-        {
-            return Err(ReplayError::ModuleChanged {
-                runtime: self.name.to_string(),
-                logged: entry.module,
-                logged_config: entry.guest_config,
-                running: self.module.fingerprint().clone(),
-                running_config: self.guest_config_crc,
-            });
-        }
+        self.same_module(&entry)?;
         let runtime = self.name.to_string();
         let diverged = |detail: String| ReplayError::Diverged {
             runtime: runtime.clone(),
@@ -951,6 +1109,11 @@ impl<S: BatchSink> Task<S> {
         };
         let batch = match &entry.outcome {
             Outcome::Lost => None,
+            Outcome::Pending => {
+                return Err(diverged(
+                    "a batch of a shared log is in the local log".into(),
+                ))
+            }
             Outcome::Committed(logged) => {
                 let before = self.last.state.clone();
                 let batch = self

@@ -33,6 +33,7 @@ use viewtape_journal::EventJournal;
 use viewtape_snapshots::SnapshotDir;
 
 use crate::auth::Auth;
+use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::deploy::Deployer;
 use crate::host::{EngineConfig, GuestEngine, GuestModule};
@@ -79,6 +80,7 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         log,
         snapshots,
         deployer,
+        cluster,
     } = start(config, &options.data_dir).await?;
     let journal = Arc::clone(hub.journal());
     let mut sources = start_sources(config, &runtimes).await?;
@@ -108,10 +110,16 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         config.server.clone(),
         shutdown_rx,
     );
+    let state = match &cluster {
+        Some(cluster) => state.in_cluster(Arc::clone(cluster)),
+        None => state,
+    };
     let metrics = Arc::clone(&state.metrics);
     let admin = Admin::from_env(Arc::clone(&snapshots), deployer).map(Arc::new);
 
-    if options.demo_rate > 0 {
+    if options.demo_rate > 0 && cluster.is_some() {
+        tracing::info!("the demo feed is off in a cluster: every node would feed the same runtime");
+    } else if options.demo_rate > 0 {
         if let Some(demo) = runtimes.get("demo") {
             sources.push(crate::demo::spawn_feed(
                 demo.handle.clone(),
@@ -122,6 +130,9 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     }
     let periodic = (!config.server.snapshot_interval.is_zero())
         .then(|| snapshots.spawn_periodic(config.server.snapshot_interval));
+    let sharing = cluster
+        .as_ref()
+        .map(|cluster| cluster.spawn_share(&snapshots));
 
     let signals = stop_signals()?;
     let listener = tokio::net::TcpListener::bind(options.listen)
@@ -164,8 +175,8 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     for source in sources {
         source.abort();
     }
-    if let Some(periodic) = periodic {
-        periodic.abort();
+    for task in [periodic, sharing].into_iter().flatten() {
+        task.abort();
     }
     // Requests that outlived the drain may still be waiting on a runtime: the exact snapshot's
     // cut stays held until the process ends, so none of them commits after it.
@@ -187,6 +198,8 @@ pub struct Started {
     pub snapshots: Arc<Snapshots>,
     /// Module deploys.
     pub deployer: Arc<Deployer>,
+    /// The node's cluster, when it is one of several sharing a stream.
+    pub cluster: Option<Arc<Cluster>>,
 }
 
 /// Start-up steps 2 to 4 (see the module docs) over `data_dir`: the snapshot, the runtimes, the
@@ -205,7 +218,17 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         tracing::warn!(%error, "could not remove leftover temporary snapshot files");
     }
 
-    let mut begun = crate::recovery::begin(&hub, &dir, &data_dir.join("log"), &config.log).await?;
+    let cluster = match &config.cluster.nats_url {
+        Some(url) => Some(Cluster::join(&config.cluster, url).await?),
+        None => None,
+    };
+    let mut begun = match &cluster {
+        None => crate::recovery::begin(&hub, &dir, &data_dir.join("log"), &config.log).await?,
+        Some(cluster) => {
+            let (dumps, log) = cluster.begin(&hub, &dir).await?;
+            crate::recovery::Begun::shared(dumps, log)
+        }
+    };
 
     let engine = GuestEngine::new(EngineConfig::default())?;
     let modules_dir = data_dir.join("modules");
@@ -285,6 +308,16 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         let written = snapshots.write().await?;
         tracing::info!(file = %written.info.path().display(), "snapshot written at the log's new beginning");
     }
+    if let Some(cluster) = &cluster {
+        for name in runtimes.names() {
+            if let Some(registered) = runtimes.get(name) {
+                registered
+                    .handle
+                    .share_through(Arc::clone(cluster) as Arc<dyn crate::runtime::SharedLog>);
+            }
+        }
+        cluster.spawn_apply(Arc::clone(&runtimes), Arc::clone(&begun.log));
+    }
     let deployer = Arc::new(Deployer::new(engine, modules, Arc::clone(&runtimes)));
     Ok(Started {
         hub,
@@ -292,6 +325,7 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         log: begun.log,
         snapshots,
         deployer,
+        cluster,
     })
 }
 

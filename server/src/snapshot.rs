@@ -162,6 +162,8 @@ pub struct Snapshots {
     positions: std::sync::Mutex<BTreeMap<std::path::PathBuf, u64>>,
     /// One action at a time.
     busy: tokio::sync::Mutex<()>,
+    /// The last file written, with its log position: what a cluster shares.
+    written: tokio::sync::watch::Sender<Option<(std::path::PathBuf, u64)>>,
 }
 
 impl Snapshots {
@@ -179,7 +181,16 @@ impl Snapshots {
             log,
             positions: std::sync::Mutex::default(),
             busy: tokio::sync::Mutex::new(()),
+            written: tokio::sync::watch::Sender::new(None),
         }
+    }
+
+    /// Follows the files written from now on, each with its log position (files of a server
+    /// without positions are not announced).
+    pub fn follow_written(
+        &self,
+    ) -> tokio::sync::watch::Receiver<Option<(std::path::PathBuf, u64)>> {
+        self.written.subscribe()
     }
 
     /// Takes the cut, dumps, releases the cut and writes a periodic snapshot (then prunes old
@@ -234,7 +245,7 @@ impl Snapshots {
             journal,
             views,
             runtimes,
-            log_position: self.log.is_enabled().then(|| self.log.committed()),
+            log_position: self.log.has_positions().then(|| self.log.committed()),
         }
     }
 
@@ -258,6 +269,10 @@ impl Snapshots {
         .await??;
         if let (Some(position), Some(pruned)) = (position, pruned) {
             self.forget_log_before(info.path(), position, &pruned.kept);
+        }
+        if let Some(position) = position {
+            self.written
+                .send_replace(Some((info.path().to_owned(), position)));
         }
         Ok(WrittenSnapshot { info, records })
     }

@@ -146,29 +146,15 @@ fn certified(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
 mod tests {
     use super::*;
 
-    /// A self-signed certificate and its key, made by openssl.
+    /// A self-signed certificate for `localhost` and its P-256 key (PKCS#8), as PEM files.
     fn pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
         let (cert, key) = (
             dir.join(format!("{name}.crt")),
             dir.join(format!("{name}.key")),
         );
-        let status = std::process::Command::new("openssl")
-            .args([
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-            ])
-            .args(["-nodes", "-days", "1", "-subj", "/CN=localhost", "-keyout"])
-            .arg(&key)
-            .arg("-out")
-            .arg(&cert)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .unwrap();
-        assert!(status.success());
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        std::fs::write(&cert, made.cert.pem()).unwrap();
+        std::fs::write(&key, made.key_pair.serialize_pem()).unwrap();
         (cert, key)
     }
 

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context as _};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
 /// How long any single read or connect may take before the call fails.
@@ -312,8 +312,8 @@ pub async fn connect_with_recv_buffer(addr: SocketAddr, bytes: u32) -> anyhow::R
 }
 
 /// Reads once into `buf` with `timeout`; returns the byte count (0 at EOF).
-pub(crate) async fn read_some(
-    stream: &mut TcpStream,
+pub(crate) async fn read_some<S: AsyncRead + Unpin>(
+    stream: &mut S,
     buf: &mut Vec<u8>,
     timeout: Duration,
 ) -> anyhow::Result<usize> {
@@ -328,7 +328,10 @@ pub(crate) async fn read_some(
 }
 
 /// Reads a response head; leftover body bytes stay in `buf`.
-pub(crate) async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> anyhow::Result<Head> {
+pub(crate) async fn read_head<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut Vec<u8>,
+) -> anyhow::Result<Head> {
     loop {
         if let Some((head, len)) = parse_head(buf)? {
             buf.drain(..len);
@@ -341,8 +344,8 @@ pub(crate) async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> anyh
 }
 
 /// Reads a whole body framed per `head`; leftover bytes (a pipelined response) stay in `buf`.
-async fn read_body(
-    stream: &mut TcpStream,
+async fn read_body<S: AsyncRead + Unpin>(
+    stream: &mut S,
     head: &Head,
     buf: &mut Vec<u8>,
 ) -> anyhow::Result<Vec<u8>> {
@@ -412,11 +415,12 @@ pub async fn request(
     Ok(Response { head, body })
 }
 
-/// A keep-alive connection for many sequential requests (the bench's publisher).
+/// A keep-alive connection for many sequential requests (the bench's publisher): over TCP, or
+/// over any byte stream to `addr` the caller opened (TLS, for the bench).
 #[derive(Debug)]
-pub struct HttpConn {
+pub struct HttpConn<S = TcpStream> {
     addr: SocketAddr,
-    stream: TcpStream,
+    stream: S,
     buf: Vec<u8>,
 }
 
@@ -426,11 +430,18 @@ impl HttpConn {
     /// # Errors
     /// See [`connect`].
     pub async fn connect(addr: SocketAddr) -> anyhow::Result<Self> {
-        Ok(Self {
+        Ok(Self::on(addr, connect(addr).await?))
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> HttpConn<S> {
+    /// Requests go over `stream`, already connected to `addr` (its `Host`).
+    pub fn on(addr: SocketAddr, stream: S) -> Self {
+        Self {
             addr,
-            stream: connect(addr).await?,
+            stream,
             buf: Vec::new(),
-        })
+        }
     }
 
     /// Sends one request and reads its response.

@@ -6,6 +6,7 @@
 //! - [`sse`]: a WHATWG-conformant, incremental SSE parser.
 //! - [`stream`]: an SSE subscription ([`EventStream`]) built from the two.
 //! - [`expect`]: assertions over the wire format (updates, resets, the tape).
+//! - [`nats`]: a real `nats-server` with JetStream, for clusters of nodes; kill and restart.
 //! - [`feed`]: NDJSON ticks for the embedded `ticker` guest, and cursor helpers.
 //!
 //! Shared by the end-to-end tests in `tests/tests/` and by the `viewtape-bench` load tool.
@@ -14,12 +15,14 @@
 pub mod expect;
 pub mod feed;
 pub mod http;
+pub mod nats;
 pub mod server;
 pub mod sse;
 pub mod stream;
 
 pub use feed::{cursor_offset, parse_cursor, Feed};
 pub use http::Response;
+pub use nats::NatsServer;
 pub use server::Server;
 pub use sse::{SseEvent, SseEventRef, SseParser};
 pub use stream::EventStream;

@@ -10,7 +10,7 @@
 //! ## Lifecycle
 //! [`Server::start`] adds `--listen 127.0.0.1:0`, a temporary `--data-dir` and
 //! `--demo-rate 0` unless the caller passed them, waits (≤ 60 s) for the first stdout line
-//! `viewtape listening on http://127.0.0.1:PORT/`, and keeps draining stdout and stderr so the
+//! `viewtape listening on http://127.0.0.1:PORT/` (`https://` with TLS), and keeps draining stdout and stderr so the
 //! child never blocks on a full pipe. The last 64 KiB of stderr is kept and printed when a test
 //! panics with the server alive. Dropping a [`Server`] kills the child (SIGKILL).
 //! [`Server::stop_graceful`] sends SIGTERM and waits for the exit status;
@@ -42,8 +42,8 @@ const LOG_TAIL: usize = 64 * 1024;
 /// [`Server::start_with_env`]).
 pub const ADMIN_TOKEN_ENV: &str = "VIEWTAPE_ADMIN_TOKEN";
 
-/// The line prefix the server prints first on stdout.
-const LISTENING_PREFIX: &str = "viewtape listening on http://";
+/// The line prefix the server prints first on stdout, then `http://` or (with TLS) `https://`.
+const LISTENING_PREFIX: &str = "viewtape listening on ";
 
 /// The data directory: a temporary one owned by the harness, or the caller's.
 #[derive(Debug, Clone)]
@@ -67,6 +67,8 @@ pub struct Server {
     child: Option<Child>,
     pid: u32,
     addr: SocketAddr,
+    /// `http`, or `https` when the server serves TLS (from its listening line).
+    scheme: &'static str,
     data_dir: DataDir,
     /// The caller's arguments (without the harness's defaults).
     args: Vec<String>,
@@ -219,11 +221,16 @@ pub fn config_file(text: &str) -> anyhow::Result<tempfile::NamedTempFile> {
 /// Parses the listening line into a loopback address.
 ///
 /// # Errors
-/// When the line is not `viewtape listening on http://HOST:PORT/` with a loopback host.
+/// When the line is not `viewtape listening on http://HOST:PORT/` (or `https://`) with a
+/// loopback host.
 pub fn parse_listening_line(line: &str) -> anyhow::Result<SocketAddr> {
     let rest = line
         .trim_end()
         .strip_prefix(LISTENING_PREFIX)
+        .and_then(|rest| {
+            rest.strip_prefix("http://")
+                .or_else(|| rest.strip_prefix("https://"))
+        })
         .ok_or_else(|| anyhow!("first stdout line is not the listening line: {line:?}"))?;
     let hostport = rest.strip_suffix('/').unwrap_or(rest);
     let addr: SocketAddr = hostport
@@ -231,6 +238,14 @@ pub fn parse_listening_line(line: &str) -> anyhow::Result<SocketAddr> {
         .with_context(|| format!("bad address in {line:?}"))?;
     http::ensure_loopback(addr)?;
     Ok(addr)
+}
+
+/// The scheme of a listening line: `"https"` when the server serves TLS, else `"http"`.
+pub fn listening_scheme(line: &str) -> &'static str {
+    match line.strip_prefix(LISTENING_PREFIX) {
+        Some(rest) if rest.starts_with("https://") => "https",
+        _ => "http",
+    }
 }
 
 impl Server {
@@ -338,6 +353,7 @@ impl Server {
             child: Some(child),
             pid,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            scheme: "http",
             data_dir,
             args,
             env,
@@ -361,6 +377,7 @@ impl Server {
         };
         server.addr = parse_listening_line(&line)
             .with_context(|| format!("stderr so far:\n{}", server.logs()))?;
+        server.scheme = listening_scheme(&line);
         // Keep draining stdout so the server never blocks writing to it.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Ok(server)
@@ -369,6 +386,12 @@ impl Server {
     /// The address it listens on (loopback).
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// `"http"`, or `"https"` when it serves TLS (`[server] tls_cert`): then [`Server::get`],
+    /// [`Server::metric`] and the other plain-HTTP helpers cannot reach it.
+    pub fn scheme(&self) -> &'static str {
+        self.scheme
     }
 
     /// The process id.
@@ -414,6 +437,15 @@ impl Server {
             .context("wait")?;
         self.child = None;
         Ok(status)
+    }
+
+    /// SIGHUP: the server reads its TLS certificate and key and its auth key file again (in the
+    /// background; its log says when).
+    ///
+    /// # Errors
+    /// When the server is not running or the signal fails.
+    pub fn hangup(&self) -> anyhow::Result<()> {
+        self.signal(libc::SIGHUP)
     }
 
     /// SIGTERM, then waits (≤ [`STOP_TIMEOUT`]) for the exit status. The server is then stopped;
@@ -567,6 +599,17 @@ mod tests {
         assert_eq!(addr, "127.0.0.1:4567".parse().unwrap());
         assert!(parse_listening_line("hello").is_err());
         assert!(parse_listening_line("viewtape listening on http://10.1.1.1:80/").is_err());
+        assert_eq!(
+            listening_scheme("viewtape listening on http://127.0.0.1:4567/"),
+            "http"
+        );
+        assert_eq!(
+            listening_scheme("viewtape listening on https://127.0.0.1:4567/"),
+            "https"
+        );
+        let tls = parse_listening_line("viewtape listening on https://127.0.0.1:4568/").unwrap();
+        assert_eq!(tls.port(), 4568);
+        assert!(parse_listening_line("viewtape listening on ftp://127.0.0.1:1/").is_err());
     }
 
     #[test]

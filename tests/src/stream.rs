@@ -1,10 +1,11 @@
-//! An SSE subscription: one TCP connection, its HTTP head, and the event stream in its body.
+//! An SSE subscription: one HTTP/1.1 connection (TCP, or any byte stream the caller opened,
+//! e.g. TLS), its HTTP head, and the event stream in its body.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use tokio::io::AsyncWriteExt as _;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
 use crate::http::{self, Framing, Head, READ_TIMEOUT};
@@ -12,8 +13,8 @@ use crate::sse::{SseEvent, SseEventRef, SseParser};
 
 /// An open `GET …/events` stream with a 200 status.
 #[derive(Debug)]
-pub struct EventStream {
-    stream: TcpStream,
+pub struct EventStream<S = TcpStream> {
+    stream: S,
     head: Head,
     framing: Framing,
     /// Raw bytes read but not yet decoded (chunk framing).
@@ -53,9 +54,15 @@ impl EventStream {
         let stream = http::connect_with_recv_buffer(addr, recv_buffer).await?;
         Self::open(stream, addr, path, headers).await
     }
+}
 
-    async fn open(
-        mut stream: TcpStream,
+impl<S: AsyncRead + AsyncWrite + Unpin> EventStream<S> {
+    /// Like [`EventStream::connect`], over `stream`, already connected to `addr` (its `Host`).
+    ///
+    /// # Errors
+    /// See [`EventStream::connect`].
+    pub async fn open(
+        mut stream: S,
         addr: SocketAddr,
         path: &str,
         headers: &[(&str, &str)],

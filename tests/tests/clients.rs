@@ -3,11 +3,12 @@
 //! (`clients/node-eventsource`) and Python's `httpx-sse` (`clients/python-httpx-sse`).
 //!
 //! Each test starts the server with the harness, then runs the client's script as a child with
-//! the server's base URL. The script ingests, subscribes and asserts on its own; when it needs
-//! the server restarted it prints a control line (`@@ctl graceful-restart`,
-//! `@@ctl kill9-restart`, `@@ctl kill9-lose-log-restart`) and waits for `ok` (or `err …`) on its stdin. The tests that restart
-//! pin the port (`--listen 127.0.0.1:PORT`) so the clients' own reconnection reaches the new
-//! process. Everything the child prints is forwarded into the test's output.
+//! the server's base URL (and, for the browser with auth on, `--auth <secret>`). The script
+//! ingests, subscribes and asserts on its own; when it needs the server restarted it prints a
+//! control line (`@@ctl graceful-restart`, `@@ctl kill9-restart`,
+//! `@@ctl kill9-lose-log-restart`) and waits for `ok` (or `err …`) on its stdin. The tests that
+//! restart pin the port (`--listen 127.0.0.1:PORT`) so the clients' own reconnection reaches the
+//! new process. Everything the child prints is forwarded into the test's output.
 //!
 //! Prerequisites (`.ci/run` installs them): Node.js with `npm ci --prefix clients`, Debian's
 //! `chromium`, and `pip install -r clients/python-httpx-sse/requirements.txt`. A missing
@@ -22,6 +23,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, ensure, Context as _};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::process::Command;
+use viewtape_tests::server::config_file;
 use viewtape_tests::Server;
 
 /// The most one client script may take, restarts included.
@@ -258,6 +260,33 @@ async fn browser_demo_page_resumes_and_handles_a_reset() -> anyhow::Result<()> {
         screenshot.display()
     );
     Ok(())
+}
+
+/// Chromium with auth on: an `EventSource` without the `viewtape_token` cookie, or with a refused
+/// token in it, is closed with no event (401, 403); one with a short-lived token gets `reauth`
+/// at expiry, the page sets a fresh cookie and the browser reconnects by itself with its
+/// `Last-Event-ID`: every event exactly once, in order, no reset. The demo page does the same
+/// through its `window.viewtapeToken` hook, and reopens from its cursor after a refusal. The
+/// script signs its HS256 tokens with the secret it is given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_reads_with_a_cookie_and_renews_it_at_reauth() -> anyhow::Result<()> {
+    const SECRET: &str = "browser-test-secret";
+    require_node_modules(&["playwright-core"])?;
+    require_chromium()?;
+    let config = config_file(
+        "[auth]\naudience = \"viewtape\"\n\n\
+         [[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
+    )?;
+    let path = config.path().display().to_string();
+    let mut server =
+        Server::start_with_env(&["--config", &path], &[("VIEWTAPE_JWT_SECRET", SECRET)]).await?;
+    run_client(
+        &mut server,
+        "node",
+        "browser/test.mjs",
+        &["--auth".to_owned(), SECRET.to_owned()],
+    )
+    .await
 }
 
 /// Node's `eventsource`: resume with `Last-Event-ID` (set by hand, and by the library's own

@@ -1,29 +1,77 @@
 //! Two transports carry requests to one router: the lean transport takes plain `GET`s, hyper
 //! every connection from the first request the lean transport declines. A client must not be
-//! able to tell them apart. The differential test sends a corpus of requests both ways — on a
+//! able to tell them apart. The differential tests send a corpus of requests both ways — on a
 //! fresh connection (lean, unless the request itself is declined), and after a `HEAD` that hands
-//! the connection to hyper — and requires the same status, headers (but `date`) and body.
+//! the connection to hyper — and require the same status, headers (but `date`) and body: once
+//! against a server without auth, and once with tokens, public views and CORS on, where every
+//! access and CORS rule must hold whichever way the connection got there (and does what the
+//! rule says, checked case by case, so the two cannot be wrong alike).
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, ensure, Context as _};
+use jsonwebtoken::{encode, EncodingKey, Header};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use viewtape_tests::http::{parse_head, ChunkedDecoder};
+use viewtape_tests::http::{self, parse_head, ChunkedDecoder};
+use viewtape_tests::server::config_file;
 use viewtape_tests::Server;
 
 /// How long a stream may stay silent before its response counts as complete.
 const SETTLE: Duration = Duration::from_millis(500);
 
-/// A response as the client saw it: status line, headers but `date` (sorted), decoded body,
-/// and whether the server closed the connection after it.
-#[derive(Debug, PartialEq, Eq)]
+/// A response as the client saw it: status line, headers but `date` (sorted), decoded body.
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Seen {
     status: u16,
     headers: Vec<(String, String)>,
     body: String,
 }
 
+impl Seen {
+    /// Every value of header `name` (lowercase), in order.
+    fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.headers
+            .iter()
+            .filter(move |(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The one value of header `name`; `None` when it is missing.
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Whether header `name` (a comma-separated list, possibly over several lines) lists
+    /// `item`, compared without case.
+    fn lists(&self, name: &str, item: &str) -> bool {
+        self.values(name)
+            .flat_map(|value| value.split(','))
+            .any(|listed| listed.trim().eq_ignore_ascii_case(item))
+    }
+
+    /// The body as JSON.
+    fn json(&self) -> anyhow::Result<serde_json::Value> {
+        serde_json::from_str(&self.body).with_context(|| format!("not JSON: {:.300}", self.body))
+    }
+
+    /// What is left to compare of an answer whose body changes from one request to the next.
+    fn without_body(&self) -> Self {
+        Self {
+            status: self.status,
+            headers: self
+                .headers
+                .iter()
+                .filter(|(name, _)| name != "content-length")
+                .cloned()
+                .collect(),
+            body: String::new(),
+        }
+    }
+}
 /// Reads one response from `stream`; `buf` keeps what belongs to the next. A streamed body ends
 /// at its last chunk or when nothing arrives for [`SETTLE`].
 async fn read_response(
@@ -83,14 +131,22 @@ async fn read_response(
     })
 }
 
+/// What a case's answer must be, beyond both transports agreeing on it.
+type Check = Box<dyn Fn(&Seen) -> anyhow::Result<()>>;
+
 /// One corpus entry: the bytes a client sends (in pieces, with a pause between them), how many
-/// responses come back, and whether the lean transport serves it on a fresh connection.
+/// responses come back, whether the lean transport serves it on a fresh connection, and what
+/// the answers must be.
 struct Case {
     name: &'static str,
     pieces: Vec<Vec<u8>>,
     responses: usize,
     lean: bool,
     head_only: bool,
+    /// The body changes from one request to the next (counters): compared without it.
+    volatile: bool,
+    /// Checks of the answers: of the response at an index, or of every response (`None`).
+    checks: Vec<(Option<usize>, Check)>,
 }
 
 impl Case {
@@ -101,6 +157,8 @@ impl Case {
             responses: 1,
             lean: true,
             head_only: false,
+            volatile: false,
+            checks: Vec::new(),
         }
     }
 
@@ -119,6 +177,27 @@ impl Case {
         self
     }
 
+    fn volatile(mut self) -> Self {
+        self.volatile = true;
+        self
+    }
+
+    /// Every response must pass `check`.
+    fn expect(mut self, check: impl Fn(&Seen) -> anyhow::Result<()> + 'static) -> Self {
+        self.checks.push((None, Box::new(check)));
+        self
+    }
+
+    /// Response `index` must pass `check`.
+    fn expect_nth(
+        mut self,
+        index: usize,
+        check: impl Fn(&Seen) -> anyhow::Result<()> + 'static,
+    ) -> Self {
+        self.checks.push((Some(index), Box::new(check)));
+        self
+    }
+
     /// Sends the request in `n` pieces, 100 ms apart.
     fn slowly(mut self, n: usize) -> Self {
         let whole: Vec<u8> = self.pieces.concat();
@@ -126,12 +205,37 @@ impl Case {
         self.pieces = whole.chunks(size).map(<[u8]>::to_vec).collect();
         self
     }
+
+    /// Runs the checks over `seen`, the answers both transports agreed on.
+    fn check(&self, seen: &[Seen]) -> anyhow::Result<()> {
+        ensure!(
+            seen.len() == self.responses,
+            "{} responses, {} expected",
+            seen.len(),
+            self.responses
+        );
+        for (index, check) in &self.checks {
+            match index {
+                Some(i) => {
+                    let one = seen.get(*i).with_context(|| format!("no response {i}"))?;
+                    check(one).with_context(|| format!("response {i}: {one:#?}"))?;
+                }
+                None => {
+                    for (i, one) in seen.iter().enumerate() {
+                        check(one).with_context(|| format!("response {i}: {one:#?}"))?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 fn get(path: &str, headers: &str) -> String {
     format!("GET {path} HTTP/1.1\r\nHost: x\r\n{headers}\r\n")
 }
 
+/// Requests of every shape, for a server without auth.
 fn corpus() -> Vec<Case> {
     let many_headers: String = (0..70).map(|i| format!("X-H{i}: v\r\n")).collect();
     vec![
@@ -213,28 +317,16 @@ async fn connections(server: &Server, transport: &str) -> anyhow::Result<u64> {
     Ok(server.metric(&series).await? as u64)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn both_transports_answer_every_request_alike() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let config = dir.path().join("viewtape.toml");
-    std::fs::write(
-        &config,
-        "[server]\ncors_origins = [\"http://app.test\"]\n[[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
-    )?;
-    let config = config.to_string_lossy().into_owned();
-    let server = Server::start(&["--config", &config, "--demo-rate", "0"]).await?;
-    server
-        .post(
-            "/runtimes/demo/ingest",
-            b"{\"symbol\":\"ACME\",\"price\":1.5,\"seq\":1}\n",
-        )
-        .await?;
+/// Sends every case both ways — on a fresh connection, and after a `HEAD` that hands the
+/// connection to hyper — and requires the same answers, which must then pass the case's checks.
+/// Last, requires that the connections went to the transports the cases say.
+async fn differential(server: &Server, cases: &[Case]) -> anyhow::Result<()> {
     let (lean_before, hyper_before) = (
-        connections(&server, "lean").await?,
-        connections(&server, "hyper").await?,
+        connections(server, "lean").await?,
+        connections(server, "hyper").await?,
     );
-    let cases = corpus();
-    for case in &cases {
+    let show = std::env::var_os("VIEWTAPE_SHOW_CORPUS").is_some();
+    for case in cases {
         let mut fresh = TcpStream::connect(server.addr()).await?;
         let lean = exchange(&mut fresh, case)
             .await
@@ -255,21 +347,29 @@ async fn both_transports_answer_every_request_alike() -> anyhow::Result<()> {
             "{}: no response",
             case.name
         );
-        if std::env::var_os("VIEWTAPE_SHOW_CORPUS").is_some() {
+        if show {
             eprintln!("{}: {lean:?}", case.name);
         }
+        let comparable = |seen: &[Seen]| -> Vec<Seen> {
+            if case.volatile {
+                seen.iter().map(Seen::without_body).collect()
+            } else {
+                seen.to_vec()
+            }
+        };
         ensure!(
-            lean == hyper,
+            comparable(&lean) == comparable(&hyper),
             "{}: the transports differ\nfresh: {lean:#?}\nhyper: {hyper:#?}",
             case.name
         );
+        case.check(&lean).with_context(|| case.name)?;
     }
     // Each case's second connection went to hyper (its HEAD), and its first one wherever the
     // case says: the comparisons above were between the two transports they claim to be. The
     // harness reads /metrics with `Connection: close`, which hyper serves: one more.
     let declined = cases.iter().filter(|case| !case.lean).count() as u64;
-    let hyper = connections(&server, "hyper").await? - hyper_before;
-    let lean = connections(&server, "lean").await? - lean_before;
+    let hyper = connections(server, "hyper").await? - hyper_before;
+    let lean = connections(server, "lean").await? - lean_before;
     ensure!(
         hyper == cases.len() as u64 + declined + 1,
         "hyper connections: {hyper}"
@@ -279,6 +379,679 @@ async fn both_transports_answer_every_request_alike() -> anyhow::Result<()> {
         "lean connections: {lean}"
     );
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_transports_answer_every_request_alike() -> anyhow::Result<()> {
+    let config = config_file(
+        "[server]\ncors_origins = [\"http://app.test\"]\n[[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
+    )?;
+    let path = config.path().to_string_lossy().into_owned();
+    let server = Server::start(&["--config", &path, "--demo-rate", "0"]).await?;
+    server
+        .post(
+            "/runtimes/demo/ingest",
+            b"{\"symbol\":\"ACME\",\"price\":1.5,\"seq\":1}\n",
+        )
+        .await?;
+    differential(&server, &corpus()).await
+}
+
+/// The HS256 secret of the server with auth on.
+const SECRET: &str = "http-paths-secret";
+
+/// The one origin that server shares its answers with.
+const APP: &str = "https://app.example";
+
+/// The audience its tokens must name.
+const AUDIENCE: &str = "viewtape";
+
+/// A token signed with `secret` for audience `aud`, valid for `seconds` (negative: expired),
+/// granting `views` to read and `ingest` to push into.
+fn token(secret: &str, seconds: i64, aud: &str, views: &[&str], ingest: &[&str]) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let claims = serde_json::json!({
+        "exp": i64::try_from(now).unwrap_or(i64::MAX) + seconds,
+        "aud": aud,
+        "views": views,
+        "ingest": ingest,
+    });
+    encode(
+        &Header::default(),
+        &claims,
+        &EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .unwrap_or_default()
+}
+
+/// The status is `want`.
+fn status(want: u16) -> impl Fn(&Seen) -> anyhow::Result<()> {
+    move |seen| {
+        ensure!(seen.status == want, "status {}, not {want}", seen.status);
+        Ok(())
+    }
+}
+
+/// A refusal: `want`, a JSON error, and `WWW-Authenticate: Bearer` on a 401 (only there).
+fn refused(want: u16) -> impl Fn(&Seen) -> anyhow::Result<()> {
+    move |seen| {
+        status(want)(seen)?;
+        ensure!(
+            seen.header("content-type") == Some("application/json"),
+            "not a JSON error"
+        );
+        let error = seen.json()?;
+        ensure!(
+            error["error"].is_string() && error["message"].is_string(),
+            "a JSON error: {error}"
+        );
+        let challenge = seen.header("www-authenticate");
+        if want == 401 {
+            ensure!(
+                challenge == Some("Bearer"),
+                "WWW-Authenticate: {challenge:?}"
+            );
+        } else {
+            ensure!(challenge.is_none(), "WWW-Authenticate on a {want}");
+        }
+        Ok(())
+    }
+}
+
+/// The body mentions `text` (an error that names the setting to change).
+fn naming(text: &'static str) -> impl Fn(&Seen) -> anyhow::Result<()> {
+    move |seen| {
+        ensure!(seen.body.contains(text), "{text:?} not in {:?}", seen.body);
+        Ok(())
+    }
+}
+
+/// Shared with the app: its origin echoed with credentials, the headers a client reads
+/// (the challenge of a 401, the producer headers, `Retry-After`) exposed, and caches told
+/// that the answer depends on the origin.
+fn shared_with_app(seen: &Seen) -> anyhow::Result<()> {
+    let origin = seen.header("access-control-allow-origin");
+    ensure!(
+        origin == Some(APP),
+        "Access-Control-Allow-Origin: {origin:?}"
+    );
+    let credentials = seen.header("access-control-allow-credentials");
+    ensure!(
+        credentials == Some("true"),
+        "Access-Control-Allow-Credentials: {credentials:?}"
+    );
+    ensure!(seen.lists("vary", "origin"), "no Vary: Origin");
+    for name in [
+        "content-type",
+        "www-authenticate",
+        "retry-after",
+        "producer-duplicate",
+        "producer-expected-seq",
+    ] {
+        ensure!(
+            seen.lists("access-control-expose-headers", name),
+            "{name} is not exposed"
+        );
+    }
+    Ok(())
+}
+
+/// Not shared cross-origin (no origin sent, or one not allowed): no
+/// `Access-Control-Allow-Origin`, so a browser withholds the answer from the page; and caches
+/// told that the answer depends on the origin.
+fn not_shared(seen: &Seen) -> anyhow::Result<()> {
+    let origin = seen.header("access-control-allow-origin");
+    ensure!(origin.is_none(), "Access-Control-Allow-Origin: {origin:?}");
+    ensure!(seen.lists("vary", "origin"), "no Vary: Origin");
+    Ok(())
+}
+
+/// A preflight answered without a token (a browser sends none): 200 and empty, every method
+/// the API has and every request header it reads allowed, kept 10 minutes, and caches told
+/// the answer depends on the origin and on what was asked.
+fn preflight(seen: &Seen) -> anyhow::Result<()> {
+    status(200)(seen)?;
+    ensure!(seen.body.is_empty(), "a preflight has no body");
+    for method in ["GET", "POST"] {
+        ensure!(
+            seen.lists("access-control-allow-methods", method),
+            "{method} not allowed"
+        );
+    }
+    for name in [
+        "authorization",
+        "content-type",
+        "last-event-id",
+        "producer-id",
+        "producer-epoch",
+        "producer-seq",
+    ] {
+        ensure!(
+            seen.lists("access-control-allow-headers", name),
+            "{name} not allowed"
+        );
+    }
+    ensure!(
+        seen.header("access-control-max-age") == Some("600"),
+        "max-age"
+    );
+    for name in [
+        "origin",
+        "access-control-request-method",
+        "access-control-request-headers",
+    ] {
+        ensure!(seen.lists("vary", name), "no Vary: {name}");
+    }
+    Ok(())
+}
+
+/// A preflight the app passes.
+fn preflight_passes(seen: &Seen) -> anyhow::Result<()> {
+    preflight(seen)?;
+    let origin = seen.header("access-control-allow-origin");
+    ensure!(
+        origin == Some(APP),
+        "Access-Control-Allow-Origin: {origin:?}"
+    );
+    let credentials = seen.header("access-control-allow-credentials");
+    ensure!(
+        credentials == Some("true"),
+        "Access-Control-Allow-Credentials: {credentials:?}"
+    );
+    Ok(())
+}
+
+/// A preflight another origin fails: no `Access-Control-Allow-Origin`.
+fn preflight_fails(seen: &Seen) -> anyhow::Result<()> {
+    preflight(seen)?;
+    not_shared(seen)
+}
+
+/// An SSE stream that started: its headers, the retry hint first, and `then` in what followed.
+fn stream(then: &'static str) -> impl Fn(&Seen) -> anyhow::Result<()> {
+    move |seen| {
+        status(200)(seen)?;
+        ensure!(seen.header("content-type") == Some("text/event-stream"));
+        ensure!(seen.header("cache-control") == Some("no-store"));
+        ensure!(seen.header("x-accel-buffering") == Some("no"));
+        ensure!(seen.body.starts_with("retry: "), "no retry hint first");
+        ensure!(seen.body.contains(then), "{then:?} not in the stream");
+        Ok(())
+    }
+}
+
+/// A view's state, holding `key`.
+fn state(key: &'static str) -> impl Fn(&Seen) -> anyhow::Result<()> {
+    move |seen| {
+        status(200)(seen)?;
+        ensure!(seen.header("content-type") == Some("application/json"));
+        let state = seen.json()?;
+        ensure!(state["cursor"].is_string(), "no cursor: {state}");
+        let entries = state["entries"].as_object().context("no entries")?;
+        ensure!(
+            key.is_empty() || entries.contains_key(key),
+            "{key:?} not in {state}"
+        );
+        Ok(())
+    }
+}
+
+/// `GET /views` listing exactly `names`.
+fn listing(names: &'static [&'static str]) -> impl Fn(&Seen) -> anyhow::Result<()> {
+    move |seen| {
+        status(200)(seen)?;
+        let body = seen.json()?;
+        let mut listed: Vec<&str> = body["views"]
+            .as_array()
+            .context("no views")?
+            .iter()
+            .filter_map(|view| view["name"].as_str())
+            .collect();
+        listed.sort_unstable();
+        ensure!(listed == names, "listed {listed:?}, not {names:?}");
+        Ok(())
+    }
+}
+
+/// A `POST` of one tick to runtime `demo`'s ingest, with `headers`.
+fn ingest(headers: &str) -> String {
+    let body = "{\"symbol\":\"ACME\",\"price\":2.5,\"seq\":2}\n";
+    format!(
+        "POST /runtimes/demo/ingest HTTP/1.1\r\nHost: x\r\n{headers}Content-Type: application/x-ndjson\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// The access and CORS rules (DESIGN §9), each as requests and what their answers must be, for
+/// a server whose `[auth] allow_query_token` is `query_tokens`. The views: `prices` (one tick,
+/// needs a token), `public` (empty, readable by anyone), `orders.eu` (empty, needs a token).
+fn access_corpus(query_tokens: bool) -> Vec<Case> {
+    let bearer = |token: &str| format!("Authorization: Bearer {token}\r\n");
+    let app = format!("Origin: {APP}\r\n");
+    // Reads `prices` (by prefix) and pushes into `demo`.
+    let good = token(SECRET, 600, AUDIENCE, &["pri*"], &["demo"]);
+    let reader = bearer(&good);
+    // Valid, and grants neither `prices` nor any ingest.
+    let narrow = bearer(&token(SECRET, 600, AUDIENCE, &["orders.*"], &[]));
+    // Reads every view.
+    let every = bearer(&token(SECRET, 600, AUDIENCE, &["*"], &[]));
+    let expired = bearer(&token(SECRET, -600, AUDIENCE, &["prices"], &["demo"]));
+    let forged = bearer(&token("another-secret", 600, AUDIENCE, &["prices"], &[]));
+    let elsewhere = bearer(&token(SECRET, 600, "elsewhere", &["prices"], &[]));
+    let cookie = format!("Cookie: theme=dark; viewtape_token={good}\r\n");
+    let preflight_for = |path: &str, origin: &str, method: &str, headers: &str| {
+        format!(
+            "OPTIONS {path} HTTP/1.1\r\nHost: x\r\nOrigin: {origin}\r\n\
+             Access-Control-Request-Method: {method}\r\nAccess-Control-Request-Headers: {headers}\r\n\r\n"
+        )
+    };
+    let mut cases =
+        vec![
+            // Preflights: answered before any access check, for the allowed origin only.
+            Case::new(
+                "preflight for a stream",
+                preflight_for(
+                    "/views/prices/events",
+                    APP,
+                    "GET",
+                    "authorization,last-event-id",
+                ),
+            )
+            .declined()
+            .expect(preflight_passes),
+            Case::new(
+                "preflight from another origin",
+                preflight_for(
+                    "/views/prices/events",
+                    "https://evil.example",
+                    "GET",
+                    "authorization,last-event-id",
+                ),
+            )
+            .declined()
+            .expect(preflight_fails),
+            Case::new(
+                "preflight for ingest",
+                preflight_for(
+                    "/runtimes/demo/ingest",
+                    APP,
+                    "POST",
+                    "authorization,content-type,producer-id,producer-epoch,producer-seq",
+                ),
+            )
+            .declined()
+            .expect(preflight_passes),
+            Case::new(
+                "preflight for the list",
+                preflight_for("/views", APP, "GET", "authorization"),
+            )
+            .declined()
+            .expect(preflight_passes),
+            // A valid token, from the app: served and shared.
+            Case::new(
+                "stream with a token, from the app",
+                get("/views/prices/events", &format!("{app}{reader}")),
+            )
+            .expect(stream("ACME"))
+            .expect(shared_with_app),
+            Case::new(
+                "state with a token, from the app",
+                get("/views/prices", &format!("{app}{reader}")),
+            )
+            .expect(state("ACME"))
+            .expect(shared_with_app),
+            Case::new(
+                "list with a token, from the app",
+                get("/views", &format!("{app}{reader}")),
+            )
+            .expect(listing(&["prices", "public"]))
+            .expect(shared_with_app),
+            Case::new(
+                "the Bearer scheme in lower case",
+                get(
+                    "/views/prices",
+                    &format!("Authorization: bearer {good}\r\n"),
+                ),
+            )
+            .expect(state("ACME"))
+            .expect(not_shared),
+            // Other origins: served (a browser withholds it), never shared.
+            Case::new(
+                "stream with a token, from another origin",
+                get(
+                    "/views/prices/events",
+                    &format!("Origin: https://evil.example\r\n{reader}"),
+                ),
+            )
+            .expect(stream("ACME"))
+            .expect(not_shared),
+            Case::new(
+                "state from an origin that only starts like the app's",
+                get(
+                    "/views/prices",
+                    &format!("Origin: https://app.example.evil\r\n{reader}"),
+                ),
+            )
+            .expect(state("ACME"))
+            .expect(not_shared),
+            Case::new(
+                "list from a null origin",
+                get("/views", &format!("Origin: null\r\n{reader}")),
+            )
+            .expect(listing(&["prices", "public"]))
+            .expect(not_shared),
+            // No token where one is needed: 401, shared with the app so that it can read why.
+            Case::new("stream without a token", get("/views/prices/events", ""))
+                .expect(refused(401))
+                .expect(not_shared),
+            Case::new(
+                "stream without a token, from the app",
+                get("/views/prices/events", &app),
+            )
+            .expect(refused(401))
+            .expect(shared_with_app),
+            Case::new(
+                "state without a token, from the app",
+                get("/views/prices", &app),
+            )
+            .expect(refused(401))
+            .expect(shared_with_app),
+            Case::new(
+                "unknown view without a token",
+                get("/views/nope/events", ""),
+            )
+            .expect(refused(401)),
+            // Tokens that fail: 401, on a public view too (no fallback to anonymous).
+            Case::new(
+                "garbage token on a stream",
+                get(
+                    "/views/prices/events",
+                    &format!("{app}{}", bearer("garbage")),
+                ),
+            )
+            .expect(refused(401))
+            .expect(shared_with_app),
+            Case::new(
+                "garbage token on the list",
+                get("/views", &bearer("garbage")),
+            )
+            .expect(refused(401)),
+            Case::new(
+                "garbage token on a public view",
+                get("/views/public", &bearer("garbage")),
+            )
+            .expect(refused(401)),
+            Case::new(
+                "expired token on a stream",
+                get("/views/prices/events", &expired),
+            )
+            .expect(refused(401)),
+            Case::new("expired token on state", get("/views/prices", &expired))
+                .expect(refused(401)),
+            Case::new(
+                "token signed with another secret",
+                get("/views/prices", &forged),
+            )
+            .expect(refused(401)),
+            Case::new(
+                "token for another audience",
+                get("/views/prices/events", &elsewhere),
+            )
+            .expect(refused(401)),
+            Case::new(
+                "another scheme",
+                get(
+                    "/views/prices",
+                    "Authorization: Basic YWxhZGRpbjpvcGVuc2VzYW1l\r\n",
+                ),
+            )
+            .expect(refused(401)),
+            Case::new(
+                "an empty bearer token",
+                get("/views/prices", "Authorization: Bearer \r\n"),
+            )
+            .expect(refused(401)),
+            // Valid without the grant: 403; whether a view exists is for those who may read it.
+            Case::new(
+                "token without the grant, on a stream",
+                get("/views/prices/events", &format!("{app}{narrow}")),
+            )
+            .expect(refused(403))
+            .expect(shared_with_app),
+            Case::new(
+                "token without the grant, on state",
+                get("/views/prices", &narrow),
+            )
+            .expect(refused(403)),
+            Case::new(
+                "unknown view with a token that does not grant it",
+                get("/views/nope", &reader),
+            )
+            .expect(refused(403)),
+            Case::new(
+                "unknown view with a token for every view",
+                get("/views/nope/events", &every),
+            )
+            .expect(refused(404)),
+            // The cookie a browser's EventSource sends.
+            Case::new(
+                "cookie on a stream, from the app",
+                get("/views/prices/events", &format!("{app}{cookie}")),
+            )
+            .expect(stream("ACME"))
+            .expect(shared_with_app),
+            Case::new("cookie on state", get("/views/prices", &cookie)).expect(state("ACME")),
+            Case::new(
+                "the cookie in a second Cookie header",
+                get(
+                    "/views/prices",
+                    &format!("Cookie: theme=dark\r\nCookie: viewtape_token={good}\r\n"),
+                ),
+            )
+            .expect(state("ACME")),
+            Case::new(
+                "cookie with a garbage token",
+                get("/views/prices/events", "Cookie: viewtape_token=garbage\r\n"),
+            )
+            .expect(refused(401)),
+            // Query tokens: the header and the cookie come first either way.
+            Case::new(
+                "a garbage query token beside a bearer token",
+                get("/views/prices?access_token=garbage", &reader),
+            )
+            .expect(state("ACME")),
+            Case::new(
+                "a garbage query token beside the cookie",
+                get("/views/prices?access_token=garbage", &cookie),
+            )
+            .expect(state("ACME")),
+            Case::new(
+                "a garbage query token",
+                get("/views/prices/events?access_token=garbage", ""),
+            )
+            .expect(refused(401)),
+            // Public views: no token needed.
+            Case::new("public view without a token", get("/views/public", &app))
+                .expect(state(""))
+                .expect(shared_with_app),
+            Case::new(
+                "public stream without a token",
+                get("/views/public/events", ""),
+            )
+            .expect(stream("retry: "))
+            .expect(not_shared),
+            Case::new(
+                "public stream with a token that does not grant it",
+                get("/views/public/events", &narrow),
+            )
+            .expect(stream("retry: ")),
+            // GET /views lists what the caller may read.
+            Case::new("list without a token", get("/views", &app))
+                .expect(listing(&["public"]))
+                .expect(shared_with_app),
+            Case::new("list with a narrow token", get("/views", &narrow))
+                .expect(listing(&["orders.eu", "public"])),
+            Case::new("list with the cookie", get("/views", &cookie))
+                .expect(listing(&["prices", "public"])),
+            Case::new("list with a token for every view", get("/views", &every))
+                .expect(listing(&["orders.eu", "prices", "public"])),
+            // Routes without a token: health, and metrics from loopback.
+            Case::new("health", get("/healthz", &app))
+                .expect(status(200))
+                .expect(shared_with_app),
+            Case::new("metrics from loopback", get("/metrics", &app))
+                .volatile()
+                .expect(status(200))
+                .expect(naming("viewtape_http_connections_total"))
+                .expect(shared_with_app),
+            // Ingest (declined: it has a body) is refused the same way; nothing is ingested.
+            Case::new("ingest without a token, from the app", ingest(&app))
+                .declined()
+                .expect(refused(401))
+                .expect(shared_with_app),
+            Case::new("ingest with an expired token", ingest(&expired))
+                .declined()
+                .expect(refused(401)),
+            Case::new(
+                "ingest with a token that grants none, from the app",
+                ingest(&format!("{app}{narrow}")),
+            )
+            .declined()
+            .expect(refused(403))
+            .expect(shared_with_app),
+            // Requests the lean transport declines apply the same rules.
+            Case::new(
+                "HEAD with a token",
+                format!("HEAD /views/prices HTTP/1.1\r\nHost: x\r\n{app}{reader}\r\n"),
+            )
+            .declined()
+            .head_only()
+            .expect(status(200))
+            .expect(shared_with_app),
+            Case::new(
+                "HEAD without a token",
+                format!("HEAD /views/prices HTTP/1.1\r\nHost: x\r\n{app}\r\n"),
+            )
+            .declined()
+            .head_only()
+            .expect(status(401))
+            .expect(shared_with_app),
+            Case::new(
+                "HTTP/1.0 with a token",
+                format!("GET /views HTTP/1.0\r\n{reader}\r\n"),
+            )
+            .declined()
+            .expect(listing(&["prices", "public"])),
+            Case::new(
+                "a GET with a body and a token",
+                format!(
+                "GET /views/prices HTTP/1.1\r\nHost: x\r\n{reader}Content-Length: 2\r\n\r\n{{}}"
+            ),
+            )
+            .declined()
+            .expect(state("ACME")),
+            // A connection does not carry a token from one request to the next.
+            Case::new(
+                "a token does not outlive its request",
+                [
+                    get("/views/prices", &format!("{app}{reader}")),
+                    get("/views/prices", &app),
+                    get("/views", &app),
+                ]
+                .concat(),
+            )
+            .responses(3)
+            .expect_nth(0, state("ACME"))
+            .expect_nth(1, refused(401))
+            .expect_nth(2, listing(&["public"]))
+            .expect(shared_with_app),
+        ];
+    // ?access_token= only where allowed; refused naming the setting elsewhere.
+    let by_query = [
+        Case::new(
+            "query token on a stream, from the app",
+            get(&format!("/views/prices/events?access_token={good}"), &app),
+        ),
+        Case::new(
+            "query token on state",
+            get(&format!("/views/prices?access_token={good}"), ""),
+        ),
+        Case::new(
+            "query token on the list",
+            get(&format!("/views?access_token={good}"), ""),
+        ),
+    ];
+    let [stream_case, state_case, list_case] = by_query;
+    if query_tokens {
+        cases.extend([
+            stream_case.expect(stream("ACME")).expect(shared_with_app),
+            state_case.expect(state("ACME")),
+            list_case.expect(listing(&["prices", "public"])),
+        ]);
+    } else {
+        cases.extend([
+            stream_case
+                .expect(refused(401))
+                .expect(naming("allow_query_token"))
+                .expect(shared_with_app),
+            state_case
+                .expect(refused(401))
+                .expect(naming("allow_query_token")),
+            list_case
+                .expect(refused(401))
+                .expect(naming("allow_query_token")),
+        ]);
+    }
+    cases
+}
+
+/// Starts a server with auth on (HS256, audience, a public view), CORS for [`APP`], and
+/// `[auth] allow_query_token = query_tokens`; ingests one tick into `prices`; runs the access
+/// corpus both ways.
+async fn access_rules_hold_alike(query_tokens: bool) -> anyhow::Result<()> {
+    // No heartbeat within a test: a stream's answer is what it sent first, whenever it is read.
+    let config = config_file(&format!(
+        "[server]\ncors_origins = [\"{APP}\"]\nheartbeat = \"1h\"\n\n\
+         [auth]\naudience = \"{AUDIENCE}\"\npublic_views = [\"public\"]\n\
+         allow_query_token = {query_tokens}\n\n\
+         [[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\n\
+         views = [\"prices\", \"public\", \"orders.eu\"]\n"
+    ))?;
+    let path = config.path().to_string_lossy().into_owned();
+    let server = Server::start_with_env(
+        &["--config", &path, "--demo-rate", "0"],
+        &[("VIEWTAPE_JWT_SECRET", SECRET)],
+    )
+    .await?;
+    let writer = format!("Bearer {}", token(SECRET, 600, AUDIENCE, &[], &["demo"]));
+    let resp = http::request(
+        server.addr(),
+        "POST",
+        "/runtimes/demo/ingest",
+        &[("Authorization", &writer)],
+        b"{\"symbol\":\"ACME\",\"price\":1.5,\"seq\":1}\n",
+    )
+    .await?;
+    ensure!(
+        resp.status() == 200,
+        "ingest: {} {}",
+        resp.status(),
+        resp.text()
+    );
+    differential(&server, &access_corpus(query_tokens)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_transports_apply_the_access_and_cors_rules_alike() -> anyhow::Result<()> {
+    access_rules_hold_alike(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_transports_apply_the_access_rules_alike_with_query_tokens_allowed(
+) -> anyhow::Result<()> {
+    access_rules_hold_alike(true).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

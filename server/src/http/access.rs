@@ -46,14 +46,17 @@ impl<'a> Caller<'a> {
                     .map(|(_, token)| token.trim())
                     .ok_or_else(|| ApiError::unauthorized("Authorization must be `Bearer <token>`"))?,
             ),
-            None => cookie(headers).or(match query_token {
-                Some(_) if !auth.allows_query_token() => {
+            // The query is looked at only without a header or a cookie: they come first,
+            // whether or not it would be accepted.
+            None => match (cookie(headers), query_token) {
+                (Some(token), _) => Some(token),
+                (None, Some(_)) if !auth.allows_query_token() => {
                     return Err(ApiError::unauthorized(
                         "?access_token= is not accepted here ([auth] allow_query_token): send the token in Authorization or the viewtape_token cookie",
                     ))
                 }
-                other => other,
-            }),
+                (None, query) => query,
+            },
         };
         let access = token
             .map(|token| {
@@ -132,4 +135,70 @@ fn cookie(headers: &HeaderMap) -> Option<&str> {
             let (name, value) = pair.trim().split_once('=')?;
             (name == TOKEN_COOKIE).then_some(value.trim())
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use axum::http::{HeaderValue, StatusCode};
+    use jsonwebtoken::{encode, EncodingKey, Header};
+    use tokio::sync::watch;
+    use viewtape_journal::{EventJournal, JournalConfig};
+
+    use super::*;
+    use crate::config::{AuthSection, ServerConfig};
+    use crate::hub::Hub;
+    use crate::log::LogMetrics;
+
+    fn state(allow_query_token: bool) -> AppState {
+        let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
+            JournalConfig::default(),
+        ))));
+        let section = AuthSection {
+            allow_query_token,
+            ..AuthSection::default()
+        };
+        let auth = Auth::load(&section, Some("secret")).unwrap().map(Arc::new);
+        let (_, shutdown) = watch::channel(false);
+        AppState::new(
+            hub,
+            Arc::default(),
+            &LogMetrics::default(),
+            auth,
+            ServerConfig::default(),
+            shutdown,
+        )
+    }
+
+    #[test]
+    fn the_header_and_the_cookie_come_before_the_query_whether_or_not_it_is_allowed() {
+        let exp = crate::log::unix_ms_now() / 1000 + 60;
+        let claims = serde_json::json!({ "exp": exp, "views": ["prices"] });
+        let good = encode(
+            &Header::default(),
+            &claims,
+            &EncodingKey::from_secret(b"secret"),
+        )
+        .unwrap();
+        let mut bearer = HeaderMap::new();
+        let value = HeaderValue::from_str(&format!("Bearer {good}")).unwrap();
+        bearer.insert(header::AUTHORIZATION, value);
+        let mut cookie = HeaderMap::new();
+        let value = HeaderValue::from_str(&format!("theme=dark; {TOKEN_COOKIE}={good}")).unwrap();
+        cookie.insert(header::COOKIE, value);
+        for allowed in [false, true] {
+            let state = state(allowed);
+            for headers in [&bearer, &cookie] {
+                let caller = Caller::of(&state, headers, Some("garbage")).unwrap();
+                assert!(caller.read("prices").is_ok(), "allowed: {allowed}");
+            }
+            let refused = Caller::of(&state, &HeaderMap::new(), Some("garbage")).err();
+            assert_eq!(
+                refused.map(|e| e.status()),
+                Some(StatusCode::UNAUTHORIZED),
+                "allowed: {allowed}"
+            );
+        }
+    }
 }

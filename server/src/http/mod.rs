@@ -6,7 +6,7 @@
 //! | `GET /views`, `GET /views/{view}`, `GET /views/{view}/events` | `views` |
 //! | `POST /runtimes/{runtime}/ingest` | `ingest` |
 //! | `POST /admin/snapshot`, `GET /admin/snapshots`, `POST /admin/restore` | [`admin`] |
-//! | `GET /`, `GET /healthz`, `GET /metrics` | here |
+//! | `GET /`, `GET /healthz`, `GET /readyz`, `GET /metrics` | here |
 //!
 //! ## Layers
 //!
@@ -26,6 +26,7 @@ use std::time::Duration;
 use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
+use axum::Json;
 use axum::Router;
 use tokio::sync::watch;
 use tower_http::compression::CompressionLayer;
@@ -36,6 +37,7 @@ use tower_http::trace::TraceLayer;
 pub use error::ApiError;
 
 use crate::auth::Auth;
+use crate::cluster::Cluster;
 use crate::config::ServerConfig;
 use crate::hub::Hub;
 use crate::log::LogMetrics;
@@ -61,6 +63,8 @@ pub struct AppState {
     pub streams: Arc<Streams>,
     /// Token verification; `None`: auth is off.
     pub auth: Option<Arc<Auth>>,
+    /// The node's cluster; `None`: a single node, always ready.
+    pub cluster: Option<Arc<Cluster>>,
 }
 
 impl AppState {
@@ -83,6 +87,16 @@ impl AppState {
             config: Arc::new(config),
             streams: Arc::new(streams),
             auth,
+            cluster: None,
+        }
+    }
+
+    /// The state of a node of `cluster`: `/readyz` follows its apply loop.
+    #[must_use]
+    pub fn in_cluster(self, cluster: Arc<Cluster>) -> Self {
+        Self {
+            cluster: Some(cluster),
+            ..self
         }
     }
 }
@@ -95,6 +109,7 @@ pub fn app(state: AppState, admin: Option<Arc<admin::Admin>>) -> Router {
     let bounded = Router::new()
         .route("/", get(index))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
         .route(
             "/metrics",
             get(move |state, extensions, headers| metrics(state, extensions, headers, operator)),
@@ -149,6 +164,20 @@ fn cors(config: &ServerConfig) -> Option<CorsLayer> {
         ])
         .max_age(Duration::from_secs(600));
     Some(layer)
+}
+
+/// `200` when the node serves what its cluster has (a single node always does), else `503`;
+/// the body says how far it has applied the stream and, after a break, why it stopped.
+async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
+    let Some(cluster) = &state.cluster else {
+        return Json(serde_json::json!({ "ready": true })).into_response();
+    };
+    let readiness = cluster.readiness();
+    let status = match readiness.ready {
+        true => StatusCode::OK,
+        false => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    (status, Json(readiness)).into_response()
 }
 
 async fn index() -> Html<&'static str> {

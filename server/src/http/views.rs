@@ -153,6 +153,9 @@ async fn events(
         None if query.from.as_deref() == Some("tape") => Start::Tape,
         None => Start::State,
     };
+    if let (Some(cluster), Start::Cursor(cursor)) = (&state.cluster, &start) {
+        cluster.reach(&state.hub, &view, cursor).await;
+    }
     let subscriber = state
         .streams
         .open(&view, start, caller.expires_at())

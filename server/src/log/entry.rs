@@ -98,6 +98,9 @@ pub enum Outcome {
     /// The guest failed on input a pull source had already consumed: the input is lost, a gap is
     /// marked and the source moves past it. The input is not kept.
     Lost,
+    /// Published to a cluster's stream before any node ran it: every node runs it in stream
+    /// order, and the guest's verdict (the same on every node) decides whether it commits.
+    Pending,
 }
 
 /// A digest of what a batch produced: events per view, and a CRC-32C over every event and gap in

@@ -53,6 +53,8 @@ pub enum DurabilityName {
     Fsync,
     /// Handed to the operating system.
     Os,
+    /// Stored by a cluster's stream (JetStream), as its replicas and sync settings promise.
+    Stream,
 }
 
 impl From<Durability> for DurabilityName {
@@ -196,6 +198,8 @@ pub struct Log {
     /// The log's directory and segment size, once the writer runs.
     dir: OnceLock<(LogDir, u64)>,
     enabled: bool,
+    /// The positions are those of a cluster's shared log, which is written elsewhere.
+    shared: bool,
     durability: Durability,
     /// The last position committed to the journal.
     committed: watch::Sender<u64>,
@@ -215,6 +219,7 @@ impl Log {
             writer: Mutex::new(None),
             dir: OnceLock::new(),
             enabled,
+            shared: false,
             durability,
             committed: watch::Sender::new(committed),
             durable: AtomicU64::new(committed),
@@ -223,14 +228,37 @@ impl Log {
         }
     }
 
-    /// Whether batches are logged.
+    /// The positions of a cluster's shared log, applied up to `committed`: nothing is written
+    /// here, [`Log::turn`] keeps the commit order of what is applied.
+    pub fn shared(committed: u64) -> Self {
+        Self {
+            shared: true,
+            ..Self::new(false, Durability::Fsync, committed)
+        }
+    }
+
+    /// Whether batches are logged here.
     pub fn is_enabled(&self) -> bool {
         self.enabled
     }
 
+    /// Whether committed batches have positions (in this log, or in a cluster's shared one):
+    /// what a snapshot records.
+    pub fn has_positions(&self) -> bool {
+        self.enabled || self.shared
+    }
+
     /// How durable an acknowledged batch is.
     pub fn durability(&self) -> Option<DurabilityName> {
-        self.enabled.then_some(self.durability.into())
+        match self.shared {
+            true => Some(DurabilityName::Stream),
+            false => self.enabled.then_some(self.durability.into()),
+        }
+    }
+
+    /// Follows the last committed position.
+    pub fn watch_committed(&self) -> watch::Receiver<u64> {
+        self.committed.subscribe()
     }
 
     /// Its metrics.

@@ -1,0 +1,772 @@
+//! Replicas: nodes that share one input log, a JetStream stream (`[cluster]`, `--nats URL`).
+//!
+//! The stream takes the place of the local log. A node that accepts a batch publishes it —
+//! a [`BatchEntry`] whose outcome is still [`Outcome::Pending`], with a message id from its
+//! producer stamp so JetStream drops a resent duplicate — and answers once it has applied that
+//! stream sequence itself. Every node applies every message in stream order through the same
+//! deterministic guests ([`RuntimeHandle::apply`]), at the message's stream sequence as its log
+//! position, so every node issues the same offsets and frames under the same epoch: a cursor
+//! from one node resumes on any other.
+//!
+//! - **The epoch** is derived from the stream's name and creation time: the same on every node,
+//!   and another one for a stream that was deleted and created again.
+//! - **Start-up** restores the newest local snapshot if it belongs to this stream's epoch and the
+//!   stream still holds every message after it; else, if the stream still holds its first
+//!   message, the node starts empty and applies it all. Otherwise it cannot know the history
+//!   and does not start.
+//! - **The apply loop** checks every delivered stream sequence: the next one expected, or the
+//!   node stops applying and is not ready — a sequence is never skipped, and JetStream moving a
+//!   too-old start up to its first message (after a purge, or messages aged out) is caught here.
+//! - **Not ready** (`/readyz` 503) until the node has applied what the stream held when it
+//!   joined, and for good after a break, which says why.
+//! - **NATS down**: ingest answers `503` with `Retry-After`; streams go on with what the node
+//!   has; the client reconnects by itself and the apply loop resumes after its last sequence.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, object_store, stream};
+use bytes::Bytes;
+use futures_util::StreamExt as _;
+use serde::Serialize;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tracing::Instrument as _;
+use viewtape_journal::{Cursor, JournalEpoch, JournalSnapshot};
+use viewtape_snapshots::{Loaded, SnapshotDir};
+
+use crate::config::ClusterSection;
+use crate::hub::Hub;
+use crate::log::{BatchEntry, Entry, Log, Outcome, Receipt};
+use crate::registry::Runtimes;
+use crate::runtime::{Accepted, BoxFuture, IngestError, ReplayError, SharedLog};
+use crate::snapshot::{RuntimeDump, SnapshotBody, Snapshots};
+
+/// Outcomes of applied sequences kept for the ingest that published them.
+const OUTCOMES_KEPT: usize = 8192;
+/// Times a batch the runtime could not run now is applied again before the node gives up.
+const APPLY_ATTEMPTS: u32 = 10;
+/// Shared snapshots of the epoch kept in the bucket.
+const SHARED_KEPT: usize = 3;
+/// Pause before the apply loop retries after an error of NATS.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// Why a node could not join its cluster.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// The stream could not be found or created.
+    #[error("cluster: stream {stream:?} on {url}: {reason}")]
+    Stream {
+        /// The stream.
+        stream: String,
+        /// The NATS server.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// No snapshot covers the messages the stream no longer holds.
+    #[error("cluster: stream {stream:?} starts at sequence {first}, and no snapshot of its epoch reaches sequence {needed}: this node cannot know the history before it")]
+    Uncovered {
+        /// The stream.
+        stream: String,
+        /// The stream's first sequence.
+        first: u64,
+        /// The last sequence a snapshot would have to reach.
+        needed: u64,
+    },
+    /// The snapshot directory could not be read.
+    #[error(transparent)]
+    Snapshots(#[from] viewtape_snapshots::SnapshotError),
+}
+
+/// Whether this node serves what the cluster has; `/readyz` renders it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Readiness {
+    /// Caught up with what the stream held when the node joined, and applying.
+    pub ready: bool,
+    /// The last sequence applied.
+    pub applied: u64,
+    /// The stream's last sequence, as last seen.
+    pub stream_last: u64,
+    /// Why the node stopped applying, if it did.
+    pub broken: Option<String>,
+}
+
+/// A node's place in its cluster.
+pub struct Cluster {
+    js: jetstream::Context,
+    /// Shared snapshots.
+    bucket: object_store::ObjectStore,
+    stream: String,
+    url: String,
+    epoch: JournalEpoch,
+    apply_timeout: Duration,
+    ahead_wait: Duration,
+    /// The last sequence the stream held when this node joined.
+    joined_at: u64,
+    /// The stream's first sequence when this node joined.
+    stream_first: AtomicU64,
+    /// The stream's last sequence, as last seen.
+    stream_last: AtomicU64,
+    outcomes: Mutex<Outcomes>,
+    readiness: watch::Sender<Readiness>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("url", &self.url)
+            .field("stream", &self.stream)
+            .field("epoch", &self.epoch)
+            .field("readiness", &self.readiness())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What applying each recent sequence gave, and the ingests waiting for theirs.
+#[derive(Debug, Default)]
+struct Outcomes {
+    done: BTreeMap<u64, Result<Accepted, IngestError>>,
+    waiting: HashMap<u64, oneshot::Sender<Result<Accepted, IngestError>>>,
+}
+
+impl Cluster {
+    /// Connects to `section.nats_url` (waiting for it, however long, with a line every few
+    /// seconds), and finds or creates the stream.
+    ///
+    /// # Errors
+    /// [`ClusterError::Stream`]: the stream cannot be created or read.
+    pub async fn join(section: &ClusterSection, url: &str) -> Result<Arc<Self>, ClusterError> {
+        let failed = |reason: String| ClusterError::Stream {
+            stream: section.stream.clone(),
+            url: url.to_owned(),
+            reason,
+        };
+        let client = async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connection_timeout(Duration::from_secs(2))
+            .connect(url)
+            .await
+            .map_err(|error| failed(error.to_string()))?;
+        let js = jetstream::new(client);
+        let config = stream::Config {
+            name: section.stream.clone(),
+            subjects: vec![format!("{}.in.>", section.stream)],
+            storage: stream::StorageType::File,
+            num_replicas: section.replicas,
+            max_age: section.max_age,
+            ..stream::Config::default()
+        };
+        let mut waited = 0u32;
+        let info = loop {
+            match js.get_or_create_stream(config.clone()).await {
+                Ok(mut stream) => match stream.info().await {
+                    Ok(info) => break info.clone(),
+                    Err(error) => {
+                        tracing::warn!(%error, "cluster: reading the stream failed; retrying")
+                    }
+                },
+                Err(error) if waited.is_multiple_of(5) => {
+                    tracing::warn!(%error, url, stream = %section.stream, "cluster: waiting for NATS JetStream");
+                }
+                Err(_) => {}
+            }
+            waited += 1;
+            if waited > 600 {
+                return Err(failed(
+                    "NATS JetStream did not answer for 10 minutes".into(),
+                ));
+            }
+            tokio::time::sleep(RETRY).await;
+        };
+        let bucket = match js.get_object_store(&section.bucket).await {
+            Ok(bucket) => bucket,
+            Err(_) => js
+                .create_object_store(object_store::Config {
+                    bucket: section.bucket.clone(),
+                    description: Some(format!(
+                        "snapshots of the viewtape nodes of stream {}",
+                        section.stream
+                    )),
+                    storage: stream::StorageType::File,
+                    num_replicas: section.replicas,
+                    ..object_store::Config::default()
+                })
+                .await
+                .map_err(|error| {
+                    failed(format!("the snapshot bucket {:?}: {error}", section.bucket))
+                })?,
+        };
+        let epoch = stream_epoch(&section.stream, info.created.unix_timestamp_nanos());
+        tracing::info!(
+            stream = %section.stream,
+            %epoch,
+            first = info.state.first_sequence,
+            last = info.state.last_sequence,
+            "cluster: joined the stream"
+        );
+        Ok(Arc::new(Self {
+            js,
+            bucket,
+            stream: section.stream.clone(),
+            url: url.to_owned(),
+            epoch,
+            apply_timeout: section.apply_timeout,
+            ahead_wait: section.ahead_wait,
+            joined_at: info.state.last_sequence,
+            stream_first: AtomicU64::new(info.state.first_sequence),
+            stream_last: AtomicU64::new(info.state.last_sequence),
+            outcomes: Mutex::default(),
+            readiness: watch::Sender::new(Readiness {
+                ready: false,
+                applied: 0,
+                stream_last: info.state.last_sequence,
+                broken: None,
+            }),
+        }))
+    }
+
+    /// The epoch every node of this stream serves.
+    pub fn epoch(&self) -> JournalEpoch {
+        self.epoch
+    }
+
+    /// Waits, at most `[cluster] ahead_wait`, until this node's `view` has reached `cursor`: a
+    /// cursor another node issued may be ahead of this one for as long as this node's apply
+    /// lags, and is judged (and perhaps answered `ahead`) only after that.
+    pub async fn reach(&self, hub: &Hub, view: &str, cursor: &Cursor) {
+        let Some(view) = hub.view(view) else {
+            return;
+        };
+        let mut ticks = view.ticks();
+        let ahead = || {
+            let window = hub.journal().window_now(view.name());
+            window.epoch == cursor.epoch() && cursor.offset() >= window.next
+        };
+        let caught_up = async {
+            while ahead() {
+                if ticks.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        if tokio::time::timeout(self.ahead_wait, caught_up)
+            .await
+            .is_err()
+        {
+            tracing::debug!(view = view.name(), %cursor, "cluster: a cursor stayed ahead of this node");
+        }
+    }
+
+    /// Whether this node serves what the cluster has.
+    pub fn readiness(&self) -> Readiness {
+        self.readiness.borrow().clone()
+    }
+
+    /// Restores the newest local snapshot that continues this stream into `hub`, or starts
+    /// `hub` empty under the stream's epoch when the stream still holds its first message.
+    /// Returns the runtimes' states and the log of stream positions, at the snapshot's.
+    ///
+    /// # Errors
+    /// [`ClusterError::Uncovered`]: the stream dropped messages no snapshot holds.
+    pub async fn begin(
+        &self,
+        hub: &Hub,
+        snapshots: &SnapshotDir,
+    ) -> Result<(BTreeMap<String, RuntimeDump>, Arc<Log>), ClusterError> {
+        let first = self.stream_first.load(Ordering::Relaxed).max(1);
+        let mut usable = self.usable_local(snapshots, first)?;
+        if usable.is_none() {
+            if let Some(name) = self.fetch_shared(snapshots, first).await {
+                usable = self.usable_local(snapshots, first)?;
+                if usable.is_none() {
+                    tracing::warn!(name, "cluster: the shared snapshot fetched is not usable");
+                }
+            }
+        }
+        if let Some((loaded, position)) = usable {
+            hub.restore(loaded.body.journal, true, loaded.body.views)
+                .await;
+            tracing::info!(file = %loaded.info.path().display(), position, epoch = %self.epoch, "cluster: restored snapshot");
+            let dumps = loaded
+                .body
+                .runtimes
+                .into_iter()
+                .map(|r| (r.name.clone(), r))
+                .collect();
+            return Ok((dumps, Arc::new(Log::shared(position))));
+        }
+        if first > 1 {
+            return Err(ClusterError::Uncovered {
+                stream: self.stream.clone(),
+                first,
+                needed: first - 1,
+            });
+        }
+        let empty = JournalSnapshot {
+            epoch: Some(self.epoch),
+            taken_at_unix_ms: crate::log::unix_ms_now(),
+            views: Vec::new(),
+        };
+        hub.restore(empty, true, Vec::new()).await;
+        Ok((BTreeMap::new(), Arc::new(Log::shared(0))))
+    }
+
+    /// The newest snapshot in `snapshots`, if it is of this stream's epoch and the stream still
+    /// holds every message after it (its first sequence is `first`).
+    fn usable_local(
+        &self,
+        snapshots: &SnapshotDir,
+        first: u64,
+    ) -> Result<Option<(Loaded<SnapshotBody>, u64)>, ClusterError> {
+        let newest = snapshots.load_newest_valid::<SnapshotBody>()?;
+        Ok(newest.loaded.and_then(|loaded| {
+            let position = loaded.body.log_position?;
+            let ours = loaded.body.journal.epoch == Some(self.epoch);
+            if !ours {
+                tracing::warn!(file = %loaded.info.path().display(), "cluster: the newest snapshot belongs to another epoch (another stream, or this one recreated); not used");
+                return None;
+            }
+            (position + 1 >= first).then_some((loaded, position))
+        }))
+    }
+
+    /// Copies the newest shared snapshot of this epoch that the stream continues (its first
+    /// sequence is `first`) into `snapshots`; returns its name. `None` when there is none or the
+    /// bucket cannot be read (logged).
+    async fn fetch_shared(&self, snapshots: &SnapshotDir, first: u64) -> Option<String> {
+        let listed = async {
+            let mut names = Vec::new();
+            let mut list = self.bucket.list().await?;
+            while let Some(info) = list.next().await {
+                names.push(info?.name);
+            }
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(names)
+        };
+        let names = match listed.await {
+            Ok(names) => names,
+            Err(error) => {
+                tracing::warn!(%error, "cluster: cannot list the shared snapshots");
+                return None;
+            }
+        };
+        let (position, name) = names
+            .into_iter()
+            .filter_map(|name| Some((shared_position(&name, self.epoch)?, name)))
+            .filter(|(position, _)| position + 1 >= first)
+            .max()?;
+        let fetched = async {
+            let mut object = self.bucket.get(&name).await?;
+            let mut bytes = Vec::new();
+            tokio::io::AsyncReadExt::read_to_end(&mut object, &mut bytes).await?;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(bytes)
+        };
+        match fetched.await {
+            Ok(bytes) => match snapshots.write_encoded(&bytes) {
+                Ok(info) => {
+                    tracing::info!(name, position, file = %info.path().display(), "cluster: fetched a shared snapshot");
+                    Some(name)
+                }
+                Err(error) => {
+                    tracing::warn!(%error, name, "cluster: a shared snapshot is damaged; not used");
+                    None
+                }
+            },
+            Err(error) => {
+                tracing::warn!(%error, name, "cluster: cannot fetch a shared snapshot");
+                None
+            }
+        }
+    }
+
+    /// Shares every snapshot `snapshots` writes from now on in the bucket, keeping the newest
+    /// [`SHARED_KEPT`] of this epoch.
+    pub fn spawn_share(self: &Arc<Self>, snapshots: &Snapshots) -> JoinHandle<()> {
+        let cluster = Arc::clone(self);
+        let mut written = snapshots.follow_written();
+        let span = tracing::info_span!("cluster_share", stream = %self.stream);
+        tokio::spawn(
+            async move {
+                while written.changed().await.is_ok() {
+                    let Some((path, position)) = written.borrow_and_update().clone() else {
+                        continue;
+                    };
+                    if let Err(error) = cluster.share(&path, position).await {
+                        tracing::warn!(%error, file = %path.display(), "cluster: sharing a snapshot failed");
+                    }
+                }
+            }
+            .instrument(span),
+        )
+    }
+
+    /// Puts the snapshot `path` (at stream sequence `position`) in the bucket, and deletes this
+    /// epoch's older ones past [`SHARED_KEPT`].
+    async fn share(
+        &self,
+        path: &std::path::Path,
+        position: u64,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let bytes = tokio::fs::read(path).await?;
+        let name = shared_name(self.epoch, position);
+        self.bucket
+            .put(name.as_str(), &mut bytes.as_slice())
+            .await?;
+        let mut ours = Vec::new();
+        let mut list = self.bucket.list().await?;
+        while let Some(info) = list.next().await {
+            let info = info?;
+            if let Some(position) = shared_position(&info.name, self.epoch) {
+                ours.push((position, info.name));
+            }
+        }
+        ours.sort_unstable();
+        let old = ours.len().saturating_sub(SHARED_KEPT);
+        for (_, name) in ours.drain(..old) {
+            self.bucket.delete(&name).await?;
+        }
+        tracing::debug!(name, "cluster: snapshot shared");
+        Ok(())
+    }
+
+    /// Starts applying the stream after `log`'s position to `runtimes`, in order.
+    pub fn spawn_apply(self: &Arc<Self>, runtimes: Arc<Runtimes>, log: Arc<Log>) -> JoinHandle<()> {
+        let cluster = Arc::clone(self);
+        let span = tracing::info_span!("cluster_apply", stream = %self.stream);
+        tokio::spawn(async move { cluster.apply_loop(&runtimes, &log).await }.instrument(span))
+    }
+
+    /// See the module docs; returns only when the node stops applying for good.
+    async fn apply_loop(&self, runtimes: &Runtimes, log: &Log) {
+        let mut next = log.committed() + 1;
+        self.note_applied(next - 1);
+        loop {
+            let messages = match self.subscribe(next).await {
+                Ok(Some(messages)) => messages,
+                Ok(None) => return,
+                Err(error) => {
+                    tracing::warn!(%error, next, "cluster: cannot read the stream; retrying");
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            };
+            let mut messages = std::pin::pin!(messages);
+            while let Some(message) = messages.next().await {
+                let message = match message {
+                    Ok(message) => message,
+                    Err(error) => {
+                        tracing::warn!(%error, next, "cluster: reading the stream failed; resubscribing");
+                        break;
+                    }
+                };
+                let sequence = match message.info() {
+                    Ok(info) => info.stream_sequence,
+                    Err(error) => {
+                        tracing::warn!(%error, "cluster: a message without its stream sequence; resubscribing");
+                        break;
+                    }
+                };
+                if sequence < next {
+                    continue;
+                }
+                if sequence > next {
+                    return self.break_off(format!(
+                        "the stream delivered sequence {sequence} where {next} was next: messages {next}..{sequence} are gone (purged or aged out) before this node applied them"
+                    ));
+                }
+                if let Err(reason) = self
+                    .apply_one(runtimes, log, sequence, &message.payload)
+                    .await
+                {
+                    return self.break_off(reason);
+                }
+                next = sequence + 1;
+                self.note_applied(sequence);
+            }
+            tokio::time::sleep(RETRY).await;
+        }
+    }
+
+    /// An ordered consumer from `next`; `None` when the stream no longer holds `next` (the
+    /// node has then stopped applying).
+    async fn subscribe(
+        &self,
+        next: u64,
+    ) -> Result<Option<consumer::pull::Ordered>, Box<dyn std::error::Error + Send + Sync>> {
+        let mut stream = self.js.get_stream(&self.stream).await?;
+        let state = stream.info().await?.state.clone();
+        self.stream_last
+            .fetch_max(state.last_sequence, Ordering::Relaxed);
+        if state.first_sequence > next && state.last_sequence >= next.max(1) {
+            self.break_off(format!(
+                "the stream starts at sequence {}, but this node needs {next} next: messages are gone (purged or aged out) before this node applied them",
+                state.first_sequence
+            ));
+            return Ok(None);
+        }
+        let consumer = stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: next,
+                },
+                ..Default::default()
+            })
+            .await?;
+        Ok(Some(consumer.messages().await?))
+    }
+
+    /// Applies the message at `sequence`; `Err` says why the node must stop applying.
+    async fn apply_one(
+        &self,
+        runtimes: &Runtimes,
+        log: &Log,
+        sequence: u64,
+        payload: &Bytes,
+    ) -> Result<(), String> {
+        let entry = match Entry::decode(payload) {
+            Ok(Entry::Batch(entry)) if entry.outcome == Outcome::Pending => entry,
+            Ok(Entry::Batch(_)) => {
+                return Err(format!("sequence {sequence} is a batch that already ran elsewhere; only pending batches belong in the stream"))
+            }
+            Ok(Entry::Deploy(deploy)) => {
+                return Err(format!(
+                    "sequence {sequence} deploys a module to runtime {:?}: deploys through a cluster are not supported",
+                    deploy.runtime
+                ))
+            }
+            Err(error) => return Err(format!("sequence {sequence} is not a viewtape batch: {error}")),
+        };
+        let Some(registered) = runtimes.get(&entry.runtime) else {
+            return Err(format!(
+                "sequence {sequence} is for runtime {:?}, which this node does not run: every node needs the same runtimes",
+                entry.runtime
+            ));
+        };
+        let mut attempt = 0;
+        let outcome = loop {
+            match registered.handle.apply(entry.clone(), sequence).await {
+                Ok(outcome) => break outcome,
+                Err(error @ ReplayError::Unavailable { .. }) if attempt < APPLY_ATTEMPTS => {
+                    attempt += 1;
+                    tracing::warn!(%error, sequence, attempt, "cluster: applying again");
+                    tokio::time::sleep(RETRY).await;
+                }
+                Err(error) => return Err(format!("sequence {sequence}: {error}")),
+            }
+        };
+        debug_assert!(log.committed() >= sequence);
+        self.settle(sequence, outcome);
+        Ok(())
+    }
+
+    /// Hands the outcome of `sequence` to the ingest waiting for it, or keeps it for one that
+    /// will ask.
+    fn settle(&self, sequence: u64, outcome: Result<Accepted, IngestError>) {
+        let mut outcomes = self.outcomes.lock().unwrap_or_else(PoisonError::into_inner);
+        match outcomes.waiting.remove(&sequence) {
+            Some(waiter) => {
+                let _ = waiter.send(outcome);
+            }
+            None => {
+                outcomes.done.insert(sequence, outcome);
+                while outcomes.done.len() > OUTCOMES_KEPT {
+                    outcomes.done.pop_first();
+                }
+            }
+        }
+    }
+
+    fn note_applied(&self, applied: u64) {
+        let stream_last = self
+            .stream_last
+            .fetch_max(applied, Ordering::Relaxed)
+            .max(applied);
+        self.readiness.send_if_modified(|readiness| {
+            let ready = readiness.broken.is_none() && applied >= self.joined_at;
+            let changed = readiness.applied != applied || readiness.ready != ready;
+            readiness.applied = applied;
+            readiness.stream_last = stream_last;
+            if ready && !readiness.ready {
+                tracing::info!(applied, "cluster: caught up; ready");
+            }
+            readiness.ready = ready;
+            changed
+        });
+    }
+
+    /// Stops applying for good: the node is not ready, and says why.
+    fn break_off(&self, reason: String) {
+        tracing::error!(%reason, stream = %self.stream, "cluster: this node stopped applying the stream and is not ready; it keeps serving what it has");
+        self.readiness.send_modify(|readiness| {
+            readiness.ready = false;
+            readiness.broken = Some(reason);
+        });
+    }
+
+    /// Publishes `entry` and waits for this node to apply it.
+    async fn submit_entry(&self, entry: BatchEntry) -> Result<Accepted, IngestError> {
+        let runtime = entry.runtime.clone();
+        let refused = |reason: String| IngestError::Shared {
+            runtime: runtime.clone(),
+            reason,
+        };
+        if let Some(broken) = self.readiness.borrow().broken.clone() {
+            return Err(refused(format!(
+                "this node stopped applying the stream: {broken}"
+            )));
+        }
+        let mut message = jetstream::message::PublishMessage::build()
+            .payload(Bytes::from(Entry::encode_batch(&entry)));
+        if let Some(stamp) = &entry.producer {
+            // The same batch resent by its producer is the same message: JetStream drops it
+            // within its duplicate window, and the producer table beyond it.
+            message = message.message_id(format!(
+                "{}\u{1f}{}\u{1f}{}\u{1f}{}",
+                entry.runtime, stamp.id, stamp.epoch, stamp.seq
+            ));
+        }
+        let subject = format!("{}.in.{}", self.stream, subject_token(&entry.runtime));
+        let published = async {
+            self.js
+                .send_publish(subject, message)
+                .await
+                .map_err(|error| error.to_string())?
+                .await
+                .map_err(|error| error.to_string())
+        };
+        let ack = tokio::time::timeout(self.apply_timeout, published)
+            .await
+            .map_err(|_| {
+                refused(format!(
+                    "NATS did not acknowledge within {:?}",
+                    self.apply_timeout
+                ))
+            })?
+            .map_err(|error| refused(format!("publishing to {} failed: {error}", self.url)))?;
+        self.stream_last.fetch_max(ack.sequence, Ordering::Relaxed);
+        let sequence = ack.sequence;
+        let waiting = {
+            let mut outcomes = self.outcomes.lock().unwrap_or_else(PoisonError::into_inner);
+            match outcomes.done.remove(&sequence) {
+                Some(outcome) => return mark_duplicate(outcome, ack.duplicate),
+                None if self.readiness.borrow().applied >= sequence => {
+                    // Applied long ago (a duplicate of an old batch): its outcome is gone.
+                    return Ok(Accepted {
+                        receipt: Receipt {
+                            position: Some(sequence),
+                            ..Receipt::default()
+                        },
+                        duplicate: true,
+                    });
+                }
+                None => {
+                    let (tx, rx) = oneshot::channel();
+                    outcomes.waiting.insert(sequence, tx);
+                    rx
+                }
+            }
+        };
+        match tokio::time::timeout(self.apply_timeout, waiting).await {
+            Ok(Ok(outcome)) => mark_duplicate(outcome, ack.duplicate),
+            _ => {
+                self.outcomes
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .waiting
+                    .remove(&sequence);
+                Err(refused(format!(
+                    "published at sequence {sequence}, not applied by this node within {:?}; send it again with its Producer-* headers to learn its outcome",
+                    self.apply_timeout
+                )))
+            }
+        }
+    }
+}
+
+impl SharedLog for Cluster {
+    fn submit(&self, entry: BatchEntry) -> BoxFuture<'_, Result<Accepted, IngestError>> {
+        Box::pin(self.submit_entry(entry))
+    }
+}
+
+/// `outcome`, flagged as a duplicate when JetStream said the message was one.
+fn mark_duplicate(
+    outcome: Result<Accepted, IngestError>,
+    duplicate: bool,
+) -> Result<Accepted, IngestError> {
+    outcome.map(|accepted| Accepted {
+        duplicate: accepted.duplicate || duplicate,
+        ..accepted
+    })
+}
+
+/// A runtime's name as one token of a NATS subject.
+fn subject_token(runtime: &str) -> String {
+    runtime
+        .chars()
+        .map(|c| match c {
+            '.' | '*' | '>' | ' ' | '\t' => '_',
+            c => c,
+        })
+        .collect()
+}
+
+/// The name of a shared snapshot: its epoch and stream position.
+fn shared_name(epoch: JournalEpoch, position: u64) -> String {
+    format!("{epoch}-{position:020}")
+}
+
+/// The position in a shared snapshot's name, if it is one of `epoch`.
+fn shared_position(name: &str, epoch: JournalEpoch) -> Option<u64> {
+    let (of, position) = name.split_once('-')?;
+    (of == epoch.to_string()).then(|| position.parse().ok())?
+}
+
+/// The epoch of the stream `name` created at `created_ns`.
+fn stream_epoch(name: &str, created_ns: i128) -> JournalEpoch {
+    use sha2::Digest as _;
+    let mut hash = sha2::Sha256::new();
+    hash.update(b"viewtape cluster epoch\0");
+    hash.update(name.as_bytes());
+    hash.update(b"\0");
+    hash.update(created_ns.to_le_bytes());
+    let digest = hash.finalize();
+    let mut bits = [0u8; 8];
+    bits.copy_from_slice(&digest[..8]);
+    JournalEpoch::from_bits(u64::from_le_bytes(bits))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_epoch_is_the_streams_identity() {
+        let a = stream_epoch("viewtape", 1_700_000_000_000_000_000);
+        assert_eq!(a, stream_epoch("viewtape", 1_700_000_000_000_000_000));
+        assert_ne!(a, stream_epoch("viewtape", 1_700_000_000_000_000_001));
+        assert_ne!(a, stream_epoch("other", 1_700_000_000_000_000_000));
+    }
+
+    #[test]
+    fn shared_snapshot_names_carry_epoch_and_position() {
+        let epoch = stream_epoch("viewtape", 1);
+        let name = shared_name(epoch, 42);
+        assert_eq!(shared_position(&name, epoch), Some(42));
+        assert_eq!(shared_position(&name, stream_epoch("viewtape", 2)), None);
+        assert_eq!(shared_position("garbage", epoch), None);
+        assert_eq!(shared_position(&format!("{epoch}-x"), epoch), None);
+        // Names sort as positions do.
+        assert!(shared_name(epoch, 9) < shared_name(epoch, 10));
+    }
+
+    #[test]
+    fn runtime_names_become_one_subject_token() {
+        assert_eq!(subject_token("orders.eu"), "orders_eu");
+        assert_eq!(subject_token("a*b>c d"), "a_b_c_d");
+        assert_eq!(subject_token("demo"), "demo");
+    }
+}
