@@ -11,14 +11,21 @@
 //! - **The epoch** is derived from the stream's name and creation time: the same on every node,
 //!   and another one for a stream that was deleted and created again.
 //! - **Start-up** restores the newest local snapshot if it belongs to this stream's epoch and the
-//!   stream still holds every message after it; else, if the stream still holds its first
-//!   message, the node starts empty and applies it all. Otherwise it cannot know the history
-//!   and does not start.
+//!   stream still holds every message after it; else the newest such snapshot another node
+//!   shared in the bucket; else, if the stream still holds its first message, the node starts
+//!   empty and applies it all. Otherwise it cannot know the history: it fails closed, serving
+//!   an empty state under an epoch of its own, refusing ingest, not ready.
+//! - **Shared snapshots**: every snapshot a node writes goes to the object store bucket too,
+//!   named by epoch and stream sequence; the newest few of the epoch are kept.
 //! - **The apply loop** checks every delivered stream sequence: the next one expected, or the
 //!   node stops applying and is not ready — a sequence is never skipped, and JetStream moving a
-//!   too-old start up to its first message (after a purge, or messages aged out) is caught here.
+//!   too-old start up to its first message (after a purge, or messages aged out) is caught here,
+//!   and so is a stream deleted and created again (another creation time: another history).
 //! - **Not ready** (`/readyz` 503) until the node has applied what the stream held when it
 //!   joined, and for good after a break, which says why.
+//! - **A cursor ahead** of this node (another node issued it) waits up to `ahead_wait` for
+//!   the apply loop to reach it ([`Cluster::reach`]) before it is judged.
+//! - **Admin**: a live restore or a deploy would change one node alone; both are refused.
 //! - **NATS down**: ingest answers `503` with `Retry-After`; streams go on with what the node
 //!   has; the client reconnects by itself and the apply loop resumes after its last sequence.
 
@@ -50,6 +57,9 @@ const OUTCOMES_KEPT: usize = 8192;
 const APPLY_ATTEMPTS: u32 = 10;
 /// Shared snapshots of the epoch kept in the bucket.
 const SHARED_KEPT: usize = 3;
+/// How often the apply loop checks that the stream is the one it joined and holds what it
+/// needs next.
+const STREAM_CHECK: Duration = Duration::from_secs(2);
 /// Pause before the apply loop retries after an error of NATS.
 const RETRY: Duration = Duration::from_secs(1);
 
@@ -97,12 +107,15 @@ pub struct Readiness {
 
 /// A node's place in its cluster.
 pub struct Cluster {
+    client: async_nats::Client,
     js: jetstream::Context,
     /// Shared snapshots.
     bucket: object_store::ObjectStore,
     stream: String,
     url: String,
     epoch: JournalEpoch,
+    /// When the stream was created (Unix nanoseconds): its identity, with its name.
+    created_ns: i128,
     apply_timeout: Duration,
     ahead_wait: Duration,
     /// The last sequence the stream held when this node joined.
@@ -151,7 +164,7 @@ impl Cluster {
             .connect(url)
             .await
             .map_err(|error| failed(error.to_string()))?;
-        let js = jetstream::new(client);
+        let js = jetstream::new(client.clone());
         let config = stream::Config {
             name: section.stream.clone(),
             subjects: vec![format!("{}.in.>", section.stream)],
@@ -200,7 +213,8 @@ impl Cluster {
                     failed(format!("the snapshot bucket {:?}: {error}", section.bucket))
                 })?,
         };
-        let epoch = stream_epoch(&section.stream, info.created.unix_timestamp_nanos());
+        let created_ns = info.created.unix_timestamp_nanos();
+        let epoch = stream_epoch(&section.stream, created_ns);
         tracing::info!(
             stream = %section.stream,
             %epoch,
@@ -209,11 +223,13 @@ impl Cluster {
             "cluster: joined the stream"
         );
         Ok(Arc::new(Self {
+            client,
             js,
             bucket,
             stream: section.stream.clone(),
             url: url.to_owned(),
             epoch,
+            created_ns,
             apply_timeout: section.apply_timeout,
             ahead_wait: section.ahead_wait,
             joined_at: info.state.last_sequence,
@@ -270,8 +286,11 @@ impl Cluster {
     /// `hub` empty under the stream's epoch when the stream still holds its first message.
     /// Returns the runtimes' states and the log of stream positions, at the snapshot's.
     ///
+    /// When the stream dropped messages that no snapshot holds, the node starts empty under an
+    /// epoch of its own and stays not ready ([`ClusterError::Uncovered`] says why).
+    ///
     /// # Errors
-    /// [`ClusterError::Uncovered`]: the stream dropped messages no snapshot holds.
+    /// The snapshot directory cannot be read.
     pub async fn begin(
         &self,
         hub: &Hub,
@@ -299,15 +318,23 @@ impl Cluster {
                 .collect();
             return Ok((dumps, Arc::new(Log::shared(position))));
         }
-        if first > 1 {
-            return Err(ClusterError::Uncovered {
-                stream: self.stream.clone(),
-                first,
-                needed: first - 1,
-            });
-        }
+        let epoch = match first {
+            1 => self.epoch,
+            _ => {
+                // Fail closed: the history before `first` is unknown here, so nothing this node
+                // could serve may carry the cluster's epoch. It serves an empty state under an
+                // epoch of its own, refuses ingest, and stays not ready.
+                let reason = ClusterError::Uncovered {
+                    stream: self.stream.clone(),
+                    first,
+                    needed: first - 1,
+                };
+                self.break_off(reason.to_string());
+                JournalEpoch::random_other_than(self.epoch)
+            }
+        };
         let empty = JournalSnapshot {
-            epoch: Some(self.epoch),
+            epoch: Some(epoch),
             taken_at_unix_ms: crate::log::unix_ms_now(),
             views: Vec::new(),
         };
@@ -441,6 +468,9 @@ impl Cluster {
 
     /// See the module docs; returns only when the node stops applying for good.
     async fn apply_loop(&self, runtimes: &Runtimes, log: &Log) {
+        if self.readiness.borrow().broken.is_some() {
+            return;
+        }
         let mut next = log.committed() + 1;
         self.note_applied(next - 1);
         loop {
@@ -454,7 +484,34 @@ impl Cluster {
                 }
             };
             let mut messages = std::pin::pin!(messages);
-            while let Some(message) = messages.next().await {
+            let mut check = tokio::time::interval(STREAM_CHECK);
+            check.tick().await;
+            let mut checked_at = next;
+            loop {
+                let message = tokio::select! {
+                    message = messages.next() => message,
+                    _ = check.tick() => {
+                        // The consumer follows a stream of the same name by itself; whether it
+                        // is still the same stream, holding what comes next, is checked here.
+                        match self.check_stream(next).await {
+                            Ok(Some(_)) => {}
+                            Ok(None) => return,
+                            Err(error) => tracing::debug!(%error, "cluster: cannot check the stream"),
+                        }
+                        // A consumer that delivers nothing while the stream holds more (after
+                        // NATS came back, say) is replaced at once rather than left to its
+                        // heartbeats.
+                        let stalled = next == checked_at
+                            && self.stream_last.load(Ordering::Relaxed) >= next;
+                        checked_at = next;
+                        if stalled {
+                            tracing::info!(next, "cluster: the stream holds more than was delivered; resubscribing");
+                            break;
+                        }
+                        continue;
+                    }
+                };
+                let Some(message) = message else { break };
                 let message = match message {
                     Ok(message) => message,
                     Err(error) => {
@@ -496,17 +553,9 @@ impl Cluster {
         &self,
         next: u64,
     ) -> Result<Option<consumer::pull::Ordered>, Box<dyn std::error::Error + Send + Sync>> {
-        let mut stream = self.js.get_stream(&self.stream).await?;
-        let state = stream.info().await?.state.clone();
-        self.stream_last
-            .fetch_max(state.last_sequence, Ordering::Relaxed);
-        if state.first_sequence > next && state.last_sequence >= next.max(1) {
-            self.break_off(format!(
-                "the stream starts at sequence {}, but this node needs {next} next: messages are gone (purged or aged out) before this node applied them",
-                state.first_sequence
-            ));
+        let Some(stream) = self.check_stream(next).await? else {
             return Ok(None);
-        }
+        };
         let consumer = stream
             .create_consumer(consumer::pull::OrderedConfig {
                 deliver_policy: consumer::DeliverPolicy::ByStartSequence {
@@ -516,6 +565,34 @@ impl Cluster {
             })
             .await?;
         Ok(Some(consumer.messages().await?))
+    }
+
+    /// The stream, if it is still the one this node joined and still holds `next` (or has not
+    /// reached it yet); else the node stops applying and `None`.
+    async fn check_stream(
+        &self,
+        next: u64,
+    ) -> Result<Option<stream::Stream>, Box<dyn std::error::Error + Send + Sync>> {
+        let mut stream = self.js.get_stream(&self.stream).await?;
+        let info = stream.info().await?;
+        if info.created.unix_timestamp_nanos() != self.created_ns {
+            self.break_off(format!(
+                "the stream was deleted and created again (created {}): its sequences are another history, under another epoch; restart this node to join it",
+                info.created
+            ));
+            return Ok(None);
+        }
+        let state = info.state.clone();
+        self.stream_last
+            .fetch_max(state.last_sequence, Ordering::Relaxed);
+        if state.first_sequence > next && state.last_sequence >= next.max(1) {
+            self.break_off(format!(
+                "the stream starts at sequence {}, but this node needs {next} next: messages are gone (purged or aged out) before this node applied them",
+                state.first_sequence
+            ));
+            return Ok(None);
+        }
+        Ok(Some(stream))
     }
 
     /// Applies the message at `sequence`; `Err` says why the node must stop applying.
@@ -617,6 +694,9 @@ impl Cluster {
             return Err(refused(format!(
                 "this node stopped applying the stream: {broken}"
             )));
+        }
+        if self.client.connection_state() != async_nats::connection::State::Connected {
+            return Err(refused(format!("not connected to NATS at {}", self.url)));
         }
         let mut message = jetstream::message::PublishMessage::build()
             .payload(Bytes::from(Entry::encode_batch(&entry)));

@@ -41,7 +41,7 @@
 //! max_age = "0s"              # the stream drops older messages ("0s": never)
 //! bucket = "viewtape-snapshots"  # the object store bucket shared snapshots go to
 //! ahead_wait = "2s"           # a cursor ahead of this node waits this long before `ahead`
-//! apply_timeout = "10s"       # an ingest waits this long for this node to apply its batch
+//! apply_timeout = "5s"        # an ingest waits this long for this node to apply its batch
 //!
 //! [[runtime]]
 //! name = "demo"
@@ -244,7 +244,7 @@ impl Default for ClusterSection {
             max_age: Duration::ZERO,
             bucket: "viewtape-snapshots".into(),
             ahead_wait: Duration::from_secs(2),
-            apply_timeout: Duration::from_secs(10),
+            apply_timeout: Duration::from_secs(5),
         }
     }
 }

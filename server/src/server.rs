@@ -115,7 +115,12 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         None => state,
     };
     let metrics = Arc::clone(&state.metrics);
-    let admin = Admin::from_env(Arc::clone(&snapshots), deployer).map(Arc::new);
+    let admin = Admin::from_env(Arc::clone(&snapshots), deployer)
+        .map(|admin| match cluster {
+            Some(_) => admin.clustered(),
+            None => admin,
+        })
+        .map(Arc::new);
 
     if options.demo_rate > 0 && cluster.is_some() {
         tracing::info!("the demo feed is off in a cluster: every node would feed the same runtime");

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
+use futures_util::StreamExt as _;
 use viewtape_tests::{expect, Feed, NatsServer, Response, Server, SseEvent};
 
 /// How long a node may take to apply what another node acknowledged.
@@ -211,5 +212,259 @@ async fn a_node_killed_under_ingest_catches_up_after_a_restart() -> anyhow::Resu
 fn unavailable(resp: &Response) -> anyhow::Result<()> {
     expect::json_error(resp, 503)?;
     ensure!(resp.header("retry-after").is_some(), "no Retry-After");
+    Ok(())
+}
+
+/// A JetStream context on `nats`, as an operator's tool would have.
+async fn operator(nats: &NatsServer) -> anyhow::Result<async_nats::jetstream::Context> {
+    let client = async_nats::connect(nats.url()).await?;
+    Ok(async_nats::jetstream::new(client))
+}
+
+/// The epoch of the cursor `GET /views/prices` answers.
+async fn epoch(server: &Server) -> anyhow::Result<String> {
+    let state = server.get("/views/prices").await?.json()?;
+    let cursor = state["cursor"]
+        .as_str()
+        .with_context(|| format!("no cursor: {state}"))?;
+    Ok(viewtape_tests::parse_cursor(cursor)?.epoch().to_string())
+}
+
+/// Ingests `ndjson` as producer `id` with sequence `seq`, through `server`.
+async fn produce(server: &Server, id: &str, seq: u64, ndjson: &str) -> anyhow::Result<Response> {
+    let seq = seq.to_string();
+    viewtape_tests::http::request(
+        server.addr(),
+        "POST",
+        "/runtimes/demo/ingest",
+        &[("Producer-Id", id), ("Producer-Seq", &seq)],
+        ndjson.as_bytes(),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_restarted_under_load_loses_no_acknowledged_batch() -> anyhow::Result<()> {
+    let mut nats = NatsServer::start().await?;
+    let nodes = nodes(&nats, 2).await?;
+    let mut subscriber = nodes[1].sse("/views/prices/events?from=tape", &[]).await?;
+    let mut feed = Feed::new(&["ACME", "BOLT"]);
+
+    // A producer that resends a refused batch as it was (same Producer-Seq) until it is taken.
+    let mut refused = 0;
+    let mut last = 0;
+    let started = Instant::now();
+    for batch in 0..40u64 {
+        let ndjson = feed.batch(2);
+        if batch == 15 {
+            for node in &nodes {
+                applied(node, last).await?;
+            }
+            nats.kill().await?;
+        }
+        if batch == 15 || batch == 25 {
+            // While NATS is away: refused with Retry-After, and subscribers of the other node
+            // keep streaming what it has.
+            let resp = produce(&nodes[0], "p", batch, &ndjson).await?;
+            unavailable(&resp)?;
+            refused += 1;
+            if batch == 15 {
+                for want in 1..=30 {
+                    ensure!(seq(&subscriber.next_event().await?)? == want);
+                }
+                nats.restart().await?;
+            }
+        }
+        loop {
+            ensure!(
+                started.elapsed() < Duration::from_secs(90),
+                "producer took too long"
+            );
+            let resp = produce(&nodes[batch as usize % 2], "p", batch, &ndjson).await?;
+            match resp.status() {
+                200 => {
+                    last = position(&resp.json()?)?;
+                    break;
+                }
+                503 => {
+                    unavailable(&resp)?;
+                    refused += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                status => bail!("ingest: {status}: {}", resp.text()),
+            }
+        }
+        if batch == 24 {
+            // Kill NATS again right after an acknowledged batch: it was stored before the ack.
+            nats.kill().await?;
+            nats.restart().await?;
+        }
+    }
+    ensure!(refused >= 2, "NATS being away was noticed");
+    // Every acknowledged tick once, in order, on both nodes.
+    for want in 31..=80 {
+        ensure!(seq(&subscriber.next_event().await?)? == want);
+    }
+    let tape = frames(&nodes[0], 80).await?;
+    ensure!(frames(&nodes[1], 80).await? == tape);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_node_starts_from_a_shared_snapshot_and_an_uncovered_one_fails_closed(
+) -> anyhow::Result<()> {
+    let nats = NatsServer::start().await?;
+    // Snapshots only when asked for.
+    let config = viewtape_tests::server::config_file(
+        "[server]\nsnapshot_interval = \"0s\"\n\n[[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
+    )?;
+    let path = config.path().display().to_string();
+    let args = ["--nats", &nats.url(), "--config", &path];
+    let first = Server::start_with_env(&args, &[("VIEWTAPE_ADMIN_TOKEN", "admin")]).await?;
+    ready(&first).await?;
+    let mut feed = Feed::new(&["ACME", "BOLT"]);
+    for _ in 0..10 {
+        first.ingest_ok(&feed.batch(2)).await?;
+    }
+    let resp = viewtape_tests::http::request(
+        first.addr(),
+        "POST",
+        "/admin/snapshot",
+        &[("Authorization", "Bearer admin")],
+        b"",
+    )
+    .await?;
+    ensure!(resp.status() == 200, "{}", resp.text());
+    // A live restore or a deploy would change this node alone: refused.
+    for (method, path, body) in [
+        ("POST", "/admin/restore", &b"{\"name\": \"x\"}"[..]),
+        ("PUT", "/admin/runtimes/demo/module", b"\0asm"),
+    ] {
+        let resp = viewtape_tests::http::request(
+            first.addr(),
+            method,
+            path,
+            &[("Authorization", "Bearer admin")],
+            body,
+        )
+        .await?;
+        ensure!(expect::json_error(&resp, 409)?["error"] == "cluster_node");
+    }
+    // Shared in the bucket.
+    let js = operator(&nats).await?;
+    let bucket = js.get_object_store("viewtape-snapshots").await?;
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        if bucket.list().await?.next().await.is_some() {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no shared snapshot:\n{}",
+            first.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut last = 0;
+    for _ in 0..5 {
+        last = position(&first.ingest_ok(&feed.batch(2)).await?)?;
+    }
+    // The stream drops its first messages (the snapshot is at 10).
+    let stream = js.get_stream("viewtape").await?;
+    stream.purge().sequence(9).await?;
+
+    let late = Server::start(&args).await?;
+    ready(&late).await?;
+    applied(&late, last).await?;
+    ensure!(epoch(&late).await? == epoch(&first).await?);
+    ensure!(frames(&late, 30).await? == frames(&first, 30).await?);
+    last = position(&late.ingest_ok(&feed.batch(2)).await?)?;
+    applied(&first, last).await?;
+
+    // Now the stream drops everything, past the only snapshot: a new node cannot know the
+    // history, and says so instead of guessing.
+    stream.purge().await?;
+    let uncovered = Server::start(&args).await?;
+    let resp = uncovered.get("/readyz").await?;
+    ensure!(resp.status() == 503, "{}", resp.text());
+    let body = resp.json()?;
+    ensure!(
+        body["broken"]
+            .as_str()
+            .is_some_and(|b| b.contains("no snapshot")),
+        "{body}"
+    );
+    ensure!(
+        epoch(&uncovered).await? != epoch(&first).await?,
+        "an epoch of its own"
+    );
+    unavailable(&uncovered.ingest("demo", &feed.batch(1)).await?)?;
+    // The nodes that hold the history go on.
+    first.ingest_ok(&feed.batch(2)).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_stream_is_another_history_and_nodes_fail_closed() -> anyhow::Result<()> {
+    let nats = NatsServer::start().await?;
+    let mut nodes = nodes(&nats, 2).await?;
+    let mut feed = Feed::new(&["ACME", "BOLT"]);
+    let mut last = 0;
+    for _ in 0..4 {
+        last = position(&nodes[0].ingest_ok(&feed.batch(2)).await?)?;
+    }
+    applied(&nodes[1], last).await?;
+    let before = epoch(&nodes[0]).await?;
+    let cursor = expect::cursor_of(&expect::tape(&nodes[0], "prices", 8).await?[7])?;
+
+    // A cursor ahead of the node waits for it, then is answered `ahead`.
+    let ahead = viewtape_journal::Cursor::new(cursor.epoch(), cursor.offset() + 5);
+    let asked = Instant::now();
+    let mut stream = nodes[1]
+        .sse(
+            "/views/prices/events",
+            &[("Last-Event-ID", &ahead.to_string())],
+        )
+        .await?;
+    expect::reset(&stream.next_event().await?, "ahead")?;
+    ensure!(
+        asked.elapsed() >= Duration::from_millis(1900),
+        "waited {:?}",
+        asked.elapsed()
+    );
+
+    // The stream is deleted and created again behind the nodes' backs.
+    let js = operator(&nats).await?;
+    js.delete_stream("viewtape").await?;
+    nodes[1].kill9().await?;
+    nodes[1].restart().await?;
+    ready(&nodes[1]).await?;
+    let after = epoch(&nodes[1]).await?;
+    ensure!(after != before, "the new stream's history is another epoch");
+    // The old cursor means nothing there: a reset, never a resume.
+    let mut stream = nodes[1]
+        .sse(
+            "/views/prices/events",
+            &[("Last-Event-ID", &cursor.to_string())],
+        )
+        .await?;
+    expect::reset(&stream.next_event().await?, "stale_epoch")?;
+    let receipt = nodes[1].ingest_ok(&Feed::new(&["ACME"]).batch(1)).await?;
+    ensure!(position(&receipt)? == 1, "{receipt}");
+
+    // The node that lived through it stops applying: its tape is the old history, under the
+    // old epoch; it is not ready and takes no ingest.
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let resp = nodes[0].get("/readyz").await?;
+        if resp.status() == 503 {
+            ensure!(resp.text().contains("created again"), "{}", resp.text());
+            break;
+        }
+        ensure!(Instant::now() < deadline, "still ready: {}", resp.text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ensure!(epoch(&nodes[0]).await? == before);
+    unavailable(&nodes[0].ingest("demo", &feed.batch(1)).await?)?;
     Ok(())
 }

@@ -52,6 +52,8 @@ pub struct Admin {
     token: [u8; 32],
     snapshots: Arc<Snapshots>,
     deployer: Arc<Deployer>,
+    /// A node of a cluster: what would make it differ from the others is refused.
+    clustered: bool,
 }
 
 impl Admin {
@@ -62,7 +64,29 @@ impl Admin {
             token: Sha256::digest(token.as_bytes()).into(),
             snapshots,
             deployer,
+            clustered: false,
         })
+    }
+
+    /// The admin of a cluster's node: restores and deploys are refused, since every node must
+    /// apply the same stream through the same modules.
+    #[must_use]
+    pub fn clustered(self) -> Self {
+        Self {
+            clustered: true,
+            ..self
+        }
+    }
+
+    /// `409` in a cluster for `action`, which would change this node alone.
+    fn alone(&self, action: &str) -> Result<(), ApiError> {
+        match self.clustered {
+            true => Err(ApiError::conflict(
+                "cluster_node",
+                format!("{action} would change this node alone, and every node of a cluster must apply the same stream through the same modules: not supported in a cluster"),
+            )),
+            false => Ok(()),
+        }
     }
 
     /// Admin with the token from [`TOKEN_ENV`], if set; logs whether the routes are enabled.
@@ -202,6 +226,7 @@ async fn restore(
     State(admin): State<Arc<Admin>>,
     body: axum::body::Body,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    admin.alone("a live restore")?;
     let body: Bytes = axum::body::to_bytes(body, MAX_RESTORE_BODY)
         .await
         .map_err(|_| ApiError::bad_request(format!("body larger than {MAX_RESTORE_BODY} bytes")))?;
@@ -247,6 +272,7 @@ async fn deploy(
     body: axum::body::Body,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Path(runtime) = runtime?;
+    admin.alone("a deploy")?;
     let wasm = axum::body::to_bytes(body, MAX_MODULE_BYTES)
         .await
         .map_err(|_| ApiError::too_large(MAX_MODULE_BYTES))?;
