@@ -76,6 +76,8 @@ pub const MAX_HEAD: usize = 16 * 1024;
 pub const MAX_HEADERS: usize = 64;
 /// Most concurrent streams (requests) on one HTTP/2 connection.
 const H2_MAX_STREAMS: u32 = 256;
+/// What an HTTP/2 client sends first (RFC 9113, 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Bytes the lean transport reads at a time while streaming a response: just
 /// enough to notice a closed connection or keep a pipelined request.
 const PROBE: usize = 64;
@@ -425,11 +427,28 @@ impl Connection {
             .await;
     }
 
-    /// Serves an HTTP/2 connection with hyper: the same router, limits and stop.
-    async fn serve_h2<S: Io>(self, stream: S) {
+    /// Serves an HTTP/2 connection with hyper: the same router, limits and stop. The client's
+    /// connection preface must arrive within [`Limits::header_timeout`], as a request head
+    /// must (hyper would wait for it forever); it is handed to hyper with the rest.
+    async fn serve_h2<S: Io>(self, mut stream: S) {
         let Shared {
             metrics, limits, ..
         } = &*self.shared;
+        let mut preface = BytesMut::new();
+        let read = async {
+            while preface.len() < H2_PREFACE.len() {
+                if read_some(&mut stream, &mut preface).await? == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+            }
+            Ok::<_, std::io::Error>(())
+        };
+        match tokio::time::timeout(limits.header_timeout, read).await {
+            Ok(Ok(())) if preface.starts_with(H2_PREFACE) => {}
+            Ok(Ok(())) => return tracing::debug!("not an HTTP/2 connection preface; closed"),
+            Ok(Err(error)) => return tracing::debug!(%error, "HTTP/2 preface not read"),
+            Err(_) => return tracing::debug!("no HTTP/2 preface within header_timeout; closed"),
+        }
         metrics.h2_connections.inc();
         let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         builder
@@ -439,7 +458,7 @@ impl Connection {
             .keep_alive_interval(Some(limits.write_timeout))
             .keep_alive_timeout(limits.write_timeout);
         let connection =
-            builder.serve_connection(self.hyper_io(stream, Bytes::new()), self.service());
+            builder.serve_connection(self.hyper_io(stream, preface.freeze()), self.service());
         self.drive(connection, |connection| connection.graceful_shutdown())
             .await;
     }
