@@ -5,6 +5,7 @@
 //! viewtape-bench replay --events 100000 [--runs 7] [--tls h1|h2]
 //! viewtape-bench idle   --connections 10000 [--hold-seconds 3] [--tls h1|h2] [--pin]
 //! viewtape-bench stalled --subscribers 30 [--keys 2000 --size 20000 --hold-seconds 1]
+//! viewtape-bench cluster [--nodes 3 --producers 16 --seconds 10 --rate 100 --subscribers 600]
 //! viewtape-bench durable [--compare | --peer jetstream] [--workload acks|bulk|latency]
 //!                        [--seconds 10 --runs 3 --rate 1000] [--nats-server PATH] [--pin]
 //!                        (acknowledged durable ingest beside NATS JetStream: bench/src/durable.rs)
@@ -49,6 +50,7 @@
 //! and the ingest acks while one is in flight. See [`deploy`].
 
 mod args;
+mod cluster;
 mod deploy;
 mod durable;
 mod fanout;
@@ -69,7 +71,7 @@ use anyhow::{bail, Context as _};
 use crate::args::Args;
 use crate::target::Target;
 
-const USAGE: &str = "usage: viewtape-bench <fanout|replay|idle|stalled|durable|restart|deploy> [options]; see the module docs in bench/src/main.rs";
+const USAGE: &str = "usage: viewtape-bench <fanout|replay|idle|stalled|cluster|durable|restart|deploy> [options]; see the module docs in bench/src/main.rs";
 
 fn main() -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -104,6 +106,11 @@ fn main() -> anyhow::Result<()> {
             let options = restart::Options::from_args(&args)?;
             args.finish()?;
             return restart::run(&options).await;
+        }
+        if command == "cluster" {
+            let options = cluster::Options::from_args(&args)?;
+            args.finish()?;
+            return cluster::run(&options).await;
         }
         if command == "deploy" {
             let options = deploy::Options::from_args(&args)?;

@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, object_store, stream};
+use async_nats::jetstream::{self, consumer, kv, object_store, stream};
 use bytes::Bytes;
 use futures_util::StreamExt as _;
 use serde::Serialize;
@@ -55,6 +55,8 @@ use crate::snapshot::{RuntimeDump, SnapshotBody, Snapshots};
 const OUTCOMES_KEPT: usize = 8192;
 /// Times a batch the runtime could not run now is applied again before the node gives up.
 const APPLY_ATTEMPTS: u32 = 10;
+/// How long a lease lasts unless renewed; renewed every third of it.
+const LEASE: Duration = Duration::from_secs(6);
 /// Shared snapshots of the epoch kept in the bucket.
 const SHARED_KEPT: usize = 3;
 /// How often the apply loop checks that the stream is the one it joined and holds what it
@@ -111,6 +113,8 @@ pub struct Cluster {
     js: jetstream::Context,
     /// Shared snapshots.
     bucket: object_store::ObjectStore,
+    /// Leases of what runs on one node at a time ([`Cluster::spawn_once`]).
+    leases: kv::Store,
     stream: String,
     url: String,
     epoch: JournalEpoch,
@@ -213,6 +217,22 @@ impl Cluster {
                     failed(format!("the snapshot bucket {:?}: {error}", section.bucket))
                 })?,
         };
+        let leases_name = format!("{}-leases", section.stream);
+        let leases = match js.get_key_value(&leases_name).await {
+            Ok(leases) => leases,
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: leases_name.clone(),
+                    description: "which viewtape node runs what runs once per cluster".into(),
+                    history: 1,
+                    max_age: LEASE,
+                    storage: stream::StorageType::File,
+                    num_replicas: section.replicas,
+                    ..kv::Config::default()
+                })
+                .await
+                .map_err(|error| failed(format!("the lease bucket {leases_name:?}: {error}")))?,
+        };
         let created_ns = info.created.unix_timestamp_nanos();
         let epoch = stream_epoch(&section.stream, created_ns);
         tracing::info!(
@@ -226,6 +246,7 @@ impl Cluster {
             client,
             js,
             bucket,
+            leases,
             stream: section.stream.clone(),
             url: url.to_owned(),
             epoch,
@@ -457,6 +478,53 @@ impl Cluster {
         }
         tracing::debug!(name, "cluster: snapshot shared");
         Ok(())
+    }
+
+    /// Runs what `start` starts (`name`: the demo feed, say) on one node of the cluster at a
+    /// time: the node that holds its lease, taken once the node is ready and renewed every
+    /// third of [`LEASE`]. A node that cannot renew stops it; when its holder is gone, another
+    /// node takes the lease within [`LEASE`] and starts it there.
+    pub fn spawn_once<F>(self: &Arc<Self>, name: &'static str, start: F) -> JoinHandle<()>
+    where
+        F: Fn() -> JoinHandle<()> + Send + 'static,
+    {
+        let cluster = Arc::clone(self);
+        let span = tracing::info_span!("cluster_once", task = name);
+        tokio::spawn(async move { cluster.hold_lease(name, start).await }.instrument(span))
+    }
+
+    async fn hold_lease(&self, name: &str, start: impl Fn() -> JoinHandle<()>) {
+        let holder = Bytes::from(format!(
+            "pid {} since {}",
+            std::process::id(),
+            crate::log::unix_ms_now()
+        ));
+        let mut tick = tokio::time::interval(LEASE / 3);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The task, aborted when the lease is lost (or this loop is).
+        let mut running: Option<(AbortOnDrop, u64)> = None;
+        loop {
+            tick.tick().await;
+            running = match running.take() {
+                None if !self.readiness().ready => None,
+                None => match self.leases.create(name, holder.clone()).await {
+                    Ok(revision) => {
+                        tracing::info!(name, "cluster: this node holds the lease; starting");
+                        Some((AbortOnDrop(start()), revision))
+                    }
+                    Err(_) => None,
+                },
+                Some((task, revision)) => {
+                    match self.leases.update(name, holder.clone(), revision).await {
+                        Ok(revision) => Some((task, revision)),
+                        Err(error) => {
+                            tracing::warn!(%error, name, "cluster: the lease could not be renewed; stopped here");
+                            None
+                        }
+                    }
+                }
+            };
+        }
     }
 
     /// Starts applying the stream after `log`'s position to `runtimes`, in order.
@@ -769,6 +837,15 @@ impl Cluster {
 impl SharedLog for Cluster {
     fn submit(&self, entry: BatchEntry) -> BoxFuture<'_, Result<Accepted, IngestError>> {
         Box::pin(self.submit_entry(entry))
+    }
+}
+
+/// A task aborted when this is dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -122,16 +122,14 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         })
         .map(Arc::new);
 
-    if options.demo_rate > 0 && cluster.is_some() {
-        tracing::info!("the demo feed is off in a cluster: every node would feed the same runtime");
-    } else if options.demo_rate > 0 {
-        if let Some(demo) = runtimes.get("demo") {
-            sources.push(crate::demo::spawn_feed(
-                demo.handle.clone(),
-                Arc::clone(&hub),
-                options.demo_rate,
-            ));
-        }
+    if let Some(demo) = runtimes.get("demo").filter(|_| options.demo_rate > 0) {
+        let (handle, hub, rate) = (demo.handle.clone(), Arc::clone(&hub), options.demo_rate);
+        let feed = move || crate::demo::spawn_feed(handle.clone(), Arc::clone(&hub), rate);
+        sources.push(match &cluster {
+            // Once per cluster: the node holding its lease feeds it.
+            Some(cluster) => cluster.spawn_once("demo-feed", feed),
+            None => feed(),
+        });
     }
     let periodic = (!config.server.snapshot_interval.is_zero())
         .then(|| snapshots.spawn_periodic(config.server.snapshot_interval));

@@ -468,3 +468,71 @@ async fn a_recreated_stream_is_another_history_and_nodes_fail_closed() -> anyhow
     unavailable(&nodes[0].ingest("demo", &feed.batch(1)).await?)?;
     Ok(())
 }
+
+/// The `seq`s of the demo feed's ticks on `server`'s tape, which must be 1, 2, 3, … with
+/// nothing missing or twice.
+async fn fed(server: &Server) -> anyhow::Result<u64> {
+    let state = server.get("/views/prices").await?.json()?;
+    let entries = state["entries"]
+        .as_object()
+        .with_context(|| format!("no entries: {state}"))?;
+    let newest = entries
+        .values()
+        .filter_map(|tick| tick["seq"].as_u64())
+        .max()
+        .unwrap_or(0);
+    let tape = expect::tape(server, "prices", newest as usize).await?;
+    let seqs: Vec<u64> = tape.iter().map(seq).collect::<anyhow::Result<_>>()?;
+    ensure!(seqs == (1..=newest).collect::<Vec<_>>(), "{seqs:?}");
+    Ok(newest)
+}
+
+/// Waits until `server` has fed more than `than` ticks, and returns how many.
+async fn fed_beyond(server: &Server, than: u64) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let fed = fed(server).await?;
+        if fed > than {
+            return Ok(fed);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the feed stopped at {fed}:\n{}",
+            server.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_feed_runs_once_per_cluster_and_moves_when_its_node_dies() -> anyhow::Result<()> {
+    let nats = NatsServer::start().await?;
+    let mut nodes = Vec::new();
+    for _ in 0..2 {
+        let server = Server::start(&["--nats", &nats.url(), "--demo-rate", "20"]).await?;
+        ready(&server).await?;
+        nodes.push(server);
+    }
+    fed_beyond(&nodes[0], 20).await?;
+    let holding = |server: &Server| server.logs().matches("holds the lease").count();
+    let holders: Vec<usize> = nodes.iter().map(holding).collect();
+    ensure!(holders.iter().sum::<usize>() == 1, "one feed: {holders:?}");
+    let leader = holders.iter().position(|&n| n == 1).unwrap_or(0);
+    let other = 1 - leader;
+
+    // The node feeding dies; the other takes the lease and the feed goes on where it was,
+    // with no gap and nothing twice.
+    let before = fed(&nodes[other]).await?;
+    nodes[leader].kill9().await?;
+    let deadline = Instant::now() + CONVERGE;
+    while holding(&nodes[other]) == 0 {
+        ensure!(
+            Instant::now() < deadline,
+            "no takeover:\n{}",
+            nodes[other].logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    fed_beyond(&nodes[other], before + 20).await?;
+    Ok(())
+}
