@@ -185,18 +185,19 @@ async fn ingest(addr: SocketAddr, producers: usize, window: Duration) -> anyhow:
     Ok(all)
 }
 
-/// Publishes `rate` ticks/s for `window` into `addrs[0]`, one batch every 10 ms; returns the
-/// first `seq` and the number sent.
+/// Publishes `rate` ticks/s for `window` into `addr`, one batch every 10 ms; returns the
+/// number sent (`rate` × the window's seconds).
 async fn feed_at(addr: SocketAddr, rate: u64, window: Duration) -> anyhow::Result<u64> {
     let mut conn = HttpConn::connect(addr).await?;
     let mut feed = Feed::new(&["ACME", "BOLT", "CORE"]);
     feed.set_next_seq(next_seq(addr).await?);
     let start = Instant::now();
     let mut sent = 0u64;
+    let total = rate * window.as_secs();
     let mut tick = tokio::time::interval(Duration::from_millis(10));
-    while start.elapsed() < window {
+    while sent < total {
         tick.tick().await;
-        let due = (start.elapsed().as_secs_f64() * rate as f64) as u64 - sent;
+        let due = ((start.elapsed().as_secs_f64() * rate as f64) as u64).min(total) - sent;
         if due == 0 {
             continue;
         }

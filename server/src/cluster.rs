@@ -125,11 +125,14 @@ pub struct Cluster {
     /// The last sequence the stream held when this node joined.
     joined_at: u64,
     /// The stream's first sequence when this node joined.
-    stream_first: AtomicU64,
+    stream_first: u64,
     /// The stream's last sequence, as last seen.
     stream_last: AtomicU64,
     outcomes: Mutex<Outcomes>,
     readiness: watch::Sender<Readiness>,
+    /// This process's part of the message ids it makes, and how many it made.
+    nonce: u64,
+    published: AtomicU64,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -254,9 +257,11 @@ impl Cluster {
             apply_timeout: section.apply_timeout,
             ahead_wait: section.ahead_wait,
             joined_at: info.state.last_sequence,
-            stream_first: AtomicU64::new(info.state.first_sequence),
+            stream_first: info.state.first_sequence,
             stream_last: AtomicU64::new(info.state.last_sequence),
             outcomes: Mutex::default(),
+            nonce: process_nonce(),
+            published: AtomicU64::new(0),
             readiness: watch::Sender::new(Readiness {
                 ready: false,
                 applied: 0,
@@ -317,7 +322,7 @@ impl Cluster {
         hub: &Hub,
         snapshots: &SnapshotDir,
     ) -> Result<(BTreeMap<String, RuntimeDump>, Arc<Log>), ClusterError> {
-        let first = self.stream_first.load(Ordering::Relaxed).max(1);
+        let first = self.stream_first.max(1);
         let mut usable = self.usable_local(snapshots, first)?;
         if usable.is_none() {
             if let Some(name) = self.fetch_shared(snapshots, first).await {
@@ -766,24 +771,44 @@ impl Cluster {
         if self.client.connection_state() != async_nats::connection::State::Connected {
             return Err(refused(format!("not connected to NATS at {}", self.url)));
         }
-        let mut message = jetstream::message::PublishMessage::build()
-            .payload(Bytes::from(Entry::encode_batch(&entry)));
-        if let Some(stamp) = &entry.producer {
-            // The same batch resent by its producer is the same message: JetStream drops it
-            // within its duplicate window, and the producer table beyond it.
-            message = message.message_id(format!(
+        // Every message has an id, so JetStream drops a second copy of it: from the producer's
+        // stamp (the same batch resent by its producer is the same message, within the
+        // duplicate window, and the producer table beyond it), or one of this node's own,
+        // which makes the publish below safe to send again.
+        let id = match &entry.producer {
+            Some(stamp) => format!(
                 "{}\u{1f}{}\u{1f}{}\u{1f}{}",
                 entry.runtime, stamp.id, stamp.epoch, stamp.seq
-            ));
-        }
+            ),
+            None => format!(
+                "{:016x}-{}",
+                self.nonce,
+                self.published.fetch_add(1, Ordering::Relaxed)
+            ),
+        };
+        let message = jetstream::message::PublishMessage::build()
+            .payload(Bytes::from(Entry::encode_batch(&entry)))
+            .message_id(id);
         let subject = format!("{}.in.{}", self.stream, subject_token(&entry.runtime));
+        // A publish whose ack is lost (NATS restarting, say) is sent again until the deadline.
         let published = async {
-            self.js
-                .send_publish(subject, message)
-                .await
-                .map_err(|error| error.to_string())?
-                .await
-                .map_err(|error| error.to_string())
+            loop {
+                let sent = async {
+                    self.js
+                        .send_publish(subject.clone(), message.clone())
+                        .await
+                        .map_err(|error| error.to_string())?
+                        .await
+                        .map_err(|error| error.to_string())
+                };
+                match sent.await {
+                    Ok(ack) => break ack,
+                    Err(error) => {
+                        tracing::debug!(%error, "cluster: publish not acknowledged; sending it again");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
         };
         let ack = tokio::time::timeout(self.apply_timeout, published)
             .await
@@ -792,14 +817,15 @@ impl Cluster {
                     "NATS did not acknowledge within {:?}",
                     self.apply_timeout
                 ))
-            })?
-            .map_err(|error| refused(format!("publishing to {} failed: {error}", self.url)))?;
+            })?;
         self.stream_last.fetch_max(ack.sequence, Ordering::Relaxed);
         let sequence = ack.sequence;
+        // A copy of this node's own resend is no news to the producer.
+        let duplicate = ack.duplicate && entry.producer.is_some();
         let waiting = {
             let mut outcomes = self.outcomes.lock().unwrap_or_else(PoisonError::into_inner);
             match outcomes.done.remove(&sequence) {
-                Some(outcome) => return mark_duplicate(outcome, ack.duplicate),
+                Some(outcome) => return mark_duplicate(outcome, duplicate),
                 None if self.readiness.borrow().applied >= sequence => {
                     // Applied long ago (a duplicate of an old batch): its outcome is gone.
                     return Ok(Accepted {
@@ -818,7 +844,7 @@ impl Cluster {
             }
         };
         match tokio::time::timeout(self.apply_timeout, waiting).await {
-            Ok(Ok(outcome)) => mark_duplicate(outcome, ack.duplicate),
+            Ok(Ok(outcome)) => mark_duplicate(outcome, duplicate),
             _ => {
                 self.outcomes
                     .lock()
@@ -869,6 +895,14 @@ fn subject_token(runtime: &str) -> String {
             c => c,
         })
         .collect()
+}
+
+/// 64 random bits for this process (std's `RandomState` keys from the OS's randomness).
+fn process_nonce() -> u64 {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.finish()
 }
 
 /// The name of a shared snapshot: its epoch and stream position.

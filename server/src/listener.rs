@@ -336,9 +336,16 @@ impl Connection {
     /// Serves a fresh connection: over TLS when configured (HTTP/2 when the client chose it by
     /// ALPN), else plain HTTP/1.1.
     async fn start(self, stream: TcpStream) {
-        let Some(tls) = self.shared.tls.clone() else {
-            return self.run(stream).await;
-        };
+        match self.shared.tls.clone() {
+            None => self.run(stream).await,
+            // Boxed: the TLS path's futures are large, and a task is as large as its future,
+            // so a plain connection's task would carry their size with it.
+            Some(tls) => Box::pin(self.start_tls(tls, stream)).await,
+        }
+    }
+
+    /// The TLS handshake, then HTTP/2 or HTTP/1.1 as the client chose.
+    async fn start_tls(self, tls: Arc<Tls>, stream: TcpStream) {
         let handshake = tokio::time::timeout(
             self.shared.limits.header_timeout,
             tls.acceptor().accept(stream),

@@ -536,3 +536,32 @@ async fn the_demo_feed_runs_once_per_cluster_and_moves_when_its_node_dies() -> a
     fed_beyond(&nodes[other], before + 20).await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_source_is_refused_in_a_cluster() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = viewtape_tests::server::config_file(&format!(
+        "[[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n\n[runtime.source]\nfile = {:?}\n",
+        dir.path().join("ticks.ndjson").display().to_string()
+    ))?;
+    let data = dir.path().join("data").display().to_string();
+    let path = config.path().display().to_string();
+    let (code, text) = viewtape_tests::server::cli(
+        &[
+            "serve",
+            "--nats",
+            "nats://127.0.0.1:9",
+            "--config",
+            &path,
+            "--data-dir",
+            &data,
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    )
+    .await?;
+    ensure!(code != 0, "{text}");
+    ensure!(text.contains("not supported in a cluster"), "{text}");
+    Ok(())
+}
