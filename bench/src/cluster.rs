@@ -107,13 +107,15 @@ pub async fn run(options: &Options) -> anyhow::Result<()> {
         }
     }
     for n in 1..=addrs.len() {
-        let (delivered, expected) =
+        let (delivered, expected, took) =
             deliveries(&addrs[..n], options.subscribers, options.rate, window).await?;
         println!(
-            "cluster deliveries nodes={n} subscribers={} rate={} deliveries_per_s={:.0} lossless={}",
+            "cluster deliveries nodes={n} subscribers={} rate={} offered_per_s={} deliveries_per_s={:.0} took_s={:.2} lossless={}",
             options.subscribers,
             options.rate,
-            delivered as f64 / window.as_secs_f64(),
+            options.rate * options.subscribers as u64,
+            delivered as f64 / took.as_secs_f64(),
+            took.as_secs_f64(),
             delivered == expected
         );
     }
@@ -312,13 +314,14 @@ async fn apply_lag(
     Ok(lags)
 }
 
-/// Part 3: `subscribers` over `addrs`, ticks into the first; (delivered, expected).
+/// Part 3: `subscribers` over `addrs`, ticks into the first; (delivered, expected, the time
+/// from the first tick sent to the last delivered).
 async fn deliveries(
     addrs: &[SocketAddr],
     subscribers: usize,
     rate: u64,
     window: Duration,
-) -> anyhow::Result<(u64, u64)> {
+) -> anyhow::Result<(u64, u64, Duration)> {
     let count = rate * window.as_secs();
     let until = Instant::now() + window + Duration::from_secs(10);
     let mut readers = JoinSet::new();
@@ -326,10 +329,11 @@ async fn deliveries(
         let stream = at_head(addrs[i % addrs.len()]).await?;
         readers.spawn(follow(stream, count, until, |_| {}));
     }
+    let start = Instant::now();
     let sent = feed_at(addrs[0], rate, window).await?;
     let mut delivered = 0;
     while let Some(done) = readers.join_next().await {
         delivered += done.context("reader")??;
     }
-    Ok((delivered, sent * subscribers as u64))
+    Ok((delivered, sent * subscribers as u64, start.elapsed()))
 }

@@ -587,13 +587,21 @@ impl RuntimeHandle {
         entry: BatchEntry,
         position: u64,
     ) -> Result<Result<Accepted, IngestError>, ReplayError> {
-        self.ask(|reply| Command::Apply {
+        self.ask_log(|reply| Command::Apply {
             entry,
             position,
             reply,
         })
         .await
-        .unwrap_or_else(|| {
+    }
+
+    /// [`RuntimeHandle::ask`] for a record of a log (replayed or applied): a stopped task is
+    /// [`ReplayError::Stopped`].
+    async fn ask_log<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, ReplayError>>) -> Command,
+    ) -> Result<T, ReplayError> {
+        self.ask(make).await.unwrap_or_else(|| {
             Err(ReplayError::Stopped {
                 runtime: self.name.to_string(),
             })
@@ -666,17 +674,12 @@ impl RuntimeHandle {
     /// # Errors
     /// [`ReplayError`]: the record is not this runtime's history.
     pub async fn replay(&self, entry: BatchEntry, position: u64) -> Result<(), ReplayError> {
-        self.ask(|reply| Command::Replay {
+        self.ask_log(|reply| Command::Replay {
             entry,
             position,
             reply,
         })
         .await
-        .unwrap_or_else(|| {
-            Err(ReplayError::Stopped {
-                runtime: self.name.to_string(),
-            })
-        })
     }
 
     /// Feeds `tail` into this runtime until the runtime stops (abort the handle to stop

@@ -64,6 +64,24 @@ async fn applied(server: &Server, position: u64) -> anyhow::Result<()> {
     }
 }
 
+/// `batches` batches of `size` ticks into the first node; waits until every node has applied
+/// them.
+async fn ingest_all(
+    nodes: &[Server],
+    feed: &mut Feed,
+    batches: usize,
+    size: usize,
+) -> anyhow::Result<()> {
+    let mut last = 0;
+    for _ in 0..batches {
+        last = position(&nodes[0].ingest_ok(&feed.batch(size)).await?)?;
+    }
+    for node in nodes {
+        applied(node, last).await?;
+    }
+    Ok(())
+}
+
 /// The first `n` frames of the tape of `prices`: (id, data) each.
 async fn frames(server: &Server, n: usize) -> anyhow::Result<Vec<(String, String)>> {
     Ok(expect::tape(server, "prices", n)
@@ -165,11 +183,7 @@ async fn a_node_killed_under_ingest_catches_up_after_a_restart() -> anyhow::Resu
     let nats = NatsServer::start().await?;
     let mut nodes = nodes(&nats, 2).await?;
     let mut feed = Feed::new(&["ACME", "BOLT"]);
-    let mut last = 0;
-    for _ in 0..5 {
-        last = position(&nodes[0].ingest_ok(&feed.batch(3)).await?)?;
-    }
-    applied(&nodes[1], last).await?;
+    ingest_all(&nodes, &mut feed, 5, 3).await?;
     let cursor = expect::cursor_of(&expect::tape(&nodes[1], "prices", 15).await?[14])?;
 
     // kill -9 while the other node takes batches.
@@ -409,11 +423,7 @@ async fn a_recreated_stream_is_another_history_and_nodes_fail_closed() -> anyhow
     let nats = NatsServer::start().await?;
     let mut nodes = nodes(&nats, 2).await?;
     let mut feed = Feed::new(&["ACME", "BOLT"]);
-    let mut last = 0;
-    for _ in 0..4 {
-        last = position(&nodes[0].ingest_ok(&feed.batch(2)).await?)?;
-    }
-    applied(&nodes[1], last).await?;
+    ingest_all(&nodes, &mut feed, 4, 2).await?;
     let before = epoch(&nodes[0]).await?;
     let cursor = expect::cursor_of(&expect::tape(&nodes[0], "prices", 8).await?[7])?;
 

@@ -143,32 +143,17 @@ mod tests {
 
     use axum::http::{HeaderValue, StatusCode};
     use jsonwebtoken::{encode, EncodingKey, Header};
-    use tokio::sync::watch;
-    use viewtape_journal::{EventJournal, JournalConfig};
 
     use super::*;
-    use crate::config::{AuthSection, ServerConfig};
-    use crate::hub::Hub;
-    use crate::log::LogMetrics;
+    use crate::config::AuthSection;
 
     fn state(allow_query_token: bool) -> AppState {
-        let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
-            JournalConfig::default(),
-        ))));
         let section = AuthSection {
             allow_query_token,
             ..AuthSection::default()
         };
         let auth = Auth::load(&section, Some("secret")).unwrap().map(Arc::new);
-        let (_, shutdown) = watch::channel(false);
-        AppState::new(
-            hub,
-            Arc::default(),
-            &LogMetrics::default(),
-            auth,
-            ServerConfig::default(),
-            shutdown,
-        )
+        crate::http::test_state(auth)
     }
 
     #[test]

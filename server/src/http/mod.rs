@@ -208,9 +208,10 @@ async fn metrics(
     Ok(([(header::CONTENT_TYPE, Metrics::CONTENT_TYPE)], body).into_response())
 }
 
-/// A router over an empty hub with no runtimes and admin disabled, for tests without a socket.
+/// The state of a server over an empty hub with no runtimes, and `auth`, for tests without a
+/// socket.
 #[cfg(test)]
-pub(crate) fn test_app() -> (Router, Arc<Hub>) {
+pub(crate) fn test_state(auth: Option<Arc<Auth>>) -> AppState {
     use viewtape_journal::{EventJournal, JournalConfig};
 
     let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
@@ -218,14 +219,21 @@ pub(crate) fn test_app() -> (Router, Arc<Hub>) {
     ))));
     // The sender is dropped: streams end as if the server stopped, which no test here awaits.
     let (_, shutdown) = watch::channel(false);
-    let state = AppState::new(
-        Arc::clone(&hub),
+    AppState::new(
+        hub,
         Arc::default(),
         &LogMetrics::default(),
-        None,
+        auth,
         ServerConfig::default(),
         shutdown,
-    );
+    )
+}
+
+/// A router over [`test_state`] without auth and admin disabled.
+#[cfg(test)]
+pub(crate) fn test_app() -> (Router, Arc<Hub>) {
+    let state = test_state(None);
+    let hub = Arc::clone(&state.hub);
     (app(state, None), hub)
 }
 
@@ -290,22 +298,10 @@ mod tests {
 
     #[tokio::test]
     async fn with_auth_on_metrics_are_for_loopback_only() {
-        let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
-            JournalConfig::default(),
-        ))));
-        let (_, shutdown) = watch::channel(false);
         let auth = Auth::load(&AuthSection::default(), Some("secret"))
             .unwrap()
             .map(Arc::new);
-        let state = AppState::new(
-            hub,
-            Arc::default(),
-            &LogMetrics::default(),
-            auth,
-            ServerConfig::default(),
-            shutdown,
-        );
-        let router = app(state, None);
+        let router = app(test_state(auth), None);
         for (peer, status) in [
             ("127.0.0.1:4000", StatusCode::OK),
             ("[::1]:4000", StatusCode::OK),
