@@ -676,18 +676,37 @@ impl Cluster {
         sequence: u64,
         payload: &Bytes,
     ) -> Result<(), String> {
-        let entry = match Entry::decode(payload) {
-            Ok(Entry::Batch(entry)) if entry.outcome == Outcome::Pending => entry,
-            Ok(Entry::Batch(_)) => {
-                return Err(format!("sequence {sequence} is a batch that already ran elsewhere; only pending batches belong in the stream"))
-            }
+        let skipped = match Entry::decode(payload) {
+            Ok(Entry::Batch(entry)) if entry.outcome == Outcome::Pending => Ok(entry),
+            Ok(Entry::Batch(_)) => Err("a batch that already ran elsewhere".to_owned()),
             Ok(Entry::Deploy(deploy)) => {
                 return Err(format!(
                     "sequence {sequence} deploys a module to runtime {:?}: deploys through a cluster are not supported",
                     deploy.runtime
                 ))
             }
-            Err(error) => return Err(format!("sequence {sequence} is not a viewtape batch: {error}")),
+            Err(error) => Err(format!("not a viewtape batch: {error}")),
+        };
+        let entry = match skipped {
+            Ok(entry) => entry,
+            Err(why) => {
+                // Not published by a node (another client on the stream's subjects): every node
+                // passes over it alike, committing nothing at its position.
+                tracing::warn!(
+                    sequence,
+                    why,
+                    "cluster: a message on the stream that is no batch of a node; passed over"
+                );
+                drop(log.turn(Some(sequence), 1).await);
+                self.settle(
+                    sequence,
+                    Err(IngestError::Shared {
+                        runtime: String::new(),
+                        reason: format!("sequence {sequence} is {why}"),
+                    }),
+                );
+                return Ok(());
+            }
         };
         let Some(registered) = runtimes.get(&entry.runtime) else {
             return Err(format!(

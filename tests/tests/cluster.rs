@@ -443,8 +443,23 @@ async fn a_recreated_stream_is_another_history_and_nodes_fail_closed() -> anyhow
         asked.elapsed()
     );
 
-    // The stream is deleted and created again behind the nodes' backs.
+    // A message on the stream's subjects that no node published: every node passes over it
+    // alike and goes on.
     let js = operator(&nats).await?;
+    js.publish("viewtape.in.demo", "not a batch".into())
+        .await?
+        .await?;
+    ingest_all(&nodes, &mut feed, 1, 2).await?;
+    for node in &nodes {
+        ensure!(
+            node.get("/readyz").await?.status() == 200,
+            "{}",
+            node.logs()
+        );
+    }
+    ensure!(frames(&nodes[1], 10).await? == frames(&nodes[0], 10).await?);
+
+    // The stream is deleted and created again behind the nodes' backs.
     js.delete_stream("viewtape").await?;
     nodes[1].kill9().await?;
     nodes[1].restart().await?;
