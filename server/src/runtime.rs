@@ -462,11 +462,11 @@ impl RuntimeHandle {
         let stats = Arc::new(RuntimeStats::default());
         let views = Arc::from(config.views.as_slice());
         let module_now = Arc::new(Mutex::new(module.fingerprint().clone()));
-        let config_crc_source = config.guest_config.clone();
+        let guest_config = crc32c::crc32c(&config.guest_config);
         let task = Task {
             module_now: Arc::clone(&module_now),
             name: Arc::clone(&name),
-            guest_config_crc: crc32c::crc32c(&config.guest_config),
+            guest_config_crc: guest_config,
             module,
             config,
             instance: Some(instance),
@@ -485,7 +485,7 @@ impl RuntimeHandle {
             tx,
             stats,
             module,
-            guest_config: crc32c::crc32c(&config_crc_source),
+            guest_config,
             shared: Arc::default(),
         })
     }
