@@ -77,7 +77,7 @@ pub async fn run(options: &Options) -> anyhow::Result<()> {
     let mut nodes = Vec::new();
     for _ in 0..options.nodes {
         let node = Server::start(&["--nats", &nats.url(), "--demo-rate", "0"]).await?;
-        ready(&node).await?;
+        node.ready(Duration::from_secs(30)).await?;
         nodes.push(node);
     }
     let shared = ingest(nodes[0].addr(), options.producers, window).await?;
@@ -124,20 +124,6 @@ pub async fn run(options: &Options) -> anyhow::Result<()> {
 
 fn ms(us: u64) -> f64 {
     us as f64 / 1000.0
-}
-
-/// Waits (≤ 30 s) until a node says it has caught up.
-async fn ready(node: &Server) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while node.get("/readyz").await?.status() != 200 {
-        ensure!(
-            Instant::now() < deadline,
-            "node not ready:\n{}",
-            node.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
 }
 
 /// What closed-loop producers got.

@@ -466,6 +466,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> HttpConn<S> {
     }
 }
 
+/// Reads from `stream` until the server closes it (EOF or reset; whatever it sends before, a
+/// TLS alert say, is read and dropped), at most `within`; how long that took.
+///
+/// # Errors
+/// When it is still open after `within`.
+pub async fn closed_within<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    within: Duration,
+) -> anyhow::Result<Duration> {
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at((started + within).into(), stream.read(&mut buf)).await {
+            Err(_) => bail!("the server did not close the connection within {within:?}"),
+            Ok(Ok(0) | Err(_)) => return Ok(started.elapsed()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,6 +7,7 @@
 //! - [`stream`]: an SSE subscription ([`EventStream`]) built from the two.
 //! - [`expect`]: assertions over the wire format (updates, resets, the tape).
 //! - [`nats`]: a real `nats-server` with JetStream, for clusters of nodes; kill and restart.
+//! - [`token`]: HS256 tokens for the server's `[auth]`.
 //! - [`feed`]: NDJSON ticks for the embedded `ticker` guest, and cursor helpers.
 //!
 //! Shared by the end-to-end tests in `tests/tests/` and by the `viewtape-bench` load tool.
@@ -19,6 +20,7 @@ pub mod nats;
 pub mod server;
 pub mod sse;
 pub mod stream;
+pub mod token;
 
 pub use feed::{cursor_offset, parse_cursor, Feed};
 pub use http::Response;

@@ -511,6 +511,29 @@ impl Server {
             .context("metric value")
     }
 
+    /// Waits, at most `within`, until `GET /readyz` answers `200` (a node of a cluster that has
+    /// caught up); returns its body.
+    ///
+    /// # Errors
+    /// On connection errors, or when it is not ready in time (with its last answer and logs).
+    pub async fn ready(&self, within: Duration) -> anyhow::Result<serde_json::Value> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let resp = self.get("/readyz").await?;
+            if resp.status() == 200 {
+                return resp.json();
+            }
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "not ready within {within:?}: {}\n{}",
+                    resp.text(),
+                    self.logs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// `GET path`.
     ///
     /// # Errors

@@ -4,36 +4,14 @@
 //! stream that ends with `event: reauth` when its token expires — after which the client
 //! resumes with a fresh token and its cursor, losing nothing.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{ensure, Context as _};
-use jsonwebtoken::{encode, EncodingKey, Header};
 use viewtape_tests::server::{config_file, guest_wasm};
+use viewtape_tests::token::hs256;
 use viewtape_tests::{expect, http, Feed, Response, Server};
 
 const SECRET: &str = "access-test-secret";
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-/// A token signed with `secret`, valid for `seconds` (negative: expired), for audience `aud`.
-fn token(secret: &str, seconds: i64, aud: &str, views: &[&str], ingest: &[&str]) -> String {
-    let claims = serde_json::json!({
-        "exp": now() as i64 + seconds,
-        "aud": aud,
-        "views": views,
-        "ingest": ingest,
-    });
-    encode(
-        &Header::default(),
-        &claims,
-        &EncodingKey::from_secret(secret.as_bytes()),
-    )
-    .unwrap_or_default()
-}
 
 async fn start() -> anyhow::Result<(Server, tempfile::NamedTempFile)> {
     let config = config_file(&format!(
@@ -69,16 +47,16 @@ async fn tokens_decide_who_reads_and_writes() -> anyhow::Result<()> {
     let (server, _config) = start().await?;
     let mut feed = Feed::new(&["ACME"]);
     let tick = feed.batch(1);
-    let good = token(SECRET, 60, "viewtape", &["pri*"], &["demo"]);
+    let good = hs256(SECRET, 60, "viewtape", &["pri*"], &["demo"]);
     let bearer = |t: &str| format!("Bearer {t}");
 
     // Without a valid token: 401 on streams, state and ingest alike.
     let bad_tokens = [
         String::new(),
         "garbage".to_owned(),
-        token(SECRET, -60, "viewtape", &["prices"], &["demo"]),
-        token("another-secret", 60, "viewtape", &["prices"], &["demo"]),
-        token(SECRET, 60, "elsewhere", &["prices"], &["demo"]),
+        hs256(SECRET, -60, "viewtape", &["prices"], &["demo"]),
+        hs256("another-secret", 60, "viewtape", &["prices"], &["demo"]),
+        hs256(SECRET, 60, "elsewhere", &["prices"], &["demo"]),
     ];
     for bad in &bad_tokens {
         let auth = bearer(bad);
@@ -130,7 +108,7 @@ async fn tokens_decide_who_reads_and_writes() -> anyhow::Result<()> {
     )
     .await?;
     refused(&resp, 403, "ingest into a runtime the token does not grant")?;
-    let narrow = bearer(&token(SECRET, 60, "viewtape", &["orders.*"], &[]));
+    let narrow = bearer(&hs256(SECRET, 60, "viewtape", &["orders.*"], &[]));
     refused(
         &get(&server, "/views/prices", &[("Authorization", &narrow)]).await?,
         403,
@@ -181,7 +159,7 @@ async fn tokens_decide_who_reads_and_writes() -> anyhow::Result<()> {
 async fn a_stream_ends_with_reauth_at_expiry_and_resumes_with_a_fresh_token() -> anyhow::Result<()>
 {
     let (server, _config) = start().await?;
-    let writer = format!("Bearer {}", token(SECRET, 600, "viewtape", &[], &["demo"]));
+    let writer = format!("Bearer {}", hs256(SECRET, 600, "viewtape", &[], &["demo"]));
     let mut feed = Feed::new(&["ACME"]);
     let ingest = |body: String| {
         let writer = writer.clone();
@@ -200,7 +178,7 @@ async fn a_stream_ends_with_reauth_at_expiry_and_resumes_with_a_fresh_token() ->
         }
     };
     ingest(feed.batch(2)).await?;
-    let short = format!("Bearer {}", token(SECRET, 2, "viewtape", &["prices"], &[]));
+    let short = format!("Bearer {}", hs256(SECRET, 2, "viewtape", &["prices"], &[]));
     let mut stream = server
         .sse(
             "/views/prices/events?from=tape",
@@ -229,7 +207,7 @@ async fn a_stream_ends_with_reauth_at_expiry_and_resumes_with_a_fresh_token() ->
     );
     // Meanwhile more was published; a fresh token and the cursor resume with nothing lost.
     ingest(feed.batch(2)).await?;
-    let fresh = format!("Bearer {}", token(SECRET, 60, "viewtape", &["prices"], &[]));
+    let fresh = format!("Bearer {}", hs256(SECRET, 60, "viewtape", &["prices"], &[]));
     let mut resumed = server
         .sse(
             "/views/prices/events",

@@ -21,29 +21,10 @@ async fn nodes(nats: &NatsServer, n: usize) -> anyhow::Result<Vec<Server>> {
     let mut out = Vec::new();
     for _ in 0..n {
         let server = node(nats).await?;
-        ready(&server).await?;
+        server.ready(CONVERGE).await?;
         out.push(server);
     }
     Ok(out)
-}
-
-/// Waits until `/readyz` says 200; returns its body.
-async fn ready(server: &Server) -> anyhow::Result<serde_json::Value> {
-    let deadline = Instant::now() + CONVERGE;
-    loop {
-        let resp = server.get("/readyz").await?;
-        if resp.status() == 200 {
-            return resp.json();
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "not ready within {CONVERGE:?}: {}\n{}",
-                resp.text(),
-                server.logs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Waits until the node has applied stream sequence `position`.
@@ -204,7 +185,7 @@ async fn a_node_killed_under_ingest_catches_up_after_a_restart() -> anyhow::Resu
     let last = last?;
     killed?;
     nodes[1].restart().await?;
-    ready(&nodes[1]).await?;
+    nodes[1].ready(CONVERGE).await?;
     applied(&nodes[1], last).await?;
 
     // The restarted node has what the other has, under the same epoch: the cursor resumes
@@ -335,7 +316,7 @@ async fn a_late_node_starts_from_a_shared_snapshot_and_an_uncovered_one_fails_cl
     let path = config.path().display().to_string();
     let args = ["--nats", &nats.url(), "--config", &path];
     let first = Server::start_with_env(&args, &[("VIEWTAPE_ADMIN_TOKEN", "admin")]).await?;
-    ready(&first).await?;
+    first.ready(CONVERGE).await?;
     let mut feed = Feed::new(&["ACME", "BOLT"]);
     for _ in 0..10 {
         first.ingest_ok(&feed.batch(2)).await?;
@@ -388,7 +369,7 @@ async fn a_late_node_starts_from_a_shared_snapshot_and_an_uncovered_one_fails_cl
     stream.purge().sequence(9).await?;
 
     let late = Server::start(&args).await?;
-    ready(&late).await?;
+    late.ready(CONVERGE).await?;
     applied(&late, last).await?;
     ensure!(epoch(&late).await? == epoch(&first).await?);
     ensure!(frames(&late, 30).await? == frames(&first, 30).await?);
@@ -463,7 +444,7 @@ async fn a_recreated_stream_is_another_history_and_nodes_fail_closed() -> anyhow
     js.delete_stream("viewtape").await?;
     nodes[1].kill9().await?;
     nodes[1].restart().await?;
-    ready(&nodes[1]).await?;
+    nodes[1].ready(CONVERGE).await?;
     let after = epoch(&nodes[1]).await?;
     ensure!(after != before, "the new stream's history is another epoch");
     // The old cursor means nothing there: a reset, never a resume.
@@ -535,7 +516,7 @@ async fn the_demo_feed_runs_once_per_cluster_and_moves_when_its_node_dies() -> a
     let mut nodes = Vec::new();
     for _ in 0..2 {
         let server = Server::start(&["--nats", &nats.url(), "--demo-rate", "20"]).await?;
-        ready(&server).await?;
+        server.ready(CONVERGE).await?;
         nodes.push(server);
     }
     fed_beyond(&nodes[0], 20).await?;

@@ -5,10 +5,10 @@
 use std::io::Write as _;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context as _};
+use anyhow::{ensure, Context as _};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use viewtape_tests::http::connect_with_recv_buffer;
+use viewtape_tests::http::{self, connect_with_recv_buffer};
 use viewtape_tests::Server;
 
 fn config(text: &str) -> anyhow::Result<tempfile::NamedTempFile> {
@@ -28,19 +28,6 @@ async fn fixture_server(server: &str) -> anyhow::Result<(Server, tempfile::Named
     let path = file.path().display().to_string();
     let server = Server::start(&["--config", &path, "--demo-rate", "0"]).await?;
     Ok((server, file))
-}
-
-/// Waits until the server closes `stream` (EOF or reset), at most `within`.
-async fn closed_within(stream: &mut TcpStream, within: Duration) -> anyhow::Result<Duration> {
-    let started = Instant::now();
-    let mut buf = [0u8; 4096];
-    loop {
-        match tokio::time::timeout_at((started + within).into(), stream.read(&mut buf)).await {
-            Err(_) => bail!("still open after {within:?}"),
-            Ok(Ok(0) | Err(_)) => return Ok(started.elapsed()),
-            Ok(Ok(_)) => {}
-        }
-    }
 }
 
 /// The server's resident memory, in bytes.
@@ -103,7 +90,7 @@ async fn silent_and_slow_connections_are_closed_on_both_transports() -> anyhow::
         .iter_mut()
         .chain([&mut slow, &mut slow_hyper, &mut idle, &mut idle_hyper])
     {
-        closed_within(stream, Duration::from_secs(3)).await?;
+        http::closed_within(stream, Duration::from_secs(3)).await?;
     }
     ensure!(
         server.get("/healthz").await?.status() == 200,

@@ -7,14 +7,14 @@
 //! access and CORS rule must hold whichever way the connection got there (and does what the
 //! rule says, checked case by case, so the two cannot be wrong alike).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{bail, ensure, Context as _};
-use jsonwebtoken::{encode, EncodingKey, Header};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use viewtape_tests::http::{self, parse_head, ChunkedDecoder};
 use viewtape_tests::server::config_file;
+use viewtape_tests::token::hs256;
 use viewtape_tests::Server;
 
 /// How long a stream may stay silent before its response counts as complete.
@@ -406,26 +406,6 @@ const APP: &str = "https://app.example";
 /// The audience its tokens must name.
 const AUDIENCE: &str = "viewtape";
 
-/// A token signed with `secret` for audience `aud`, valid for `seconds` (negative: expired),
-/// granting `views` to read and `ingest` to push into.
-fn token(secret: &str, seconds: i64, aud: &str, views: &[&str], ingest: &[&str]) -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let claims = serde_json::json!({
-        "exp": i64::try_from(now).unwrap_or(i64::MAX) + seconds,
-        "aud": aud,
-        "views": views,
-        "ingest": ingest,
-    });
-    encode(
-        &Header::default(),
-        &claims,
-        &EncodingKey::from_secret(secret.as_bytes()),
-    )
-    .unwrap_or_default()
-}
-
 /// The status is `want`.
 fn status(want: u16) -> impl Fn(&Seen) -> anyhow::Result<()> {
     move |seen| {
@@ -631,15 +611,15 @@ fn access_corpus(query_tokens: bool) -> Vec<Case> {
     let bearer = |token: &str| format!("Authorization: Bearer {token}\r\n");
     let app = format!("Origin: {APP}\r\n");
     // Reads `prices` (by prefix) and pushes into `demo`.
-    let good = token(SECRET, 600, AUDIENCE, &["pri*"], &["demo"]);
+    let good = hs256(SECRET, 600, AUDIENCE, &["pri*"], &["demo"]);
     let reader = bearer(&good);
     // Valid, and grants neither `prices` nor any ingest.
-    let narrow = bearer(&token(SECRET, 600, AUDIENCE, &["orders.*"], &[]));
+    let narrow = bearer(&hs256(SECRET, 600, AUDIENCE, &["orders.*"], &[]));
     // Reads every view.
-    let every = bearer(&token(SECRET, 600, AUDIENCE, &["*"], &[]));
-    let expired = bearer(&token(SECRET, -600, AUDIENCE, &["prices"], &["demo"]));
-    let forged = bearer(&token("another-secret", 600, AUDIENCE, &["prices"], &[]));
-    let elsewhere = bearer(&token(SECRET, 600, "elsewhere", &["prices"], &[]));
+    let every = bearer(&hs256(SECRET, 600, AUDIENCE, &["*"], &[]));
+    let expired = bearer(&hs256(SECRET, -600, AUDIENCE, &["prices"], &["demo"]));
+    let forged = bearer(&hs256("another-secret", 600, AUDIENCE, &["prices"], &[]));
+    let elsewhere = bearer(&hs256(SECRET, 600, "elsewhere", &["prices"], &[]));
     let cookie = format!("Cookie: theme=dark; viewtape_token={good}\r\n");
     let preflight_for = |path: &str, origin: &str, method: &str, headers: &str| {
         format!(
@@ -1025,7 +1005,7 @@ async fn access_rules_hold_alike(query_tokens: bool) -> anyhow::Result<()> {
         &[("VIEWTAPE_JWT_SECRET", SECRET)],
     )
     .await?;
-    let writer = format!("Bearer {}", token(SECRET, 600, AUDIENCE, &[], &["demo"]));
+    let writer = format!("Bearer {}", hs256(SECRET, 600, AUDIENCE, &[], &["demo"]));
     let resp = http::request(
         server.addr(),
         "POST",

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context as _};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -549,20 +549,6 @@ async fn sighup_swaps_the_certificate_and_a_bad_pair_keeps_the_old_one() -> anyh
     Ok(())
 }
 
-/// Reads from `stream` until the server closes it, within `limit`; how long that took.
-async fn until_closed(stream: &mut TcpStream, limit: Duration) -> anyhow::Result<Duration> {
-    let start = Instant::now();
-    let mut buf = [0u8; 1024];
-    loop {
-        match tokio::time::timeout_at((start + limit).into(), stream.read(&mut buf)).await {
-            Err(_) => bail!("the server did not close the connection within {limit:?}"),
-            Ok(Ok(0) | Err(_)) => return Ok(start.elapsed()),
-            // A TLS alert, say.
-            Ok(Ok(_)) => {}
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_http_and_silent_clients_are_dropped_without_holding_anyone_up() -> anyhow::Result<()>
 {
@@ -583,7 +569,7 @@ async fn plain_http_and_silent_clients_are_dropped_without_holding_anyone_up() -
     let mut tcp = http::connect(addr).await?;
     tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         .await?;
-    until_closed(&mut tcp, READ_TIMEOUT).await?;
+    http::closed_within(&mut tcp, READ_TIMEOUT).await?;
     ensure!(metric(addr, &a, TLS_FAILURES).await? == failures + 2.0);
 
     // Silent clients: one that sends nothing, one that stops inside the handshake, one that
@@ -612,7 +598,7 @@ async fn plain_http_and_silent_clients_are_dropped_without_holding_anyone_up() -
         ("half a handshake", &mut half),
         ("a handshake and no request", &mut quiet),
     ] {
-        until_closed(stream, limit)
+        http::closed_within(stream, limit)
             .await
             .with_context(|| format!("{name} client"))?;
         let after = opened.elapsed();
@@ -650,8 +636,7 @@ fn es256(kid: &str) -> anyhow::Result<(jsonwebtoken::EncodingKey, serde_json::Va
 fn token(signing: &jsonwebtoken::EncodingKey, kid: &str) -> anyhow::Result<String> {
     let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
     header.kid = Some(kid.to_owned());
-    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
-    let claims = serde_json::json!({"exp": now + 60, "aud": "viewtape", "views": ["prices"]});
+    let claims = serde_json::json!({"exp": viewtape_tests::token::now() + 60, "aud": "viewtape", "views": ["prices"]});
     Ok(jsonwebtoken::encode(&header, &claims, signing)?)
 }
 
@@ -721,7 +706,7 @@ async fn silent_http2_clients_are_dropped() -> anyhow::Result<()> {
     // h2 chosen by ALPN, then nothing: closed after header_timeout.
     let opened = Instant::now();
     let (mut quiet, _) = connect(addr, &client(&a, &[b"h2"])?).await?.into_inner();
-    let closed = until_closed(&mut quiet, Duration::from_secs(5)).await?;
+    let closed = http::closed_within(&mut quiet, Duration::from_secs(5)).await?;
     ensure!(
         closed >= Duration::from_millis(900),
         "closed after {closed:?}, before header_timeout"
