@@ -174,18 +174,13 @@ pub async fn begin(
         // The epoch is kept unless continuity is already broken (the replay may still break
         // it); a snapshot taken with the log off keeps it only if it was exact.
         let keep = broken_before.is_none() && (!unpositioned || exact);
-        hub.restore(body.journal, keep, body.views).await;
+        dumps = body.restore_into(hub, keep).await;
         tracing::info!(
             file = %file.as_deref().unwrap_or(Path::new("")).display(),
             log_position = from,
             epoch = %hub.journal().epoch().await,
             "restored snapshot"
         );
-        dumps = body
-            .runtimes
-            .into_iter()
-            .map(|r| (r.name.clone(), r))
-            .collect();
     }
     Ok(Begun {
         dumps,
