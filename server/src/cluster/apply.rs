@@ -240,24 +240,13 @@ impl Cluster {
                 "sequence {sequence} is for runtime {name:?}, which this node does not run: every node needs the same runtimes"
             ));
         };
-        let mut record = Some(record);
         let mut attempt = 0;
         loop {
-            let Some(next) = record.take() else {
-                return Err(format!("sequence {sequence}: the record was lost"));
-            };
-            let again = match &next {
-                Record::Batch(batch) => Some(Record::Batch(batch.clone())),
-                Record::Deploy(..) => None,
-            };
-            match registered.handle.apply(next, sequence).await {
+            match registered.handle.apply(record.clone(), sequence).await {
                 Ok(()) => break,
-                Err(error @ ApplyError::Unavailable { .. })
-                    if attempt < APPLY_ATTEMPTS && again.is_some() =>
-                {
+                Err(error @ ApplyError::Unavailable { .. }) if attempt < APPLY_ATTEMPTS => {
                     attempt += 1;
                     tracing::warn!(%error, sequence, attempt, "cluster: applying again");
-                    record = again;
                     tokio::time::sleep(RETRY).await;
                 }
                 Err(error) => return Err(format!("sequence {sequence}: {error}")),
