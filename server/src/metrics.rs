@@ -76,6 +76,11 @@ fn register_log(registry: &mut Registry, log: &LogMetrics) {
         "Times log continuity broke and a fresh epoch was taken, by cause (corrupt, missing, digest, module, boot)",
         log.fail_closed.clone(),
     );
+    registry.register(
+        "viewtape_foreign_files",
+        "Files of another data directory's history set aside at start (never replayed or adopted), by kind (segment, snapshot, watermark)",
+        log.foreign.clone(),
+    );
 }
 
 /// Server-level metrics, and the registry that encodes them with the counters read from their
@@ -430,6 +435,7 @@ mod tests {
             "viewtape_log_replayed_records_total counter",
             "viewtape_log_repaired_bytes_total counter",
             "viewtape_log_fail_closed_total counter",
+            "viewtape_foreign_files_total counter",
             "viewtape_events_published_total counter",
             "viewtape_events_cursorless_total counter",
             "viewtape_journal_appends_total counter",

@@ -6,6 +6,8 @@
 //! - [`sse`]: a WHATWG-conformant, incremental SSE parser.
 //! - [`stream`]: an SSE subscription ([`EventStream`]) built from the two.
 //! - [`expect`]: assertions over the wire format (updates, resets, the tape).
+//! - [`logfiles`]: a server's log segments on disk, for tests that damage them; the checks of a
+//!   start that fails closed.
 //! - [`nats`]: a real `nats-server` with JetStream, for clusters of nodes; kill and restart.
 //! - [`token`]: HS256 tokens for the server's `[auth]`.
 //! - [`feed`]: NDJSON ticks for the embedded `ticker` guest, and cursor helpers.
@@ -16,6 +18,7 @@
 pub mod expect;
 pub mod feed;
 pub mod http;
+pub mod logfiles;
 pub mod nats;
 pub mod server;
 pub mod sse;
