@@ -213,3 +213,23 @@ pub async fn failed_closed(
     );
     Ok((stream, synced))
 }
+
+/// Sets the server's file size limit (RLIMIT_FSIZE); `None` lifts it.
+pub fn limit_file_size(server: &Server, bytes: Option<u64>) -> anyhow::Result<()> {
+    let limit = libc::rlimit {
+        rlim_cur: bytes.unwrap_or(libc::RLIM_INFINITY),
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: prlimit(2) on a process this test spawned, with a valid resource and a pointer to
+    // a live rlimit; the old limit is not asked for.
+    let set = unsafe {
+        libc::prlimit(
+            server.pid() as libc::pid_t,
+            libc::RLIMIT_FSIZE,
+            &limit,
+            std::ptr::null_mut(),
+        )
+    };
+    ensure!(set == 0, "prlimit failed");
+    Ok(())
+}

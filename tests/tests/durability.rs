@@ -919,26 +919,6 @@ async fn os_durability_after_a_machine_restart_fails_closed() -> anyhow::Result<
     Ok(())
 }
 
-/// Sets the server's file size limit (RLIMIT_FSIZE); `None` lifts it.
-fn limit_file_size(server: &Server, bytes: Option<u64>) -> anyhow::Result<()> {
-    let limit = libc::rlimit {
-        rlim_cur: bytes.unwrap_or(libc::RLIM_INFINITY),
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: prlimit(2) on a process this test spawned, with a valid resource and a pointer to
-    // a live rlimit; the old limit is not asked for.
-    let set = unsafe {
-        libc::prlimit(
-            server.pid() as libc::pid_t,
-            libc::RLIMIT_FSIZE,
-            &limit,
-            std::ptr::null_mut(),
-        )
-    };
-    ensure!(set == 0, "prlimit failed");
-    Ok(())
-}
-
 /// A log write that fails (here: past the file size limit) is never acknowledged and nothing of
 /// it is served; the log is reopened on its own — the partial write cut, what is left verified —
 /// and ingest resumes; a restart then finds exactly the acknowledged batches.

@@ -314,3 +314,37 @@ async fn another_servers_snapshot_is_never_adopted() -> anyhow::Result<()> {
     ensure!(next.epoch() == last.epoch(), "{next} after {last}");
     Ok(())
 }
+
+/// A graceful stop that cannot write its exact snapshot (a full disk: here the file size
+/// limit) logs one line and exits cleanly; the log holds everything acknowledged, so the next
+/// start resumes the old cursor with nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_on_a_full_disk_exits_cleanly_and_keeps_everything_acknowledged(
+) -> anyhow::Result<()> {
+    let mut server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME"]);
+    for _ in 0..3 {
+        receipt(&server.ingest_ok(&feed.batch(2)).await?, 2)?;
+    }
+    let last = last_cursor(&server).await?;
+    limit_file_size(&server, Some(1))?;
+    let status = server.stop_graceful().await?;
+    let logs = server.logs();
+    ensure!(status.success(), "exit status {status}:\n{logs}");
+    ensure!(
+        logs.matches("could not write the exact snapshot at stop")
+            .count()
+            == 1
+            && !logs.contains("panicked")
+            && !logs.contains("backtrace"),
+        "{logs}"
+    );
+    server.restart().await?;
+    ensure!(!says_fresh_epoch(&server), "{}", server.logs());
+    let mut resumed = expect::resumes(&server, "prices", &last).await?;
+    receipt(&server.ingest_ok(&feed.batch(1)).await?, 1)?;
+    let n = last.offset() + 1;
+    let next = expect::update(&resumed.next_event().await?, n, "ACME", n)?;
+    ensure!(next.epoch() == last.epoch(), "{next} after {last}");
+    Ok(())
+}
