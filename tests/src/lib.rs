@@ -6,6 +6,7 @@
 //! - [`sse`]: a WHATWG-conformant, incremental SSE parser.
 //! - [`stream`]: an SSE subscription ([`EventStream`]) built from the two.
 //! - [`expect`]: assertions over the wire format (updates, resets, the tape).
+//! - [`cluster`]: nodes of a cluster on one NATS server, fed and compared.
 //! - [`logfiles`]: a server's log segments on disk, for tests that damage them; the checks of a
 //!   start that fails closed.
 //! - [`nats`]: a real `nats-server` with JetStream, for clusters of nodes; kill and restart.
@@ -15,6 +16,7 @@
 //! Shared by the end-to-end tests in `tests/tests/` and by the `viewtape-bench` load tool.
 //! Everything here talks to 127.0.0.0/8 or ::1 only ([`http::ensure_loopback`]).
 
+pub mod cluster;
 pub mod expect;
 pub mod feed;
 pub mod http;

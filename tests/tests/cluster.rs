@@ -6,78 +6,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use futures_util::StreamExt as _;
+use viewtape_tests::cluster::{
+    applied, epoch, frames, ingest_all, nodes, operator, position, CONVERGE,
+};
 use viewtape_tests::{expect, Feed, NatsServer, Response, Server, SseEvent};
-
-/// How long a node may take to apply what another node acknowledged.
-const CONVERGE: Duration = Duration::from_secs(20);
-
-/// A node of the cluster on `nats`.
-async fn node(nats: &NatsServer) -> anyhow::Result<Server> {
-    Server::start(&["--nats", &nats.url()]).await
-}
-
-/// `n` nodes, each ready.
-async fn nodes(nats: &NatsServer, n: usize) -> anyhow::Result<Vec<Server>> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let server = node(nats).await?;
-        server.ready(CONVERGE).await?;
-        out.push(server);
-    }
-    Ok(out)
-}
-
-/// Waits until the node has applied stream sequence `position`.
-async fn applied(server: &Server, position: u64) -> anyhow::Result<()> {
-    let deadline = Instant::now() + CONVERGE;
-    loop {
-        let body = server.get("/readyz").await?.json()?;
-        if body["applied"].as_u64().is_some_and(|a| a >= position) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "did not apply {position} within {CONVERGE:?}: {body}\n{}",
-                server.logs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// `batches` batches of `size` ticks into the first node; waits until every node has applied
-/// them.
-async fn ingest_all(
-    nodes: &[Server],
-    feed: &mut Feed,
-    batches: usize,
-    size: usize,
-) -> anyhow::Result<()> {
-    let mut last = 0;
-    for _ in 0..batches {
-        last = position(&nodes[0].ingest_ok(&feed.batch(size)).await?)?;
-    }
-    for node in nodes {
-        applied(node, last).await?;
-    }
-    Ok(())
-}
-
-/// The first `n` frames of the tape of `prices`: (id, data) each.
-async fn frames(server: &Server, n: usize) -> anyhow::Result<Vec<(String, String)>> {
-    Ok(expect::tape(server, "prices", n)
-        .await?
-        .into_iter()
-        .map(|e| (e.id.unwrap_or_default(), e.data))
-        .collect())
-}
-
-/// The log position of an ingest receipt.
-fn position(receipt: &serde_json::Value) -> anyhow::Result<u64> {
-    receipt["position"]
-        .as_u64()
-        .with_context(|| format!("no position in {receipt}"))
-}
 
 /// The `seq` an update carries.
 fn seq(event: &SseEvent) -> anyhow::Result<u64> {
@@ -208,21 +140,6 @@ fn unavailable(resp: &Response) -> anyhow::Result<()> {
     expect::json_error(resp, 503)?;
     ensure!(resp.header("retry-after").is_some(), "no Retry-After");
     Ok(())
-}
-
-/// A JetStream context on `nats`, as an operator's tool would have.
-async fn operator(nats: &NatsServer) -> anyhow::Result<async_nats::jetstream::Context> {
-    let client = async_nats::connect(nats.url()).await?;
-    Ok(async_nats::jetstream::new(client))
-}
-
-/// The epoch of the cursor `GET /views/prices` answers.
-async fn epoch(server: &Server) -> anyhow::Result<String> {
-    let state = server.get("/views/prices").await?.json()?;
-    let cursor = state["cursor"]
-        .as_str()
-        .with_context(|| format!("no cursor: {state}"))?;
-    Ok(viewtape_tests::parse_cursor(cursor)?.epoch().to_string())
 }
 
 /// Ingests `ndjson` as producer `id` with sequence `seq`, through `server`.

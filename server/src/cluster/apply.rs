@@ -384,6 +384,9 @@ impl Cluster {
             self.readiness
                 .send_modify(|readiness| readiness.refused = Some(reason));
         }
+        if let Some(stream) = log.stream() {
+            stream.open();
+        }
         self.settled.store(true, Ordering::Relaxed);
         self.update_readiness(log.committed(), self.stream_last.load(Ordering::Relaxed));
     }

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use async_nats::jetstream::object_store;
 use futures_util::StreamExt as _;
 use sha2::Digest as _;
 use tokio::task::JoinHandle;
@@ -44,9 +45,13 @@ impl Cluster {
     async fn share(&self, path: &std::path::Path, position: u64) -> Result<(), BoxError> {
         let bytes = tokio::fs::read(path).await?;
         let name = shared_name(self.epoch, position);
-        self.bucket
-            .put(name.as_str(), &mut bytes.as_slice())
-            .await?;
+        // The file's name, by which any node may name it in a restore.
+        let meta = object_store::ObjectMetadata {
+            name: name.clone(),
+            description: path.file_name().map(|f| f.to_string_lossy().into_owned()),
+            ..object_store::ObjectMetadata::default()
+        };
+        self.bucket.put(meta, &mut bytes.as_slice()).await?;
         let mut ours = Vec::new();
         let mut list = self.bucket.list().await?;
         while let Some(info) = list.next().await {
@@ -116,6 +121,27 @@ impl Cluster {
             );
         }
         Ok(bytes)
+    }
+
+    /// The shared snapshot that a node wrote as the file `file`, or is named `file` in the
+    /// bucket; `None` when there is none.
+    ///
+    /// # Errors
+    /// The bucket cannot be read.
+    pub(super) async fn get_shared(&self, file: &str) -> Result<Option<Vec<u8>>, BoxError> {
+        let mut found = None;
+        let mut list = self.bucket.list().await?;
+        while let Some(info) = list.next().await {
+            let info = info?;
+            let shared = shared_position(&info.name, self.epoch).is_some();
+            if shared && (info.name == file || info.description.as_deref() == Some(file)) {
+                found = Some(info.name);
+            }
+        }
+        match found {
+            Some(name) => Ok(Some(self.get_object(&name).await?)),
+            None => Ok(None),
+        }
     }
 
     pub(super) async fn get_object(&self, name: &str) -> Result<Vec<u8>, BoxError> {

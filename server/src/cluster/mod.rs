@@ -278,7 +278,7 @@ impl Cluster {
             stream_last: AtomicU64::new(info.state.last_sequence),
             settled: AtomicBool::new(false),
             settling: AtomicBool::new(false),
-            restores: Default::default(),
+            restores: watch::Sender::new(Default::default()),
             readiness: watch::Sender::new(Readiness {
                 ready: false,
                 applied: 0,

@@ -4,23 +4,24 @@
 //! node.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
+
+use tokio::sync::watch;
 
 use super::apply::Appliers;
-use super::bucket::shared_position;
 use super::{restored_epoch, Cluster};
 use crate::log::{unix_ms_now, Entry, Log, RestoreEntry};
 use crate::snapshot::{RestoreAt, Restored, SnapshotActionError, Snapshots};
 
 /// Outcomes of restores applied, by sequence, for the node that published them.
-pub(super) type RestoreOutcomes = Mutex<BTreeMap<u64, Result<Restored, String>>>;
+pub(super) type RestoreOutcomes = watch::Sender<BTreeMap<u64, Result<Restored, String>>>;
 
 /// Restore outcomes kept.
 const OUTCOMES_KEPT: usize = 64;
 
 impl Cluster {
     /// Restores the snapshot `name` on every node: a file of this node's snapshot directory, or
-    /// a snapshot shared in the bucket. Answers once this node has restored it.
+    /// a snapshot another node shared in the bucket (by its file name there, or its name in
+    /// the bucket). Answers once this node has restored it.
     ///
     /// # Errors
     /// [`SnapshotActionError::NoSuchSnapshot`], [`SnapshotActionError::Unrestorable`] (nothing
@@ -36,12 +37,13 @@ impl Cluster {
         let Some(stream) = log.stream() else {
             return Err(shared("this node's log is not the cluster's stream".into()));
         };
-        let bytes = match shared_position(name, self.epoch) {
-            Some(_) => self
-                .get_object(name)
+        let bytes = match snapshots.restorable_bytes(name).await {
+            Err(SnapshotActionError::NoSuchSnapshot(_)) => self
+                .get_shared(name)
                 .await
-                .map_err(|_| SnapshotActionError::NoSuchSnapshot(name.to_owned()))?,
-            None => snapshots.restorable_bytes(name).await?,
+                .map_err(|error| shared(format!("the snapshot bucket: {error}")))?
+                .ok_or_else(|| SnapshotActionError::NoSuchSnapshot(name.to_owned()))?,
+            other => other?,
         };
         let (object, sha256) = self
             .put_restore(&bytes)
@@ -57,19 +59,20 @@ impl Cluster {
             .await
             .map_err(|error| shared(error.to_string()))?;
         let sequence = published.sequence;
-        let mut committed = log.watch_committed();
-        let applied = tokio::time::timeout(stream.timeout, committed.wait_for(|c| *c >= sequence));
+        let mut outcomes = self.restores.subscribe();
+        let applied = tokio::time::timeout(
+            stream.timeout,
+            outcomes.wait_for(|outcomes| outcomes.contains_key(&sequence)),
+        );
         if !matches!(applied.await, Ok(Ok(_))) {
             return Err(shared(format!(
                 "published at sequence {sequence}, not applied by this node within {:?}",
                 stream.timeout
             )));
         }
-        let outcome = self
-            .restores
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&sequence);
+        let mut outcome = None;
+        self.restores
+            .send_modify(|outcomes| outcome = outcomes.remove(&sequence));
         match outcome {
             Some(Ok(restored)) => Ok(restored),
             Some(Err(reason)) => Err(SnapshotActionError::Unrestorable(reason)),
@@ -113,11 +116,12 @@ impl Cluster {
                 Err(error.to_string())
             }
         };
-        let mut outcomes = self.restores.lock().unwrap_or_else(PoisonError::into_inner);
-        outcomes.insert(sequence, outcome);
-        while outcomes.len() > OUTCOMES_KEPT {
-            outcomes.pop_first();
-        }
+        self.restores.send_modify(|outcomes| {
+            outcomes.insert(sequence, outcome);
+            while outcomes.len() > OUTCOMES_KEPT {
+                outcomes.pop_first();
+            }
+        });
         Ok(())
     }
 }

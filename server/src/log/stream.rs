@@ -46,6 +46,17 @@ pub enum PublishError {
     Timeout(Duration),
 }
 
+/// Whether a node publishes.
+#[derive(Debug)]
+enum Refusing {
+    /// It does.
+    No,
+    /// Not yet: it has not settled its modules.
+    Settling,
+    /// Never again, for this reason.
+    For(String),
+}
+
 /// How durable a message the stream acknowledged is: what a cluster's receipt names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamDurability {
@@ -71,8 +82,9 @@ pub struct StreamLog {
     /// This process's part of the message ids it makes, and how many it made.
     nonce: u64,
     published: AtomicU64,
-    /// Why this node takes no records now, if it does not.
-    refusing: Mutex<Option<String>>,
+    /// Why this node takes no records now, if it does not: until it has caught up and its
+    /// runtimes' modules are settled ([`StreamLog::open`]), and for good once it refuses.
+    refusing: Mutex<Refusing>,
     /// The stream's last sequence, as last seen.
     last: AtomicU64,
 }
@@ -95,7 +107,7 @@ impl StreamLog {
             durability,
             nonce: process_nonce(),
             published: AtomicU64::new(0),
-            refusing: Mutex::new(None),
+            refusing: Mutex::new(Refusing::Settling),
             last: AtomicU64::new(0),
         }
     }
@@ -105,20 +117,31 @@ impl StreamLog {
         self.durability
     }
 
-    /// From now on, publishes nothing and answers `reason` (sticky: the first reason stays).
+    /// From now on, publishes nothing and answers `reason` (for good: the first reason stays).
     pub fn refuse(&self, reason: String) {
-        self.refusing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get_or_insert(reason);
+        let mut refusing = self.refusing.lock().unwrap_or_else(PoisonError::into_inner);
+        if !matches!(*refusing, Refusing::For(_)) {
+            *refusing = Refusing::For(reason);
+        }
+    }
+
+    /// Publishes from now on, unless it refuses for good.
+    pub fn open(&self) {
+        let mut refusing = self.refusing.lock().unwrap_or_else(PoisonError::into_inner);
+        if matches!(*refusing, Refusing::Settling) {
+            *refusing = Refusing::No;
+        }
     }
 
     /// Why it publishes nothing, if it does not.
     pub fn refusing(&self) -> Option<String> {
-        self.refusing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        match &*self.refusing.lock().unwrap_or_else(PoisonError::into_inner) {
+            Refusing::No => None,
+            Refusing::Settling => Some(
+                "this node is catching up with the cluster and settling its modules; send it again shortly".into(),
+            ),
+            Refusing::For(reason) => Some(reason.clone()),
+        }
     }
 
     /// The stream's last sequence, as last seen.
@@ -153,6 +176,25 @@ impl StreamLog {
     ) -> Result<Published, PublishError> {
         if let Some(reason) = self.refusing() {
             return Err(PublishError::Refusing(reason));
+        }
+        self.publish_settling(runtime, payload, id).await
+    }
+
+    /// [`StreamLog::publish`], also while the node settles its modules (it declares them so),
+    /// but not once it refuses for good.
+    ///
+    /// # Errors
+    /// As [`StreamLog::publish`].
+    pub async fn publish_settling(
+        &self,
+        runtime: &str,
+        payload: Vec<u8>,
+        id: String,
+    ) -> Result<Published, PublishError> {
+        if let Refusing::For(reason) =
+            &*self.refusing.lock().unwrap_or_else(PoisonError::into_inner)
+        {
+            return Err(PublishError::Refusing(reason.clone()));
         }
         if self.client.connection_state() != async_nats::connection::State::Connected {
             return Err(PublishError::Disconnected(self.url.clone()));

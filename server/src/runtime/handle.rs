@@ -442,7 +442,7 @@ impl RuntimeHandle {
     pub async fn deploy(&self, module: GuestModule) -> Result<Deployed, DeployError> {
         match self.log.stream() {
             Some(stream) => {
-                self.publish_deploy(stream, module.fingerprint().clone())
+                self.publish_deploy(stream, module.fingerprint().clone(), false)
                     .await
             }
             None => self.ask_deploy(module, false).await,
@@ -457,7 +457,7 @@ impl RuntimeHandle {
     pub async fn declare_module(&self) -> Result<Deployed, DeployError> {
         let module = self.module();
         match self.log.stream() {
-            Some(stream) => self.publish_deploy(stream, module).await,
+            Some(stream) => self.publish_deploy(stream, module, true).await,
             None => Ok(Deployed {
                 previous: module.clone(),
                 module,
@@ -496,11 +496,13 @@ impl RuntimeHandle {
     }
 
     /// Publishes a deploy of `module` (which every node finds by its fingerprint) and waits for
-    /// this node's verdict on it.
+    /// this node's verdict on it; `settling`: a declaration of the first module, which a node
+    /// makes before it takes anything else.
     async fn publish_deploy(
         &self,
         stream: &StreamLog,
         module: ModuleFingerprint,
+        settling: bool,
     ) -> Result<Deployed, DeployError> {
         let shared = |reason: String| DeployError::Shared {
             runtime: self.name.to_string(),
@@ -514,10 +516,12 @@ impl RuntimeHandle {
             pending: true,
             fresh: false,
         });
-        let published = stream
-            .publish(&self.name, entry.encode(), stream.own_id())
-            .await
-            .map_err(|error: PublishError| shared(error.to_string()))?;
+        let (payload, id) = (entry.encode(), stream.own_id());
+        let published = match settling {
+            true => stream.publish_settling(&self.name, payload, id).await,
+            false => stream.publish(&self.name, payload, id).await,
+        }
+        .map_err(|error: PublishError| shared(error.to_string()))?;
         match self.verdict(stream, published).await.map_err(shared)? {
             Some(Verdict::Deploy(outcome)) => outcome,
             _ => Err(shared(format!(
