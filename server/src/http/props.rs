@@ -167,3 +167,25 @@ proptest! {
         })?;
     }
 }
+
+/// A layer's bare refusal (the timeout's `408`, axum's `405`) becomes the JSON error, its
+/// headers kept.
+#[tokio::test]
+async fn bare_refusals_get_the_json_error() {
+    for (status, code) in [
+        (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
+        (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+        (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
+    ] {
+        let mut bare = axum::response::Response::new(Body::empty());
+        *bare.status_mut() = status;
+        bare.headers_mut()
+            .insert("allow", axum::http::HeaderValue::from_static("GET"));
+        let answered = super::error::json_errors(bare).await;
+        assert_eq!(answered.status(), status);
+        assert_eq!(answered.headers()["allow"], "GET");
+        let body = answered.into_body().collect().await.unwrap().to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["error"], code, "{json}");
+    }
+}
