@@ -27,6 +27,7 @@
 //! enabled = true              # false: no log; a crash takes a fresh epoch
 //! fsync = "always"            # "always": on the device before the 200; "os": handed to the OS
 //! segment_bytes = "64MiB"     # a new segment file past this size
+//! watermark = true            # the end-of-log watermark; false only to measure its cost
 //!
 //! [auth]                      # off unless VIEWTAPE_JWT_SECRET (HS256) or public_keys is set
 //! public_keys = "key.pem"     # a PEM public key: ES256, RS256 or EdDSA tokens
@@ -266,6 +267,9 @@ pub struct LogSection {
     /// Size past which a new segment file starts.
     #[serde(deserialize_with = "byte_size")]
     pub segment_bytes: usize,
+    /// Keep the end-of-log watermark (a missing newest segment or tail is noticed); `false` only
+    /// to measure what it costs.
+    pub watermark: bool,
 }
 
 /// `[log] fsync`.
@@ -285,6 +289,7 @@ impl Default for LogSection {
             enabled: true,
             fsync: FsyncMode::Always,
             segment_bytes: 64 << 20,
+            watermark: true,
         }
     }
 }

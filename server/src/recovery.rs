@@ -76,6 +76,10 @@ struct Plan {
     unpositioned: bool,
     /// No snapshot was found: nothing holds the epoch of what the log may hold.
     no_snapshot: bool,
+    /// The data directory's history, which new segments carry.
+    history: Option<viewtape_snapshots::history::HistoryId>,
+    /// Keep the end-of-log watermark.
+    watermark: bool,
 }
 
 impl Begun {
@@ -113,9 +117,6 @@ pub async fn begin(
         });
     }
     let newest = snapshots.load_newest_valid::<SnapshotBody>()?;
-    for skipped in &newest.skipped {
-        tracing::warn!(file = %skipped.path.display(), error = %skipped.error, "snapshot skipped; falling back to an older one");
-    }
     let (body, file, exact) = match newest.loaded {
         Some(loaded) => (
             Some(loaded.body),
@@ -126,12 +127,14 @@ pub async fn begin(
     };
     let from = body.as_ref().and_then(|b| b.log_position);
     let log = Arc::new(Log::new(true, durability, from.unwrap_or(0)));
+    crate::history::note_skipped_snapshots(&newest.skipped, log.metrics());
     let dir = LogDir::create(log_dir)?;
-    let (scan, boot_changed) = {
+    let history = snapshots.history();
+    let (scan, boot_changed, end_problem) = {
         let dir = LogDir::open_existing(log_dir)?;
         let os = durability == Durability::Os;
         let metrics = log.metrics().clone();
-        tokio::task::spawn_blocking(move || prepare(&dir, os, &metrics)).await??
+        tokio::task::spawn_blocking(move || prepare(&dir, os, &metrics, history.as_ref())).await??
     };
     // A snapshot taken with the log off: an empty log may start from it (a snapshot follows at
     // once); a log with records cannot be related to it.
@@ -145,6 +148,10 @@ pub async fn begin(
         ));
     }
     let from = from.unwrap_or(0);
+    // Damage the scan sees is named as such by the replay (it stops there).
+    if let Some(problem) = end_problem.filter(|_| scan.corruption().is_none()) {
+        broken_before.get_or_insert((Break::Missing, problem));
+    }
     if boot_changed {
         broken_before.get_or_insert((
             Break::Boot,
@@ -193,16 +200,32 @@ pub async fn begin(
             broken_before,
             unpositioned,
             no_snapshot: file.is_none(),
+            history: history.map(|h| h.id),
+            watermark: settings.watermark,
         }),
     })
 }
 
-/// Scans the log and cuts a torn tail; syncs what an earlier life left unsynced and notes (or
-/// clears) this life's boot id. Returns the scan and whether a `fsync = "os"` life ran on another
-/// boot of the machine.
-fn prepare(dir: &LogDir, os: bool, metrics: &LogMetrics) -> Result<(LogScan, bool), LogError> {
+/// Scans the log, sets aside segments of another history, checks its end against the
+/// watermark, and cuts a torn tail (only when nothing else is wrong); syncs what an earlier life
+/// left unsynced and notes (or clears) this life's boot id. Returns the scan, whether a
+/// `fsync = "os"` life ran on another boot of the machine, and why the log ends too early.
+fn prepare(
+    dir: &LogDir,
+    os: bool,
+    metrics: &LogMetrics,
+    history: Option<&viewtape_snapshots::history::DataHistory>,
+) -> Result<(LogScan, bool, Option<String>), LogError> {
     let mut scan = dir.scan()?;
-    if scan.corruption().is_none() {
+    let mut end_problem = None;
+    if let Some(history) = history {
+        let before = scan.clone();
+        if crate::history::set_aside_foreign(dir, &scan, history, metrics)? {
+            scan = dir.scan()?;
+        }
+        end_problem = crate::history::end_problem(dir, &before, &scan, history, metrics)?;
+    }
+    if scan.corruption().is_none() && end_problem.is_none() {
         let cut = dir.repair(&scan)?;
         if cut > 0 {
             metrics.repaired_bytes.inc_by(cut);
@@ -240,7 +263,7 @@ fn prepare(dir: &LogDir, os: bool, metrics: &LogMetrics) -> Result<(LogScan, boo
     } else if marker.exists() {
         std::fs::remove_file(&marker).map_err(io("remove", &marker))?;
     }
-    Ok((scan, boot_changed))
+    Ok((scan, boot_changed, end_problem))
 }
 
 /// This boot of the machine (Linux); elsewhere a constant, so the rule never fires.
@@ -335,6 +358,11 @@ pub async fn replay(
     replayed.needs_snapshot =
         replayed.failed_closed.is_some() || plan.unpositioned || plan.no_snapshot;
     log.skip_to(next - 1);
+    let lineage = viewtape_snapshots::log::Lineage {
+        history: plan.history,
+        epoch: hub.journal().epoch().await.to_bits(),
+    };
+    log.set_lineage(lineage, plan.watermark);
     log.start_writer(&plan.dir, next, plan.segment_bytes)?;
     Ok(replayed)
 }

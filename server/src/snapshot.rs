@@ -435,8 +435,9 @@ impl Snapshots {
                 {
                     SnapshotActionError::Unrestorable(format!("{name} is a directory"))
                 }
-                SnapshotError::Invalid { .. } => {
-                    SnapshotActionError::Unrestorable(error.to_string())
+                // Named by its file name: the answer carries no path.
+                SnapshotError::Invalid { source, .. } => {
+                    SnapshotActionError::Unrestorable(format!("{name} is refused: {source}"))
                 }
                 other => SnapshotActionError::Storage(other),
             })?;

@@ -18,6 +18,8 @@ mod access;
 pub mod admin;
 mod error;
 mod ingest;
+#[cfg(test)]
+mod props;
 mod views;
 
 use std::sync::Arc;
@@ -127,6 +129,7 @@ pub fn app(state: AppState, admin: Option<Arc<admin::Admin>>) -> Router {
         .merge(views::stream_routes().with_state(state))
         .merge(bounded)
         .fallback(|| async { ApiError::not_found("no such route") })
+        .layer(axum::middleware::map_response(error::json_errors))
         .layer(tower::util::option_layer(cors))
         .layer(TraceLayer::new_for_http())
 }
