@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use viewtape_snapshots::log::{Durability, LogDir, LogError, LogScan};
+use viewtape_snapshots::log::{Durability, LogDamageKind, LogDir, LogError, LogScan};
 use viewtape_snapshots::{SnapshotDir, SnapshotError};
 
 use crate::config::{FsyncMode, LogSection};
@@ -32,7 +32,7 @@ use crate::log::{Break, DeployEntry, Entry, Log, LogMetrics};
 use crate::registry::{ModuleStore, Runtimes};
 use crate::runtime::handle::Record;
 use crate::runtime::RuntimeHandle;
-use crate::snapshot::{restore_at_start, RuntimeDump, SnapshotBody};
+use crate::snapshot::{RuntimeDump, SnapshotBody};
 
 /// Where the boot id of a life that wrote with `fsync = "os"` is kept.
 const UNSYNCED_BOOT: &str = "unsynced-boot-id";
@@ -92,6 +92,35 @@ impl Begun {
             plan: None,
         }
     }
+}
+
+/// Restores the newest valid snapshot in `dir` into `hub` by the one-life rule (see [`crate::snapshot`]), logging every file it passed over. Returns the runtimes' dumps by name, for their
+/// tasks to start from. Call it before any offset is issued.
+///
+/// # Errors
+/// When the snapshot directory cannot be read.
+pub async fn restore_at_start(
+    hub: &Hub,
+    dir: &SnapshotDir,
+) -> Result<BTreeMap<String, RuntimeDump>, SnapshotError> {
+    let start = dir.load_for_start::<SnapshotBody>()?;
+    for skipped in &start.skipped {
+        tracing::warn!(file = %skipped.path.display(), error = %skipped.error, "snapshot skipped; falling back to an older one");
+    }
+    if let Some(error) = &start.consume_error {
+        tracing::warn!(%error, "could not mark the exact snapshot consumed; taking a fresh epoch");
+    }
+    let Some(loaded) = start.loaded else {
+        return Ok(BTreeMap::new());
+    };
+    let dumps = loaded.body.restore_into(hub, start.adopt_epoch).await;
+    tracing::info!(
+        file = %loaded.info.path().display(),
+        exact = start.adopt_epoch,
+        epoch = %hub.journal().epoch().await,
+        "restored snapshot"
+    );
+    Ok(dumps)
 }
 
 /// Loads the newest valid snapshot into `hub` and prepares the log; see the module docs.
@@ -318,13 +347,12 @@ pub async fn replay(
         ));
     }
     if broken.is_none() {
-        if let Some((path, reason)) = plan.scan.corruption() {
-            let cause = if reason.contains("missing") {
-                Break::Missing
-            } else {
-                Break::Corrupt
+        if let Some(damage) = plan.scan.first_damage() {
+            let cause = match damage.kind {
+                LogDamageKind::Missing { .. } => Break::Missing,
+                _ => Break::Corrupt,
             };
-            broken = Some((cause, format!("{}: {reason}", path.display())));
+            broken = Some((cause, format!("{}: {damage}", damage.path.display())));
         }
     }
     let mut next = plan.scan.next().max(plan.from + 1);

@@ -258,34 +258,94 @@ impl LogScan {
     /// The first damage that is not a torn tail of the newest segment, and where: the point up
     /// to which the log is proven. Segments must also follow each other without a hole.
     pub fn corruption(&self) -> Option<(PathBuf, String)> {
+        self.first_damage()
+            .map(|damage| (damage.path.clone(), damage.to_string()))
+    }
+
+    /// [`LogScan::corruption`], typed: what kind of damage, for a caller that decides by it.
+    pub fn first_damage(&self) -> Option<LogDamage> {
         let last = self.segments.len().saturating_sub(1);
         let mut expected = self.segments.first().map(|s| s.first);
         for (i, segment) in self.segments.iter().enumerate() {
-            if expected.is_some_and(|e| e != segment.first) {
-                return Some((
-                    segment.path.clone(),
-                    format!(
-                        "starts at position {} where {} was expected (a segment is missing)",
-                        segment.first,
-                        expected.unwrap_or_default()
-                    ),
-                ));
+            let damage = |kind| {
+                Some(LogDamage {
+                    path: segment.path.clone(),
+                    kind,
+                })
+            };
+            if let Some(expected) = expected.filter(|e| *e != segment.first) {
+                return damage(LogDamageKind::Missing {
+                    starts: segment.first,
+                    expected,
+                });
             }
             match &segment.damage {
                 Some(Damage::Corrupt { offset, reason }) => {
-                    return Some((segment.path.clone(), format!("at byte {offset}: {reason}")))
+                    return damage(LogDamageKind::Corrupt {
+                        offset: *offset,
+                        reason: reason.clone(),
+                    })
                 }
                 Some(Damage::TornTail { valid_len }) if i != last => {
-                    return Some((
-                        segment.path.clone(),
-                        format!("ends in a partial record at byte {valid_len}, but is not the newest segment"),
-                    ))
+                    return damage(LogDamageKind::TornBeforeTheEnd {
+                        valid_len: *valid_len,
+                    })
                 }
                 _ => {}
             }
             expected = Some(segment.next());
         }
         None
+    }
+}
+
+/// Damage a scan found that no repair may cut: where, and what.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogDamage {
+    /// The segment.
+    pub path: PathBuf,
+    /// What is wrong with it.
+    pub kind: LogDamageKind,
+}
+
+/// What is wrong with a damaged segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LogDamageKind {
+    /// A segment before it is missing: it starts at `starts` where `expected` was next.
+    Missing {
+        /// Its first position.
+        starts: u64,
+        /// The position expected.
+        expected: u64,
+    },
+    /// A record or header that fails its checks.
+    Corrupt {
+        /// Where in the file.
+        offset: u64,
+        /// What failed.
+        reason: String,
+    },
+    /// It ends inside a record although a newer segment follows it.
+    TornBeforeTheEnd {
+        /// Its bytes up to the partial record.
+        valid_len: u64,
+    },
+}
+
+impl std::fmt::Display for LogDamage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            LogDamageKind::Missing { starts, expected } => write!(
+                f,
+                "starts at position {starts} where {expected} was expected (a segment is missing)"
+            ),
+            LogDamageKind::Corrupt { offset, reason } => write!(f, "at byte {offset}: {reason}"),
+            LogDamageKind::TornBeforeTheEnd { valid_len } => write!(
+                f,
+                "ends in a partial record at byte {valid_len}, but is not the newest segment"
+            ),
+        }
     }
 }
 
