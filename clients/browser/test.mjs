@@ -34,12 +34,11 @@
 //     (the browser reconnects by itself); when the token it got is refused, it opens a new
 //     EventSource from its cursor (`?cursor=`). Updates stay contiguous after `synced` across all
 //     of it, no reset, and its table ends with the rows `GET /views/prices` has.
-import { createHmac } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { chromium } from 'playwright-core';
-import { check, control, done, Feed, getJson, ingest, log, parseCursor } from '../common.mjs';
+import { check, control, done, Feed, getJson, hs256, ingest, log, parseCursor } from '../common.mjs';
 
 const [base, ...rest] = process.argv.slice(2);
 const secret = rest[0] === '--auth' ? rest[1] : null;
@@ -222,9 +221,7 @@ function nowSeconds() {
 
 /** A JWT over `claims`, signed HS256 with `key` (the server's secret unless told). */
 function jwt(claims, key = secret) {
-  const part = value => Buffer.from(JSON.stringify(value)).toString('base64url');
-  const signed = `${part({ alg: 'HS256', typ: 'JWT' })}.${part(claims)}`;
-  return `${signed}.${createHmac('sha256', key).update(signed).digest('base64url')}`;
+  return hs256(key, claims);
 }
 
 /** A reader's token for `views`, valid for `seconds` from now (negative: expired). */

@@ -120,6 +120,22 @@ async fn control(server: &mut Server, command: &str) -> anyhow::Result<()> {
             server.kill9().await?;
             server.restart().await
         }
+        "kill9-wipe-restart" => {
+            server.kill9().await?;
+            let data = server.data_dir().to_path_buf();
+            for entry in
+                std::fs::read_dir(&data).with_context(|| format!("read {}", data.display()))?
+            {
+                let path = entry?.path();
+                if path.is_dir() {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                }
+                .with_context(|| format!("remove {}", path.display()))?;
+            }
+            server.restart().await
+        }
         "kill9-lose-log-restart" => {
             server.kill9().await?;
             let log = server.data_dir().join("log");
@@ -311,4 +327,33 @@ async fn python_httpx_sse_resumes_resets_and_joins_lines() -> anyhow::Result<()>
     let config = config.display().to_string();
     let mut server = Server::start(&["--config", &config]).await?;
     run_client(&mut server, "python3", "python-httpx-sse/test.py", &[]).await
+}
+
+fn require_js_client() -> anyhow::Result<()> {
+    require_node_modules(&["playwright-core"])?;
+    let dist = clients_dir().join("js").join("dist").join("index.js");
+    ensure!(
+        dist.exists(),
+        "{} is missing: run `npm ci --prefix clients/js && npm run build --prefix clients/js` (as .ci/run does)",
+        dist.display()
+    );
+    Ok(())
+}
+
+/// `@viewtape/client` in Node (`clients/js/test/node.test.mjs`): through two kill -9 restarts
+/// mid-stream a view sees no reset, no duplicate and no loss while a producer, whose answers are
+/// sometimes lost, publishes every batch exactly once; a restarted process resumes from its file
+/// store without a state transfer; the data dir deleted between lives gives exactly one reset
+/// and a producer that renumbers; through a fault-injecting proxy (503 with `Retry-After`, a cut
+/// mid-frame, stripped ids, a buffering proxy, a login page, a fast retry loop) the map still
+/// equals `GET /views/notes`; `close()` leaves no timer behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn js_client_in_node_survives_kills_wipes_and_a_faulty_proxy() -> anyhow::Result<()> {
+    require_js_client()?;
+    let dir = tempfile::tempdir()?;
+    let config = config_with_fixture(dir.path()).await?;
+    let config = config.display().to_string();
+    let listen = format!("127.0.0.1:{}", free_port()?);
+    let mut server = Server::start(&["--listen", &listen, "--config", &config]).await?;
+    run_client(&mut server, "node", "js/test/node.test.mjs", &[]).await
 }
