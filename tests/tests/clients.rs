@@ -357,3 +357,26 @@ async fn js_client_in_node_survives_kills_wipes_and_a_faulty_proxy() -> anyhow::
     let mut server = Server::start(&["--listen", &listen, "--config", &config]).await?;
     run_client(&mut server, "node", "js/test/node.test.mjs", &[]).await
 }
+
+/// `viewtape-client` for Python (`clients/python/tests/test_client.py`, pytest): two kill -9
+/// restarts mid-stream with a producer whose answers are sometimes lost (every batch once, no
+/// reset, no duplicate); a restart of the process resumes from its file store; the data dir
+/// deleted between lives gives exactly one reset and a producer that renumbers; a 503 with
+/// `Retry-After` and a connection cut mid-frame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_survives_kills_wipes_503_and_a_cut() -> anyhow::Result<()> {
+    ensure!(
+        probe(
+            "python3",
+            &["-c", "import httpx, httpx_sse, pytest, pytest_asyncio"]
+        ),
+        "python3 cannot import httpx, httpx_sse, pytest and pytest_asyncio: run \
+         `python3 -m pip install './clients/python[test]'` (as .ci/run does)"
+    );
+    let dir = tempfile::tempdir()?;
+    let config = config_with_fixture(dir.path()).await?;
+    let config = config.display().to_string();
+    let listen = format!("127.0.0.1:{}", free_port()?);
+    let mut server = Server::start(&["--listen", &listen, "--config", &config]).await?;
+    run_client(&mut server, "python3", "python/tests/test_client.py", &[]).await
+}
