@@ -380,3 +380,40 @@ async fn python_client_survives_kills_wipes_503_and_a_cut() -> anyhow::Result<()
     let mut server = Server::start(&["--listen", &listen, "--config", &config]).await?;
     run_client(&mut server, "python3", "python/tests/test_client.py", &[]).await
 }
+
+/// `@viewtape/client` with auth on (`clients/js/test/auth.test.mjs`): a token that expires
+/// mid-stream is renewed at each `reauth` with every tick once and in order, no reset; a refused
+/// token (403) makes the view ask its callback again; a static expired token closes it with a
+/// fatal `unauthorized`; a producer renews a token without the grant once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn js_client_renews_tokens_at_reauth_and_after_a_refusal() -> anyhow::Result<()> {
+    const SECRET: &str = "js-client-test-secret";
+    require_js_client()?;
+    let config = config_file(
+        "[auth]\naudience = \"viewtape\"\n\n\
+         [[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
+    )?;
+    let path = config.path().display().to_string();
+    let mut server =
+        Server::start_with_env(&["--config", &path], &[("VIEWTAPE_JWT_SECRET", SECRET)]).await?;
+    run_client(
+        &mut server,
+        "node",
+        "js/test/auth.test.mjs",
+        &[SECRET.to_owned()],
+    )
+    .await
+}
+
+/// `@viewtape/client` in headless Chromium (`clients/js/test/browser.test.mjs`): a hidden tab
+/// releases its stream (the server counts none) and applies nothing; shown again it resumes
+/// from its cursor with every event once and no reset; a reload resumes from the cursor and
+/// state kept in `localStorage`, with no state transfer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn js_client_in_chromium_pauses_hidden_tabs_and_resumes_after_a_reload() -> anyhow::Result<()>
+{
+    require_js_client()?;
+    require_chromium()?;
+    let mut server = Server::start(&[]).await?;
+    run_client(&mut server, "node", "js/test/browser.test.mjs", &[]).await
+}
