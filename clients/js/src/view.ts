@@ -82,6 +82,10 @@ export interface ResetInfo {
 
 export interface ViewEvents {
   change: Change;
+  /** A stream opened (`200`), with the URL it was asked for (the cursor it resumes from). */
+  connected: { readonly url: string };
+  /** The token expired and the server ended the stream; a fresh one is asked for at once. */
+  reauth: { readonly cursor: string | undefined };
   synced: { readonly cursor: string };
   reset: ResetInfo;
   status: Status;
@@ -250,9 +254,10 @@ export class View {
       if (this.options.tokenTransport === 'cookie') setCookie(token);
       else headers['Authorization'] = `Bearer ${token}`;
     }
+    const url = this.#url(resumeFrom);
     let response: Response;
     try {
-      response = await (this.options.fetch ?? globalThis.fetch)(this.#url(resumeFrom), {
+      response = await (this.options.fetch ?? globalThis.fetch)(url, {
         headers,
         signal: controller.signal,
         cache: 'no-store',
@@ -285,6 +290,7 @@ export class View {
       this.#fail(new ViewError('stream_buffered', 'the response has no readable body'));
       return { kind: 'failed', floor: 0 };
     }
+    this.#emit('connected', { url });
     if (resumeFrom === undefined) {
       this.#staging = new Map();
       this.#setStatus('syncing');
@@ -314,6 +320,7 @@ export class View {
     const stall = this.options.stallTimeout ?? 45_000;
     let watchdog: ReturnType<typeof setTimeout> | undefined;
     let timedOut: ViewError | undefined;
+    let ended = false;
     const arm = (ms: number, error: () => ViewError) => {
       if (watchdog !== undefined) clearTimeout(watchdog);
       watchdog = setTimeout(() => {
@@ -325,7 +332,10 @@ export class View {
     try {
       for (;;) {
         const { done, value } = await reader.read();
-        if (done) break;
+        if (done) {
+          ended = true;
+          break;
+        }
         arm(stall, () => new ViewError('stalled', `no byte for ${stall} ms, not even a heartbeat`));
         parser.feed(decoder.decode(value, { stream: true }));
         if (stop || reauth) break;
@@ -346,8 +356,10 @@ export class View {
     if (stop) this.#fail(stop);
     if (reauth) {
       this.#setStatus('reconnecting');
+      this.#emit('reauth', { cursor: this.#cursor });
       return (await this.#renewToken()) ? { kind: 'reauth' } : { kind: 'failed', floor: 0 };
     }
+    if (ended) this.#fail(new ViewError('network', 'the server ended the stream'));
     return { kind: 'failed', floor: 0 };
   }
 
