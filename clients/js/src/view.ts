@@ -302,6 +302,9 @@ export class View {
 
   async #read(body: ReadableStream<Uint8Array>, controller: AbortController): Promise<Outcome> {
     const reader = body.getReader();
+    // A `fetch` of the application's may not tie the body to the signal: cancel it too.
+    const cancel = () => void reader.cancel().catch(() => {});
+    controller.signal.addEventListener('abort', cancel, { once: true });
     const decoder = new TextDecoder();
     let reauth = false;
     let stop: ViewError | undefined;
@@ -348,8 +351,10 @@ export class View {
     } finally {
       if (watchdog !== undefined) clearTimeout(watchdog);
       if (this.#connection === controller) this.#connection = undefined;
+      ended &&= !controller.signal.aborted;
+      controller.signal.removeEventListener('abort', cancel);
       controller.abort();
-      reader.releaseLock();
+      cancel();
     }
     if (this.#closed) return { kind: 'closed' };
     if (timedOut) this.#fail(timedOut);
