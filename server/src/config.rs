@@ -233,6 +233,11 @@ pub struct ClusterSection {
     /// How long an ingest waits for this node to apply its published batch.
     #[serde(with = "humantime_serde")]
     pub apply_timeout: Duration,
+    /// The NATS servers sync every write before they acknowledge it (`sync_interval: always`
+    /// in their `jetstream` block). A single-replica stream on servers that sync periodically
+    /// (NATS's default) can lose recently acknowledged batches at a power loss; receipts then
+    /// say `"durability": "stream_os"`.
+    pub stream_synced: bool,
 }
 
 impl Default for ClusterSection {
@@ -245,6 +250,7 @@ impl Default for ClusterSection {
             bucket: "viewtape-snapshots".into(),
             ahead_wait: Duration::from_secs(2),
             apply_timeout: Duration::from_secs(5),
+            stream_synced: false,
         }
     }
 }
