@@ -24,7 +24,7 @@ use anyhow::{anyhow, bail, ensure, Context as _};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::process::Command;
 use viewtape_tests::server::config_file;
-use viewtape_tests::Server;
+use viewtape_tests::{cluster, NatsServer, Server};
 
 /// The most one client script may take, restarts included.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -416,4 +416,17 @@ async fn js_client_in_chromium_pauses_hidden_tabs_and_resumes_after_a_reload() -
     require_chromium()?;
     let mut server = Server::start(&[]).await?;
     run_client(&mut server, "node", "js/test/browser.test.mjs", &[]).await
+}
+
+/// `@viewtape/client` across two nodes of a cluster on a real nats-server
+/// (`clients/js/test/cluster.test.mjs`): a view behind a proxy that switches from node A to
+/// node B resumes on B from its cursor with no reset and every offset once; a producer goes on
+/// on B with the seq it kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn js_client_switches_between_cluster_nodes_without_a_reset() -> anyhow::Result<()> {
+    require_js_client()?;
+    let nats = NatsServer::start().await?;
+    let mut nodes = cluster::nodes(&nats, 2).await?;
+    let node_b = format!("http://{}", nodes[1].addr());
+    run_client(&mut nodes[0], "node", "js/test/cluster.test.mjs", &[node_b]).await
 }

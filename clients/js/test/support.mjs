@@ -39,6 +39,13 @@ export class FaultProxy {
     return this;
   }
 
+  /** Sends new connections to `target` (`host:port`) from now on: a load balancer's switch. */
+  retarget(target) {
+    const [host, port] = target.split(':');
+    this.host = host;
+    this.targetPort = Number(port);
+  }
+
   /** Closes every open connection (as a load balancer that drops them would). */
   dropAll() {
     for (const socket of this.sockets) socket.destroy();
