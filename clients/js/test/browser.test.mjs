@@ -6,7 +6,10 @@
 //     applies nothing while hidden, and when shown again resumes from its cursor: every event
 //     once, no reset, the map equal to `GET /views/prices`;
 //  2. a reload resumes from the cursor and state kept in localStorage: no state transfer, no
-//     reset, and the events ingested while the page was away arrive once.
+//     reset, and the events ingested while the page was away arrive once;
+//  3. `useView` (React 19, bundled for the test with esbuild, in StrictMode): two components on
+//     one view share one stream, both render the server's state at its cursor, and the stream
+//     is closed once both unmount.
 import { readFileSync } from 'node:fs';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -15,6 +18,7 @@ import { after, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { createRequire } from 'node:module';
 
+import { build } from 'esbuild';
 import { chromium } from 'playwright-core';
 
 import { check, done, Feed, getJson, ingest, log } from '../../common.mjs';
@@ -60,9 +64,34 @@ window.snapshot = () => ({ cursor: window.view.cursor, state: Object.fromEntries
 window.ready = true;
 </script>`;
 
+const REACT_APP = `
+import { createElement as h, StrictMode, useState } from 'react';
+import { createRoot } from 'react-dom/client';
+import { useView } from '@viewtape/client/react';
+window.renders = {};
+function Rows({ id }) {
+  const { state, status, cursor, error } = useView('prices', { minDelay: 100 });
+  window.renders[id] = { status, cursor, error: error?.code ?? null, state: Object.fromEntries(state) };
+  return h('ul', { id }, [...state].map(([key, tick]) => h('li', { key }, key + ' ' + tick.seq)));
+}
+function App() {
+  const [shown, setShown] = useState(true);
+  window.unmountAll = () => setShown(false);
+  return shown ? h('div', null, h(Rows, { id: 'a' }), h(Rows, { id: 'b' })) : h('p', null, 'none');
+}
+createRoot(document.getElementById('root')).render(h(StrictMode, null, h(App)));
+`;
+const reactBundle = (await build({
+  stdin: { contents: REACT_APP, resolveDir: here, loader: 'js' },
+  bundle: true, write: false, format: 'esm', logLevel: 'warning',
+  define: { 'process.env.NODE_ENV': '"development"' },
+})).outputFiles[0].text;
+
 await context.route(`${base}/__client/**`, route => {
   const path = new URL(route.request().url()).pathname;
   if (path === '/__client/test.html') return route.fulfill({ contentType: 'text/html', body: PAGE });
+  if (path === '/__client/react.html') return route.fulfill({ contentType: 'text/html', body: '<!doctype html><div id="root"></div><script type="module" src="/__client/react.js"></script>' });
+  if (path === '/__client/react.js') return route.fulfill({ contentType: 'text/javascript', body: reactBundle });
   const [, , kind, ...rest] = path.split('/');
   const file = join(kind === 'dist' ? dist : parserDist, ...rest);
   return route.fulfill({ contentType: 'text/javascript', body: readFileSync(file) });
@@ -143,5 +172,28 @@ test('a reload resumes from the cursor and state kept in localStorage', async ()
   check(after.record.swaps === 0, 'no state transfer after the reload');
   check(after.record.live.length === 3 && after.record.live[0].seq === Object.values(before.state).reduce((m, v) => Math.max(m, v.seq), 0) + 1,
     () => `the 3 ticks ingested while away, once: ${JSON.stringify(after.record.live)}`);
+  await page.close();
+});
+
+test('useView: components on one view share one stream, and it closes after they unmount', async () => {
+  const page = await context.newPage();
+  page.on('pageerror', e => log(`[page error] ${e}`));
+  await page.goto(`${base}/__client/react.html`, { timeout: WAIT });
+  await ingest(base, 'demo', feed.batch(4));
+  const server = await getJson(base, '/views/prices');
+  await page.waitForFunction(cursor => ['a', 'b'].every(id => window.renders[id]?.cursor === cursor), server.cursor, { timeout: WAIT });
+  const renders = await page.evaluate(() => window.renders);
+  for (const id of ['a', 'b']) {
+    check(renders[id].status === 'live', `${id} is live: ${renders[id].status}`);
+    check(JSON.stringify(Object.entries(renders[id].state).sort()) === JSON.stringify(Object.entries(server.entries).sort()), `${id} renders the server's state`);
+  }
+  check((await sseConnections()) === 1, `one stream for both components: ${await sseConnections()}`);
+  await page.evaluate(() => window.unmountAll());
+  const deadline = Date.now() + 10000;
+  while ((await sseConnections()) !== 0) {
+    check(Date.now() < deadline, 'the shared stream closed after both unmounted');
+    await new Promise(r => setTimeout(r, 100));
+  }
+  log('useView: two components, one stream, closed after unmount');
   await page.close();
 });
