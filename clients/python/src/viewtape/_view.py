@@ -141,7 +141,13 @@ class View:
         """Calls ``listener`` on ``change``, ``synced``, ``reset``, ``status`` or ``error``;
         returns the function that stops it."""
         self._listeners.setdefault(event, []).append(listener)
-        return lambda: self._listeners.get(event, []).remove(listener)
+
+        def off() -> None:
+            listeners = self._listeners.get(event, [])
+            if listener in listeners:
+                listeners.remove(listener)
+
+        return off
 
     async def synced(self) -> None:
         """Returns once the state is complete and live; raises the last error if it closes."""
