@@ -92,8 +92,9 @@ class LossyTransport(httpx.AsyncBaseTransport):
 
 
 class CuttingProxy:
-    """A TCP proxy: the next connection gets `503` (Retry-After: 1) when `plan` says so, or is cut
-    in the middle of its first `event: update` frame."""
+    """A TCP proxy; each new connection takes the next fault from `plan` (else `pass`): `503`
+    (Retry-After: 1), `cut` (cut in the middle of its first `event: update` frame), `strip-ids`
+    (every `id:` field renamed `ix:`, same length, as a proxy that mangles SSE would)."""
 
     def __init__(self, target: str) -> None:
         self.host, port = target.split(":")
@@ -141,6 +142,8 @@ class CuttingProxy:
                     writer.transport.abort()
                     up_writer.transport.abort()
                     return
+                if mode == "strip-ids":
+                    data = data.replace(b"\nid:", b"\nix:")
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -215,7 +218,7 @@ async def test_data_dir_deleted_between_lives(tmp_path: Path) -> None:
         record.applied_once()
 
 
-async def test_503_with_retry_after_and_a_cut_mid_frame() -> None:
+async def test_503_with_retry_after_a_cut_mid_frame_and_stripped_ids() -> None:
     proxy = CuttingProxy(BASE.removeprefix("http://"))
     url = await proxy.start()
     proxy.plan = ["503"]
@@ -233,9 +236,20 @@ async def test_503_with_retry_after_and_a_cut_mid_frame() -> None:
             await producer.send(batch(i))
         await matches_server(view)
         assert any(e.code == "network" for e in record.errors)
+
+        # Ids stripped: httpx-sse repeats the last id on an event without one; the client must
+        # not take that for a replayed event (and skip it), but refuse it and reconnect.
+        proxy.plan = ["strip-ids"]
+        stripped = len(proxy.requests)
+        proxy.drop_all()
+        await until(lambda: len(proxy.requests) > stripped, "a reconnection through the id-stripping proxy")
+        for i in range(6, 9):
+            await producer.send(batch(i))
+        await until(lambda: any(e.code == "missing_id" for e in record.errors), "missing_id")
+        await matches_server(view)
         assert record.resets == []
         record.applied_once()
-        assert record.batches() == list(range(6))
+        assert record.batches() == list(range(9))
     proxy.server.close()
 
 
