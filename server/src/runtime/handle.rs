@@ -13,10 +13,11 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 use viewtape_journal::EventJournal;
 
+use super::guest::GuestSlot;
 use super::task::Task;
 use super::{Accepted, BatchSink, Deployed, RuntimeConfig, RuntimeSnapshot, RuntimeStats};
 use super::{ApplyError, DeployError, IngestError};
-use crate::host::{GuestError, GuestInstance, GuestModule, ModuleFingerprint};
+use crate::host::{GuestError, GuestModule, ModuleFingerprint};
 use crate::log::producer::ProducerStamp;
 use crate::log::{unix_ms_now, BatchEntry, DeployEntry, Entry, Log, Outcome, PublishError};
 use crate::log::{Published, Receipt, StreamLog};
@@ -202,21 +203,24 @@ impl RuntimeHandle {
         log: Arc<Log>,
     ) -> Result<Self, GuestError> {
         let last = restore.unwrap_or_default();
-        let state = (!last.state.is_empty()).then_some(&last.state[..]);
-        let instance = GuestInstance::new(
-            &module,
-            &config.name,
-            &config.limits,
-            &config.guest_config,
-            state,
+        let name: Arc<str> = Arc::from(config.name.as_str());
+        let stats = Arc::new(RuntimeStats::default());
+        let fingerprint = module.fingerprint().clone();
+        let slot = GuestSlot::new(
+            module,
+            Arc::clone(&name),
+            config.limits,
+            config.guest_config.clone(),
+            Some(&last.state[..]),
+            Arc::clone(&stats),
         )
         .await?;
         let (tx, rx) = mpsc::channel(config.queue_depth.max(1));
         let handle = Self {
-            name: Arc::from(config.name.as_str()),
+            name,
             tx,
-            stats: Arc::default(),
-            module: Arc::new(Mutex::new(module.fingerprint().clone())),
+            stats,
+            module: Arc::new(Mutex::new(fingerprint)),
             guest_config: crc32c::crc32c(&config.guest_config),
             log: Arc::clone(&log),
             verdicts: Arc::default(),
@@ -224,19 +228,16 @@ impl RuntimeHandle {
         let task = Task {
             name: Arc::clone(&handle.name),
             guest_config_crc: handle.guest_config,
-            module,
-            config,
-            instance: Some(instance),
+            slot,
             last,
             journal,
             sink,
             log,
             stats: Arc::clone(&handle.stats),
-            views: Arc::default(),
+            views: Arc::from(config.views.as_slice()),
             module_now: Arc::clone(&handle.module),
             verdicts: Arc::clone(&handle.verdicts),
-        }
-        .with_views();
+        };
         let span = tracing::info_span!("runtime", runtime = %handle.name);
         tokio::spawn(task.run(rx).instrument(span));
         Ok(handle)
