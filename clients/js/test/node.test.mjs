@@ -193,3 +193,12 @@ test('close() frees every timer and listener', async () => {
   await sleep(300);
   check(changes === 0, 'no change after close');
 });
+
+test('keys and prefix go to the server as ?keys= and ?prefix=', async () => {
+  const proxy = await new FaultProxy(new URL(base).host).listen();
+  const view = openView(proxy.url, 'notes', { keys: ['k1', 'k2'], prefix: 'k', ...fast });
+  await view.synced();
+  check(proxy.requests[0].line === 'GET /views/notes/events?keys=k1%2Ck2&prefix=k HTTP/1.1', proxy.requests[0].line);
+  await view.close();
+  await proxy.close();
+});
