@@ -25,7 +25,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::group::Staging;
-use super::handle::{Record, Verdict};
+use super::handle::Record;
+use super::publish::Verdict;
 use super::task::Task;
 use super::{ApplyError, BatchSink, DeployError, Deployed, IngestError};
 use crate::host::GuestModule;

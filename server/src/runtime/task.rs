@@ -6,7 +6,8 @@ use tokio::sync::mpsc;
 use viewtape_journal::EventJournal;
 
 use super::guest::GuestSlot;
-use super::handle::{Command, Verdicts};
+use super::handle::Command;
+use super::publish::Verdicts;
 use super::{BatchSink, RuntimeSnapshot, RuntimeStats, MAX_GROUP};
 use crate::host::ModuleFingerprint;
 use crate::log::Log;
