@@ -35,7 +35,9 @@
 //     renewing", gets a fresh token and reopens from its cursor (`?cursor=`); when the token it got
 //     is refused (401) it says so, asks again and reopens from its cursor. Updates stay contiguous
 //     after `synced` across all of it, no reset, and its table ends with the rows `GET
-//     /views/prices` has.
+//     /views/prices` has;
+//  8. @viewtape/client in cookie mode, imported from /viewtape-client.js: the cookie set before
+//     each connection and renewed at each reauth, every event once and in order.
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -451,4 +453,41 @@ async function runWithAuth(context) {
   view = await getJson(base, '/views/prices', writer);
   check(view.cursor === `${epoch}-${last}`, () => `GET /views/prices at ${view.cursor}, the page saw ${epoch}-${last}`);
   log(`demo page: a token, two reauths, a refusal renewed; offsets ${synced.offset + 1}..${last} exactly once, ${rows} rows match`);
+
+  // 8. @viewtape/client in cookie mode (`tokenTransport: 'cookie'`), imported from the server's
+  //    /viewtape-client.js by a page of the server's origin: it sets `viewtape_token` before each
+  //    connection, renews it at each reauth, and every event arrives once, in order.
+  await context.clearCookies();
+  tokens = [() => readToken(3), () => readToken(3), () => readToken(60)];
+  minted = 0;
+  const plain = await context.newPage();
+  plain.on('pageerror', e => log(`[plain error] ${e}`));
+  await plain.goto(`${base}/healthz`, { timeout: WAIT });
+  const from = await plain.evaluate(async () => {
+    const { openView } = await import('/viewtape-client.js');
+    window.__changes = [];
+    window.__reauths = 0;
+    const view = openView(location.origin, 'prices', { token: () => window.__mintViewtapeToken(), tokenTransport: 'cookie', minDelay: 100 });
+    view.on('change', c => { if (!c.fromState) window.__changes.push({ id: c.cursor, data: JSON.stringify({ key: c.key, value: c.value }) }); });
+    view.on('reauth', () => { window.__reauths += 1; });
+    window.__view = view;
+    await view.synced();
+    return view.cursor;
+  });
+  const deadline = Date.now() + WAIT;
+  while (await plain.evaluate(() => window.__reauths) < 2) {
+    check(Date.now() < deadline, 'two reauths in cookie mode');
+    await ingest(base, 'demo', feed.batch(1), writer);
+    await sleep(150);
+  }
+  await ingest(base, 'demo', feed.batch(2), writer);
+  last = feed.nextSeq - 1;
+  await waitOn(plain, n => window.__view.cursor?.endsWith(`-${n}`), last, `the cookie-mode view at offset ${last}`);
+  const cookieChanges = await plain.evaluate(() => window.__changes);
+  contiguous(cookieChanges, parseCursor(from).offset + 1, last, epoch, feed, 'the client in cookie mode across two reauths');
+  check(minted === 3, `a token at the start and one per reauth: ${minted}`);
+  check((await context.cookies(base)).some(c => c.name === 'viewtape_token'), 'the token went in the cookie');
+  await plain.evaluate(() => window.__view.close());
+  log(`client in cookie mode: two reauths, offsets ${parseCursor(from).offset + 1}..${last} exactly once`);
+  await plain.close();
 }
