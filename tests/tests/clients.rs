@@ -367,10 +367,11 @@ async fn js_client_in_node_survives_kills_wipes_and_a_faulty_proxy() -> anyhow::
 /// `viewtape-client` for Python (`clients/python/tests/test_client.py`, pytest): two kill -9
 /// restarts mid-stream with a producer whose answers are sometimes lost (every batch once, no
 /// reset, no duplicate); a restart of the process resumes from its file store; the data dir
-/// deleted between lives gives exactly one reset and a producer that renumbers; a 503 with
-/// `Retry-After` and a connection cut mid-frame.
+/// deleted between lives gives exactly one reset and a producer that renumbers; through a
+/// fault-injecting proxy, a 503 with `Retry-After`, a connection cut mid-frame, stripped ids, a
+/// buffering proxy and a login page (then the fast-retry guard).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn python_client_survives_kills_wipes_503_and_a_cut() -> anyhow::Result<()> {
+async fn python_client_survives_kills_wipes_and_a_faulty_proxy() -> anyhow::Result<()> {
     ensure!(
         probe(
             "python3",

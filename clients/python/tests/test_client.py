@@ -94,7 +94,8 @@ class LossyTransport(httpx.AsyncBaseTransport):
 class CuttingProxy:
     """A TCP proxy; each new connection takes the next fault from `plan` (else `pass`): `503`
     (Retry-After: 1), `cut` (cut in the middle of its first `event: update` frame), `strip-ids`
-    (every `id:` field renamed `ix:`, same length, as a proxy that mangles SSE would)."""
+    (every `id:` field renamed `ix:`, same length, as a proxy that mangles SSE would), `buffer`
+    (the response head, then nothing), `html` (a `200 text/html` login page of its own)."""
 
     def __init__(self, target: str) -> None:
         self.host, port = target.split(":")
@@ -116,6 +117,13 @@ class CuttingProxy:
         mode = self.plan.pop(0) if self.plan else "pass"
         head = await reader.readuntil(b"\r\n\r\n")
         self.requests.append((time.monotonic(), mode))
+        if mode == "html":
+            body = b"<html>please log in</html>"
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n"
+                         b"Connection: close\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+            writer.close()
+            return
         if mode == "503":
             body = b'{"error":"unavailable","message":"later"}'
             writer.write(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/json\r\n"
@@ -133,8 +141,15 @@ class CuttingProxy:
             up_writer.close()
 
         pump = asyncio.create_task(upstream())
+        held = False
         try:
             while data := await up_reader.read(65536):
+                if mode == "buffer":
+                    if not held and (end := data.find(b"\r\n\r\n")) >= 0:
+                        writer.write(data[: end + 4])
+                        await writer.drain()
+                        held = True
+                    continue
                 at = data.find(b"event: update") if mode == "cut" else -1
                 if at >= 0:
                     writer.write(data[: at + 20])
@@ -218,11 +233,11 @@ async def test_data_dir_deleted_between_lives(tmp_path: Path) -> None:
         record.applied_once()
 
 
-async def test_503_with_retry_after_a_cut_mid_frame_and_stripped_ids() -> None:
+async def test_through_a_faulty_proxy() -> None:
     proxy = CuttingProxy(BASE.removeprefix("http://"))
     url = await proxy.start()
     proxy.plan = ["503"]
-    async with viewtape.View(url, "notes", **FAST) as view, \
+    async with viewtape.View(url, "notes", first_byte_timeout=1.0, **FAST) as view, \
             viewtape.Producer(BASE, "fixture", producer_id="py-c") as producer:
         record = Record(view)
         await view.synced()
@@ -247,9 +262,21 @@ async def test_503_with_retry_after_a_cut_mid_frame_and_stripped_ids() -> None:
             await producer.send(batch(i))
         await until(lambda: any(e.code == "missing_id" for e in record.errors), "missing_id")
         await matches_server(view)
+
+        # A buffering proxy, then a login page again and again: each is named, then the guard.
+        proxy.plan = ["buffer"]
+        proxy.drop_all()
+        await until(lambda: any(e.code == "stream_buffered" for e in record.errors), "stream_buffered")
+        proxy.plan = ["html"] * 6
+        proxy.drop_all()
+        await until(lambda: any(e.code == "fast_retry_loop" for e in record.errors), "fast_retry_loop")
+        assert any(e.code == "bad_content_type" for e in record.errors)
+        for i in range(9, 11):
+            await producer.send(batch(i))
+        await matches_server(view)
         assert record.resets == []
         record.applied_once()
-        assert record.batches() == list(range(9))
+        assert record.batches() == list(range(11))
     proxy.server.close()
 
 
