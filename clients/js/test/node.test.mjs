@@ -194,6 +194,21 @@ test('close() frees every timer and listener', async () => {
   check(changes === 0, 'no change after close');
 });
 
+test('a producer waits out a 503 with Retry-After and sends the same seq again', async () => {
+  let refusals = 1;
+  const sent = [];
+  const fetch503 = async (url, init) => {
+    sent.push({ seq: init.headers['Producer-Seq'], at: Date.now() });
+    if (refusals-- > 0) return new Response('{"error":"unavailable","message":"later"}', { status: 503, headers: { 'retry-after': '1' } });
+    return fetch(url, init);
+  };
+  const producer = openProducer(base, 'fixture', { id: 'node-e', fetch: fetch503, ...fast });
+  const receipt = await producer.send(batch(0));
+  check(receipt.seq === 0 && !receipt.duplicate, JSON.stringify(receipt));
+  check(sent.length === 2 && sent[0].seq === '0' && sent[1].seq === '0', JSON.stringify(sent));
+  check(sent[1].at - sent[0].at >= 1000, `Retry-After honoured: ${sent[1].at - sent[0].at} ms`);
+});
+
 test('keys and prefix go to the server as ?keys= and ?prefix=', async () => {
   const proxy = await new FaultProxy(new URL(base).host).listen();
   const view = openView(proxy.url, 'notes', { keys: ['k1', 'k2'], prefix: 'k', ...fast });
