@@ -34,7 +34,7 @@ pub(super) struct Ingest {
 }
 
 /// A logged record, ready to apply.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Record {
     /// A batch.
     Batch(BatchEntry),
