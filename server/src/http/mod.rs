@@ -110,6 +110,7 @@ pub fn app(state: AppState, admin: Option<Arc<admin::Admin>>) -> Router {
     let operator = admin.clone();
     let bounded = Router::new()
         .route("/", get(index))
+        .route("/viewtape-client.js", get(client_module))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route(
@@ -185,6 +186,19 @@ async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> 
 
 async fn index() -> Html<&'static str> {
     Html(include_str!("../../static/index.html"))
+}
+
+/// `GET /viewtape-client.js`: `@viewtape/client` as one ES module (built from `clients/js` by
+/// `npm run bundle`), what the demo page imports; pages served elsewhere may import it too.
+async fn client_module() -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/javascript; charset=utf-8",
+        )],
+        include_str!("../../static/viewtape-client.js"),
+    )
+        .into_response()
 }
 
 /// `GET /metrics`. With auth on, only from loopback or with the admin token: metrics name every
