@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
+use viewtape_journal::Cursor;
 use viewtape_tests::logfiles::*;
 use viewtape_tests::server::{config_file, guest_wasm, with_custom_section};
 use viewtape_tests::{expect, feed::event_seq, http, EventStream, Feed, Response, Server};
