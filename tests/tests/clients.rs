@@ -335,6 +335,18 @@ async fn python_httpx_sse_resumes_resets_and_joins_lines() -> anyhow::Result<()>
     run_client(&mut server, "python3", "python-httpx-sse/test.py", &[]).await
 }
 
+fn require_python_client() -> anyhow::Result<()> {
+    ensure!(
+        probe(
+            "python3",
+            &["-c", "import httpx, httpx_sse, pytest, pytest_asyncio"]
+        ),
+        "python3 cannot import httpx, httpx_sse, pytest and pytest_asyncio: run \
+         `python3 -m pip install './clients/python[test]'` (as .ci/run does)"
+    );
+    Ok(())
+}
+
 fn require_js_client() -> anyhow::Result<()> {
     require_node_modules(&["playwright-core"])?;
     let dist = clients_dir().join("js").join("dist").join("index.js");
@@ -372,14 +384,7 @@ async fn js_client_in_node_survives_kills_wipes_and_a_faulty_proxy() -> anyhow::
 /// buffering proxy and a login page (then the fast-retry guard).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_client_survives_kills_wipes_and_a_faulty_proxy() -> anyhow::Result<()> {
-    ensure!(
-        probe(
-            "python3",
-            &["-c", "import httpx, httpx_sse, pytest, pytest_asyncio"]
-        ),
-        "python3 cannot import httpx, httpx_sse, pytest and pytest_asyncio: run \
-         `python3 -m pip install './clients/python[test]'` (as .ci/run does)"
-    );
+    require_python_client()?;
     let dir = tempfile::tempdir()?;
     let config = config_with_fixture(dir.path()).await?;
     let config = config.display().to_string();
@@ -445,14 +450,7 @@ async fn js_client_switches_between_cluster_nodes_without_a_reset() -> anyhow::R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_client_renews_tokens_at_reauth_and_after_a_refusal() -> anyhow::Result<()> {
     const SECRET: &str = "python-client-test-secret";
-    ensure!(
-        probe(
-            "python3",
-            &["-c", "import httpx, httpx_sse, pytest, pytest_asyncio"]
-        ),
-        "python3 cannot import httpx, httpx_sse, pytest and pytest_asyncio: run \
-         `python3 -m pip install './clients/python[test]'` (as .ci/run does)"
-    );
+    require_python_client()?;
     let config = config_file(
         "[auth]\naudience = \"viewtape\"\n\n\
          [[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
@@ -465,6 +463,26 @@ async fn python_client_renews_tokens_at_reauth_and_after_a_refusal() -> anyhow::
         "python3",
         "python/tests/test_auth.py",
         &[SECRET.to_owned()],
+    )
+    .await
+}
+
+/// `viewtape-client` across two nodes of a cluster on a real nats-server
+/// (`clients/python/tests/test_cluster.py`, pytest): a view behind a proxy that switches from
+/// node A to node B resumes on B from its cursor with no reset, no state transfer and every
+/// offset once, its dict equal to `GET /views/prices` on both nodes; a producer goes on on B
+/// with the seq it kept, every batch once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_switches_between_cluster_nodes_without_a_reset() -> anyhow::Result<()> {
+    require_python_client()?;
+    let nats = NatsServer::start().await?;
+    let mut nodes = cluster::nodes(&nats, 2).await?;
+    let node_b = format!("http://{}", nodes[1].addr());
+    run_client(
+        &mut nodes[0],
+        "python3",
+        "python/tests/test_cluster.py",
+        &[node_b],
     )
     .await
 }

@@ -8,7 +8,9 @@
 // writes them. It times from the open to the last event applied, and counts what it saw, so
 // parsing (eventsource-parser), JSON decoding, the duplicate check, the map and one `change`
 // listener are all in the figure. The end-to-end run ingests EVENTS ticks into the demo runtime,
-// then times a view opened with no cursor until its cursor reaches `GET /views/prices`'s.
+// then times a view opened from the cursor before them until its cursor reaches `GET /views/prices`'s;
+// EVENTS must fit in the server's replay window (`EVENTS=50000` does with the default config),
+// else the view is reset and the script stops.
 import { openView } from '@viewtape/client';
 
 const EVENTS = Number(process.env.EVENTS ?? 200_000);
@@ -76,7 +78,9 @@ async function endToEnd(base) {
   // From the cursor before the ingest: the client replays the whole tape of EVENTS updates.
   const view = openView(base, 'prices', { cursorStore: { load: () => ({ cursor: start, entries: [] }), save: () => {} } });
   let applied = 0;
-  await new Promise(resolve => {
+  await new Promise((resolve, reject) => {
+    // A cursor older than the server's replay window gives a state transfer, not a replay.
+    view.on('reset', r => reject(new Error(`reset (${r.reason}): ${EVENTS} ticks are more than the server replays; use fewer EVENTS`)));
     view.on('change', c => {
       if (!c.fromState) applied += 1;
       if (c.cursor === target) resolve();

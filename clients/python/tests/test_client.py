@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import viewtape  # noqa: E402
+from support import CuttingProxy, Record, matches_server, until  # noqa: E402
 
 BASE = os.environ.get("VIEWTAPE_URL", "")
 FAST: dict[str, Any] = {"min_delay": 0.1, "max_delay": 1.0}
@@ -34,44 +34,6 @@ async def control(command: str) -> None:
 
 def batch(i: int) -> str:
     return f"publish notes k{i % 5} {json.dumps({'batch': i})}\n"
-
-
-async def until(predicate: Any, what: str, seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.025)
-
-
-async def matches_server(view: viewtape.View, name: str = "notes") -> None:
-    async with httpx.AsyncClient() as client:
-        deadline = time.monotonic() + 30
-        while True:
-            server = (await client.get(f"{BASE}/views/{name}")).json()
-            if server["cursor"] == view.cursor:
-                break
-            assert time.monotonic() < deadline, f"client at {view.cursor}, server at {server['cursor']}"
-            await asyncio.sleep(0.05)
-    assert dict(view.state) == server["entries"], f"client {dict(view.state)} != server {server['entries']}"
-
-
-class Record:
-    def __init__(self, view: viewtape.View) -> None:
-        self.live: list[viewtape.Change] = []
-        self.resets: list[Any] = []
-        self.errors: list[viewtape.ViewError] = []
-        self.swaps = 0
-        view.on("change", lambda c: None if c.from_state else self.live.append(c))
-        view.on("reset", self.resets.append)
-        view.on("error", self.errors.append)
-        view.on("synced", lambda _: setattr(self, "swaps", self.swaps + 1))
-
-    def batches(self) -> list[int]:
-        return [c.value["batch"] for c in self.live if not c.deleted]
-
-    def applied_once(self) -> None:
-        cursors = [c.cursor for c in self.live]
-        assert len(cursors) == len(set(cursors)), "a cursor applied twice"
 
 
 class LossyTransport(httpx.AsyncBaseTransport):
@@ -89,84 +51,6 @@ class LossyTransport(httpx.AsyncBaseTransport):
             await response.aread()
             raise httpx.ReadTimeout("the answer was lost", request=request)
         return response
-
-
-class CuttingProxy:
-    """A TCP proxy; each new connection takes the next fault from `plan` (else `pass`): `503`
-    (Retry-After: 1), `cut` (cut in the middle of its first `event: update` frame), `strip-ids`
-    (every `id:` field renamed `ix:`, same length, as a proxy that mangles SSE would), `buffer`
-    (the response head, then nothing), `html` (a `200 text/html` login page of its own)."""
-
-    def __init__(self, target: str) -> None:
-        self.host, port = target.split(":")
-        self.port_to = int(port)
-        self.plan: list[str] = []
-        self.requests: list[tuple[float, str]] = []
-        self.writers: set[asyncio.StreamWriter] = set()
-
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self.accept, "127.0.0.1", 0)
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    def drop_all(self) -> None:
-        for writer in list(self.writers):
-            writer.transport.abort()
-
-    async def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.writers.add(writer)
-        mode = self.plan.pop(0) if self.plan else "pass"
-        head = await reader.readuntil(b"\r\n\r\n")
-        self.requests.append((time.monotonic(), mode))
-        if mode == "html":
-            body = b"<html>please log in</html>"
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n"
-                         b"Connection: close\r\n\r\n%s" % (len(body), body))
-            await writer.drain()
-            writer.close()
-            return
-        if mode == "503":
-            body = b'{"error":"unavailable","message":"later"}'
-            writer.write(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
-            await writer.drain()
-            writer.close()
-            return
-        up_reader, up_writer = await asyncio.open_connection(self.host, self.port_to)
-        self.writers.add(up_writer)
-        up_writer.write(head)
-
-        async def upstream() -> None:
-            while data := await reader.read(65536):
-                up_writer.write(data)
-            up_writer.close()
-
-        pump = asyncio.create_task(upstream())
-        held = False
-        try:
-            while data := await up_reader.read(65536):
-                if mode == "buffer":
-                    if not held and (end := data.find(b"\r\n\r\n")) >= 0:
-                        writer.write(data[: end + 4])
-                        await writer.drain()
-                        held = True
-                    continue
-                at = data.find(b"event: update") if mode == "cut" else -1
-                if at >= 0:
-                    writer.write(data[: at + 20])
-                    await writer.drain()
-                    writer.transport.abort()
-                    up_writer.transport.abort()
-                    return
-                if mode == "strip-ids":
-                    data = data.replace(b"\nid:", b"\nix:")
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            pump.cancel()
-            writer.transport.abort()
-            up_writer.transport.abort()
 
 
 async def test_kill9_twice_and_a_producer_through_lost_answers(tmp_path: Path) -> None:
@@ -192,7 +76,7 @@ async def test_kill9_twice_and_a_producer_through_lost_answers(tmp_path: Path) -
             await until(lambda: len(receipts) >= 30, "30 receipts")
             await control("kill9-restart")
             await task
-        await matches_server(view)
+        await matches_server(BASE, view)
         assert record.resets == []
         record.applied_once()
         assert record.batches() == list(range(45))
@@ -209,7 +93,7 @@ async def test_kill9_twice_and_a_producer_through_lost_answers(tmp_path: Path) -
         async with viewtape.Producer(BASE, "fixture", producer_id="py-a", store=store) as producer:
             for i in range(45, 48):
                 await producer.send(batch(i))
-        await matches_server(again)
+        await matches_server(BASE, again)
         assert record.swaps == 0 and record.resets == []
         assert record.batches() == [45, 46, 47]
 
@@ -222,10 +106,10 @@ async def test_data_dir_deleted_between_lives(tmp_path: Path) -> None:
         record = Record(view)
         for i in range(8):
             await producer.send(batch(i))
-        await matches_server(view)
+        await matches_server(BASE, view)
         await control("kill9-wipe-restart")
         seqs = [(await producer.send(batch(i)))["seq"] for i in range(100, 103)]
-        await matches_server(view)
+        await matches_server(BASE, view)
         assert len(record.resets) == 1, record.resets
         assert record.resets[0]["reason"] in ("stale_epoch", "ahead", "expired")
         assert sorted(view.state) == ["k0", "k1", "k2"]
@@ -249,7 +133,7 @@ async def test_through_a_faulty_proxy() -> None:
         await until(lambda: len(proxy.requests) >= 3, "a reconnection through the cutting proxy")
         for i in range(6):
             await producer.send(batch(i))
-        await matches_server(view)
+        await matches_server(BASE, view)
         assert any(e.code == "network" for e in record.errors)
 
         # Ids stripped: httpx-sse repeats the last id on an event without one; the client must
@@ -261,7 +145,7 @@ async def test_through_a_faulty_proxy() -> None:
         for i in range(6, 9):
             await producer.send(batch(i))
         await until(lambda: any(e.code == "missing_id" for e in record.errors), "missing_id")
-        await matches_server(view)
+        await matches_server(BASE, view)
 
         # A buffering proxy, then a login page again and again: each is named, then the guard.
         proxy.plan = ["buffer"]
@@ -273,7 +157,7 @@ async def test_through_a_faulty_proxy() -> None:
         assert any(e.code == "bad_content_type" for e in record.errors)
         for i in range(9, 11):
             await producer.send(batch(i))
-        await matches_server(view)
+        await matches_server(BASE, view)
         assert record.resets == []
         record.applied_once()
         assert record.batches() == list(range(11))
