@@ -135,7 +135,12 @@ async fn a_deploy_through_one_node_switches_every_node_with_no_reset() -> anyhow
     nodes[2].ready(CONVERGE).await?;
     let mut stream = expect::resumes(&nodes[2], "prices", &last).await?;
     let receipt = nodes[0].ingest_ok(&feed.batch(1)).await?;
-    expect::update(&stream.next_event().await?, last.offset() + 1, feed.symbol_of(11), 11)?;
+    expect::update(
+        &stream.next_event().await?,
+        last.offset() + 1,
+        feed.symbol_of(11),
+        11,
+    )?;
     applied(&nodes[2], position(&receipt)?).await?;
     ensure!(frames(&nodes[2], 11).await? == frames(&nodes[0], 11).await?);
     Ok(())

@@ -9,9 +9,11 @@
 //!
 //! A cluster's stream holds records nobody judged yet: every node judges each one at its
 //! position, the same way, through the same deterministic guest, and the verdict goes to the
-//! publisher ([`Verdict`]). A batch made by a node running another module, a producer's batch
-//! out of order, a guest's refusal, a deploy against a module that no longer runs: each is
-//! refused alike on every node, its position consumed, and nothing stops.
+//! publisher ([`Verdict`]). A batch made by a node running a module the stream never ran, a
+//! producer's batch out of order, a guest's refusal, a deploy against a module that no longer
+//! runs: each is refused alike on every node, its position consumed, and nothing stops. A batch
+//! made for an earlier module of the runtime (published while a deploy was on its way) runs on
+//! the module of its position, like every batch.
 //!
 //! ## A runtime's first module on a stream
 //!
@@ -69,7 +71,11 @@ impl<S: BatchSink> Task<S> {
             // does not publish one): this node cannot reproduce what its publisher runs.
             return Err(self.module_changed(&entry));
         }
-        let verdict = if entry.module != running {
+        // A batch made for a module this runtime ran before the newest deploy was published by a
+        // node of the cluster just before that deploy reached it: it runs on the module of now.
+        // One made for a module the stream never ran came from a node on another build.
+        let foreign = entry.module != running && !self.last.modules.contains(&entry.module);
+        let verdict = if foreign {
             drop(self.log.turn(Some(position), 1).await);
             Err(IngestError::OtherModule {
                 runtime: self.name.to_string(),
