@@ -7,9 +7,10 @@
 //! header_timeout = "10s"      # time to send a whole request head
 //! idle_timeout = "60s"        # a kept-alive connection's wait for its next request
 //! write_timeout = "30s"       # a client that accepts no bytes this long is dropped
-//! drain_timeout = "5s"        # at a stop, time in-flight requests get to finish
+//! drain_timeout = "5s"        # at a stop, time in-flight requests with bodies get to finish
 //! heartbeat = "15s"           # comment lines on idle streams
 //! retry = "2s"                # the `retry:` hint sent to clients
+//! reconnect_spread = "5s"     # at a stop, streams end with `retry:` hints spread over this
 //! max_body = "1MiB"           # ingest body limit; past it, 413
 //! snapshot_interval = "30s"   # periodic snapshots; "0s" turns them off
 //! keep_snapshots = 5          # periodic snapshots kept (plus the newest exact one)
@@ -151,6 +152,10 @@ pub struct ServerConfig {
     /// Reconnection delay suggested to clients.
     #[serde(with = "humantime_serde")]
     pub retry: Duration,
+    /// At a stop, every stream ends with a `retry:` hint somewhere in `[0, reconnect_spread)`,
+    /// evenly spread, so that its clients come back over this window instead of all at once.
+    #[serde(with = "humantime_serde")]
+    pub reconnect_spread: Duration,
     /// Largest ingest body.
     #[serde(deserialize_with = "byte_size")]
     pub max_body: usize,
@@ -188,6 +193,7 @@ impl Default for ServerConfig {
             drain_timeout: Duration::from_secs(5),
             heartbeat: Duration::from_secs(15),
             retry: Duration::from_secs(2),
+            reconnect_spread: Duration::from_secs(5),
             max_body: 1 << 20,
             snapshot_interval: Duration::from_secs(30),
             keep_snapshots: 5,

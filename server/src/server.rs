@@ -16,9 +16,10 @@
 //!
 //! ## Shutdown
 //!
-//! On SIGINT or SIGTERM: close every SSE stream and stop accepting; let
-//! in-flight requests finish for at most `[server] drain_timeout` (a second
-//! signal stops waiting); stop the demo feed and sources; take the consistency
+//! On SIGINT or SIGTERM: `/readyz` turns `503` and every SSE stream ends with a
+//! spread `retry:` hint; requests with bodies get at most `[server]
+//! drain_timeout` (a second signal stops waiting), then the listener closes
+//! (`crate::listener`); stop the demo feed and sources; take the consistency
 //! cut (each runtime between batches), `seal`, dump, release the cut, write the
 //! exact snapshot, exit.
 

@@ -63,8 +63,10 @@ pub struct AppState {
     pub streams: Arc<Streams>,
     /// Token verification; `None`: auth is off.
     pub auth: Option<Arc<Auth>>,
-    /// The node's cluster; `None`: a single node, always ready.
+    /// The node's cluster; `None`: a single node, ready until it stops.
     pub cluster: Option<Arc<Cluster>>,
+    /// Turns `true` when the server stops: `/readyz` answers `503` from then on.
+    pub stopping: watch::Receiver<bool>,
 }
 
 impl AppState {
@@ -79,7 +81,12 @@ impl AppState {
         shutdown: watch::Receiver<bool>,
     ) -> Self {
         let metrics = Arc::new(Metrics::new(Arc::clone(&hub), Arc::clone(&runtimes), log));
-        let streams = Streams::new(Arc::clone(&hub), Arc::clone(&metrics), &config, shutdown);
+        let streams = Streams::new(
+            Arc::clone(&hub),
+            Arc::clone(&metrics),
+            &config,
+            shutdown.clone(),
+        );
         Self {
             hub,
             runtimes,
@@ -88,6 +95,7 @@ impl AppState {
             streams: Arc::new(streams),
             auth,
             cluster: None,
+            stopping: shutdown,
         }
     }
 
@@ -167,8 +175,14 @@ fn cors(config: &ServerConfig) -> Option<CorsLayer> {
 }
 
 /// `200` when the node serves what its cluster has (a single node always does), else `503`;
-/// the body says how far it has applied the stream and, after a break, why it stopped.
+/// the body says how far it has applied the stream and, after a break, why it stopped. From the
+/// moment the server is asked to stop: `503` with `"stopping": true`, so that a load balancer
+/// sends no one new before the listener closes.
 async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
+    if *state.stopping.borrow() {
+        let body = serde_json::json!({ "ready": false, "stopping": true });
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    }
     let Some(cluster) = &state.cluster else {
         return Json(serde_json::json!({ "ready": true })).into_response();
     };
