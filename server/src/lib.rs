@@ -7,7 +7,7 @@
 //!
 //! | layer | modules |
 //! |---|---|
-//! | process | [`server`] (`viewtape serve`: start-up, shutdown), [`inspect`] (`viewtape snapshot …`, `viewtape log …`), [`run`] (`viewtape run`: a guest over recorded input), [`scaffold`] (`viewtape new`: a guest crate) |
+//! | process | [`server`] (`viewtape serve`: start-up, shutdown), [`check`] (`viewtape check-config`, and what `serve` checks first), [`inspect`] (`viewtape snapshot …`, `viewtape log …`), [`run`] (`viewtape run`: a guest over recorded input), [`scaffold`] (`viewtape new`: a guest crate) |
 //! | transport | [`listener`] — the accept loop; HTTP/1.1 carried to a router, lean or through hyper, and HTTP/2 over TLS; [`tls`] — the certificate, reloadable |
 //! | HTTP | [`http`] — the one router: routes, layers, the API error; [`http::admin`] |
 //! | operations | [`snapshot`] — snapshot body, cut, write, restore; [`recovery`] — start-up from a snapshot and the log; [`cluster`] — replicas sharing a JetStream stream as their log; [`deploy`] — a new module into a running runtime; [`demo`] — the demo feed |
@@ -19,6 +19,7 @@
 #![deny(missing_docs)]
 
 pub mod auth;
+pub mod check;
 pub mod cluster;
 pub mod config;
 pub mod demo;

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
+use viewtape_server::check;
 use viewtape_server::config::Config;
 use viewtape_server::server::{serve, ServeOptions};
 
@@ -40,6 +41,13 @@ enum Command {
         /// (`[cluster] nats_url`).
         #[arg(long)]
         nats: Option<String>,
+    },
+    /// Check a config file as `serve --config FILE` does before it starts, without starting:
+    /// syntax, keys, types, values, declared views, and that every module, certificate and key
+    /// file it names loads. Exits 1 naming the file, the line and the key of the first problem.
+    CheckConfig {
+        /// The TOML config file.
+        file: PathBuf,
     },
     /// Deploy a new module to a runtime of a running server, without a restart: the guest's
     /// state carries over, no client notices. Needs the server's admin token in
@@ -118,15 +126,31 @@ enum SnapshotCommand {
     },
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// Runs the command; an error is printed as one line (with its causes), never with a backtrace,
+/// and the process exits 1.
+fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build();
+    let result = match runtime {
+        Ok(runtime) => runtime.block_on(run(cli)),
+        Err(error) => Err(anyhow::anyhow!("cannot start the async runtime: {error}")),
+    };
+    if let Err(error) = result {
+        eprintln!("error: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
         Command::Serve {
             listen,
             data_dir,
@@ -134,13 +158,19 @@ async fn main() -> anyhow::Result<()> {
             demo_rate,
             nats,
         } => {
-            let mut config = match &config {
-                Some(path) => Config::load(path)?,
-                None => Config::default(),
+            let override_nats = |config: &mut Config| {
+                if nats.is_some() {
+                    config.cluster.nats_url = nats;
+                }
             };
-            if nats.is_some() {
-                config.cluster.nats_url = nats;
-            }
+            let config = match &config {
+                Some(path) => check::check_file(path, override_nats)?,
+                None => {
+                    let mut config = Config::default();
+                    override_nats(&mut config);
+                    config
+                }
+            };
             serve(ServeOptions {
                 listen,
                 data_dir,
@@ -148,6 +178,20 @@ async fn main() -> anyhow::Result<()> {
                 demo_rate,
             })
             .await
+        }
+        Command::CheckConfig { file } => {
+            let config = check::check_file(&file, |_| {})?;
+            let runtimes: Vec<String> = config
+                .runtimes
+                .iter()
+                .map(|runtime| format!("{} ({})", runtime.name, runtime.views.join(", ")))
+                .collect();
+            println!(
+                "{}: ok; runtimes and their views: {}",
+                file.display(),
+                runtimes.join("; ")
+            );
+            Ok(())
         }
         Command::Snapshot(SnapshotCommand::Inspect { file }) => {
             let ok = viewtape_server::inspect::inspect_file(&file, &mut std::io::stdout())?;

@@ -223,15 +223,8 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
     }
 
     let cluster = match &config.cluster.nats_url {
-        Some(url) => {
-            if let Some(runtime) = config.runtimes.iter().find(|r| r.source.is_some()) {
-                anyhow::bail!(
-                    "runtime {:?} follows a file: not supported in a cluster, where every node would feed the same runtime from its own copy; ingest it over HTTP instead",
-                    runtime.name
-                );
-            }
-            Some(Cluster::join(&config.cluster, url).await?)
-        }
+        // A runtime following a file is refused with the config (crate::check).
+        Some(url) => Some(Cluster::join(&config.cluster, url).await?),
         None => None,
     };
     let mut begun = match &cluster {
