@@ -188,6 +188,9 @@ pub struct Subscriber {
     shared: Option<Bytes>,
     /// When the reader's token expires: the stream ends with `event: reauth`.
     deadline: Option<tokio::time::Instant>,
+    /// `?until=head`: the view's window at open; the stream ends once it has delivered
+    /// everything before its `next`.
+    until: Option<viewtape_journal::ReplayWindow>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -262,8 +265,25 @@ impl Subscriber {
             pending,
             shared: None,
             deadline: None,
+            until: None,
             _permit: permit,
         }
+    }
+
+    /// Ends the stream once it has delivered everything up to the view's head as it is now
+    /// (`?until=head`): right after `synced` for a state transfer, after the last retained
+    /// event for a cursor or the tape. A reset to another epoch ends it after that state.
+    #[must_use]
+    pub fn until_head(mut self) -> Self {
+        self.until = Some(self.streams.hub.journal().window_now(self.view.name()));
+        self
+    }
+
+    /// Whether a `?until=head` stream following after `cursor` has delivered everything.
+    fn reached_head(&self, cursor: &Cursor) -> bool {
+        self.until.as_ref().is_some_and(|head| {
+            cursor.epoch() != head.epoch || cursor.offset().saturating_add(1) >= head.next
+        })
     }
 
     /// The response body.
@@ -324,6 +344,13 @@ impl Subscriber {
                 }
                 Phase::Follow(cursor) => {
                     let cursor = *cursor;
+                    if self.reached_head(&cursor) {
+                        self.phase = Phase::Done;
+                        if !self.pending.is_empty() {
+                            return Some(std::mem::take(&mut self.pending).freeze());
+                        }
+                        continue;
+                    }
                     match self.streams.hub.journal().frames_after(
                         self.view.name(),
                         &cursor,

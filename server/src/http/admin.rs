@@ -292,30 +292,37 @@ async fn deploy(
     })))
 }
 
+/// Admin with `token` over an empty hub, snapshots in the temp dir, for tests without a socket.
 #[cfg(test)]
-mod tests {
+pub(crate) fn test_admin(token: &str) -> Option<Admin> {
     use viewtape_journal::{EventJournal, JournalConfig};
     use viewtape_snapshots::SnapshotDir;
 
-    use super::*;
     use crate::hub::Hub;
 
+    let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
+        JournalConfig::default(),
+    ))));
+    let dir = Arc::new(SnapshotDir::open(std::env::temp_dir()).expect("temp dir"));
+    let engine = crate::host::GuestEngine::new(crate::host::EngineConfig {
+        pooled_instances: 1,
+        ..crate::host::EngineConfig::default()
+    })
+    .expect("engine");
+    let store = crate::registry::ModuleStore::open(std::env::temp_dir()).expect("store");
+    Admin::new(
+        token,
+        Arc::new(Snapshots::new(hub, dir, Arc::default(), Arc::default())),
+        Arc::new(Deployer::new(engine, store, Arc::default())),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
     fn admin(token: &str) -> Option<Admin> {
-        let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
-            JournalConfig::default(),
-        ))));
-        let dir = Arc::new(SnapshotDir::open(std::env::temp_dir()).expect("temp dir"));
-        let engine = crate::host::GuestEngine::new(crate::host::EngineConfig {
-            pooled_instances: 1,
-            ..crate::host::EngineConfig::default()
-        })
-        .expect("engine");
-        let store = crate::registry::ModuleStore::open(std::env::temp_dir()).expect("store");
-        Admin::new(
-            token,
-            Arc::new(Snapshots::new(hub, dir, Arc::default(), Arc::default())),
-            Arc::new(Deployer::new(engine, store, Arc::default())),
-        )
+        test_admin(token)
     }
 
     fn status(result: Result<(), ApiError>) -> u16 {

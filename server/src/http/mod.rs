@@ -7,6 +7,7 @@
 //! | `POST /runtimes/{runtime}/ingest` | `ingest` |
 //! | `POST /admin/snapshot`, `GET /admin/snapshots`, `POST /admin/restore` | [`admin`] |
 //! | `GET /`, `GET /healthz`, `GET /readyz`, `GET /metrics` | here |
+//! | `GET /openapi.json` | [`openapi`]: the description of every route |
 //!
 //! ## Layers
 //!
@@ -18,6 +19,7 @@ mod access;
 pub mod admin;
 mod error;
 mod ingest;
+pub mod openapi;
 mod views;
 
 use std::sync::Arc;
@@ -124,6 +126,7 @@ pub fn app(state: AppState, admin: Option<Arc<admin::Admin>>) -> Router {
         )
         .merge(views::routes())
         .merge(ingest::routes())
+        .merge(openapi::routes())
         .with_state(state.clone())
         .merge(admin::routes(admin))
         .layer(CompressionLayer::new())
@@ -241,6 +244,16 @@ pub(crate) fn test_state(auth: Option<Arc<Auth>>) -> AppState {
         ServerConfig::default(),
         shutdown,
     )
+}
+
+/// A router over [`test_state`] without auth, and the admin routes enabled with the token
+/// `admin`.
+#[cfg(test)]
+pub(crate) fn test_app_with_admin() -> (Router, Arc<Hub>) {
+    let state = test_state(None);
+    let hub = Arc::clone(&state.hub);
+    let admin = admin::test_admin("admin").map(Arc::new);
+    (app(state, admin), hub)
 }
 
 /// A router over [`test_state`] without auth and admin disabled.
