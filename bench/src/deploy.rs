@@ -2,11 +2,15 @@
 //!
 //! ```text
 //! viewtape-bench deploy [--deploys 10] [--rate 500] [--connections 4] [--max-seconds 300]
+//!                       [--cluster 0|3] [--nats-server nats-server]
 //! ```
 //!
 //! Always spawns its own server (`viewtape serve --demo-rate 0`, a fresh data directory, the
 //! default config: runtime `demo` = the built-in ticker into view `prices`) with
-//! `VIEWTAPE_ADMIN_TOKEN` set to a token made up for the run.
+//! `VIEWTAPE_ADMIN_TOKEN` set to a token made up for the run. With `--cluster N`, a real
+//! `nats-server` (`sync_interval: always`) and `N` nodes on it; ingest and deploys go to the
+//! first, and a deploy's latency includes the record's round trip through the stream and its
+//! apply on that node.
 //!
 //! - Ingest: an open loop of 1-event batches into `POST /runtimes/demo/ingest` at `--rate`
 //!   batches/s for the whole run (a tokio interval schedules them; whichever of the
@@ -42,7 +46,7 @@ use anyhow::{bail, ensure, Context as _};
 use tokio::task::JoinSet;
 use viewtape_tests::feed::{price_of, tick};
 use viewtape_tests::server::{guest_wasm, with_custom_section, ADMIN_TOKEN_ENV};
-use viewtape_tests::{http, Server};
+use viewtape_tests::{http, NatsServer, Server};
 
 use crate::args::Args;
 use crate::durable::{parse_ingest_ack, IngestConn};
@@ -70,6 +74,8 @@ pub struct Options {
     rate: u64,
     connections: usize,
     max_seconds: u64,
+    cluster: usize,
+    nats_server: String,
 }
 
 impl Options {
@@ -85,6 +91,8 @@ impl Options {
             rate: args.num("rate", 500u64, 1, 5_000)?,
             connections: args.num("connections", 4usize, 1, 64)?,
             max_seconds: args.num("max-seconds", 300u64, 5, 3_600)?,
+            cluster: args.num("cluster", 0usize, 0, 5)?,
+            nats_server: args.get("nats-server").unwrap_or("nats-server").to_owned(),
         })
     }
 }
@@ -377,7 +385,25 @@ fn make_token() -> String {
 /// bounds.
 pub async fn run(options: &Options) -> anyhow::Result<()> {
     let token = make_token();
-    let mut server = Server::start_with_env(&[], &[(ADMIN_TOKEN_ENV, &token)]).await?;
+    let nats = match options.cluster {
+        0 => None,
+        _ => Some(NatsServer::start_with(&options.nats_server, false).await?),
+    };
+    let url = nats.as_ref().map(NatsServer::url);
+    let args: Vec<&str> = match &url {
+        Some(url) => vec!["--nats", url],
+        None => Vec::new(),
+    };
+    let mut others = Vec::new();
+    for _ in 1..options.cluster {
+        others.push(Server::start_with_env(&args, &[(ADMIN_TOKEN_ENV, &token)]).await?);
+    }
+    let mut server = Server::start_with_env(&args, &[(ADMIN_TOKEN_ENV, &token)]).await?;
+    for node in others.iter().chain([&server]) {
+        if nats.is_some() {
+            node.ready(Duration::from_secs(30)).await?;
+        }
+    }
     eprintln!(
         "spawned viewtape (pid {}) on {}; {} deploys to {RUNTIME} while ingesting {}/s on {} \
          connections",
@@ -392,6 +418,9 @@ pub async fn run(options: &Options) -> anyhow::Result<()> {
         eprintln!("---- spawned server stderr (tail) ----\n{}", server.logs());
     }
     let _ = server.kill9().await;
+    for mut node in others {
+        let _ = node.kill9().await;
+    }
     result
 }
 

@@ -236,6 +236,11 @@ pub struct ClusterSection {
     /// How long an ingest waits for this node to apply its published batch.
     #[serde(with = "humantime_serde")]
     pub apply_timeout: Duration,
+    /// The NATS servers sync every write before they acknowledge it (`sync_interval: always`
+    /// in their `jetstream` block). A single-replica stream on servers that sync periodically
+    /// (NATS's default) can lose recently acknowledged batches at a power loss; receipts then
+    /// say `"durability": "stream_os"`.
+    pub stream_synced: bool,
 }
 
 impl Default for ClusterSection {
@@ -248,6 +253,7 @@ impl Default for ClusterSection {
             bucket: "viewtape-snapshots".into(),
             ahead_wait: Duration::from_secs(2),
             apply_timeout: Duration::from_secs(5),
+            stream_synced: false,
         }
     }
 }
@@ -536,15 +542,6 @@ impl Config {
                     key("limits.batch_timeout"),
                     format!(
                         "runtime {:?}: batch_timeout must be above zero",
-                        runtime.name
-                    ),
-                ));
-            }
-            if runtime.source.is_some() && self.cluster.nats_url.is_some() {
-                return Err(Problem::new(
-                    key("source"),
-                    format!(
-                        "runtime {:?} follows a file: not supported in a cluster, where every node would feed the same runtime from its own copy; ingest it over HTTP instead",
                         runtime.name
                     ),
                 ));

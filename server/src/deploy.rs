@@ -2,12 +2,15 @@
 //! [`ModuleStore`], and hand it to the runtime, which swaps it in between two batches with the
 //! guest's state carried over ([`RuntimeHandle::deploy`](crate::runtime::RuntimeHandle::deploy)).
 //! The admin route `PUT /admin/runtimes/{runtime}/module` and `viewtape deploy` go through
-//! [`Deployer::deploy`].
+//! [`Deployer::deploy`]. On a cluster the module goes to the bucket too, by SHA-256, and the
+//! deploy is a record of the stream: every node fetches the module and switches at its
+//! position.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::cluster::Cluster;
 use crate::host::{GuestEngine, GuestModule};
 use crate::registry::{ModuleStore, Runtimes};
 use crate::runtime::{DeployError, Deployed};
@@ -45,6 +48,9 @@ pub enum DeployActionError {
     /// A blocking task failed.
     #[error("deploy task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    /// The cluster's bucket could not take the module.
+    #[error("the cluster's bucket cannot take the module: {0}")]
+    Bucket(String),
 }
 
 /// Deploys modules to the server's runtimes.
@@ -53,15 +59,22 @@ pub struct Deployer {
     engine: GuestEngine,
     store: Arc<ModuleStore>,
     runtimes: Arc<Runtimes>,
+    cluster: Option<Arc<Cluster>>,
 }
 
 impl Deployer {
-    /// Deploys with `engine`, keeping modules in `store`.
-    pub fn new(engine: GuestEngine, store: ModuleStore, runtimes: Arc<Runtimes>) -> Self {
+    /// Deploys with `engine`, keeping modules in `store` (and in `cluster`'s bucket).
+    pub fn new(
+        engine: GuestEngine,
+        store: Arc<ModuleStore>,
+        runtimes: Arc<Runtimes>,
+        cluster: Option<Arc<Cluster>>,
+    ) -> Self {
         Self {
             engine,
-            store: Arc::new(store),
+            store,
             runtimes,
+            cluster,
         }
     }
 
@@ -83,6 +96,12 @@ impl Deployer {
                 runtime: runtime.to_owned(),
                 message: error.to_string(),
             })?;
+        if let Some(cluster) = &self.cluster {
+            cluster
+                .put_module(&wasm)
+                .await
+                .map_err(|error| DeployActionError::Bucket(error.to_string()))?;
+        }
         let store = Arc::clone(&self.store);
         tokio::task::spawn_blocking(move || store.put(&wasm))
             .await?

@@ -7,14 +7,14 @@
 //!
 //! | layer | modules |
 //! |---|---|
-//! | process | [`server`] (`viewtape serve`: start-up, shutdown), [`check`] (`viewtape check-config`, and what `serve` checks first), [`inspect`] (`viewtape snapshot …`, `viewtape log …`), [`run`] (`viewtape run`: a guest over recorded input), [`scaffold`] (`viewtape new`: a guest crate) |
+//! | process | [`server`] (`viewtape serve`: serving, shutdown), [`check`] (`viewtape check-config`, and what `serve` checks first), [`startup`] (start-up in every mode: local log, log off, cluster), [`inspect`] (`viewtape snapshot …`, `viewtape log …`), [`run`] (`viewtape run`: a guest over recorded input), [`scaffold`] (`viewtape new`: a guest crate) |
 //! | transport | [`listener`] — the accept loop; HTTP/1.1 carried to a router, lean or through hyper, and HTTP/2 over TLS; [`tls`] — the certificate, reloadable |
 //! | HTTP | [`http`] — the one router: routes, layers, the API error; [`http::admin`] |
-//! | operations | [`snapshot`] — snapshot body, cut, write, restore; [`recovery`] — start-up from a snapshot and the log; [`cluster`] — replicas sharing a JetStream stream as their log; [`deploy`] — a new module into a running runtime; [`demo`] — the demo feed |
+//! | operations | [`snapshot`] — snapshot body, cut, write, restore; [`recovery`] — a snapshot and the local log at start-up; [`cluster`] — replicas applying a JetStream stream as their log; [`deploy`] — a new module into a running runtime; [`demo`] — the demo feed |
 //! | streams | [`sse`] — one subscriber: replay or state, then live |
 //! | observation | [`metrics`] — Prometheus metrics, reading the counters of the layers below |
 //! | views | [`hub`] — views, their state, the commit path into the journal; [`registry`] — runtimes by name, the module store, the consistency cut |
-//! | runtimes | [`runtime`] — the task owning one guest; [`log`] — log records, receipts, idempotent producers, commit order; [`source`] — pull sources and their checkpoints |
+//! | runtimes | [`runtime`] — the task owning one guest; [`log`] — log records, receipts, idempotent producers, commit order, the two backends (local segments, a cluster's stream); [`source`] — pull sources and their checkpoints |
 //! | foundation | [`host`] — the wasmtime host; [`frame`] — the SSE wire format; [`auth`] — tokens and grants; [`config`] — settings |
 #![deny(missing_docs)]
 
@@ -45,4 +45,5 @@ pub mod snapshot;
 mod snapshot_props;
 pub mod source;
 pub mod sse;
+pub mod startup;
 pub mod tls;

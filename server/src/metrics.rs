@@ -76,6 +76,36 @@ fn register_log(registry: &mut Registry, log: &LogMetrics) {
         "Times log continuity broke and a fresh epoch was taken, by cause (corrupt, missing, digest, module, boot)",
         log.fail_closed.clone(),
     );
+    registry.register(
+        "viewtape_cluster_applied_sequence",
+        "On a cluster: the last stream sequence this node applied",
+        log.applied.clone(),
+    );
+    registry.register(
+        "viewtape_cluster_stream_last_sequence",
+        "On a cluster: the stream's last sequence, as last seen",
+        log.stream_last.clone(),
+    );
+    registry.register(
+        "viewtape_cluster_apply_lag_sequences",
+        "On a cluster: sequences the stream holds that this node has not applied",
+        log.apply_lag_sequences.clone(),
+    );
+    registry.register(
+        "viewtape_cluster_apply_lag_seconds",
+        "On a cluster: how long ago the last record this node applied was published",
+        log.apply_lag_seconds.clone(),
+    );
+    registry.register(
+        "viewtape_cluster_records",
+        "On a cluster: records applied, by kind (batch, deploy, restore, foreign)",
+        log.records_by_kind.clone(),
+    );
+    registry.register(
+        "viewtape_cluster_lease_held",
+        "On a cluster: 1 for each task whose lease this node holds (the demo feed, file sources)",
+        log.leases_held.clone(),
+    );
 }
 
 /// Server-level metrics, and the registry that encodes them with the counters read from their
@@ -351,6 +381,12 @@ impl Collector for OwnerCounters {
             "Gaps reported by guests or lost pull-source batches.",
             per_runtime(|stats| &stats.gaps),
         )?;
+        family(
+            e,
+            "viewtape_runtime_deploys",
+            "Modules deployed to a runtime (live, at start, or applied from the log).",
+            per_runtime(|stats| &stats.deploys),
+        )?;
 
         family(
             e,
@@ -430,6 +466,12 @@ mod tests {
             "viewtape_log_replayed_records_total counter",
             "viewtape_log_repaired_bytes_total counter",
             "viewtape_log_fail_closed_total counter",
+            "viewtape_cluster_applied_sequence gauge",
+            "viewtape_cluster_stream_last_sequence gauge",
+            "viewtape_cluster_apply_lag_sequences gauge",
+            "viewtape_cluster_apply_lag_seconds gauge",
+            "viewtape_cluster_records_total counter",
+            // viewtape_cluster_lease_held appears with the first task run once per cluster.
             "viewtape_events_published_total counter",
             "viewtape_events_cursorless_total counter",
             "viewtape_journal_appends_total counter",
@@ -441,6 +483,7 @@ mod tests {
             "viewtape_runtime_guest_failures_total counter",
             "viewtape_runtime_restarts_total counter",
             "viewtape_runtime_gaps_total counter",
+            "viewtape_runtime_deploys_total counter",
             "viewtape_view_retained_records gauge",
         ]
         .map(|t| format!("# TYPE {t}"));

@@ -30,7 +30,8 @@ use crate::host::{GuestEngine, GuestModule};
 use crate::hub::Hub;
 use crate::log::{Break, DeployEntry, Entry, Log, LogMetrics};
 use crate::registry::{ModuleStore, Runtimes};
-use crate::runtime::{ReplayError, RuntimeHandle};
+use crate::runtime::handle::Record;
+use crate::runtime::RuntimeHandle;
 use crate::snapshot::{restore_at_start, RuntimeDump, SnapshotBody};
 
 /// Where the boot id of a life that wrote with `fsync = "os"` is kept.
@@ -351,16 +352,6 @@ async fn replay_deploy(
     modules: &ModuleStore,
     engine: &GuestEngine,
 ) -> Result<(), (Break, String)> {
-    let running = runtime.module();
-    if deploy.previous != running {
-        return Err((
-            Break::Module,
-            format!(
-                "a deploy to runtime {:?} from module {}, which runs {running}",
-                deploy.runtime, deploy.previous
-            ),
-        ));
-    }
     let wasm = modules.get(&deploy.module).map_err(|error| {
         let path = modules.path(&deploy.module);
         (
@@ -379,10 +370,17 @@ async fn replay_deploy(
         )
     })?;
     runtime
-        .replay_deploy(module, position)
+        .apply(Record::Deploy(deploy, module), position)
         .await
-        .map(drop)
-        .map_err(|error| (Break::Digest, error.to_string()))
+        .map_err(|error| (error.cause(), error.to_string()))
+}
+
+/// A restore record in a local log: only a cluster's stream holds those.
+fn unreachable_restore(position: u64) -> Result<(), (Break, String)> {
+    Err((
+        Break::Corrupt,
+        format!("log position {position} holds a cluster's restore"),
+    ))
 }
 
 /// Replays every intact record after `plan.from`. Returns the break that stopped it, if any.
@@ -426,12 +424,18 @@ async fn replay_records(
                 break;
             }
         };
-        let Some(runtime) = runtimes.get(entry.runtime()) else {
+        let Some(name) = entry.runtime() else {
+            broken = Some((
+                Break::Corrupt,
+                format!("log position {position} holds a cluster's restore, not a record of this server's log"),
+            ));
+            break;
+        };
+        let Some(runtime) = runtimes.get(name) else {
             broken = Some((
                 Break::Module,
                 format!(
-                    "log position {position} belongs to runtime {:?}, which is not configured",
-                    entry.runtime()
+                    "log position {position} belongs to runtime {name:?}, which is not configured"
                 ),
             ));
             break;
@@ -439,15 +443,13 @@ async fn replay_records(
         let replayed = match entry {
             Entry::Batch(batch) => runtime
                 .handle
-                .replay(batch, position)
+                .apply(Record::Batch(batch), position)
                 .await
-                .map_err(|error| match error {
-                    ReplayError::ModuleChanged { .. } => (Break::Module, error.to_string()),
-                    _ => (Break::Digest, error.to_string()),
-                }),
+                .map_err(|error| (error.cause(), error.to_string())),
             Entry::Deploy(deploy) => {
                 replay_deploy(&runtime.handle, deploy, position, modules, engine).await
             }
+            Entry::Restore(_) => unreachable_restore(position),
         };
         if let Err((cause, error)) = replayed {
             broken = Some((cause, format!("log position {position}: {error}")));

@@ -3,15 +3,13 @@
 //! ## Start-up
 //!
 //! 1. Read the config (or take the embedded default).
-//! 2. Restore the newest valid snapshot from `<data-dir>/snapshots` and
-//!    prepare the log in `<data-dir>/log` ([`crate::recovery::begin`]).
-//! 3. Compile every runtime's module once and start its task, restoring the
-//!    guest's state when the snapshot's module fingerprint matches.
-//! 4. Replay the log after the snapshot ([`crate::recovery::replay`]): the
-//!    same epoch, offsets and frames as before the stop, whatever the stop was;
-//!    or a fresh epoch where continuity cannot be proven, followed at once by a
-//!    snapshot.
-//! 5. Bind, print `viewtape listening on http://ADDR/` as the first line of
+//! 2. The snapshot, the runtimes and the log after it, in every mode
+//!    ([`crate::startup::start`]): the same epoch, offsets and frames as before
+//!    the stop, whatever the stop was; or a fresh epoch where continuity cannot
+//!    be proven, followed at once by a snapshot.
+//! 3. Start the pull sources and the demo feed (on a cluster, once per cluster:
+//!    on the node holding each one's lease).
+//! 4. Bind, print `viewtape listening on http://ADDR/` as the first line of
 //!    stdout, and serve.
 //!
 //! ## Shutdown
@@ -24,28 +22,21 @@
 //! exact snapshot, exit.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use viewtape_journal::EventJournal;
-use viewtape_snapshots::SnapshotDir;
 
 use crate::auth::Auth;
 use crate::cluster::Cluster;
 use crate::config::Config;
-use crate::deploy::Deployer;
-use crate::host::{EngineConfig, GuestEngine, GuestModule};
 use crate::http::admin::Admin;
 use crate::http::{app, AppState};
-use crate::hub::Hub;
 use crate::log::Log;
-use crate::registry::{ModuleFingerprint, ModuleStore, Runtimes};
-use crate::runtime::{RuntimeConfig, RuntimeHandle};
-use crate::snapshot::Snapshots;
+use crate::registry::Runtimes;
 use crate::source::{FileTail, FileTailConfig, SourceCheckpoint};
+use crate::startup::{start, Started};
 use crate::tls::Tls;
 
 /// How `viewtape serve` was invoked.
@@ -84,7 +75,7 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         cluster,
     } = start(config, &options.data_dir).await?;
     let journal = Arc::clone(hub.journal());
-    let mut sources = start_sources(config, &runtimes).await?;
+    let mut sources = start_sources(config, &runtimes, cluster.as_ref(), &log);
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let secret = std::env::var(crate::auth::SECRET_ENV).ok();
@@ -117,8 +108,8 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     };
     let metrics = Arc::clone(&state.metrics);
     let admin = Admin::from_env(Arc::clone(&snapshots), deployer)
-        .map(|admin| match cluster {
-            Some(_) => admin.clustered(),
+        .map(|admin| match &cluster {
+            Some(cluster) => admin.in_cluster(Arc::clone(cluster)),
             None => admin,
         })
         .map(Arc::new);
@@ -128,7 +119,7 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         let feed = move || crate::demo::spawn_feed(handle.clone(), Arc::clone(&hub), rate);
         sources.push(match &cluster {
             // Once per cluster: the node holding its lease feeds it.
-            Some(cluster) => cluster.spawn_once("demo-feed", feed),
+            Some(cluster) => cluster.spawn_once("demo-feed".into(), Arc::clone(&log), feed),
             None => feed(),
         });
     }
@@ -189,175 +180,47 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A started server's parts, before it listens.
-#[derive(Debug)]
-pub struct Started {
-    /// Views and the journal.
-    pub hub: Arc<Hub>,
-    /// The runtimes, running.
-    pub runtimes: Arc<Runtimes>,
-    /// The log, writing.
-    pub log: Arc<Log>,
-    /// Snapshot actions.
-    pub snapshots: Arc<Snapshots>,
-    /// Module deploys.
-    pub deployer: Arc<Deployer>,
-    /// The node's cluster, when it is one of several sharing a stream.
-    pub cluster: Option<Arc<Cluster>>,
-}
-
-/// Start-up steps 2 to 4 (see the module docs) over `data_dir`: the snapshot, the runtimes, the
-/// log replayed. Sources and the listener are not started.
-///
-/// # Errors
-/// The data directory or the log cannot be read, a guest module cannot be loaded or started.
-pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> {
-    let journal = Arc::new(EventJournal::new(config.journal.to_journal_config()));
-    let hub = Arc::new(Hub::new(Arc::clone(&journal)));
-    let dir = Arc::new(
-        SnapshotDir::open(data_dir.join("snapshots"))?
-            .with_keep_periodic(config.server.keep_snapshots),
-    );
-    if let Err(error) = dir.remove_temp_files() {
-        tracing::warn!(%error, "could not remove leftover temporary snapshot files");
-    }
-
-    let cluster = match &config.cluster.nats_url {
-        // A runtime following a file is refused with the config (crate::check).
-        Some(url) => Some(Cluster::join(&config.cluster, url).await?),
-        None => None,
-    };
-    let mut begun = match &cluster {
-        None => crate::recovery::begin(&hub, &dir, &data_dir.join("log"), &config.log).await?,
-        Some(cluster) => {
-            let (dumps, log) = cluster.begin(&hub, &dir).await?;
-            crate::recovery::Begun::shared(dumps, log)
-        }
-    };
-
-    let engine = GuestEngine::new(EngineConfig::default())?;
-    let modules_dir = data_dir.join("modules");
-    let modules = ModuleStore::open(&modules_dir)
-        .map_err(|error| anyhow::anyhow!("cannot create {}: {error}", modules_dir.display()))?;
-    let mut runtimes = Runtimes::default();
-    for section in &config.runtimes {
-        let wasm = section.wasm_bytes().map_err(|error| {
-            anyhow::anyhow!(
-                "runtime {:?}: cannot read {}: {error}",
-                section.name,
-                section.wasm
-            )
-        })?;
-        let configured = ModuleFingerprint::of(&wasm);
-        for view in &section.views {
-            hub.declare(view);
-        }
-        // The module that ran at the snapshot runs on, unless the config now names another
-        // one than it did then (changed while the server was stopped).
-        let (wasm, restore) = match begun.dumps.remove(&section.name) {
-            Some(dump) if dump.configured.as_ref().unwrap_or(&dump.module) == &configured => {
-                if dump.module == configured {
-                    (wasm, Some(dump.saved))
-                } else {
-                    let deployed = modules.get(&dump.module).map_err(|error| {
-                        anyhow::anyhow!(
-                            "runtime {:?} ran the deployed module {}, which cannot be read from {}: {error}",
-                            section.name,
-                            dump.module,
-                            modules.path(&dump.module).display()
-                        )
-                    })?;
-                    (deployed, Some(dump.saved))
-                }
-            }
-            Some(dump) => {
-                tracing::warn!(
-                    runtime = %section.name,
-                    saved_by = %dump.module,
-                    configured = %configured,
-                    "the config names another module than when the state was saved: starting the guest fresh and marking a gap"
-                );
-                journal.mark_gap().await;
-                (wasm, None)
-            }
-            None => (wasm, None),
-        };
-        let module = GuestModule::new(&engine, &wasm)
-            .map_err(|error| anyhow::anyhow!("runtime {:?}: {error}", section.name))?;
-        let runtime_config = RuntimeConfig {
-            guest_config: Bytes::from(section.config.clone().into_bytes()),
-            limits: section.limits.to_limits(),
-            ..RuntimeConfig::new(section.name.clone(), section.views.iter().cloned())
-        };
-        let handle = RuntimeHandle::spawn(
-            module,
-            runtime_config,
-            restore,
-            Arc::clone(&journal),
-            Arc::clone(&hub),
-            Arc::clone(&begun.log),
-        )
-        .await
-        .map_err(|error| anyhow::anyhow!("runtime {:?} failed to start: {error}", section.name))?;
-        runtimes.insert(handle, configured);
-    }
-    let runtimes = Arc::new(runtimes);
-    let replayed = crate::recovery::replay(&mut begun, &hub, &runtimes, &modules, &engine).await?;
-    let snapshots = Arc::new(Snapshots::new(
-        Arc::clone(&hub),
-        dir,
-        Arc::clone(&runtimes),
-        Arc::clone(&begun.log),
-    ));
-    if replayed.needs_snapshot {
-        let written = snapshots.write().await?;
-        tracing::info!(file = %written.info.path().display(), "snapshot written at the log's new beginning");
-    }
-    if let Some(cluster) = &cluster {
-        for name in runtimes.names() {
-            if let Some(registered) = runtimes.get(name) {
-                registered
-                    .handle
-                    .share_through(Arc::clone(cluster) as Arc<dyn crate::runtime::SharedLog>);
-            }
-        }
-        cluster.spawn_apply(Arc::clone(&runtimes), Arc::clone(&begun.log));
-    }
-    let deployer = Arc::new(Deployer::new(engine, modules, Arc::clone(&runtimes)));
-    Ok(Started {
-        hub,
-        runtimes,
-        log: begun.log,
-        snapshots,
-        deployer,
-        cluster,
-    })
-}
-
-/// Starts each runtime's pull source where the replayed history left it.
-///
-/// # Errors
-/// A runtime has stopped.
-async fn start_sources(
+/// Starts each runtime's pull source where the applied history left it: on a cluster, once
+/// per cluster, on the node holding its lease, from the checkpoint of the last record applied
+/// when it takes the lease.
+fn start_sources(
     config: &Config,
     runtimes: &Runtimes,
-) -> anyhow::Result<Vec<JoinHandle<()>>> {
+    cluster: Option<&Arc<Cluster>>,
+    log: &Arc<Log>,
+) -> Vec<JoinHandle<()>> {
     let mut sources = Vec::new();
     for section in &config.runtimes {
         let (Some(source), Some(registered)) = (&section.source, runtimes.get(&section.name))
         else {
             continue;
         };
-        let position = registered
-            .handle
-            .save()
-            .await?
-            .checkpoint
-            .map(|SourceCheckpoint::FileTail(position)| position);
-        let tail = FileTail::new(FileTailConfig::new(source.file.clone()), position);
-        sources.push(registered.handle.follow(tail));
+        let (handle, file) = (registered.handle.clone(), source.file.clone());
+        let follow = move || {
+            let (handle, file) = (handle.clone(), file.clone());
+            tokio::spawn(async move {
+                let position = match handle.save().await {
+                    Ok(saved) => saved
+                        .checkpoint
+                        .map(|SourceCheckpoint::FileTail(position)| position),
+                    Err(error) => {
+                        tracing::debug!(%error, "runtime stopped; its file source does not start");
+                        return;
+                    }
+                };
+                let tail = FileTail::new(FileTailConfig::new(file), position);
+                // Ends when the runtime stops, or is aborted with this task.
+                handle.follow(tail).await;
+            })
+        };
+        sources.push(match cluster {
+            Some(cluster) => {
+                cluster.spawn_once(format!("source-{}", section.name), Arc::clone(log), follow)
+            }
+            None => follow(),
+        });
     }
-    Ok(sources)
+    sources
 }
 
 /// Takes `<data-dir>/viewtape.lock` for this process (an OS file lock, released when the

@@ -130,6 +130,9 @@ pub enum SnapshotActionError {
     /// A blocking file task panicked or was cancelled.
     #[error("snapshot file task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    /// A cluster's stream did not take the restore, or this node did not apply it in time.
+    #[error("the cluster's stream: {0}")]
+    Shared(String),
 }
 
 /// A snapshot that [`Snapshots::write`] or [`Snapshots::write_exact`] wrote.
@@ -141,8 +144,26 @@ pub struct WrittenSnapshot {
     pub records: usize,
 }
 
-/// A live restore that [`Snapshots::restore_live`] carried out.
+/// What a live restore checked and will put in place.
 #[derive(Debug)]
+struct Restorable {
+    journal: JournalSnapshot,
+    views: Vec<ViewStateDump>,
+    guests: BTreeMap<String, RuntimeSnapshot>,
+}
+
+/// Where, and under which epoch, a cluster's restore record puts a snapshot: the same on every
+/// node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RestoreAt {
+    /// The epoch the restored journal takes.
+    pub epoch: JournalEpoch,
+    /// The record's stream position.
+    pub position: u64,
+}
+
+/// A live restore that [`Snapshots::restore_live`] carried out.
+#[derive(Clone, Debug)]
 pub struct Restored {
     /// The journal's new epoch.
     pub epoch: JournalEpoch,
@@ -183,6 +204,11 @@ impl Snapshots {
             busy: tokio::sync::Mutex::new(()),
             written: tokio::sync::watch::Sender::new(None),
         }
+    }
+
+    /// The log the snapshots record positions of.
+    pub fn log(&self) -> &Log {
+        &self.log
     }
 
     /// Follows the files written from now on, each with its log position (files of a server
@@ -326,8 +352,53 @@ impl Snapshots {
     /// changed), or a runtime or storage failure.
     pub async fn restore_live(&self, name: &str) -> Result<Restored, SnapshotActionError> {
         let _busy = self.busy.lock().await;
+        let loaded = self.load_restorable(name).await?;
+        self.replace(loaded, name, None).await
+    }
 
-        // 1. Load and validate everything before touching the server.
+    /// Restores the snapshot file `bytes` where a cluster's restore record puts it: at the
+    /// record's position, under the epoch every node takes there. The file is kept in the
+    /// snapshot directory.
+    ///
+    /// # Errors
+    /// As [`Snapshots::restore_live`]; nothing changed.
+    pub async fn restore_encoded(
+        &self,
+        bytes: &[u8],
+        at: RestoreAt,
+    ) -> Result<Restored, SnapshotActionError> {
+        let _busy = self.busy.lock().await;
+        let dir = Arc::clone(&self.dir);
+        let bytes = bytes.to_vec();
+        let info = tokio::task::spawn_blocking(move || dir.write_encoded(&bytes))
+            .await?
+            .map_err(|error| match error {
+                SnapshotError::Invalid { .. } => {
+                    SnapshotActionError::Unrestorable(error.to_string())
+                }
+                other => SnapshotActionError::Storage(other),
+            })?;
+        let name = info.file_name();
+        let loaded = self.load_restorable(&name).await?;
+        self.replace(loaded, &name, Some(at)).await
+    }
+
+    /// The bytes of the snapshot file `name`, once it has been checked to be restorable here
+    /// (what a cluster's node publishes for every node to restore).
+    ///
+    /// # Errors
+    /// As [`Snapshots::restore_live`]; nothing changed.
+    pub async fn restorable_bytes(&self, name: &str) -> Result<Vec<u8>, SnapshotActionError> {
+        self.load_restorable(name).await?;
+        let path = self.dir.path().join(name);
+        tokio::task::spawn_blocking(move || std::fs::read(path))
+            .await?
+            .map_err(|error| SnapshotActionError::Unrestorable(format!("{name}: {error}")))
+    }
+
+    /// Loads `name` and checks it before anything is touched: the file loads completely, and
+    /// each runtime's state belongs to the module that runs now.
+    async fn load_restorable(&self, name: &str) -> Result<Restorable, SnapshotActionError> {
         let dir = Arc::clone(&self.dir);
         let file = name.to_owned();
         let loaded = tokio::task::spawn_blocking(move || dir.load_named::<SnapshotBody>(&file))
@@ -375,7 +446,25 @@ impl Snapshots {
                 });
             }
         }
+        Ok(Restorable {
+            journal: body.journal,
+            views,
+            guests,
+        })
+    }
 
+    /// Steps 2 and 3 of a live restore (see the module docs), `at` a cluster's position.
+    async fn replace(
+        &self,
+        restorable: Restorable,
+        name: &str,
+        at: Option<RestoreAt>,
+    ) -> Result<Restored, SnapshotActionError> {
+        let Restorable {
+            mut journal,
+            views,
+            mut guests,
+        } = restorable;
         // 2. The cut, and new guests next to the running ones: any refusal leaves everything
         //    as it was.
         let cut = self.runtimes.pause_all().await?;
@@ -392,21 +481,33 @@ impl Snapshots {
         }
 
         // 3. Replace: state and journal (fresh epoch, always), then the guests.
-        let records = body.journal.record_count();
-        // A dump without an epoch (taken with the journal disabled) is discarded by hydrate,
-        // which would keep the current epoch under replaced state: mark a gap so old cursors
-        // fail closed. Marked first: the restore's wake-up then reaches every subscriber after
-        // the gap.
-        if body.journal.epoch.is_none() {
-            self.hub.journal().mark_gap().await;
+        let records = journal.record_count();
+        match at {
+            // The same new epoch on every node of the cluster.
+            Some(at) => {
+                journal.epoch = Some(at.epoch);
+                self.hub.restore(journal, true, views).await;
+            }
+            None => {
+                // A dump without an epoch (taken with the journal disabled) is discarded by
+                // hydrate, which would keep the current epoch under replaced state: mark a gap
+                // so old cursors fail closed. Marked first: the restore's wake-up then reaches
+                // every subscriber after the gap.
+                if journal.epoch.is_none() {
+                    self.hub.journal().mark_gap().await;
+                }
+                self.hub.restore(journal, false, views).await;
+            }
         }
-        self.hub.restore(body.journal, false, views).await;
         let epoch = self.hub.journal().epoch().await;
         for paused in cut.runtimes() {
             if let Err(error) = paused.guard.commit_restore().await {
                 // The journal is already replaced; a runtime that went away cannot be helped.
                 tracing::error!(runtime = %paused.name, %error, "restored guest state not applied");
             }
+        }
+        if let Some(at) = at {
+            self.log.skip_to(at.position);
         }
         // A restart replays the log from the newest snapshot: make it this state, written before
         // the cut is released, so that no batch commits on the restored state before a restart

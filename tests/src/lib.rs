@@ -6,6 +6,7 @@
 //! - [`sse`]: a WHATWG-conformant, incremental SSE parser.
 //! - [`stream`]: an SSE subscription ([`EventStream`]) built from the two.
 //! - [`expect`]: assertions over the wire format (updates, resets, the tape).
+//! - [`cluster`]: nodes of a cluster on one NATS server, fed and compared.
 //! - [`nats`]: a real `nats-server` with JetStream, for clusters of nodes; kill and restart.
 //! - [`token`]: HS256 tokens for the server's `[auth]`.
 //! - [`feed`]: NDJSON ticks for the embedded `ticker` guest, and cursor helpers.
@@ -13,6 +14,7 @@
 //! Shared by the end-to-end tests in `tests/tests/` and by the `viewtape-bench` load tool.
 //! Everything here talks to 127.0.0.0/8 or ::1 only ([`http::ensure_loopback`]).
 
+pub mod cluster;
 pub mod expect;
 pub mod feed;
 pub mod http;

@@ -163,3 +163,51 @@ async fn a_deployed_module_takes_over_the_state_without_a_restart() -> anyhow::R
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_changed_while_stopped_is_deployed_at_start_and_a_refusing_one_resets_only_its_views(
+) -> anyhow::Result<()> {
+    let wasm = tempfile::NamedTempFile::new()?;
+    std::fs::write(wasm.path(), build(0)?)?;
+    let config = config_file(&format!(
+        "[[runtime]]\nname = \"counter\"\nwasm = {:?}\nviews = [\"state\"]\n\n\
+         [[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
+        wasm.path().display().to_string()
+    ))?;
+    let config_path = config.path().display().to_string();
+    let mut server = Server::start(&["--config", &config_path]).await?;
+    let mut stream = server.sse("/views/state/events", &[]).await?;
+    stream.until_synced(10).await?;
+    for expected in 1..=3 {
+        ensure!(count(&server, &mut stream).await?.0 == expected);
+    }
+    let mut feed = viewtape_tests::Feed::new(&["ACME"]);
+    server.ingest_ok(&feed.batch(2)).await?;
+    let prices = viewtape_tests::expect::cursor_of(
+        &viewtape_tests::expect::tape(&server, "prices", 2).await?[1],
+    )?;
+
+    // Another build of the same guest while stopped: it takes the state over at start.
+    server.stop_graceful().await?;
+    std::fs::write(wasm.path(), build(1)?)?;
+    server.restart().await?;
+    ensure!(
+        server.logs().contains("deployed at start"),
+        "{}",
+        server.logs()
+    );
+    let mut stream = server.sse("/views/state/events", &[]).await?;
+    stream.until_synced(10).await?;
+    let (n, id) = count(&server, &mut stream).await?;
+    ensure!(n == 4, "the state carried over: {n}");
+    let counter = viewtape_tests::parse_cursor(&id)?;
+
+    // A build that refuses the state: that runtime starts fresh, and only its views reset.
+    server.stop_graceful().await?;
+    std::fs::write(wasm.path(), std::fs::read(guest_wasm("logstats"))?)?;
+    server.restart().await?;
+    ensure!(server.logs().contains("starts fresh"), "{}", server.logs());
+    viewtape_tests::expect::refused(&server, "state", &counter).await?;
+    viewtape_tests::expect::resumes(&server, "prices", &prices).await?;
+    Ok(())
+}

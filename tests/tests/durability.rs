@@ -631,6 +631,57 @@ async fn a_missing_middle_segment_fails_closed() -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_changed_in_the_config_after_a_crash_is_a_deploy_at_start() -> anyhow::Result<()> {
+    let modules = tempfile::tempdir()?;
+    let wasm = modules.path().join("ticker.wasm");
+    let original = std::fs::read(guest_wasm("ticker"))?;
+    std::fs::write(&wasm, &original)?;
+    let (mut server, _config) = start_with(&demo_config(&wasm.display().to_string(), "")).await?;
+    let mut feed = Feed::new(&["ACME", "BOLT"]);
+    for _ in 0..3 {
+        receipt(&server.ingest_ok(&feed.batch(2)).await?, 2)?;
+    }
+    let last = expect::cursor_of(&expect::tape(&server, "prices", 6).await?[5])?;
+    server.kill9().await?;
+
+    // Another build at the same path while the server was down: the log is replayed by the
+    // module that wrote it (kept by its hash), then the new build takes the state over.
+    std::fs::write(
+        &wasm,
+        with_custom_section(&original, "viewtape-test", b"another build"),
+    )?;
+    server.restart().await?;
+    ensure!(
+        server.logs().contains("deployed at start"),
+        "{}",
+        server.logs()
+    );
+    ensure!(fail_closed(&server, "module").await == 0.0);
+    let mut stream = expect::resumes(&server, "prices", &last).await?;
+    receipt(&server.ingest_ok(&feed.batch(1)).await?, 1)?;
+    expect::update(
+        &stream.next_event().await?,
+        last.offset() + 1,
+        feed.symbol_of(7),
+        7,
+    )?;
+    ensure!(
+        server
+            .metric("viewtape_runtime_deploys_total{runtime=\"demo\"}")
+            .await?
+            == 1.0,
+        "one deploy"
+    );
+    let last = expect::cursor_of(&expect::tape(&server, "prices", 7).await?[6])?;
+    server.kill9().await?;
+    // And again, with the log holding the deploy: replayed exactly, no reset.
+    server.restart().await?;
+    expect::resumes(&server, "prices", &last).await?;
+    ensure!(fail_closed(&server, "module").await == 0.0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guest_module_swapped_behind_the_servers_back_fails_closed() -> anyhow::Result<()> {
     let modules = tempfile::tempdir()?;
     let wasm = modules.path().join("ticker.wasm");
@@ -652,11 +703,15 @@ async fn a_guest_module_swapped_behind_the_servers_back_fails_closed() -> anyhow
         .collect::<anyhow::Result<_>>()?;
     ensure!(!files.is_empty(), "no segment");
 
-    // A different, valid module at the same path: the records were produced by the old one.
+    // A different, valid module at the same path, and the module that wrote the log gone
+    // from the server's module store: nothing can reproduce the records.
     std::fs::write(
         &wasm,
         with_custom_section(&original, "viewtape-test", b"another build"),
     )?;
+    for kept in std::fs::read_dir(server.data_dir().join("modules"))? {
+        std::fs::remove_file(kept?.path())?;
+    }
     server.restart().await?;
     let (mut stream, synced) = failed_closed(&server, "module", &last).await?;
     for (file, bytes) in &files {

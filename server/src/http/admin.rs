@@ -35,6 +35,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::ApiError;
+use crate::cluster::Cluster;
 use crate::deploy::{DeployActionError, Deployer, MAX_MODULE_BYTES};
 use crate::runtime::DeployError;
 use crate::snapshot::{SnapshotActionError, Snapshots};
@@ -52,8 +53,8 @@ pub struct Admin {
     token: [u8; 32],
     snapshots: Arc<Snapshots>,
     deployer: Arc<Deployer>,
-    /// A node of a cluster: what would make it differ from the others is refused.
-    clustered: bool,
+    /// A node's cluster: restores go through its stream.
+    cluster: Option<Arc<Cluster>>,
 }
 
 impl Admin {
@@ -64,28 +65,17 @@ impl Admin {
             token: Sha256::digest(token.as_bytes()).into(),
             snapshots,
             deployer,
-            clustered: false,
+            cluster: None,
         })
     }
 
-    /// The admin of a cluster's node: restores and deploys are refused, since every node must
-    /// apply the same stream through the same modules.
+    /// The admin of a cluster's node: a restore is a record of the stream, restored by every
+    /// node (a deploy is too, through the [`Deployer`]).
     #[must_use]
-    pub fn clustered(self) -> Self {
+    pub fn in_cluster(self, cluster: Arc<Cluster>) -> Self {
         Self {
-            clustered: true,
+            cluster: Some(cluster),
             ..self
-        }
-    }
-
-    /// `409` in a cluster for `action`, which would change this node alone.
-    fn alone(&self, action: &str) -> Result<(), ApiError> {
-        match self.clustered {
-            true => Err(ApiError::conflict(
-                "cluster_node",
-                format!("{action} would change this node alone, and every node of a cluster must apply the same stream through the same modules: not supported in a cluster"),
-            )),
-            false => Ok(()),
         }
     }
 
@@ -162,6 +152,7 @@ impl From<SnapshotActionError> for ApiError {
             SnapshotActionError::Unrestorable(_) => {
                 ApiError::unprocessable("snapshot_unrestorable", error.to_string())
             }
+            SnapshotActionError::Shared(_) => ApiError::unavailable(error.to_string()),
             other => ApiError::internal(other),
         }
     }
@@ -226,7 +217,6 @@ async fn restore(
     State(admin): State<Arc<Admin>>,
     body: axum::body::Body,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    admin.alone("a live restore")?;
     let body: Bytes = axum::body::to_bytes(body, MAX_RESTORE_BODY)
         .await
         .map_err(|_| ApiError::bad_request(format!("body larger than {MAX_RESTORE_BODY} bytes")))?;
@@ -235,7 +225,10 @@ async fn restore(
             "expected {{\"name\": \"<snapshot file>\"}}: {error}"
         ))
     })?;
-    let restored = admin.snapshots.restore_live(&request.name).await?;
+    let restored = match &admin.cluster {
+        Some(cluster) => cluster.restore(&admin.snapshots, &request.name).await?,
+        None => admin.snapshots.restore_live(&request.name).await?,
+    };
     tracing::info!(
         action = "restore",
         file = %request.name,
@@ -258,7 +251,12 @@ impl From<DeployActionError> for ApiError {
             | DeployActionError::Runtime(DeployError::Refused { .. }) => {
                 ApiError::unprocessable("module_refused", error.to_string())
             }
-            DeployActionError::Runtime(_) => ApiError::unavailable(error.to_string()),
+            DeployActionError::Runtime(DeployError::Stale { .. }) => {
+                ApiError::conflict("deploy_stale", error.to_string())
+            }
+            DeployActionError::Runtime(_) | DeployActionError::Bucket(_) => {
+                ApiError::unavailable(error.to_string())
+            }
             other => ApiError::internal(other),
         }
     }
@@ -272,7 +270,6 @@ async fn deploy(
     body: axum::body::Body,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Path(runtime) = runtime?;
-    admin.alone("a deploy")?;
     let wasm = axum::body::to_bytes(body, MAX_MODULE_BYTES)
         .await
         .map_err(|_| ApiError::too_large(MAX_MODULE_BYTES))?;
@@ -313,7 +310,7 @@ pub(crate) fn test_admin(token: &str) -> Option<Admin> {
     Admin::new(
         token,
         Arc::new(Snapshots::new(hub, dir, Arc::default(), Arc::default())),
-        Arc::new(Deployer::new(engine, store, Arc::default())),
+        Arc::new(Deployer::new(engine, Arc::new(store), Arc::default(), None)),
     )
 }
 

@@ -1,5 +1,9 @@
-//! What one log record holds ([`Entry`]: a batch, or a module deployed to a runtime), and the
-//! digest that proves a replay reproduced a batch.
+//! What one log record holds ([`Entry`]: a batch, a module deployed to a runtime, or a live
+//! restore of a cluster), and the digest that proves a replay reproduced a batch.
+//!
+//! Records are MessagePack, fields in order; a field added later comes last and has a default,
+//! so that a record written by an older viewtape still reads. A record of a kind this version
+//! does not know does not decode: whoever meets one stops there rather than skip it.
 
 use std::collections::BTreeMap;
 
@@ -17,6 +21,20 @@ pub enum Entry {
     Batch(BatchEntry),
     /// A module deployed to a runtime: the records after it ran on that module.
     Deploy(DeployEntry),
+    /// A snapshot restored into every runtime and view of a cluster, under a new epoch.
+    Restore(RestoreEntry),
+}
+
+/// A live restore on a cluster's stream: every node restores the same snapshot at this record's
+/// position and takes the same new epoch (derived from the stream's and the position).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreEntry {
+    /// The snapshot file's name in the cluster's snapshot bucket.
+    pub object: String,
+    /// SHA-256 of the snapshot file's bytes, in hex.
+    pub sha256: String,
+    /// When it was asked for (wall clock, Unix milliseconds).
+    pub at_ms: u64,
 }
 
 /// A module that replaced a runtime's module, carrying the guest's state over.
@@ -26,18 +44,29 @@ pub struct DeployEntry {
     pub runtime: String,
     /// The module it runs from here on (kept in the data dir by this fingerprint).
     pub module: ModuleFingerprint,
-    /// The module it ran before.
+    /// The module it ran before (for the first deploy of a runtime on a cluster's stream, its
+    /// first module: the same as `module`).
     pub previous: ModuleFingerprint,
     /// When (wall clock, Unix milliseconds).
     pub at_ms: u64,
+    /// Published to a cluster's stream before any node judged it: every node tries it at its
+    /// position, and the new module's verdict on the state (the same on every node) decides.
+    /// A local log's deploys were judged before they were logged.
+    #[serde(default)]
+    pub pending: bool,
+    /// The new module refused the old one's state and started fresh, with a gap on the
+    /// runtime's views (a module changed while the server was stopped).
+    #[serde(default)]
+    pub fresh: bool,
 }
 
 impl Entry {
-    /// The runtime it belongs to.
-    pub fn runtime(&self) -> &str {
+    /// The runtime it belongs to (`None`: it is the whole server's).
+    pub fn runtime(&self) -> Option<&str> {
         match self {
-            Entry::Batch(batch) => &batch.runtime,
-            Entry::Deploy(deploy) => &deploy.runtime,
+            Entry::Batch(batch) => Some(&batch.runtime),
+            Entry::Deploy(deploy) => Some(&deploy.runtime),
+            Entry::Restore(_) => None,
         }
     }
 
@@ -214,6 +243,8 @@ mod tests {
             module: ModuleFingerprint::of(b"new"),
             previous: ModuleFingerprint::of(b"old"),
             at_ms: 1,
+            pending: true,
+            fresh: false,
         });
         assert_eq!(Entry::decode(&deploy.encode()).unwrap(), deploy);
     }

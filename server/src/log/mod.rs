@@ -15,6 +15,7 @@
 
 mod entry;
 pub mod producer;
+pub mod stream;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -29,7 +30,8 @@ use tokio::sync::{oneshot, watch};
 use viewtape_snapshots::log::{Durability, GroupWritten, LogDir, LogError, LogWriter};
 use viewtape_snapshots::log::{Observer, WriterOptions};
 
-pub use entry::{BatchEntry, DeployEntry, Digest, Entry, Outcome};
+pub use entry::{BatchEntry, DeployEntry, Digest, Entry, Outcome, RestoreEntry};
+pub use stream::{PublishError, Published, StreamDurability, StreamLog};
 
 /// What an acknowledged batch was promised: the body of an ingest `200`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,8 +55,12 @@ pub enum DurabilityName {
     Fsync,
     /// Handed to the operating system.
     Os,
-    /// Stored by a cluster's stream (JetStream), as its replicas and sync settings promise.
+    /// Stored by a cluster's stream (JetStream), replicated or synced before it acknowledged.
     Stream,
+    /// Stored by a cluster's stream on one NATS server that syncs periodically: it survives a
+    /// crash of any process, not a power loss of that server's machine.
+    #[serde(rename = "stream_os")]
+    StreamOs,
 }
 
 impl From<Durability> for DurabilityName {
@@ -65,6 +71,9 @@ impl From<Durability> for DurabilityName {
         }
     }
 }
+
+/// The kinds of records a cluster's node counts.
+pub const RECORD_KINDS: [&str; 4] = ["batch", "deploy", "restore", "foreign"];
 
 /// The log's metrics, kept up to date by the log; `/metrics` renders them.
 #[derive(Clone, Debug)]
@@ -87,6 +96,18 @@ pub struct LogMetrics {
     pub repaired_bytes: Counter,
     /// Times continuity broke and a fresh epoch was taken, by cause.
     pub fail_closed: Family<[(&'static str, &'static str); 1], Counter>,
+    /// On a cluster: the last stream sequence this node applied.
+    pub applied: Gauge,
+    /// On a cluster: the stream's last sequence, as last seen.
+    pub stream_last: Gauge,
+    /// On a cluster: sequences the stream holds that this node has not applied.
+    pub apply_lag_sequences: Gauge,
+    /// On a cluster: how long ago the last applied record was published.
+    pub apply_lag_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// On a cluster: records applied, by kind (`batch`, `deploy`, `restore`, `foreign`).
+    pub records_by_kind: Family<[(&'static str, &'static str); 1], Counter>,
+    /// On a cluster: 1 for each task whose lease this node holds (the demo feed, a file source).
+    pub leases_held: Family<[(&'static str, String); 1], Gauge>,
 }
 
 /// Why the log's history could not be continued (the label of
@@ -136,9 +157,13 @@ impl std::fmt::Display for Break {
 impl Default for LogMetrics {
     fn default() -> Self {
         let fail_closed = Family::<[(&'static str, &'static str); 1], Counter>::default();
-        // Present from the start, at 0, so that a dashboard sees every cause.
+        // Present from the start, at 0, so that a dashboard sees every cause and kind.
         for cause in Break::ALL {
             drop(fail_closed.get_or_create(&[("cause", cause.as_str())]));
+        }
+        let records_by_kind = Family::<[(&'static str, &'static str); 1], Counter>::default();
+        for kind in RECORD_KINDS {
+            drop(records_by_kind.get_or_create(&[("kind", kind)]));
         }
         Self {
             position: Gauge::default(),
@@ -151,11 +176,23 @@ impl Default for LogMetrics {
             replayed: Counter::default(),
             repaired_bytes: Counter::default(),
             fail_closed,
+            applied: Gauge::default(),
+            stream_last: Gauge::default(),
+            apply_lag_sequences: Gauge::default(),
+            apply_lag_seconds: Gauge::default(),
+            records_by_kind,
+            leases_held: Family::default(),
         }
     }
 }
 
 impl LogMetrics {
+    /// Counts a record a cluster's node applied, of `kind` (one of [`RECORD_KINDS`]).
+    pub fn counted_record(&self, kind: &'static str) {
+        debug_assert!(RECORD_KINDS.contains(&kind));
+        self.records_by_kind.get_or_create(&[("kind", kind)]).inc();
+    }
+
     /// Counts a break of continuity.
     pub fn failed_closed(&self, cause: Break) {
         self.fail_closed
@@ -198,8 +235,8 @@ pub struct Log {
     /// The log's directory and segment size, once the writer runs.
     dir: OnceLock<(LogDir, u64)>,
     enabled: bool,
-    /// The positions are those of a cluster's shared log, which is written elsewhere.
-    shared: bool,
+    /// The positions are those of a cluster's stream, appended to by publishing there.
+    stream: Option<StreamLog>,
     durability: Durability,
     /// The last position committed to the journal.
     committed: watch::Sender<u64>,
@@ -219,7 +256,7 @@ impl Log {
             writer: Mutex::new(None),
             dir: OnceLock::new(),
             enabled,
-            shared: false,
+            stream: None,
             durability,
             committed: watch::Sender::new(committed),
             durable: AtomicU64::new(committed),
@@ -228,13 +265,18 @@ impl Log {
         }
     }
 
-    /// The positions of a cluster's shared log, applied up to `committed`: nothing is written
-    /// here, [`Log::turn`] keeps the commit order of what is applied.
-    pub fn shared(committed: u64) -> Self {
+    /// The positions of a cluster's stream, applied up to `committed`: records are published
+    /// there ([`Log::stream`]), [`Log::turn`] keeps the commit order of what is applied.
+    pub fn on_stream(stream: StreamLog, committed: u64) -> Self {
         Self {
-            shared: true,
+            stream: Some(stream),
             ..Self::new(false, Durability::Fsync, committed)
         }
+    }
+
+    /// The cluster's stream, when it is this log.
+    pub fn stream(&self) -> Option<&StreamLog> {
+        self.stream.as_ref()
     }
 
     /// Whether batches are logged here.
@@ -245,14 +287,17 @@ impl Log {
     /// Whether committed batches have positions (in this log, or in a cluster's shared one):
     /// what a snapshot records.
     pub fn has_positions(&self) -> bool {
-        self.enabled || self.shared
+        self.enabled || self.stream.is_some()
     }
 
     /// How durable an acknowledged batch is.
     pub fn durability(&self) -> Option<DurabilityName> {
-        match self.shared {
-            true => Some(DurabilityName::Stream),
-            false => self.enabled.then_some(self.durability.into()),
+        match &self.stream {
+            Some(stream) => Some(match stream.durability() {
+                StreamDurability::Replicated => DurabilityName::Stream,
+                StreamDurability::Unsynced => DurabilityName::StreamOs,
+            }),
+            None => self.enabled.then_some(self.durability.into()),
         }
     }
 

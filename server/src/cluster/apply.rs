@@ -1,0 +1,410 @@
+//! The apply loop: every record of the stream, in order, at its sequence.
+//!
+//! Every delivered sequence is checked: the next one expected, or the node stops applying and
+//! is not ready — a sequence is never skipped, and JetStream moving a too-old start up to its
+//! first message (after a purge, or messages aged out) is caught here, and so is a stream
+//! deleted and created again (another creation time: another history).
+//!
+//! Records carry the [`RECORD_HEADER`]; a message without it was not published by a node
+//! (another client on the stream's subjects) and every node passes over it alike, committing
+//! nothing at its position. A record with it that this node cannot read or apply stops the
+//! loop.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use async_nats::jetstream::{consumer, stream};
+use futures_util::StreamExt as _;
+use tokio::task::JoinHandle;
+use tracing::Instrument as _;
+
+use super::bucket::BoxError;
+use super::{Cluster, APPLY_ATTEMPTS, RETRY, STREAM_CHECK};
+use crate::host::{GuestEngine, GuestModule, ModuleFingerprint};
+use crate::log::stream::{RECORD_HEADER, RECORD_VERSION};
+use crate::log::{Entry, Log};
+use crate::registry::{ModuleStore, Runtimes};
+use crate::runtime::handle::Record;
+use crate::runtime::ApplyError;
+use crate::snapshot::Snapshots;
+
+/// What the apply loop applies records to.
+#[derive(Debug)]
+pub struct Appliers {
+    /// The runtimes.
+    pub runtimes: Arc<Runtimes>,
+    /// Modules by fingerprint, on this node.
+    pub modules: Arc<ModuleStore>,
+    /// The engine modules are compiled with.
+    pub engine: GuestEngine,
+    /// Snapshot actions (a restore record restores through them).
+    pub snapshots: Arc<Snapshots>,
+}
+
+impl Cluster {
+    /// Starts applying the stream after `log`'s position, in order.
+    pub fn spawn_apply(self: &Arc<Self>, appliers: Appliers, log: Arc<Log>) -> JoinHandle<()> {
+        let cluster = Arc::clone(self);
+        let span = tracing::info_span!("cluster_apply", stream = %self.stream);
+        tokio::spawn(cluster.apply_loop(Arc::new(appliers), log).instrument(span))
+    }
+
+    /// See the module docs; returns only when the node stops applying for good.
+    async fn apply_loop(self: Arc<Self>, appliers: Arc<Appliers>, log: Arc<Log>) {
+        if let Some(broken) = self.readiness.borrow().broken.clone() {
+            if let Some(stream) = log.stream() {
+                stream.refuse(format!("this node stopped applying the stream: {broken}"));
+            }
+            return;
+        }
+        let mut next = log.committed() + 1;
+        self.note_applied(&appliers, &log, next - 1);
+        loop {
+            let messages = match self.subscribe(&log, next).await {
+                Ok(Some(messages)) => messages,
+                Ok(None) => return,
+                Err(error) => {
+                    tracing::warn!(%error, next, "cluster: cannot read the stream; retrying");
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            };
+            let mut messages = std::pin::pin!(messages);
+            let mut check = tokio::time::interval(STREAM_CHECK);
+            check.tick().await;
+            let mut checked_at = next;
+            loop {
+                let message = tokio::select! {
+                    message = messages.next() => message,
+                    _ = check.tick() => {
+                        // The consumer follows a stream of the same name by itself; whether it
+                        // is still the same stream, holding what comes next, is checked here.
+                        match self.check_stream(&log, next).await {
+                            Ok(Some(_)) => {}
+                            Ok(None) => return,
+                            Err(error) => tracing::debug!(%error, "cluster: cannot check the stream"),
+                        }
+                        // A consumer that delivers nothing while the stream holds more (after
+                        // NATS came back, say) is replaced at once rather than left to its
+                        // heartbeats.
+                        let stalled = next == checked_at
+                            && self.stream_last.load(Ordering::Relaxed) >= next;
+                        checked_at = next;
+                        if stalled {
+                            tracing::info!(next, "cluster: the stream holds more than was delivered; resubscribing");
+                            break;
+                        }
+                        continue;
+                    }
+                };
+                let Some(message) = message else { break };
+                let message = match message {
+                    Ok(message) => message,
+                    Err(error) => {
+                        tracing::warn!(%error, next, "cluster: reading the stream failed; resubscribing");
+                        break;
+                    }
+                };
+                let (sequence, published) = match message.info() {
+                    Ok(info) => (info.stream_sequence, info.published),
+                    Err(error) => {
+                        tracing::warn!(%error, "cluster: a message without its stream sequence; resubscribing");
+                        break;
+                    }
+                };
+                if sequence < next {
+                    continue;
+                }
+                if sequence > next {
+                    return self.break_off(&log, format!(
+                        "the stream delivered sequence {sequence} where {next} was next: messages {next}..{sequence} are gone (purged or aged out) before this node applied them"
+                    ));
+                }
+                let ours = message
+                    .headers
+                    .as_ref()
+                    .and_then(|headers| headers.get(RECORD_HEADER))
+                    .map(|version| version.as_str().to_owned());
+                if let Err(reason) = self
+                    .apply_one(&appliers, &log, sequence, ours, &message.payload)
+                    .await
+                {
+                    return self.break_off(&log, reason);
+                }
+                let lag_ns = crate::log::unix_ms_now() as i128 * 1_000_000
+                    - published.unix_timestamp_nanos();
+                log.metrics()
+                    .apply_lag_seconds
+                    .set((lag_ns as f64 / 1e9).max(0.0));
+                next = sequence + 1;
+                self.note_applied(&appliers, &log, sequence);
+            }
+            tokio::time::sleep(RETRY).await;
+        }
+    }
+
+    /// An ordered consumer from `next`; `None` when the stream no longer holds `next` (the
+    /// node has then stopped applying).
+    async fn subscribe(
+        &self,
+        log: &Log,
+        next: u64,
+    ) -> Result<Option<consumer::pull::Ordered>, BoxError> {
+        let Some(stream) = self.check_stream(log, next).await? else {
+            return Ok(None);
+        };
+        let consumer = stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: next,
+                },
+                ..Default::default()
+            })
+            .await?;
+        Ok(Some(consumer.messages().await?))
+    }
+
+    /// The stream, if it is still the one this node joined and still holds `next` (or has not
+    /// reached it yet); else the node stops applying and `None`.
+    async fn check_stream(&self, log: &Log, next: u64) -> Result<Option<stream::Stream>, BoxError> {
+        let mut stream = self.js.get_stream(&self.stream).await?;
+        let info = stream.info().await?;
+        if info.created.unix_timestamp_nanos() != self.created_ns {
+            self.break_off(log, format!(
+                "the stream was deleted and created again (created {}): its sequences are another history, under another epoch; restart this node to join it",
+                info.created
+            ));
+            return Ok(None);
+        }
+        let state = info.state.clone();
+        self.saw(log, state.last_sequence);
+        if state.first_sequence > next && state.last_sequence >= next.max(1) {
+            self.break_off(log, format!(
+                "the stream starts at sequence {}, but this node needs {next} next: messages are gone (purged or aged out) before this node applied them",
+                state.first_sequence
+            ));
+            return Ok(None);
+        }
+        Ok(Some(stream))
+    }
+
+    /// Applies the message at `sequence` (`ours`: its [`RECORD_HEADER`]); `Err` says why the
+    /// node must stop applying.
+    async fn apply_one(
+        &self,
+        appliers: &Appliers,
+        log: &Log,
+        sequence: u64,
+        ours: Option<String>,
+        payload: &[u8],
+    ) -> Result<(), String> {
+        let kind = |kind: &'static str| log.metrics().counted_record(kind);
+        let entry = match ours {
+            None => {
+                // Not published by a node (another client on the stream's subjects): every
+                // node passes over it alike, committing nothing at its position.
+                tracing::warn!(
+                    sequence,
+                    "cluster: a message on the stream that no node published; passed over"
+                );
+                kind("foreign");
+                drop(log.turn(Some(sequence), 1).await);
+                return Ok(());
+            }
+            Some(version) if version != RECORD_VERSION => {
+                return Err(format!("sequence {sequence} is a record of format {version}, which this viewtape cannot read (it reads {RECORD_VERSION}): upgrade this node"));
+            }
+            Some(_) => Entry::decode(payload).map_err(|error| {
+                format!("sequence {sequence} is a record this viewtape cannot read (a kind of a newer viewtape?): {error}")
+            })?,
+        };
+        let (name, record) = match entry {
+            Entry::Batch(batch) => {
+                kind("batch");
+                (batch.runtime.clone(), Record::Batch(batch))
+            }
+            Entry::Deploy(deploy) => {
+                kind("deploy");
+                let module = self.load_module(appliers, &deploy.module).await.map_err(|error| {
+                    format!("sequence {sequence} deploys module {} to runtime {:?}, which this node cannot load: {error}", deploy.module, deploy.runtime)
+                })?;
+                (deploy.runtime.clone(), Record::Deploy(deploy, module))
+            }
+            Entry::Restore(restore) => {
+                kind("restore");
+                return self.apply_restore(appliers, log, sequence, restore).await;
+            }
+        };
+        let Some(registered) = appliers.runtimes.get(&name) else {
+            return Err(format!(
+                "sequence {sequence} is for runtime {name:?}, which this node does not run: every node needs the same runtimes"
+            ));
+        };
+        let mut record = Some(record);
+        let mut attempt = 0;
+        loop {
+            let Some(next) = record.take() else {
+                return Err(format!("sequence {sequence}: the record was lost"));
+            };
+            let again = match &next {
+                Record::Batch(batch) => Some(Record::Batch(batch.clone())),
+                Record::Deploy(..) => None,
+            };
+            match registered.handle.apply(next, sequence).await {
+                Ok(()) => break,
+                Err(error @ ApplyError::Unavailable { .. })
+                    if attempt < APPLY_ATTEMPTS && again.is_some() =>
+                {
+                    attempt += 1;
+                    tracing::warn!(%error, sequence, attempt, "cluster: applying again");
+                    record = again;
+                    tokio::time::sleep(RETRY).await;
+                }
+                Err(error) => return Err(format!("sequence {sequence}: {error}")),
+            }
+        }
+        debug_assert!(log.committed() >= sequence);
+        Ok(())
+    }
+
+    /// The module `fingerprint`: from this node's store, else from the bucket (then kept).
+    async fn load_module(
+        &self,
+        appliers: &Appliers,
+        fingerprint: &ModuleFingerprint,
+    ) -> Result<GuestModule, BoxError> {
+        let wasm = match appliers.modules.get(fingerprint) {
+            Ok(wasm) => wasm,
+            Err(_) => {
+                let wasm = self.get_module(fingerprint).await?;
+                appliers.modules.put(&wasm)?;
+                wasm
+            }
+        };
+        let engine = appliers.engine.clone();
+        let module =
+            tokio::task::spawn_blocking(move || GuestModule::new(&engine, &wasm)).await??;
+        Ok(module)
+    }
+
+    /// Notes that the stream holds `sequence`.
+    pub(super) fn saw(&self, log: &Log, sequence: u64) {
+        self.stream_last.fetch_max(sequence, Ordering::Relaxed);
+        if let Some(stream) = log.stream() {
+            stream.saw(sequence);
+        }
+    }
+
+    /// Notes that `applied` is applied; once the node has caught up the first time, settles
+    /// its runtimes' modules (in the background: that publishes, and waits for this loop).
+    fn note_applied(self: &Arc<Self>, appliers: &Arc<Appliers>, log: &Arc<Log>, applied: u64) {
+        let stream_last = self
+            .stream_last
+            .fetch_max(applied, Ordering::Relaxed)
+            .max(applied);
+        let metrics = log.metrics();
+        metrics.applied.set(gauge(applied));
+        metrics.stream_last.set(gauge(stream_last));
+        metrics
+            .apply_lag_sequences
+            .set(gauge(stream_last.saturating_sub(applied)));
+        if applied >= self.joined_at && !self.settling.swap(true, Ordering::Relaxed) {
+            let cluster = Arc::clone(self);
+            let (appliers, log) = (Arc::clone(appliers), Arc::clone(log));
+            let span = tracing::info_span!("cluster_modules");
+            tokio::spawn(
+                async move { cluster.settle_modules(&appliers, &log).await }.instrument(span),
+            );
+        }
+        self.update_readiness(applied, stream_last);
+    }
+
+    /// Recomputes readiness after `applied`.
+    pub(super) fn update_readiness(&self, applied: u64, stream_last: u64) {
+        let settled = self.settled.load(Ordering::Relaxed);
+        self.readiness.send_if_modified(|readiness| {
+            let ready = readiness.broken.is_none()
+                && readiness.refused.is_none()
+                && settled
+                && applied >= self.joined_at;
+            let changed = readiness.applied != applied || readiness.ready != ready;
+            readiness.applied = applied;
+            readiness.stream_last = stream_last;
+            if ready && !readiness.ready {
+                tracing::info!(applied, "cluster: caught up; ready");
+            }
+            readiness.ready = ready;
+            changed
+        });
+    }
+
+    /// Declares this node's module for every runtime whose module the stream has not decided
+    /// yet, then checks that its config names a module each runtime has run on the stream: a
+    /// node that runs another build than the cluster is not ready and takes no ingest.
+    async fn settle_modules(&self, appliers: &Appliers, log: &Log) {
+        let mut refused = Vec::new();
+        for (name, registered) in appliers.runtimes.iter() {
+            let declared = async {
+                let saved = registered.handle.save().await.map_err(|e| e.to_string())?;
+                if saved.modules.is_empty() {
+                    let running = registered.handle.module();
+                    let wasm = appliers.modules.get(&running).map_err(|e| e.to_string())?;
+                    self.put_module(&wasm).await.map_err(|e| e.to_string())?;
+                    registered
+                        .handle
+                        .declare_module()
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+                registered
+                    .handle
+                    .save()
+                    .await
+                    .map(|saved| saved.modules)
+                    .map_err(|e| e.to_string())
+            };
+            match declared.await {
+                Ok(modules) if modules.contains(&registered.configured) => {}
+                Ok(_) => refused.push(format!(
+                    "runtime {name:?}: this node's config names module {}, which the cluster never ran; the cluster runs {}. Start this node on the cluster's module, or deploy yours through any node (PUT /admin/runtimes/{name}/module, or viewtape deploy)",
+                    registered.configured,
+                    registered.handle.module()
+                )),
+                Err(error) => refused.push(format!(
+                    "runtime {name:?}: its module could not be declared on the stream: {error}"
+                )),
+            }
+        }
+        if !refused.is_empty() {
+            let reason = refused.join("; ");
+            tracing::error!(%reason, "cluster: this node runs another build than the cluster: not ready, no ingest; it applies the stream with the cluster's modules meanwhile");
+            if let Some(stream) = log.stream() {
+                stream.refuse(reason.clone());
+            }
+            self.readiness
+                .send_modify(|readiness| readiness.refused = Some(reason));
+        }
+        if let Some(stream) = log.stream() {
+            stream.open();
+        }
+        self.settled.store(true, Ordering::Relaxed);
+        self.update_readiness(log.committed(), self.stream_last.load(Ordering::Relaxed));
+    }
+
+    /// Stops applying for good: the node is not ready, takes no ingest, and says why.
+    pub(super) fn break_off(&self, log: &Log, reason: String) {
+        tracing::error!(%reason, stream = %self.stream, "cluster: this node stopped applying the stream and is not ready; it keeps serving what it has");
+        if let Some(stream) = log.stream() {
+            stream.refuse(format!("this node stopped applying the stream: {reason}"));
+        }
+        self.readiness.send_modify(|readiness| {
+            readiness.ready = false;
+            readiness.broken = Some(reason);
+        });
+    }
+}
+
+/// `n` as a gauge's value.
+fn gauge(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,391 @@
+//! Replicas: nodes that share one input log, a JetStream stream (`[cluster]`, `--nats URL`).
+//!
+//! The stream is the log ([`Log::on_stream`]): a node that accepts a batch publishes it and
+//! answers once it has applied that stream sequence itself; every node applies every record in
+//! stream order through the same deterministic guests, at the record's stream sequence as its
+//! log position, so every node issues the same offsets and frames under the same epoch: a
+//! cursor from one node resumes on any other. A single node is the same runtime over its local
+//! log; only where the records come from differs.
+//!
+//! | file | job |
+//! |---|---|
+//! | this one | joining: the stream, the buckets, the epoch, readiness |
+//! | `begin` | where a node starts: its own snapshot, a shared one, or the stream's beginning |
+//! | `bucket` | the object store: shared snapshots, modules by SHA-256, snapshots to restore |
+//! | `lease` | what runs once per cluster (the demo feed, file sources) |
+//! | `apply` | the apply loop: every record in order |
+//! | `restore` | a live restore, published by any node and applied by all |
+//!
+//! - **The epoch** is derived from the stream's name and creation time: the same on every node,
+//!   and another one for a stream that was deleted and created again. A live restore takes a
+//!   new epoch derived from the stream's and the restore's position, so it too is the same on
+//!   every node.
+//! - **Every change is a record**: a batch, a deploy (the module in the bucket by SHA-256), a
+//!   live restore (the snapshot in the bucket). Every node applies each at its position; a node
+//!   that cannot (a record of a newer kind, a module it cannot fetch) stops applying and says
+//!   why in `/readyz`, never skipping one. A message on the stream that no node published is
+//!   passed over alike on every node.
+//! - **The stream decides which module runs.** A runtime's first module on the stream is
+//!   declared by the first node to catch up; later ones come by deploys through any node. A
+//!   node runs the stream's module (fetching it from the bucket), and a node whose config names
+//!   a module the stream never ran is not ready and refuses ingest, saying which module the
+//!   stream runs: nothing it does puts a record on the stream that stops the others.
+//! - **Not ready** (`/readyz` 503) until the node has applied what the stream held when it
+//!   joined and its runtimes' modules are settled, and for good after a break, which says why.
+//! - **A cursor ahead** of this node (another node issued it) waits up to `ahead_wait` for
+//!   the apply loop to reach it ([`Cluster::reach`]) before it is judged.
+//! - **NATS down**: ingest answers `503` with `Retry-After`; streams go on with what the node
+//!   has; the client reconnects by itself and the apply loop resumes after its last sequence.
+
+mod apply;
+mod begin;
+mod bucket;
+mod lease;
+mod restore;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv, object_store, stream};
+use serde::Serialize;
+use tokio::sync::watch;
+use viewtape_journal::{Cursor, JournalEpoch};
+
+pub use apply::Appliers;
+
+use crate::config::ClusterSection;
+use crate::hub::Hub;
+use crate::log::{Log, StreamDurability, StreamLog};
+
+/// Times a record the runtime could not apply now is applied again before the node gives up.
+const APPLY_ATTEMPTS: u32 = 10;
+/// How long a lease lasts unless renewed; renewed every third of it.
+const LEASE: Duration = Duration::from_secs(6);
+/// Shared snapshots of the epoch kept in the bucket.
+const SHARED_KEPT: usize = 3;
+/// How often the apply loop checks that the stream is the one it joined and holds what it
+/// needs next.
+const STREAM_CHECK: Duration = Duration::from_secs(2);
+/// Pause before the apply loop retries after an error of NATS.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// Why a node could not join its cluster.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// The stream could not be found or created.
+    #[error("cluster: stream {stream:?} on {url}: {reason}")]
+    Stream {
+        /// The stream.
+        stream: String,
+        /// The NATS server.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// No snapshot covers the messages the stream no longer holds.
+    #[error("cluster: stream {stream:?} starts at sequence {first}, and no snapshot of its epoch reaches sequence {needed}: this node cannot know the history before it")]
+    Uncovered {
+        /// The stream.
+        stream: String,
+        /// The stream's first sequence.
+        first: u64,
+        /// The last sequence a snapshot would have to reach.
+        needed: u64,
+    },
+    /// The snapshot directory could not be read.
+    #[error(transparent)]
+    Snapshots(#[from] viewtape_snapshots::SnapshotError),
+}
+
+/// Whether this node serves what the cluster has; `/readyz` renders it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Readiness {
+    /// Caught up with what the stream held when the node joined, its modules settled, and
+    /// applying.
+    pub ready: bool,
+    /// The last sequence applied.
+    pub applied: u64,
+    /// The stream's last sequence, as last seen.
+    pub stream_last: u64,
+    /// Why the node stopped applying, if it did.
+    pub broken: Option<String>,
+    /// Why the node takes no ingest although it applies (its config names another build than
+    /// the cluster runs), if it does not.
+    pub refused: Option<String>,
+}
+
+/// A node's place in its cluster.
+pub struct Cluster {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    /// Shared snapshots, modules and snapshots to restore.
+    bucket: object_store::ObjectStore,
+    /// Leases of what runs on one node at a time ([`Cluster::spawn_once`]).
+    leases: kv::Store,
+    stream: String,
+    url: String,
+    epoch: JournalEpoch,
+    /// When the stream was created (Unix nanoseconds): its identity, with its name.
+    created_ns: i128,
+    apply_timeout: Duration,
+    ahead_wait: Duration,
+    durability: StreamDurability,
+    /// The last sequence the stream held when this node joined.
+    joined_at: u64,
+    /// The stream's first sequence when this node joined.
+    stream_first: u64,
+    /// The stream's last sequence, as last seen.
+    stream_last: AtomicU64,
+    /// Every runtime's module is settled (declared on the stream, and named by this node's
+    /// config).
+    settled: AtomicBool,
+    /// Settling has begun.
+    settling: AtomicBool,
+    readiness: watch::Sender<Readiness>,
+    /// Outcomes of the restores applied lately.
+    restores: restore::RestoreOutcomes,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("url", &self.url)
+            .field("stream", &self.stream)
+            .field("epoch", &self.epoch)
+            .field("readiness", &self.readiness())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// Connects to `section.nats_url` (waiting for it, however long, with a line every few
+    /// seconds), and finds or creates the stream and the buckets.
+    ///
+    /// # Errors
+    /// [`ClusterError::Stream`]: the stream cannot be created or read.
+    pub async fn join(section: &ClusterSection, url: &str) -> Result<Arc<Self>, ClusterError> {
+        let failed = |reason: String| ClusterError::Stream {
+            stream: section.stream.clone(),
+            url: url.to_owned(),
+            reason,
+        };
+        let client = async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connection_timeout(Duration::from_secs(2))
+            .connect(url)
+            .await
+            .map_err(|error| failed(error.to_string()))?;
+        let js = jetstream::new(client.clone());
+        let config = stream::Config {
+            name: section.stream.clone(),
+            subjects: vec![format!("{}.in.>", section.stream)],
+            storage: stream::StorageType::File,
+            num_replicas: section.replicas,
+            max_age: section.max_age,
+            ..stream::Config::default()
+        };
+        let mut waited = 0u32;
+        let info = loop {
+            match js.get_or_create_stream(config.clone()).await {
+                Ok(mut stream) => match stream.info().await {
+                    Ok(info) => break info.clone(),
+                    Err(error) => {
+                        tracing::warn!(%error, "cluster: reading the stream failed; retrying")
+                    }
+                },
+                Err(error) if waited.is_multiple_of(5) => {
+                    tracing::warn!(%error, url, stream = %section.stream, "cluster: waiting for NATS JetStream");
+                }
+                Err(_) => {}
+            }
+            waited += 1;
+            if waited > 600 {
+                return Err(failed(
+                    "NATS JetStream did not answer for 10 minutes".into(),
+                ));
+            }
+            tokio::time::sleep(RETRY).await;
+        };
+        let bucket = match js.get_object_store(&section.bucket).await {
+            Ok(bucket) => bucket,
+            Err(_) => js
+                .create_object_store(object_store::Config {
+                    bucket: section.bucket.clone(),
+                    description: Some(format!(
+                        "snapshots and modules of the viewtape nodes of stream {}",
+                        section.stream
+                    )),
+                    storage: stream::StorageType::File,
+                    num_replicas: section.replicas,
+                    ..object_store::Config::default()
+                })
+                .await
+                .map_err(|error| {
+                    failed(format!("the snapshot bucket {:?}: {error}", section.bucket))
+                })?,
+        };
+        let leases_name = format!("{}-leases", section.stream);
+        let leases = match js.get_key_value(&leases_name).await {
+            Ok(leases) => leases,
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: leases_name.clone(),
+                    description: "which viewtape node runs what runs once per cluster".into(),
+                    history: 1,
+                    max_age: LEASE,
+                    storage: stream::StorageType::File,
+                    num_replicas: section.replicas,
+                    ..kv::Config::default()
+                })
+                .await
+                .map_err(|error| failed(format!("the lease bucket {leases_name:?}: {error}")))?,
+        };
+        let created_ns = info.created.unix_timestamp_nanos();
+        let epoch = stream_epoch(&section.stream, created_ns);
+        let durability = match info.config.num_replicas > 1 || section.stream_synced {
+            true => StreamDurability::Replicated,
+            false => {
+                tracing::warn!(
+                    stream = %section.stream,
+                    "cluster: the stream has one replica, and NATS acknowledges a message before it syncs it to disk unless its server runs with `sync_interval: always`: a power loss of the NATS machine can lose acknowledged batches. Use a replicated stream ([cluster] replicas = 3 on a NATS cluster), or set `sync_interval: always` on the server and [cluster] stream_synced = true; receipts say \"durability\": \"stream_os\" until then"
+                );
+                StreamDurability::Unsynced
+            }
+        };
+        tracing::info!(
+            stream = %section.stream,
+            %epoch,
+            first = info.state.first_sequence,
+            last = info.state.last_sequence,
+            "cluster: joined the stream"
+        );
+        Ok(Arc::new(Self {
+            client,
+            js,
+            bucket,
+            leases,
+            stream: section.stream.clone(),
+            url: url.to_owned(),
+            epoch,
+            created_ns,
+            apply_timeout: section.apply_timeout,
+            ahead_wait: section.ahead_wait,
+            durability,
+            joined_at: info.state.last_sequence,
+            stream_first: info.state.first_sequence,
+            stream_last: AtomicU64::new(info.state.last_sequence),
+            settled: AtomicBool::new(false),
+            settling: AtomicBool::new(false),
+            restores: watch::Sender::new(Default::default()),
+            readiness: watch::Sender::new(Readiness {
+                ready: false,
+                applied: 0,
+                stream_last: info.state.last_sequence,
+                broken: None,
+                refused: None,
+            }),
+        }))
+    }
+
+    /// The epoch every node of this stream serves.
+    pub fn epoch(&self) -> JournalEpoch {
+        self.epoch
+    }
+
+    /// This node's way into the stream, as its log from `position` on.
+    fn log_at(&self, position: u64) -> Arc<Log> {
+        let stream = StreamLog::new(
+            self.client.clone(),
+            &self.url,
+            &self.stream,
+            self.apply_timeout,
+            self.durability,
+        );
+        stream.saw(self.stream_last.load(Ordering::Relaxed));
+        Arc::new(Log::on_stream(stream, position))
+    }
+
+    /// Waits, at most `[cluster] ahead_wait`, until this node's `view` has reached `cursor`: a
+    /// cursor another node issued may be ahead of this one for as long as this node's apply
+    /// lags, and is judged (and perhaps answered `ahead`) only after that.
+    pub async fn reach(&self, hub: &Hub, view: &str, cursor: &Cursor) {
+        let Some(view) = hub.view(view) else {
+            return;
+        };
+        let mut ticks = view.ticks();
+        let ahead = || {
+            let window = hub.journal().window_now(view.name());
+            window.epoch == cursor.epoch() && cursor.offset() >= window.next
+        };
+        let caught_up = async {
+            while ahead() {
+                if ticks.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        if tokio::time::timeout(self.ahead_wait, caught_up)
+            .await
+            .is_err()
+        {
+            tracing::debug!(view = view.name(), %cursor, "cluster: a cursor stayed ahead of this node");
+        }
+    }
+
+    /// Whether this node serves what the cluster has.
+    pub fn readiness(&self) -> Readiness {
+        self.readiness.borrow().clone()
+    }
+}
+
+/// The epoch of the stream `name` created at `created_ns`.
+fn stream_epoch(name: &str, created_ns: i128) -> JournalEpoch {
+    use sha2::Digest as _;
+    let mut hash = sha2::Sha256::new();
+    hash.update(b"viewtape cluster epoch\0");
+    hash.update(name.as_bytes());
+    hash.update(b"\0");
+    hash.update(created_ns.to_le_bytes());
+    epoch_of(hash)
+}
+
+/// The epoch a live restore at stream `position` takes on every node.
+fn restored_epoch(stream: JournalEpoch, position: u64) -> JournalEpoch {
+    use sha2::Digest as _;
+    let mut hash = sha2::Sha256::new();
+    hash.update(b"viewtape restore epoch\0");
+    hash.update(stream.to_string().as_bytes());
+    hash.update(position.to_le_bytes());
+    epoch_of(hash)
+}
+
+fn epoch_of(hash: sha2::Sha256) -> JournalEpoch {
+    use sha2::Digest as _;
+    let digest = hash.finalize();
+    let mut bits = [0u8; 8];
+    bits.copy_from_slice(&digest[..8]);
+    JournalEpoch::from_bits(u64::from_le_bytes(bits))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_epoch_is_the_streams_identity() {
+        let a = stream_epoch("viewtape", 1_700_000_000_000_000_000);
+        assert_eq!(a, stream_epoch("viewtape", 1_700_000_000_000_000_000));
+        assert_ne!(a, stream_epoch("viewtape", 1_700_000_000_000_000_001));
+        assert_ne!(a, stream_epoch("other", 1_700_000_000_000_000_000));
+    }
+
+    #[test]
+    fn a_restore_takes_an_epoch_of_its_position_on_every_node() {
+        let stream = stream_epoch("viewtape", 1);
+        assert_eq!(restored_epoch(stream, 7), restored_epoch(stream, 7));
+        assert_ne!(restored_epoch(stream, 7), restored_epoch(stream, 8));
+        assert_ne!(restored_epoch(stream, 7), stream);
+    }
+}

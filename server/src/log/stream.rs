@@ -1,0 +1,266 @@
+//! The second backend of the log: a cluster's JetStream stream, which every node appends to
+//! and applies in its order.
+//!
+//! A node appends by publishing a record ([`StreamLog::publish`]); JetStream's acknowledgement
+//! names its stream sequence, which is its log position on every node. Every message has an id,
+//! so JetStream drops a second copy: from the producer's stamp (the same batch resent by its
+//! producer is the same message, within the duplicate window, and the producer table beyond it),
+//! or one of this node's own, which makes a publish whose acknowledgement was lost safe to send
+//! again.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use bytes::Bytes;
+
+/// The header every record a node publishes carries, with the record format's version: a
+/// message without it was not published by a node.
+pub const RECORD_HEADER: &str = "Viewtape-Record";
+/// The record format's version (the value of [`RECORD_HEADER`]).
+pub const RECORD_VERSION: &str = "1";
+
+/// A published record: where the stream put it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Published {
+    /// Its stream sequence: its log position.
+    pub sequence: u64,
+    /// JetStream already held a message with its id (at `sequence`).
+    pub duplicate: bool,
+}
+
+/// Why a record was not published.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// This node takes no records now, and says why (it stopped applying the stream, or it
+    /// runs another build than the cluster).
+    #[error("{0}")]
+    Refusing(String),
+    /// NATS is not connected.
+    #[error("not connected to NATS at {0}")]
+    Disconnected(String),
+    /// NATS did not acknowledge in time.
+    #[error("NATS did not acknowledge within {0:?}")]
+    Timeout(Duration),
+}
+
+/// Whether a node publishes.
+#[derive(Debug)]
+enum Refusing {
+    /// It does.
+    No,
+    /// Not yet: it has not settled its modules.
+    Settling,
+    /// Never again, for this reason.
+    For(String),
+}
+
+/// How durable a message the stream acknowledged is: what a cluster's receipt names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamDurability {
+    /// Replicated to a quorum of servers, or synced by each before the acknowledgement
+    /// (`sync_interval: always`).
+    Replicated,
+    /// One server, which acknowledges before its periodic sync: a power loss of that machine
+    /// may lose recently acknowledged messages.
+    Unsynced,
+}
+
+/// A node's way into its cluster's stream.
+#[derive(Debug)]
+pub struct StreamLog {
+    js: jetstream::Context,
+    client: async_nats::Client,
+    url: String,
+    /// `<stream>.in.`: a runtime's messages go to `<stream>.in.<runtime>`.
+    subjects: String,
+    /// How long a publish may wait for its acknowledgement, and an ingest for its verdict.
+    pub timeout: Duration,
+    durability: StreamDurability,
+    /// This process's part of the message ids it makes, and how many it made.
+    nonce: u64,
+    published: AtomicU64,
+    /// Why this node takes no records now, if it does not: until it has caught up and its
+    /// runtimes' modules are settled ([`StreamLog::open`]), and for good once it refuses.
+    refusing: Mutex<Refusing>,
+    /// The stream's last sequence, as last seen.
+    last: AtomicU64,
+}
+
+impl StreamLog {
+    /// Publishes to `stream` through `js` (connected to `url`), waiting at most `timeout`.
+    pub fn new(
+        client: async_nats::Client,
+        url: &str,
+        stream: &str,
+        timeout: Duration,
+        durability: StreamDurability,
+    ) -> Self {
+        Self {
+            js: jetstream::new(client.clone()),
+            client,
+            url: url.to_owned(),
+            subjects: format!("{stream}.in."),
+            timeout,
+            durability,
+            nonce: process_nonce(),
+            published: AtomicU64::new(0),
+            refusing: Mutex::new(Refusing::Settling),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    /// How durable what it acknowledges is.
+    pub fn durability(&self) -> StreamDurability {
+        self.durability
+    }
+
+    /// From now on, publishes nothing and answers `reason` (for good: the first reason stays).
+    pub fn refuse(&self, reason: String) {
+        let mut refusing = self.refusing.lock().unwrap_or_else(PoisonError::into_inner);
+        if !matches!(*refusing, Refusing::For(_)) {
+            *refusing = Refusing::For(reason);
+        }
+    }
+
+    /// Publishes from now on, unless it refuses for good.
+    pub fn open(&self) {
+        let mut refusing = self.refusing.lock().unwrap_or_else(PoisonError::into_inner);
+        if matches!(*refusing, Refusing::Settling) {
+            *refusing = Refusing::No;
+        }
+    }
+
+    /// Why it publishes nothing, if it does not.
+    pub fn refusing(&self) -> Option<String> {
+        match &*self.refusing.lock().unwrap_or_else(PoisonError::into_inner) {
+            Refusing::No => None,
+            Refusing::Settling => Some(
+                "this node is catching up with the cluster and settling its modules; send it again shortly".into(),
+            ),
+            Refusing::For(reason) => Some(reason.clone()),
+        }
+    }
+
+    /// The stream's last sequence, as last seen.
+    pub fn last_seen(&self) -> u64 {
+        self.last.load(Ordering::Relaxed)
+    }
+
+    /// Notes that the stream holds `sequence`.
+    pub fn saw(&self, sequence: u64) {
+        self.last.fetch_max(sequence, Ordering::Relaxed);
+    }
+
+    /// A message id for a record without a producer stamp: unique to this process.
+    pub fn own_id(&self) -> String {
+        format!(
+            "{:016x}-{}",
+            self.nonce,
+            self.published.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// Publishes `payload` for `runtime` under the message id `id`, sending it again while its
+    /// acknowledgement is lost (NATS restarting, say), for at most [`StreamLog::timeout`].
+    ///
+    /// # Errors
+    /// [`PublishError`]; a publish that timed out may still have been stored.
+    pub async fn publish(
+        &self,
+        runtime: &str,
+        payload: Vec<u8>,
+        id: String,
+    ) -> Result<Published, PublishError> {
+        if let Some(reason) = self.refusing() {
+            return Err(PublishError::Refusing(reason));
+        }
+        self.publish_settling(runtime, payload, id).await
+    }
+
+    /// [`StreamLog::publish`], also while the node settles its modules (it declares them so),
+    /// but not once it refuses for good.
+    ///
+    /// # Errors
+    /// As [`StreamLog::publish`].
+    pub async fn publish_settling(
+        &self,
+        runtime: &str,
+        payload: Vec<u8>,
+        id: String,
+    ) -> Result<Published, PublishError> {
+        if let Refusing::For(reason) =
+            &*self.refusing.lock().unwrap_or_else(PoisonError::into_inner)
+        {
+            return Err(PublishError::Refusing(reason.clone()));
+        }
+        if self.client.connection_state() != async_nats::connection::State::Connected {
+            return Err(PublishError::Disconnected(self.url.clone()));
+        }
+        let message = jetstream::message::PublishMessage::build()
+            .payload(Bytes::from(payload))
+            .header(RECORD_HEADER, RECORD_VERSION)
+            .message_id(id);
+        let subject = format!("{}{}", self.subjects, subject_token(runtime));
+        let published = async {
+            loop {
+                let sent = async {
+                    self.js
+                        .send_publish(subject.clone(), message.clone())
+                        .await
+                        .map_err(|error| error.to_string())?
+                        .await
+                        .map_err(|error| error.to_string())
+                };
+                match sent.await {
+                    Ok(ack) => break ack,
+                    Err(error) => {
+                        tracing::debug!(%error, "cluster: publish not acknowledged; sending it again");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        };
+        let ack = tokio::time::timeout(self.timeout, published)
+            .await
+            .map_err(|_| PublishError::Timeout(self.timeout))?;
+        self.saw(ack.sequence);
+        Ok(Published {
+            sequence: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+}
+
+/// A runtime's name as one token of a NATS subject.
+pub fn subject_token(runtime: &str) -> String {
+    runtime
+        .chars()
+        .map(|c| match c {
+            '.' | '*' | '>' | ' ' | '\t' => '_',
+            c => c,
+        })
+        .collect()
+}
+
+/// 64 random bits for this process (std's `RandomState` keys from the OS's randomness).
+fn process_nonce() -> u64 {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_names_become_one_subject_token() {
+        assert_eq!(subject_token("orders.eu"), "orders_eu");
+        assert_eq!(subject_token("a*b>c d"), "a_b_c_d");
+        assert_eq!(subject_token("demo"), "demo");
+    }
+}

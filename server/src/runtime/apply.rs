@@ -1,0 +1,236 @@
+//! One logged record applied at its position, whoever reads the log: the start-up replay of the
+//! local log, or a cluster's apply loop (see the module docs of [`crate::runtime`]).
+//!
+//! ## Judged and pending records
+//!
+//! A local log holds only records this server judged before it logged them: a batch is run
+//! again and must produce its digest, a deploy must switch from the module that runs. Anything
+//! else is not this runtime's history ([`ApplyError`]).
+//!
+//! A cluster's stream holds records nobody judged yet: every node judges each one at its
+//! position, the same way, through the same deterministic guest, and the verdict goes to the
+//! publisher ([`Verdict`]). A batch made by a node running another module, a producer's batch
+//! out of order, a guest's refusal, a deploy against a module that no longer runs: each is
+//! refused alike on every node, its position consumed, and nothing stops.
+//!
+//! ## A runtime's first module on a stream
+//!
+//! Before its first record, a runtime's module on a stream is not yet decided. A node that has
+//! caught up publishes a first deploy for each undecided runtime, naming its own module (as both
+//! `module` and `previous`); the first such record decides, on every node. A node whose module
+//! lost switches to the winner's ([`Record::Deploy`] carries it) and is then a node whose config
+//! names another build than the cluster's, which the cluster layer refuses to make ready.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::group::Staging;
+use super::handle::{Record, Verdict};
+use super::task::Task;
+use super::{ApplyError, BatchSink, DeployError, Deployed, IngestError};
+use crate::host::GuestModule;
+use crate::log::{BatchEntry, DeployEntry, Digest, Outcome};
+
+impl<S: BatchSink> Task<S> {
+    /// Applies `record` at `position`; see the module docs.
+    pub(super) async fn apply(&mut self, record: Record, position: u64) -> Result<(), ApplyError> {
+        match record {
+            Record::Batch(entry) if entry.outcome == Outcome::Pending => {
+                self.judge_batch(entry, position).await
+            }
+            Record::Batch(entry) => self.replay_batch(entry, position).await,
+            Record::Deploy(entry, module) if entry.pending => {
+                let verdict = self.judge_deploy(&entry, module, position).await;
+                self.give(position, Verdict::Deploy(verdict));
+                Ok(())
+            }
+            Record::Deploy(entry, module) => self.replay_deploy(&entry, module, position).await,
+        }
+    }
+
+    /// Hands a verdict to the publisher waiting for `position`.
+    fn give(&self, position: u64, verdict: Verdict) {
+        self.verdicts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .give(position, verdict);
+    }
+
+    /// Judges a batch published to a cluster's stream, commits it if it passes, and hands the
+    /// verdict on.
+    async fn judge_batch(&mut self, entry: BatchEntry, position: u64) -> Result<(), ApplyError> {
+        let running = self.module.fingerprint().clone();
+        if entry.module != running && self.last.modules.is_empty() {
+            // Published before this runtime's first module was decided (by a viewtape that
+            // does not publish one): this node cannot reproduce what its publisher runs.
+            return Err(self.module_changed(&entry));
+        }
+        let verdict = if entry.module != running {
+            drop(self.log.turn(Some(position), 1).await);
+            Err(IngestError::OtherModule {
+                runtime: self.name.to_string(),
+                published: entry.module,
+                running,
+            })
+        } else if entry.guest_config != self.guest_config_crc {
+            return Err(self.module_changed(&entry));
+        } else {
+            self.last.ran(&running);
+            let checkpoint = self.last.checkpoint;
+            let mut undo = Vec::new();
+            let Staging { staged, refused } = self.stage(entry, &mut undo).await;
+            if let Some(error @ IngestError::Unavailable { .. }) = &refused {
+                // A fault of this node (an instance that could not be made, the wall-clock
+                // backstop), not the batch's verdict: undone, and the position stays open.
+                self.last.checkpoint = checkpoint;
+                for undo in undo.into_iter().rev() {
+                    self.last.producers.undo(undo);
+                }
+                return Err(ApplyError::Unavailable {
+                    runtime: self.name.to_string(),
+                    reason: error.to_string(),
+                });
+            }
+            let log = Arc::clone(&self.log);
+            let turn = log.turn(Some(position), 1).await;
+            let accepted = match staged {
+                Some(staged) => Some(self.finish(staged, Some(position)).await),
+                None => None,
+            };
+            drop(turn);
+            match (refused, accepted) {
+                (Some(error), _) => Err(error),
+                (None, Some(accepted)) => Ok(accepted),
+                (None, None) => Err(IngestError::Stopped {
+                    runtime: self.name.to_string(),
+                }),
+            }
+        };
+        self.give(position, Verdict::Batch(verdict));
+        Ok(())
+    }
+
+    /// Runs a batch of the local log again: it must produce what its record says.
+    async fn replay_batch(&mut self, entry: BatchEntry, position: u64) -> Result<(), ApplyError> {
+        if entry.module != *self.module.fingerprint() || entry.guest_config != self.guest_config_crc
+        {
+            return Err(self.module_changed(&entry));
+        }
+        let diverged = |runtime: &str, detail: String| ApplyError::Diverged {
+            runtime: runtime.to_owned(),
+            detail,
+        };
+        let batch = match &entry.outcome {
+            Outcome::Lost | Outcome::Pending => None,
+            Outcome::Committed(logged) => {
+                let before = self.last.state.clone();
+                let batch = self
+                    .run_guest(&entry)
+                    .await
+                    .map_err(|error| diverged(&self.name, format!("it failed: {error}")))?;
+                let digest = Digest::of(&batch);
+                if digest != *logged {
+                    self.last.state = before;
+                    self.instance = None;
+                    return Err(diverged(
+                        &self.name,
+                        format!(
+                            "events {:?} crc {:08x}, logged {:?} crc {:08x}",
+                            digest.per_view, digest.crc, logged.per_view, logged.crc
+                        ),
+                    ));
+                }
+                Some(batch)
+            }
+        };
+        if entry.checkpoint.is_some() {
+            self.last.checkpoint = entry.checkpoint;
+        }
+        if let Some(stamp) = &entry.producer {
+            self.last.producers.stage(stamp);
+        }
+        let log = Arc::clone(&self.log);
+        let turn = log.turn(Some(position), 1).await;
+        self.commit(&entry, batch, Some(position)).await;
+        drop(turn);
+        self.log.metrics().replayed.inc();
+        Ok(())
+    }
+
+    /// Switches again to the module a deploy of the local log installed.
+    async fn replay_deploy(
+        &mut self,
+        entry: &DeployEntry,
+        module: GuestModule,
+        position: u64,
+    ) -> Result<(), ApplyError> {
+        let running = self.module.fingerprint().clone();
+        if entry.previous != running {
+            return Err(ApplyError::ModuleChanged {
+                runtime: self.name.to_string(),
+                logged: entry.previous.clone(),
+                logged_config: self.guest_config_crc,
+                running,
+                running_config: self.guest_config_crc,
+            });
+        }
+        self.switch(module, entry.fresh, Some(position))
+            .await
+            .map_err(|error| ApplyError::Diverged {
+                runtime: self.name.to_string(),
+                detail: format!("the logged deploy does not take the state again: {error}"),
+            })?;
+        self.log.metrics().replayed.inc();
+        Ok(())
+    }
+
+    /// Judges a deploy published to a cluster's stream; see the module docs.
+    async fn judge_deploy(
+        &mut self,
+        entry: &DeployEntry,
+        module: GuestModule,
+        position: u64,
+    ) -> Result<Deployed, DeployError> {
+        let running = self.module.fingerprint().clone();
+        let first = entry.previous == entry.module;
+        let undecided = self.last.modules.is_empty();
+        let unchanged = |running: crate::host::ModuleFingerprint| Deployed {
+            previous: running.clone(),
+            module: running,
+            position: Some(position),
+            fresh: false,
+        };
+        if first && !undecided || !first && entry.previous != running {
+            drop(self.log.turn(Some(position), 1).await);
+            return match entry.module == running {
+                true => Ok(unchanged(running)),
+                false => Err(DeployError::Stale {
+                    runtime: self.name.to_string(),
+                    expected: entry.previous.clone(),
+                    running,
+                }),
+            };
+        }
+        if entry.module == running {
+            drop(self.log.turn(Some(position), 1).await);
+            self.last.ran(&running);
+            return Ok(unchanged(running));
+        }
+        self.switch(module, first, Some(position)).await
+    }
+
+    fn module_changed(&self, entry: &BatchEntry) -> ApplyError {
+        ApplyError::ModuleChanged {
+            runtime: self.name.to_string(),
+            logged: entry.module.clone(),
+            logged_config: entry.guest_config,
+            running: self.module.fingerprint().clone(),
+            running_config: self.guest_config_crc,
+        }
+    }
+
+    /// Counts a deploy.
+    pub(super) fn deployed(&self) {
+        self.stats.deploys.fetch_add(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,137 @@
+//! A new module swapped in between two batches, the guest's state carried over (see
+//! [`RuntimeHandle::deploy`](super::RuntimeHandle::deploy)).
+
+use std::sync::{Arc, PoisonError};
+
+use bytes::Bytes;
+
+use super::task::Task;
+use super::{BatchSink, DeployError, Deployed};
+use crate::host::{GuestError, GuestInstance, GuestModule};
+use crate::log::{unix_ms_now, DeployEntry, Entry};
+
+impl<S: BatchSink> Task<S> {
+    /// Swaps `module` in, carrying the state over, and logs it; with `fresh_if_refused`, a
+    /// module that refuses the state starts fresh instead of being refused.
+    pub(super) async fn deploy(
+        &mut self,
+        module: GuestModule,
+        fresh_if_refused: bool,
+    ) -> Result<Deployed, DeployError> {
+        let previous = self.module.fingerprint().clone();
+        let next = module.fingerprint().clone();
+        if next == previous {
+            return Ok(Deployed {
+                previous,
+                module: next,
+                position: None,
+                fresh: false,
+            });
+        }
+        let (instance, state, fresh) = match self.prepare(&module, false).await {
+            Ok((instance, state)) => (instance, state, false),
+            Err(error) if fresh_if_refused => {
+                tracing::warn!(%error, module = %next, "the new module refuses the saved state: it starts fresh, with a gap on this runtime's views");
+                let (instance, state) = self
+                    .prepare(&module, true)
+                    .await
+                    .map_err(|source| self.refused(source))?;
+                (instance, state, true)
+            }
+            Err(error) => return Err(self.refused(error)),
+        };
+        let entry = Entry::Deploy(DeployEntry {
+            runtime: self.name.to_string(),
+            module: next.clone(),
+            previous: previous.clone(),
+            at_ms: unix_ms_now(),
+            pending: false,
+            fresh,
+        });
+        let position = self
+            .log
+            .append(vec![entry.encode()])
+            .await
+            .map_err(|source| DeployError::Log {
+                runtime: self.name.to_string(),
+                source,
+            })?;
+        let log = Arc::clone(&self.log);
+        let turn = log.turn(position, 1).await;
+        let deployed = self.install(module, instance, state, fresh, position);
+        drop(turn);
+        tracing::info!(module = %next, %previous, fresh, "module deployed");
+        Ok(deployed)
+    }
+
+    /// Switches to `module` at `position` of the log (already logged), from the state (or
+    /// fresh): a deploy applied from the log. A refusal consumes the position all the same.
+    pub(super) async fn switch(
+        &mut self,
+        module: GuestModule,
+        fresh: bool,
+        position: Option<u64>,
+    ) -> Result<Deployed, DeployError> {
+        let prepared = self.prepare(&module, fresh).await;
+        let log = Arc::clone(&self.log);
+        let turn = log.turn(position, 1).await;
+        let deployed = match prepared {
+            Ok((instance, state)) => Ok(self.install(module, instance, state, fresh, position)),
+            Err(source) => Err(self.refused(source)),
+        };
+        drop(turn);
+        deployed
+    }
+
+    /// An instance of `module` from the saved state (or fresh), and that state in the new
+    /// module's own format.
+    async fn prepare(
+        &self,
+        module: &GuestModule,
+        fresh: bool,
+    ) -> Result<(GuestInstance, Bytes), GuestError> {
+        let state = (!fresh).then_some(&self.last.state[..]);
+        let mut instance = self.instantiate(module, state).await?;
+        let state = instance.save().await?;
+        Ok((instance, state))
+    }
+
+    /// Makes `module` the running one, at its turn.
+    fn install(
+        &mut self,
+        module: GuestModule,
+        instance: GuestInstance,
+        state: Bytes,
+        fresh: bool,
+        position: Option<u64>,
+    ) -> Deployed {
+        if fresh && !self.last.state.is_empty() {
+            tracing::warn!("the guest starts fresh: its earlier state is gone");
+            self.mark_gap();
+        }
+        let previous = self.module.fingerprint().clone();
+        let next = module.fingerprint().clone();
+        self.module = module;
+        self.instance = Some(instance);
+        self.last.state = state;
+        self.last.ran(&next);
+        *self
+            .module_now
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = next.clone();
+        self.deployed();
+        Deployed {
+            previous,
+            module: next,
+            position,
+            fresh,
+        }
+    }
+
+    fn refused(&self, source: GuestError) -> DeployError {
+        DeployError::Refused {
+            runtime: self.name.to_string(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! What a runtime answers when a batch, a deploy or a logged record does not go through.
+
+use crate::host::{GuestError, ModuleFingerprint};
+use crate::log::Break;
+
+/// Why a batch was not committed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IngestError {
+    /// The guest failed on this batch; nothing of it was committed and the runtime was
+    /// re-instantiated from its last good state.
+    #[error("runtime `{runtime}`: {source}")]
+    Guest {
+        /// The runtime.
+        runtime: String,
+        /// What the guest did.
+        #[source]
+        source: GuestError,
+    },
+    /// The runtime could not run the batch for reasons that are not the batch's: it could not
+    /// be re-instantiated after an earlier failure (it retries on every batch), or the guest hit
+    /// the wall-clock backstop. Nothing was committed; sending the batch again may succeed.
+    #[error("runtime `{runtime}` is unavailable: {source}")]
+    Unavailable {
+        /// The runtime.
+        runtime: String,
+        /// Why instantiation failed.
+        #[source]
+        source: GuestError,
+    },
+    /// The shared log could not take the batch, or this node did not apply it in time. A
+    /// batch that was published may still commit: send it again with its producer stamp.
+    #[error("runtime `{runtime}`: the shared log: {reason}")]
+    Shared {
+        /// The runtime.
+        runtime: String,
+        /// Why.
+        reason: String,
+    },
+    /// The batch was published by a node running another module than the cluster runs for
+    /// this runtime: every node refuses it alike.
+    #[error("runtime `{runtime}`: the batch was made for module {published}, but the cluster runs {running}; deploy a module through any node (PUT /admin/runtimes/{runtime}/module) instead of restarting a node on it")]
+    OtherModule {
+        /// The runtime.
+        runtime: String,
+        /// The module of the node that published it.
+        published: ModuleFingerprint,
+        /// The module the cluster runs.
+        running: ModuleFingerprint,
+    },
+    /// The runtime's task has stopped (the server is shutting down).
+    #[error("runtime `{runtime}` has stopped")]
+    Stopped {
+        /// The runtime.
+        runtime: String,
+    },
+    /// The producer skipped a batch: `expected` is the `Producer-Seq` that would run.
+    #[error(
+        "runtime `{runtime}`: out of order for this producer; send Producer-Seq {expected} first"
+    )]
+    OutOfOrder {
+        /// The runtime.
+        runtime: String,
+        /// The next `seq` the producer may send.
+        expected: u64,
+    },
+    /// The producer's epoch is older than one already seen: another instance took over.
+    #[error("runtime `{runtime}`: producer epoch {epoch} is fenced by epoch {current}")]
+    Fenced {
+        /// The runtime.
+        runtime: String,
+        /// The batch's epoch.
+        epoch: u64,
+        /// The producer's current epoch.
+        current: u64,
+    },
+    /// The log could not make the batch durable; nothing of it was committed, and nothing is
+    /// until the log has been reopened and verified (it is, in the background).
+    #[error("runtime `{runtime}`: the log failed, nothing was committed: {source}")]
+    Log {
+        /// The runtime.
+        runtime: String,
+        /// Why.
+        #[source]
+        source: viewtape_snapshots::log::LogError,
+    },
+}
+
+/// Why a deploy did not happen; the runtime runs its old module, untouched.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeployError {
+    /// The new module could not take over the guest's state: its `restore` (or `init`, for a
+    /// runtime without state) refused, or it could not be instantiated.
+    #[error("runtime `{runtime}`: the new module cannot take over: {source}")]
+    Refused {
+        /// The runtime.
+        runtime: String,
+        /// What the new module did.
+        #[source]
+        source: GuestError,
+    },
+    /// The deploy was made against another module than the one that runs now (another deploy
+    /// came first).
+    #[error("runtime `{runtime}`: the deploy replaces module {expected}, but {running} runs now")]
+    Stale {
+        /// The runtime.
+        runtime: String,
+        /// The module the deploy meant to replace.
+        expected: ModuleFingerprint,
+        /// The module that runs.
+        running: ModuleFingerprint,
+    },
+    /// The deploy could not be made durable.
+    #[error("runtime `{runtime}`: the log failed, the deploy did not happen: {source}")]
+    Log {
+        /// The runtime.
+        runtime: String,
+        /// Why.
+        #[source]
+        source: viewtape_snapshots::log::LogError,
+    },
+    /// The cluster's stream did not take the deploy, or this node did not apply it in time.
+    #[error("runtime `{runtime}`: the shared log: {reason}")]
+    Shared {
+        /// The runtime.
+        runtime: String,
+        /// Why.
+        reason: String,
+    },
+    /// The runtime's task has stopped.
+    #[error("runtime `{runtime}` has stopped")]
+    Stopped {
+        /// The runtime.
+        runtime: String,
+    },
+}
+
+/// Why a logged record could not be applied at its position: from there on, the log is not
+/// this runtime's history (or, for [`ApplyError::Unavailable`], not yet).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApplyError {
+    /// The record was written by another module or guest config than the runtime's now.
+    #[error("runtime `{runtime}`: the record was processed by module {logged} (guest config crc {logged_config:08x}); {running} (crc {running_config:08x}) runs now")]
+    ModuleChanged {
+        /// The runtime.
+        runtime: String,
+        /// The module in the record.
+        logged: ModuleFingerprint,
+        /// Its guest config's CRC-32C.
+        logged_config: u32,
+        /// The module running now.
+        running: ModuleFingerprint,
+        /// The running guest config's CRC-32C.
+        running_config: u32,
+    },
+    /// The guest produced something else than the record says it did (or failed).
+    #[error("runtime `{runtime}`: the replayed record produced another result than the logged one ({detail})")]
+    Diverged {
+        /// The runtime.
+        runtime: String,
+        /// What differed.
+        detail: String,
+    },
+    /// The runtime could not run the record now, for reasons that are not the record's (see
+    /// [`IngestError::Unavailable`]); nothing changed, and it may be applied again.
+    #[error("runtime `{runtime}` could not run the record: {reason}")]
+    Unavailable {
+        /// The runtime.
+        runtime: String,
+        /// Why.
+        reason: String,
+    },
+    /// The runtime's task has stopped.
+    #[error("runtime `{runtime}` has stopped")]
+    Stopped {
+        /// The runtime.
+        runtime: String,
+    },
+}
+
+impl ApplyError {
+    /// The cause a start-up counts when this ends a replay.
+    pub fn cause(&self) -> Break {
+        match self {
+            ApplyError::ModuleChanged { .. } => Break::Module,
+            _ => Break::Digest,
+        }
+    }
+}

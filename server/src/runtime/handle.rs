@@ -1,0 +1,583 @@
+//! The way into a runtime task: [`RuntimeHandle`], the commands it sends, and the answers.
+//!
+//! Every request is one [`Command`] carrying a oneshot for its answer
+//! ([`RuntimeHandle::ask`]). On a cluster, an ingest or a deploy is first published to the
+//! stream; the task answers it when it applies the published record at its position, through
+//! the [`Verdicts`] it shares with its handles.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
+use viewtape_journal::EventJournal;
+
+use super::task::Task;
+use super::{Accepted, BatchSink, Deployed, RuntimeConfig, RuntimeSnapshot, RuntimeStats};
+use super::{ApplyError, DeployError, IngestError};
+use crate::host::{GuestError, GuestInstance, GuestModule, ModuleFingerprint};
+use crate::log::producer::ProducerStamp;
+use crate::log::{unix_ms_now, BatchEntry, DeployEntry, Entry, Log, Outcome, PublishError};
+use crate::log::{Published, Receipt, StreamLog};
+use crate::source::SourceCheckpoint;
+
+/// Verdicts of applied stream positions kept for the publisher that has not asked yet.
+const VERDICTS_KEPT: usize = 8192;
+
+pub(super) type Reply = oneshot::Sender<Result<Accepted, IngestError>>;
+
+/// One batch on its way in.
+pub(super) struct Ingest {
+    pub input: Bytes,
+    pub checkpoint: Option<SourceCheckpoint>,
+    pub source_gap: Option<String>,
+    pub producer: Option<ProducerStamp>,
+    pub reply: Reply,
+}
+
+/// A logged record, ready to apply.
+#[derive(Debug)]
+pub enum Record {
+    /// A batch.
+    Batch(BatchEntry),
+    /// A deploy, with its module loaded.
+    Deploy(DeployEntry, GuestModule),
+}
+
+pub(super) enum Command {
+    Ingest(Ingest),
+    Apply {
+        record: Record,
+        position: u64,
+        reply: oneshot::Sender<Result<(), ApplyError>>,
+    },
+    Save {
+        reply: oneshot::Sender<RuntimeSnapshot>,
+    },
+    Deploy {
+        module: GuestModule,
+        /// Start fresh (a gap on the runtime's views) if the module refuses the state.
+        fresh_if_refused: bool,
+        reply: oneshot::Sender<Result<Deployed, DeployError>>,
+    },
+    Pause {
+        reply: oneshot::Sender<RuntimeSnapshot>,
+        /// Closed when the [`PauseGuard`] is dropped; carries what the holder of the cut asks of
+        /// the paused runtime meanwhile.
+        control: mpsc::Receiver<PauseOp>,
+    },
+}
+
+/// What the holder of a [`PauseGuard`] may ask of the paused runtime.
+pub(super) enum PauseOp {
+    /// Instantiate a guest from this state, and keep it aside.
+    Stage {
+        snapshot: RuntimeSnapshot,
+        reply: oneshot::Sender<Result<(), GuestError>>,
+    },
+    /// Swap the staged guest in (`false`: nothing was staged).
+    Commit { reply: oneshot::Sender<bool> },
+}
+
+/// The verdict on a record published to a cluster's stream, given when it was applied.
+#[derive(Debug)]
+pub(super) enum Verdict {
+    Batch(Result<Accepted, IngestError>),
+    Deploy(Result<Deployed, DeployError>),
+}
+
+/// Verdicts of recently applied stream positions, and the publishers waiting for theirs.
+#[derive(Debug, Default)]
+pub(super) struct Verdicts {
+    done: BTreeMap<u64, Verdict>,
+    waiting: HashMap<u64, oneshot::Sender<Verdict>>,
+}
+
+impl Verdicts {
+    /// Hands the verdict on `position` to its publisher, or keeps it for one that will ask.
+    pub fn give(&mut self, position: u64, verdict: Verdict) {
+        match self.waiting.remove(&position) {
+            Some(waiter) => {
+                let _ = waiter.send(verdict);
+            }
+            None => {
+                self.done.insert(position, verdict);
+                while self.done.len() > VERDICTS_KEPT {
+                    self.done.pop_first();
+                }
+            }
+        }
+    }
+}
+
+/// Holds a runtime paused (see [`RuntimeHandle::pause`]); dropping it
+/// lets the runtime run again.
+///
+/// ## Restoring inside the cut
+///
+/// A live restore replaces the guest's state while every runtime is paused, in two steps so
+/// that a guest refusing its state leaves everything untouched: [`PauseGuard::stage_restore`]
+/// instantiates a new guest from the snapshot's state next to the running one, and
+/// [`PauseGuard::commit_restore`] swaps it in (with the snapshot's checkpoint as the last good
+/// position). Dropping the guard without committing discards the staged guest.
+#[derive(Debug)]
+pub struct PauseGuard {
+    runtime: Arc<str>,
+    control: mpsc::Sender<PauseOp>,
+}
+
+impl PauseGuard {
+    /// Instantiates a guest from `snapshot.state` (an empty state runs the guest's `init`
+    /// instead) and keeps it aside until [`PauseGuard::commit_restore`]. The running guest is
+    /// untouched.
+    ///
+    /// # Errors
+    /// [`IngestError::Guest`] when the guest refuses the state or cannot be instantiated;
+    /// [`IngestError::Stopped`] if the task has stopped.
+    pub async fn stage_restore(&self, snapshot: RuntimeSnapshot) -> Result<(), IngestError> {
+        let (reply, rx) = oneshot::channel();
+        self.control
+            .send(PauseOp::Stage { snapshot, reply })
+            .await
+            .map_err(|_| self.stopped())?;
+        rx.await
+            .map_err(|_| self.stopped())?
+            .map_err(|source| IngestError::Guest {
+                runtime: self.runtime.to_string(),
+                source,
+            })
+    }
+
+    /// Replaces the running guest and its last good state and checkpoint with the staged ones.
+    /// Returns `false` when nothing was staged.
+    ///
+    /// # Errors
+    /// [`IngestError::Stopped`] if the task has stopped.
+    pub async fn commit_restore(&self) -> Result<bool, IngestError> {
+        let (reply, rx) = oneshot::channel();
+        self.control
+            .send(PauseOp::Commit { reply })
+            .await
+            .map_err(|_| self.stopped())?;
+        rx.await.map_err(|_| self.stopped())
+    }
+
+    fn stopped(&self) -> IngestError {
+        IngestError::Stopped {
+            runtime: self.runtime.to_string(),
+        }
+    }
+}
+
+/// The cloneable handle of a runtime task. The task stops when every handle is dropped.
+#[derive(Clone, Debug)]
+pub struct RuntimeHandle {
+    name: Arc<str>,
+    tx: mpsc::Sender<Command>,
+    stats: Arc<RuntimeStats>,
+    /// The module it runs now (a deploy changes it).
+    module: Arc<Mutex<ModuleFingerprint>>,
+    /// CRC-32C of its guest config.
+    guest_config: u32,
+    /// The log it appends to: the local one, or a cluster's stream.
+    log: Arc<Log>,
+    /// Verdicts on what it published to a cluster's stream.
+    verdicts: Arc<Mutex<Verdicts>>,
+}
+
+impl RuntimeHandle {
+    /// Instantiates `module` (restoring `restore.state` if given) and spawns the runtime task
+    /// on the current tokio runtime, appending to `log`.
+    ///
+    /// # Errors
+    /// The guest's first instantiation failed (its `init` or `restore` refused, or no instance
+    /// could be made).
+    pub async fn spawn<S: BatchSink>(
+        module: GuestModule,
+        config: RuntimeConfig,
+        restore: Option<RuntimeSnapshot>,
+        journal: Arc<EventJournal>,
+        sink: Arc<S>,
+        log: Arc<Log>,
+    ) -> Result<Self, GuestError> {
+        let last = restore.unwrap_or_default();
+        let state = (!last.state.is_empty()).then_some(&last.state[..]);
+        let instance = GuestInstance::new(
+            &module,
+            &config.name,
+            &config.limits,
+            &config.guest_config,
+            state,
+        )
+        .await?;
+        let (tx, rx) = mpsc::channel(config.queue_depth.max(1));
+        let handle = Self {
+            name: Arc::from(config.name.as_str()),
+            tx,
+            stats: Arc::default(),
+            module: Arc::new(Mutex::new(module.fingerprint().clone())),
+            guest_config: crc32c::crc32c(&config.guest_config),
+            log: Arc::clone(&log),
+            verdicts: Arc::default(),
+        };
+        let task = Task {
+            name: Arc::clone(&handle.name),
+            guest_config_crc: handle.guest_config,
+            module,
+            config,
+            instance: Some(instance),
+            last,
+            journal,
+            sink,
+            log,
+            stats: Arc::clone(&handle.stats),
+            views: Arc::default(),
+            module_now: Arc::clone(&handle.module),
+            verdicts: Arc::clone(&handle.verdicts),
+        }
+        .with_views();
+        let span = tracing::info_span!("runtime", runtime = %handle.name);
+        tokio::spawn(task.run(rx).instrument(span));
+        Ok(handle)
+    }
+
+    /// The runtime's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its counters.
+    pub fn stats(&self) -> &RuntimeStats {
+        &self.stats
+    }
+
+    /// The module it runs now.
+    pub fn module(&self) -> ModuleFingerprint {
+        self.module
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Runs one batch of pushed input (e.g. an HTTP body) and commits it once it is durable.
+    /// With a producer stamp, a batch already committed is answered with its original receipt
+    /// instead of running again.
+    ///
+    /// # Errors
+    /// [`IngestError::Guest`] when the guest refused or failed on the batch (nothing was
+    /// committed; the caller may fix and resend); [`IngestError::OutOfOrder`] or
+    /// [`IngestError::Fenced`] for a producer's batch that may not run;
+    /// [`IngestError::Unavailable`], [`IngestError::Log`], [`IngestError::Shared`] or
+    /// [`IngestError::Stopped`] when the runtime cannot run it.
+    pub async fn ingest(
+        &self,
+        input: Bytes,
+        producer: Option<ProducerStamp>,
+    ) -> Result<Accepted, IngestError> {
+        self.send(input, None, None, producer).await
+    }
+
+    /// Runs one batch read by a pull source; `checkpoint` is the source position after it.
+    /// `source_gap` says why input was lost just before it (a truncated or replaced file); it is
+    /// logged and marked on the runtime's views before the batch. If the batch fails, its input
+    /// is lost too (the source has moved on), so a gap is marked and the checkpoint still
+    /// advances. Empty `input` only records the gap and the checkpoint.
+    ///
+    /// # Errors
+    /// As [`RuntimeHandle::ingest`].
+    pub async fn ingest_from_source(
+        &self,
+        input: Bytes,
+        checkpoint: SourceCheckpoint,
+        source_gap: Option<String>,
+    ) -> Result<Accepted, IngestError> {
+        self.send(input, Some(checkpoint), source_gap, None).await
+    }
+
+    async fn send(
+        &self,
+        input: Bytes,
+        checkpoint: Option<SourceCheckpoint>,
+        source_gap: Option<String>,
+        producer: Option<ProducerStamp>,
+    ) -> Result<Accepted, IngestError> {
+        if let Some(stream) = self.log.stream() {
+            let entry = BatchEntry {
+                runtime: self.name.to_string(),
+                module: self.module(),
+                guest_config: self.guest_config,
+                at_ms: unix_ms_now(),
+                input,
+                producer,
+                checkpoint,
+                source_gap,
+                outcome: Outcome::Pending,
+            };
+            return self.publish_batch(stream, entry).await;
+        }
+        self.ask(|reply| {
+            Command::Ingest(Ingest {
+                input,
+                checkpoint,
+                source_gap,
+                producer,
+                reply,
+            })
+        })
+        .await
+        .unwrap_or_else(|| Err(self.stopped()))
+    }
+
+    /// Publishes `entry` to the cluster's stream and waits for this node's verdict on it.
+    async fn publish_batch(
+        &self,
+        stream: &StreamLog,
+        entry: BatchEntry,
+    ) -> Result<Accepted, IngestError> {
+        let shared = |reason: String| IngestError::Shared {
+            runtime: self.name.to_string(),
+            reason,
+        };
+        let id = match &entry.producer {
+            Some(stamp) => format!(
+                "{}\u{1f}{}\u{1f}{}\u{1f}{}",
+                entry.runtime, stamp.id, stamp.epoch, stamp.seq
+            ),
+            None => stream.own_id(),
+        };
+        let has_producer = entry.producer.is_some();
+        let published = stream
+            .publish(&self.name, Entry::encode_batch(&entry), id)
+            .await
+            .map_err(|error| shared(error.to_string()))?;
+        // A copy of this node's own resend is no news to the producer.
+        let duplicate = published.duplicate && has_producer;
+        match self.verdict(stream, published).await.map_err(shared)? {
+            Some(Verdict::Batch(outcome)) => outcome.map(|accepted| Accepted {
+                duplicate: accepted.duplicate || duplicate,
+                ..accepted
+            }),
+            Some(Verdict::Deploy(_)) => Err(shared(format!(
+                "sequence {} holds a deploy, not this batch",
+                published.sequence
+            ))),
+            // Applied long ago (a duplicate of an old batch): its verdict is gone.
+            None => Ok(Accepted {
+                receipt: Receipt {
+                    position: Some(published.sequence),
+                    durability: self.log.durability(),
+                    ..Receipt::default()
+                },
+                duplicate: true,
+            }),
+        }
+    }
+
+    /// This node's verdict on what was published at `published.sequence`, once it has applied
+    /// it; `None` when it was applied so long ago that its verdict is no longer kept.
+    async fn verdict(
+        &self,
+        stream: &StreamLog,
+        published: Published,
+    ) -> Result<Option<Verdict>, String> {
+        let sequence = published.sequence;
+        let waiting = {
+            let mut verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(verdict) = verdicts.done.remove(&sequence) {
+                return Ok(Some(verdict));
+            }
+            if self.log.committed() >= sequence {
+                return Ok(None);
+            }
+            let (tx, rx) = oneshot::channel();
+            verdicts.waiting.insert(sequence, tx);
+            rx
+        };
+        match tokio::time::timeout(stream.timeout, waiting).await {
+            Ok(Ok(verdict)) => Ok(Some(verdict)),
+            _ => {
+                self.verdicts
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .waiting
+                    .remove(&sequence);
+                Err(format!(
+                    "published at sequence {sequence}, not applied by this node within {:?}; send it again with its Producer-* headers to learn its outcome",
+                    stream.timeout
+                ))
+            }
+        }
+    }
+
+    /// Applies a logged record at `position`, where every reader of the log applies it: a
+    /// replay of the local log at start-up, or a cluster's stream. See the module docs.
+    ///
+    /// # Errors
+    /// [`ApplyError`]: the record is not this runtime's history (or, for
+    /// [`ApplyError::Unavailable`], cannot be applied now; nothing changed).
+    pub async fn apply(&self, record: Record, position: u64) -> Result<(), ApplyError> {
+        self.ask(|reply| Command::Apply {
+            record,
+            position,
+            reply,
+        })
+        .await
+        .unwrap_or_else(|| {
+            Err(ApplyError::Stopped {
+                runtime: self.name.to_string(),
+            })
+        })
+    }
+
+    /// Replaces the guest's module between two batches, carrying its state over: the new
+    /// module restores the old one's saved state, the deploy is logged, and the next batch runs
+    /// on the new module. No gap, no new epoch. If the new module refuses the state or the log
+    /// fails, the old module keeps running as if nothing happened. Deploying the module that
+    /// runs already changes nothing. On a cluster, the deploy is published to the stream and
+    /// every node switches at its position.
+    ///
+    /// # Errors
+    /// [`DeployError`], with nothing changed.
+    pub async fn deploy(&self, module: GuestModule) -> Result<Deployed, DeployError> {
+        match self.log.stream() {
+            Some(stream) => {
+                self.publish_deploy(stream, module.fingerprint().clone(), false)
+                    .await
+            }
+            None => self.ask_deploy(module, false).await,
+        }
+    }
+
+    /// On a cluster, declares the module this runtime runs as its first on the stream (a deploy
+    /// from it to itself): the first such record decides, on every node. Elsewhere, nothing.
+    ///
+    /// # Errors
+    /// [`DeployError::Shared`]: the stream did not take it, or this node did not apply it.
+    pub async fn declare_module(&self) -> Result<Deployed, DeployError> {
+        let module = self.module();
+        match self.log.stream() {
+            Some(stream) => self.publish_deploy(stream, module, true).await,
+            None => Ok(Deployed {
+                previous: module.clone(),
+                module,
+                position: None,
+                fresh: false,
+            }),
+        }
+    }
+
+    /// A deploy at start-up, when the config names another module than the one that saved the
+    /// state: as [`RuntimeHandle::deploy`], except that a module refusing the state starts
+    /// fresh, with a gap on this runtime's views.
+    ///
+    /// # Errors
+    /// [`DeployError`]: it could not be logged, or even a fresh start failed.
+    pub async fn deploy_at_start(&self, module: GuestModule) -> Result<Deployed, DeployError> {
+        self.ask_deploy(module, true).await
+    }
+
+    async fn ask_deploy(
+        &self,
+        module: GuestModule,
+        fresh_if_refused: bool,
+    ) -> Result<Deployed, DeployError> {
+        self.ask(|reply| Command::Deploy {
+            module,
+            fresh_if_refused,
+            reply,
+        })
+        .await
+        .unwrap_or_else(|| {
+            Err(DeployError::Stopped {
+                runtime: self.name.to_string(),
+            })
+        })
+    }
+
+    /// Publishes a deploy of `module` (which every node finds by its fingerprint) and waits for
+    /// this node's verdict on it; `settling`: a declaration of the first module, which a node
+    /// makes before it takes anything else.
+    async fn publish_deploy(
+        &self,
+        stream: &StreamLog,
+        module: ModuleFingerprint,
+        settling: bool,
+    ) -> Result<Deployed, DeployError> {
+        let shared = |reason: String| DeployError::Shared {
+            runtime: self.name.to_string(),
+            reason,
+        };
+        let entry = Entry::Deploy(DeployEntry {
+            runtime: self.name.to_string(),
+            module,
+            previous: self.module(),
+            at_ms: unix_ms_now(),
+            pending: true,
+            fresh: false,
+        });
+        let (payload, id) = (entry.encode(), stream.own_id());
+        let published = match settling {
+            true => stream.publish_settling(&self.name, payload, id).await,
+            false => stream.publish(&self.name, payload, id).await,
+        }
+        .map_err(|error: PublishError| shared(error.to_string()))?;
+        match self.verdict(stream, published).await.map_err(shared)? {
+            Some(Verdict::Deploy(outcome)) => outcome,
+            _ => Err(shared(format!(
+                "no verdict on the deploy at sequence {}",
+                published.sequence
+            ))),
+        }
+    }
+
+    /// The state and checkpoint after the last committed batch, taken between batches: what a
+    /// snapshot stores.
+    ///
+    /// # Errors
+    /// [`IngestError::Stopped`] if the task has stopped.
+    pub async fn save(&self) -> Result<RuntimeSnapshot, IngestError> {
+        self.ask(|reply| Command::Save { reply })
+            .await
+            .ok_or_else(|| self.stopped())
+    }
+
+    /// Stops the runtime between batches and keeps it stopped until the
+    /// returned [`PauseGuard`] is dropped: the runtime's side of a
+    /// consistency cut. Returns the state and checkpoint at that point,
+    /// which match exactly what it has committed.
+    ///
+    /// # Errors
+    /// [`IngestError::Stopped`] if the task has stopped.
+    pub async fn pause(&self) -> Result<(RuntimeSnapshot, PauseGuard), IngestError> {
+        let (control, ops) = mpsc::channel(1);
+        let saved = self
+            .ask(|reply| Command::Pause {
+                reply,
+                control: ops,
+            })
+            .await
+            .ok_or_else(|| self.stopped())?;
+        Ok((
+            saved,
+            PauseGuard {
+                runtime: Arc::clone(&self.name),
+                control,
+            },
+        ))
+    }
+
+    /// Sends the task the command `make` builds around a reply channel and waits for the
+    /// reply; `None` when the task has stopped.
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(make(reply)).await.ok()?;
+        rx.await.ok()
+    }
+
+    pub(super) fn stopped(&self) -> IngestError {
+        IngestError::Stopped {
+            runtime: self.name.to_string(),
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! The runtime task: one per ingestion runtime, owning its guest instance.
+//!
+//! A [`RuntimeHandle`] is the cloneable way in. Batches go over a bounded queue (backpressure:
+//! `ingest` waits when the runtime is [`RuntimeConfig::queue_depth`] batches behind) and each
+//! gets its answer on a oneshot. The task owns the [`GuestInstance`](crate::host::GuestInstance)
+//! — the `Store` is never shared, never behind a lock.
+//!
+//! | file | job |
+//! |---|---|
+//! | [`handle`] | the way in: commands to the task, their answers, the pause guard |
+//! | `task` | the task's loop: one command at a time, batches taken as groups |
+//! | `group` | group commit: stage a group, log it, commit it in log order |
+//! | `apply` | one logged record applied at its position: a replay at start, or a cluster's stream |
+//! | `deploy` | a new module swapped in between two batches, state carried over |
+//! | `pause` | the runtime's side of the consistency cut, and a restore inside it |
+//! | [`guest`] | the guest slot: the instance, re-made from the last good state after a failure |
+//! | `follow` | a file source feeding the runtime |
+//!
+//! ## A group of batches
+//!
+//! The task takes every batch waiting in its queue as one group (up to [`MAX_GROUP`]):
+//! 1. each batch's producer stamp is checked ([`ProducerTable`]): a duplicate does not run
+//!    again, an out-of-order or fenced one is refused;
+//! 2. each batch runs through the guest, which saves its state after every success, so the last
+//!    good state always matches what ran; a batch that fails is refused alone (a push source
+//!    gets the error and may resend) and the instance is made again from the last good state;
+//! 3. the accepted batches' records ([`BatchEntry`](crate::log::BatchEntry)) go to the log
+//!    together and the task waits until they are durable ([`Log::append`]) and until every
+//!    earlier position has committed ([`Log::turn`]);
+//! 4. then, in order, each batch commits: its gaps are marked on this runtime's views, its
+//!    events go to the [`BatchSink`] with the batch's time, and its caller gets the
+//!    [`Receipt`](crate::log::Receipt).
+//!
+//! Nothing of a batch is visible or acknowledged before step 3. If the log fails, nothing of
+//! the group commits: the guest, its state, its checkpoint and its producers go back to where
+//! they were before the group, and every caller gets [`IngestError::Log`].
+//!
+//! A pull source's input is consumed once read, so a batch from a source that the guest fails on
+//! is logged as lost ([`Outcome::Lost`](crate::log::Outcome::Lost)): a gap on the runtime's
+//! views, and the checkpoint moves past it.
+//!
+//! ## The log's records, applied
+//!
+//! A record applied at its position ([`RuntimeHandle::apply`]) takes one path, whoever feeds
+//! it: the start-up replay of the local log, or a cluster's apply loop over the shared stream.
+//! A record the guest already judged (a local log's batch) is run again and checked against
+//! its digest; a record nobody judged yet (a batch published to a cluster's stream, whose
+//! guest runs on every node in stream order) is judged here, the same way on every node, and
+//! its verdict goes to the publisher through the log ([`Log::settle`]). Either way its position
+//! is consumed, so later positions commit after it.
+//!
+//! With a cluster's stream as the log, ingest publishes the batch ([`Log::publish`]) and waits
+//! for its verdict: the guest runs only once the stream has ordered the batch among every
+//! node's.
+//!
+//! [`ProducerTable`]: crate::log::producer::ProducerTable
+
+mod apply;
+mod deploy;
+mod error;
+mod follow;
+mod group;
+pub mod guest;
+pub mod handle;
+mod pause;
+mod task;
+#[cfg(test)]
+mod tests;
+
+use std::future::Future;
+use std::sync::atomic::AtomicU64;
+
+use bytes::Bytes;
+
+pub use error::{ApplyError, DeployError, IngestError};
+pub use handle::{PauseGuard, RuntimeHandle};
+
+use crate::host::{GuestBatch, Limits, ModuleFingerprint};
+use crate::log::producer::ProducerTable;
+use crate::log::Receipt;
+use crate::source::SourceCheckpoint;
+
+#[cfg(doc)]
+use crate::log::Log;
+
+/// Most batches one group takes from the queue.
+pub const MAX_GROUP: usize = 256;
+
+/// How a runtime is set up.
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    /// The runtime's name (in logs, metrics and the ingest URL).
+    pub name: String,
+    /// The bytes given to the guest's `init`.
+    pub guest_config: Bytes,
+    /// Its limits.
+    pub limits: Limits,
+    /// Batches that may wait in its queue. Default 64.
+    pub queue_depth: usize,
+    /// The views it may publish to (`views =` in the config). A batch that publishes anywhere
+    /// else is rejected; a gap it reports affects these views only.
+    pub views: Vec<String>,
+}
+
+impl RuntimeConfig {
+    /// A runtime named `name` that publishes to `views`, with an empty guest config and default
+    /// limits.
+    pub fn new(
+        name: impl Into<String>,
+        views: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            guest_config: Bytes::new(),
+            limits: Limits::default(),
+            queue_depth: 64,
+            views: views.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+/// An acknowledged batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    /// What it was promised.
+    pub receipt: Receipt,
+    /// It had been committed before: this is the original's receipt, nothing ran again (for an
+    /// older `seq` than the producer's last, the receipt is no longer kept and is empty).
+    pub duplicate: bool,
+}
+
+/// A module that replaced a runtime's module.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Deployed {
+    /// The module before.
+    pub previous: ModuleFingerprint,
+    /// The module now.
+    pub module: ModuleFingerprint,
+    /// The deploy's log position (`None` with the log off, or when the module already ran).
+    pub position: Option<u64>,
+    /// The new module refused the state, so the guest started fresh (a gap on the runtime's
+    /// views). Only a deploy at start-up may do that; a live deploy is refused instead.
+    pub fresh: bool,
+}
+
+/// Where successful batches go. The server implements it (append to the journal, fan out to
+/// subscribers); tests implement it with a `Vec`.
+pub trait BatchSink: Send + Sync + 'static {
+    /// Commits one successful batch: its events, in order, accepted at `at_ms` (wall clock, Unix
+    /// milliseconds). Runs inside the journal's scope.
+    ///
+    /// The batch's `gaps` have already been logged, counted and marked on the journal by the
+    /// runtime task before this is called; they are passed along for information only.
+    fn commit(
+        &self,
+        runtime: &str,
+        batch: GuestBatch,
+        at_ms: u64,
+    ) -> impl Future<Output = ()> + Send;
+}
+
+/// A runtime's state and the source position it reflects: what a snapshot stores.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RuntimeSnapshot {
+    /// The guest's saved state after the last committed batch.
+    pub state: Bytes,
+    /// The source position after the last committed batch (`None` for push sources).
+    pub checkpoint: Option<SourceCheckpoint>,
+    /// The idempotent producers it has seen.
+    #[serde(default)]
+    pub producers: ProducerTable,
+    /// Every module the runtime has run in its log's history, oldest first (empty in snapshots
+    /// written before this was kept). A cluster node whose config names none of them runs
+    /// another build than the cluster, and is refused.
+    #[serde(default)]
+    pub modules: Vec<ModuleFingerprint>,
+}
+
+impl RuntimeSnapshot {
+    /// Notes that the runtime runs `module` from here on.
+    pub(crate) fn ran(&mut self, module: &ModuleFingerprint) {
+        if !self.modules.contains(module) {
+            self.modules.push(module.clone());
+        }
+    }
+}
+
+/// Counters of one runtime, for metrics.
+#[derive(Debug, Default)]
+pub struct RuntimeStats {
+    /// Batches committed.
+    pub batches: AtomicU64,
+    /// Events committed.
+    pub events: AtomicU64,
+    /// Gaps the guest reported, plus batches of a pull source lost to failures.
+    pub gaps: AtomicU64,
+    /// Batches that failed.
+    pub failures: AtomicU64,
+    /// Times the instance was re-created after a failure.
+    pub restarts: AtomicU64,
+    /// Modules deployed (live, at start-up, or applied from the log).
+    pub deploys: AtomicU64,
+}

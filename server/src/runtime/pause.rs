@@ -1,0 +1,43 @@
+//! The runtime's side of the consistency cut: paused between batches until the guard is
+//! dropped, and a restore staged and committed inside it (see [`PauseGuard`](super::PauseGuard)).
+
+use tokio::sync::mpsc;
+
+use super::handle::PauseOp;
+use super::task::Task;
+use super::{BatchSink, RuntimeSnapshot};
+use crate::host::GuestInstance;
+
+impl<S: BatchSink> Task<S> {
+    /// Serves the holder of the cut until it drops its guard.
+    pub(super) async fn paused(&mut self, mut control: mpsc::Receiver<PauseOp>) {
+        let mut staged: Option<(GuestInstance, RuntimeSnapshot)> = None;
+        while let Some(op) = control.recv().await {
+            match op {
+                PauseOp::Stage { snapshot, reply } => {
+                    let made = self
+                        .instantiate(&self.module, Some(&snapshot.state[..]))
+                        .await;
+                    let result = made.map(|instance| staged = Some((instance, snapshot)));
+                    let _ = reply.send(result);
+                }
+                PauseOp::Commit { reply } => {
+                    let committed = match staged.take() {
+                        Some((instance, mut snapshot)) => {
+                            self.instance = Some(instance);
+                            // The modules it ran stay this runtime's history.
+                            for module in std::mem::take(&mut self.last.modules) {
+                                snapshot.ran(&module);
+                            }
+                            self.last = snapshot;
+                            tracing::info!("guest state restored from a snapshot");
+                            true
+                        }
+                        None => false,
+                    };
+                    let _ = reply.send(committed);
+                }
+            }
+        }
+    }
+}

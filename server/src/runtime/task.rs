@@ -1,0 +1,108 @@
+//! The task's loop: one command at a time; batches waiting together become one group.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+use viewtape_journal::EventJournal;
+
+use super::handle::{Command, Verdicts};
+use super::{BatchSink, RuntimeConfig, RuntimeSnapshot, RuntimeStats, MAX_GROUP};
+use crate::host::{GuestInstance, GuestModule, ModuleFingerprint};
+use crate::log::Log;
+
+/// The task owning one runtime's guest.
+pub(super) struct Task<S> {
+    pub name: Arc<str>,
+    pub module: GuestModule,
+    pub config: RuntimeConfig,
+    /// CRC-32C of `config.guest_config`, recorded with every batch.
+    pub guest_config_crc: u32,
+    /// `None` after a failed re-instantiation; retried on the next batch.
+    pub instance: Option<GuestInstance>,
+    /// The state, checkpoint and producers after the last batch that ran: between groups, the
+    /// last committed ones.
+    pub last: RuntimeSnapshot,
+    pub journal: Arc<EventJournal>,
+    pub sink: Arc<S>,
+    pub log: Arc<Log>,
+    pub stats: Arc<RuntimeStats>,
+    /// `config.views`, shared with each batch's check.
+    pub views: Arc<[String]>,
+    /// The fingerprint of `module`, shared with the handles.
+    pub module_now: Arc<Mutex<ModuleFingerprint>>,
+    /// Verdicts on records published to a cluster's stream, for the handles waiting.
+    pub verdicts: Arc<Mutex<Verdicts>>,
+}
+
+impl<S: BatchSink> Task<S> {
+    /// Fills `views` from the config.
+    pub fn with_views(mut self) -> Self {
+        self.views = Arc::from(self.config.views.as_slice());
+        self
+    }
+
+    pub async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+        while let Some(cmd) = rx.recv().await {
+            let held = match cmd {
+                Command::Ingest(first) => {
+                    // Everything already waiting joins the group, up to a command of another
+                    // kind, which runs right after it.
+                    let mut group = vec![first];
+                    let mut held = None;
+                    while group.len() < MAX_GROUP && held.is_none() {
+                        match rx.try_recv() {
+                            Ok(Command::Ingest(next)) => group.push(next),
+                            Ok(other) => held = Some(other),
+                            Err(_) => break,
+                        }
+                    }
+                    let journal = Arc::clone(&self.journal);
+                    journal.scope(self.group(group)).await;
+                    held
+                }
+                other => Some(other),
+            };
+            if let Some(cmd) = held {
+                self.other(cmd).await;
+            }
+        }
+        tracing::debug!("runtime task stopped");
+    }
+
+    /// Every command but a batch.
+    async fn other(&mut self, cmd: Command) {
+        match cmd {
+            Command::Ingest(ingest) => {
+                let journal = Arc::clone(&self.journal);
+                journal.scope(self.group(vec![ingest])).await;
+            }
+            Command::Apply {
+                record,
+                position,
+                reply,
+            } => {
+                let journal = Arc::clone(&self.journal);
+                let result = journal.scope(self.apply(record, position)).await;
+                let _ = reply.send(result);
+            }
+            Command::Deploy {
+                module,
+                fresh_if_refused,
+                reply,
+            } => {
+                let journal = Arc::clone(&self.journal);
+                let result = journal.scope(self.deploy(module, fresh_if_refused)).await;
+                let _ = reply.send(result);
+            }
+            Command::Save { reply } => {
+                let _ = reply.send(self.last.clone());
+            }
+            Command::Pause { reply, control } => {
+                if reply.send(self.last.clone()).is_ok() {
+                    // Paused until the guard is dropped.
+                    self.paused(control).await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! The runtime task's own tests, through its handle.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use viewtape_journal::{Cursor, EventJournal, JournalConfig, ReplayError};
+
+use super::*;
+use crate::host::{guests, EngineConfig, GuestBatch, GuestEngine, GuestError, GuestModule, Limits};
+use crate::source::FileTailConfig;
+use crate::source::{FileTail, SourceCheckpoint};
+
+/// Appends every event to the journal (frame = `key=payload`) and remembers them.
+#[derive(Default)]
+struct TestSink {
+    events: Mutex<Vec<(String, String, String)>>,
+}
+
+impl BatchSink for TestSink {
+    async fn commit(&self, _runtime: &str, batch: GuestBatch, _at_ms: u64) {
+        let journal = viewtape_journal::current().unwrap();
+        for e in batch.events {
+            let frame = Arc::new(Bytes::from(format!(
+                "{}={}",
+                e.key,
+                String::from_utf8_lossy(&e.payload)
+            )));
+            journal
+                .append_with(&e.view, &e.key, |_| Ok::<_, ()>(frame))
+                .await
+                .unwrap();
+            let payload = String::from_utf8_lossy(&e.payload).into_owned();
+            self.events
+                .lock()
+                .unwrap()
+                .push((e.view.to_string(), e.key, payload));
+        }
+    }
+}
+
+fn engine() -> GuestEngine {
+    GuestEngine::new(EngineConfig {
+        pooled_instances: 8,
+        ..EngineConfig::default()
+    })
+    .unwrap()
+}
+
+async fn spawn(wasm: &[u8], limits: Limits) -> (RuntimeHandle, Arc<EventJournal>, Arc<TestSink>) {
+    let module = GuestModule::new(&engine(), wasm).unwrap();
+    let journal = Arc::new(EventJournal::new(JournalConfig::default()));
+    let sink = Arc::new(TestSink::default());
+    let config = RuntimeConfig {
+        limits,
+        ..RuntimeConfig::new("t", ["v", "state", "prices"])
+    };
+    let handle = RuntimeHandle::spawn(
+        module,
+        config,
+        None,
+        Arc::clone(&journal),
+        Arc::clone(&sink),
+        Arc::default(),
+    )
+    .await
+    .unwrap();
+    (handle, journal, sink)
+}
+
+#[tokio::test]
+async fn ticker_batch_commits_and_gap_reaches_the_journal() {
+    let (rt, journal, sink) = spawn(guests::TICKER_WASM, Limits::default()).await;
+    let summary = rt
+        .ingest(Bytes::from_static(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}\n{\"symbol\":\"B\",\"price\":2,\"seq\":2}\n"), None)
+        .await
+        .unwrap();
+    assert_eq!(summary.receipt.events.get("prices"), Some(&2));
+    let before = Cursor::new(journal.epoch().await, 1);
+    assert_eq!(
+        journal
+            .replay_after("prices", Some(&before))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    rt.ingest(
+        Bytes::from_static(b"{\"symbol\":\"A\",\"price\":3,\"seq\":9}\n"),
+        None,
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        journal.replay_after("prices", Some(&before)).await,
+        Err(ReplayError::Gap { .. })
+    ));
+    assert_eq!(rt.stats().gaps.load(Ordering::Relaxed), 1);
+    assert_eq!(sink.events.lock().unwrap().len(), 3);
+    assert_eq!(guests::saved_state(&rt.save().await.unwrap().state), b"9");
+}
+
+#[tokio::test]
+async fn failed_batch_commits_nothing_and_the_runtime_recovers_its_state() {
+    let (rt, _journal, sink) = spawn(guests::MISBEHAVE_WASM, Limits::default()).await;
+    rt.ingest(Bytes::from_static(b"count\ncount"), None)
+        .await
+        .unwrap();
+    let err = rt
+        .ingest(
+            Bytes::from_static(b"count\npublish v k x\npanic boom"),
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            IngestError::Guest {
+                source: GuestError::Trap { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = rt
+        .ingest(Bytes::from_static(b"count\nfail nope"), None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            IngestError::Guest {
+                source: GuestError::GuestRejected { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    rt.ingest(Bytes::from_static(b"count"), None).await.unwrap();
+    let events = sink.events.lock().unwrap().clone();
+    let counts: Vec<_> = events.iter().map(|(_, _, p)| p.as_str()).collect();
+    assert_eq!(
+        counts,
+        vec!["1", "2", "3"],
+        "all-or-nothing, state rolled back"
+    );
+    assert_eq!(rt.stats().failures.load(Ordering::Relaxed), 2);
+    assert_eq!(rt.stats().restarts.load(Ordering::Relaxed), 2);
+}
+
+#[tokio::test]
+async fn infinite_loop_does_not_stop_the_runtime() {
+    // Out of fuel: a verdict on the batch, the same every time.
+    let (rt, _journal, _sink) = spawn(guests::MISBEHAVE_WASM, Limits::default()).await;
+    let err = rt
+        .ingest(Bytes::from_static(b"loop"), None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            IngestError::Guest {
+                source: GuestError::FuelExhausted { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    rt.ingest(Bytes::from_static(b"count"), None).await.unwrap();
+
+    // Past the wall-clock backstop: a fault, not the batch's.
+    let limits = Limits {
+        fuel: u64::MAX,
+        batch_timeout: Duration::from_millis(100),
+        ..Limits::default()
+    };
+    let (rt, _journal, _sink) = spawn(guests::MISBEHAVE_WASM, limits).await;
+    let err = rt
+        .ingest(Bytes::from_static(b"loop"), None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            IngestError::Unavailable {
+                source: GuestError::Timeout { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    rt.ingest(Bytes::from_static(b"count"), None).await.unwrap();
+}
+
+#[tokio::test]
+async fn restore_from_a_snapshot() {
+    let module = GuestModule::new(&engine(), guests::MISBEHAVE_WASM).unwrap();
+    let journal = Arc::new(EventJournal::new(JournalConfig::default()));
+    let sink = Arc::new(TestSink::default());
+    let snapshot = RuntimeSnapshot {
+        state: Bytes::from_static(b"41"),
+        ..RuntimeSnapshot::default()
+    };
+    let rt = RuntimeHandle::spawn(
+        module,
+        RuntimeConfig::new("t", ["v", "state"]),
+        Some(snapshot),
+        journal,
+        Arc::clone(&sink),
+        Arc::default(),
+    )
+    .await
+    .unwrap();
+    rt.ingest(Bytes::from_static(b"count"), None).await.unwrap();
+    assert_eq!(sink.events.lock().unwrap()[0].2, "42");
+}
+
+#[tokio::test]
+async fn restore_inside_a_pause_replaces_the_guest_only_when_committed() {
+    let (rt, _journal, sink) = spawn(guests::MISBEHAVE_WASM, Limits::default()).await;
+    rt.ingest(Bytes::from_static(b"count"), None).await.unwrap();
+    let snapshot = RuntimeSnapshot {
+        state: Bytes::from_static(b"41"),
+        ..RuntimeSnapshot::default()
+    };
+    // Staged but not committed: dropped with the guard.
+    let (saved, guard) = rt.pause().await.unwrap();
+    assert_eq!(guests::saved_state(&saved.state), b"1");
+    guard.stage_restore(snapshot.clone()).await.unwrap();
+    drop(guard);
+    rt.ingest(Bytes::from_static(b"count"), None).await.unwrap();
+    // Committed: the next batch runs on the restored state.
+    let (_, guard) = rt.pause().await.unwrap();
+    assert!(!guard.commit_restore().await.unwrap(), "nothing staged");
+    guard.stage_restore(snapshot).await.unwrap();
+    assert!(guard.commit_restore().await.unwrap());
+    drop(guard);
+    assert_eq!(&rt.save().await.unwrap().state[..], b"41");
+    rt.ingest(Bytes::from_static(b"count"), None).await.unwrap();
+    let counts: Vec<_> = sink
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|e| e.2.clone())
+        .collect();
+    assert_eq!(counts, vec!["1", "2", "42"]);
+}
+
+#[tokio::test]
+async fn file_tail_feeds_the_runtime_and_truncation_marks_a_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ticks.ndjson");
+    std::fs::write(&path, "{\"symbol\":\"A\",\"price\":1,\"seq\":1}\n\n\n").unwrap();
+    let (rt, journal, sink) = spawn(guests::TICKER_WASM, Limits::default()).await;
+    let config = FileTailConfig {
+        poll_interval: Duration::from_millis(5),
+        ..FileTailConfig::new(&path)
+    };
+    let task = tokio::spawn({
+        let rt = rt.clone();
+        async move { rt.follow(FileTail::new(config, None)).await }
+    });
+    let wait = |n: usize| {
+        let sink = Arc::clone(&sink);
+        async move {
+            for _ in 0..1000 {
+                if sink.events.lock().unwrap().len() >= n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            panic!("timed out waiting for {n} events");
+        }
+    };
+    wait(1).await;
+    let before = Cursor::new(journal.epoch().await, 1);
+    std::fs::write(&path, "{\"symbol\":\"B\",\"price\":2,\"seq\":2}\n").unwrap();
+    wait(2).await;
+    assert!(matches!(
+        journal.replay_after("prices", Some(&before)).await,
+        Err(ReplayError::Gap { .. })
+    ));
+    let snap = rt.save().await.unwrap();
+    assert!(matches!(snap.checkpoint, Some(SourceCheckpoint::FileTail(cp)) if cp.offset > 0));
+    task.abort();
+}

@@ -1,0 +1,281 @@
+//! Start-up, in one place for every mode: a node with its local log, with the log off, or on a
+//! cluster's stream.
+//!
+//! 1. Where the history starts: the newest valid snapshot and the local log
+//!    ([`crate::recovery::begin`]), or, on a cluster, a snapshot of the stream's epoch and the
+//!    stream ([`Cluster::begin`]).
+//! 2. Every runtime's task, on the module that ran at the snapshot (from the module store, or
+//!    on a cluster from its bucket) with the snapshot's guest state. Every module a config
+//!    names is kept in the store, so that a later start finds the one that wrote the log.
+//! 3. The log after the snapshot, applied: replayed from the local log
+//!    ([`crate::recovery::replay`]), or, on a cluster, by the apply loop, which runs from here
+//!    on.
+//! 4. A module changed in the config while a single node was stopped is a deploy at start: the
+//!    new build restores the state the old one saved, a deploy record marks the switch, and no
+//!    subscriber sees a reset. Only a build that refuses the state starts fresh, with a gap on
+//!    its own runtime's views. On a cluster the stream decides which module runs instead (see
+//!    [`crate::cluster`]).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use viewtape_journal::EventJournal;
+use viewtape_snapshots::SnapshotDir;
+
+use crate::cluster::{Appliers, Cluster};
+use crate::config::{Config, RuntimeSection};
+use crate::deploy::Deployer;
+use crate::host::{EngineConfig, GuestEngine, GuestModule};
+use crate::hub::Hub;
+use crate::log::Log;
+use crate::registry::{ModuleFingerprint, ModuleStore, Runtimes};
+use crate::runtime::{RuntimeConfig, RuntimeHandle};
+use crate::snapshot::{RuntimeDump, Snapshots};
+
+/// A started server's parts, before it listens.
+#[derive(Debug)]
+pub struct Started {
+    /// Views and the journal.
+    pub hub: Arc<Hub>,
+    /// The runtimes, running.
+    pub runtimes: Arc<Runtimes>,
+    /// The log, writing (or the cluster's stream, applied).
+    pub log: Arc<Log>,
+    /// Snapshot actions.
+    pub snapshots: Arc<Snapshots>,
+    /// Module deploys.
+    pub deployer: Arc<Deployer>,
+    /// The node's cluster, when it is one of several sharing a stream.
+    pub cluster: Option<Arc<Cluster>>,
+}
+
+/// A runtime about to start: what its config names, and what it starts from.
+struct Planned<'a> {
+    section: &'a RuntimeSection,
+    /// The module its config names.
+    configured: ModuleFingerprint,
+    /// Its bytes.
+    configured_wasm: Vec<u8>,
+    /// The snapshot's record of it.
+    dump: Option<RuntimeDump>,
+}
+
+/// Start-up steps 1 to 4 (see the module docs) over `data_dir`. Sources and the listener are
+/// not started.
+///
+/// # Errors
+/// The data directory or the log cannot be read, a guest module cannot be loaded or started.
+pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> {
+    let journal = Arc::new(EventJournal::new(config.journal.to_journal_config()));
+    let hub = Arc::new(Hub::new(Arc::clone(&journal)));
+    let dir = Arc::new(
+        SnapshotDir::open(data_dir.join("snapshots"))?
+            .with_keep_periodic(config.server.keep_snapshots),
+    );
+    if let Err(error) = dir.remove_temp_files() {
+        tracing::warn!(%error, "could not remove leftover temporary snapshot files");
+    }
+    let cluster = match &config.cluster.nats_url {
+        Some(url) => Some(Cluster::join(&config.cluster, url).await?),
+        None => None,
+    };
+    let mut begun = match &cluster {
+        None => crate::recovery::begin(&hub, &dir, &data_dir.join("log"), &config.log).await?,
+        Some(cluster) => {
+            let (dumps, log) = cluster.begin(&hub, &dir).await?;
+            crate::recovery::Begun::shared(dumps, log)
+        }
+    };
+
+    let engine = GuestEngine::new(EngineConfig::default())?;
+    let modules_dir = data_dir.join("modules");
+    let modules =
+        Arc::new(ModuleStore::open(&modules_dir).map_err(|error| {
+            anyhow::anyhow!("cannot create {}: {error}", modules_dir.display())
+        })?);
+    let mut runtimes = Runtimes::default();
+    let mut changed = BTreeMap::new();
+    for section in &config.runtimes {
+        let planned = plan(section, &modules, &mut begun.dumps)?;
+        for view in &section.views {
+            hub.declare(view);
+        }
+        let configured = planned.configured.clone();
+        let (module, restore, config_changed) =
+            first_module(&planned, &modules, &engine, cluster.as_deref()).await?;
+        let runtime_config = RuntimeConfig {
+            guest_config: Bytes::from(section.config.clone().into_bytes()),
+            limits: section.limits.to_limits(),
+            ..RuntimeConfig::new(section.name.clone(), section.views.iter().cloned())
+        };
+        let handle = RuntimeHandle::spawn(
+            module,
+            runtime_config,
+            restore,
+            Arc::clone(&journal),
+            Arc::clone(&hub),
+            Arc::clone(&begun.log),
+        )
+        .await
+        .map_err(|error| anyhow::anyhow!("runtime {:?} failed to start: {error}", section.name))?;
+        if config_changed {
+            changed.insert(section.name.clone(), planned.configured_wasm);
+        }
+        runtimes.insert(handle, configured);
+    }
+    let runtimes = Arc::new(runtimes);
+    let replayed = crate::recovery::replay(&mut begun, &hub, &runtimes, &modules, &engine).await?;
+    for (name, wasm) in changed {
+        deploy_at_start(&runtimes, &name, &wasm, &engine).await?;
+    }
+    let snapshots = Arc::new(Snapshots::new(
+        Arc::clone(&hub),
+        dir,
+        Arc::clone(&runtimes),
+        Arc::clone(&begun.log),
+    ));
+    if replayed.needs_snapshot {
+        let written = snapshots.write().await?;
+        tracing::info!(file = %written.info.path().display(), "snapshot written at the log's new beginning");
+    }
+    if let Some(cluster) = &cluster {
+        let appliers = Appliers {
+            runtimes: Arc::clone(&runtimes),
+            modules: Arc::clone(&modules),
+            engine: engine.clone(),
+            snapshots: Arc::clone(&snapshots),
+        };
+        cluster.spawn_apply(appliers, Arc::clone(&begun.log));
+    }
+    let deployer = Arc::new(Deployer::new(
+        engine,
+        modules,
+        Arc::clone(&runtimes),
+        cluster.clone(),
+    ));
+    Ok(Started {
+        hub,
+        runtimes,
+        log: begun.log,
+        snapshots,
+        deployer,
+        cluster,
+    })
+}
+
+/// Reads the module `section` names and keeps it in the store.
+fn plan<'a>(
+    section: &'a RuntimeSection,
+    modules: &ModuleStore,
+    dumps: &mut BTreeMap<String, RuntimeDump>,
+) -> anyhow::Result<Planned<'a>> {
+    let wasm = section.wasm_bytes().map_err(|error| {
+        anyhow::anyhow!(
+            "runtime {:?}: cannot read {}: {error}",
+            section.name,
+            section.wasm
+        )
+    })?;
+    let configured = modules.put(&wasm).map_err(|error| {
+        anyhow::anyhow!(
+            "runtime {:?}: cannot keep its module in {}: {error}",
+            section.name,
+            modules.dir().display()
+        )
+    })?;
+    Ok(Planned {
+        section,
+        configured,
+        configured_wasm: wasm,
+        dump: dumps.remove(&section.name),
+    })
+}
+
+/// The module a runtime's task starts on, the state it restores, and whether its config names
+/// another module than when the state was saved (a deploy at start follows the replay).
+async fn first_module(
+    planned: &Planned<'_>,
+    modules: &ModuleStore,
+    engine: &GuestEngine,
+    cluster: Option<&Cluster>,
+) -> anyhow::Result<(GuestModule, Option<crate::runtime::RuntimeSnapshot>, bool)> {
+    let name = &planned.section.name;
+    let compile = |wasm: &[u8]| {
+        GuestModule::new(engine, wasm).map_err(|error| anyhow::anyhow!("runtime {name:?}: {error}"))
+    };
+    let Some(dump) = &planned.dump else {
+        return Ok((compile(&planned.configured_wasm)?, None, false));
+    };
+    let saved = Some(dump.saved.clone());
+    let ran = match modules.get(&dump.module) {
+        Ok(wasm) => Some(wasm),
+        Err(_) if dump.module == planned.configured => Some(planned.configured_wasm.clone()),
+        Err(error) => match cluster {
+            // The stream's module at the snapshot: another node may have brought it.
+            Some(cluster) => Some(cluster.get_module(&dump.module).await.map_err(|fetch| {
+                anyhow::anyhow!(
+                    "runtime {name:?} ran module {} at the snapshot, which is neither in {} ({error}) nor in the cluster's bucket ({fetch})",
+                    dump.module,
+                    modules.dir().display()
+                )
+            })?),
+            None => None,
+        },
+    };
+    if cluster.is_some() {
+        // The stream decides; the apply loop checks the config against it.
+        let wasm = ran.unwrap_or_default();
+        modules.put(&wasm)?;
+        return Ok((compile(&wasm)?, saved, false));
+    }
+    let base = dump.configured.as_ref().unwrap_or(&dump.module);
+    let config_changed = *base != planned.configured;
+    match ran {
+        Some(wasm) => Ok((compile(&wasm)?, saved, config_changed)),
+        None if config_changed => {
+            // Kept by an older viewtape, which did not keep configured modules: the new build
+            // takes the state over at once; a log after the snapshot cannot be replayed by it
+            // and fails closed.
+            tracing::warn!(runtime = %name, module = %dump.module, "the module that saved the state is not kept; the configured one takes the state over before the log is replayed");
+            Ok((compile(&planned.configured_wasm)?, saved, true))
+        }
+        None => Err(anyhow::anyhow!(
+            "runtime {name:?} ran the deployed module {}, which cannot be read from {}",
+            dump.module,
+            modules.path(&dump.module).display()
+        )),
+    }
+}
+
+/// Deploys the module the config names now to runtime `name`, whose state an older build
+/// saved.
+async fn deploy_at_start(
+    runtimes: &Runtimes,
+    name: &str,
+    wasm: &[u8],
+    engine: &GuestEngine,
+) -> anyhow::Result<()> {
+    let Some(registered) = runtimes.get(name) else {
+        return Ok(());
+    };
+    let module = GuestModule::new(engine, wasm)
+        .map_err(|error| anyhow::anyhow!("runtime {name:?}: {error}"))?;
+    let deployed = registered
+        .handle
+        .deploy_at_start(module)
+        .await
+        .map_err(|error| {
+            anyhow::anyhow!("runtime {name:?}: the configured module cannot start: {error}")
+        })?;
+    match deployed.fresh {
+        true => {
+            tracing::warn!(runtime = name, module = %deployed.module, previous = %deployed.previous, "the config names a new module, which refuses the saved state: the runtime starts fresh, with a gap on its own views")
+        }
+        false => {
+            tracing::info!(runtime = name, module = %deployed.module, previous = %deployed.previous, position = ?deployed.position, "the config names a new module: deployed at start, the state carried over")
+        }
+    }
+    Ok(())
+}
