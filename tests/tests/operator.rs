@@ -27,3 +27,93 @@ async fn the_served_api_description_is_the_one_in_the_repository() -> anyhow::Re
     ensure!(document["openapi"] == "3.2.0");
     Ok(())
 }
+
+/// Every `viewtape_…` metric name in `text`.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("viewtape_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        names.insert(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_and_the_alert_rules_name_only_metrics_the_server_exports(
+) -> anyhow::Result<()> {
+    let server = Server::start(&[]).await?;
+    // A batch and a stream, so that the labelled series exist too.
+    server
+        .ingest_ok(&viewtape_tests::Feed::new(&["ACME"]).batch(3))
+        .await?;
+    let mut stream = server.sse("/views/prices/events", &[]).await?;
+    stream.until_synced(10).await?;
+    let scraped = server.get("/metrics").await?.text();
+    let exported: std::collections::BTreeSet<String> = scraped
+        .lines()
+        .filter_map(|line| {
+            let line = line.strip_prefix("# TYPE ").unwrap_or(line);
+            let name = line.split([' ', '{']).next()?;
+            name.starts_with("viewtape_").then(|| name.to_owned())
+        })
+        .collect();
+
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&repository_file("docs/grafana/viewtape.json")?)?;
+    let mut queries = String::new();
+    for panel in dashboard["panels"].as_array().context("panels")? {
+        for target in panel["targets"].as_array().context("targets")? {
+            queries.push_str(target["expr"].as_str().context("expr")?);
+            queries.push('\n');
+        }
+    }
+    let rules = repository_file("docs/prometheus/alerts.yml")?;
+    for (file, text) in [
+        ("docs/grafana/viewtape.json", &queries),
+        ("docs/prometheus/alerts.yml", &rules),
+    ] {
+        let named = metric_names(text);
+        ensure!(named.len() >= 6, "{file} names too few metrics: {named:?}");
+        let unknown: Vec<_> = named.difference(&exported).collect();
+        ensure!(
+            unknown.is_empty(),
+            "{file} names metrics the server does not export: {unknown:?}\n/metrics:\n{scraped}"
+        );
+    }
+    // What the dashboard must show, and the alerts there must be.
+    let shown = metric_names(&queries);
+    for needed in [
+        "viewtape_sse_connections",
+        "viewtape_events_delivered_total",
+        "viewtape_streams_total",
+        "viewtape_ingest_batches_total",
+        "viewtape_log_fsync_seconds_bucket",
+        "viewtape_log_position",
+        "viewtape_cluster_apply_lag_seconds",
+        "viewtape_runtime_guest_failures_total",
+    ] {
+        ensure!(
+            shown.contains(needed),
+            "the dashboard does not show {needed}"
+        );
+    }
+    for alert in [
+        "ViewtapeReconnectStorm",
+        "ViewtapeResets",
+        "ViewtapeFsyncSlow",
+        "ViewtapeLogFailedClosed",
+        "ViewtapeNotReady",
+        "ViewtapeApplyLag",
+    ] {
+        ensure!(
+            rules.contains(&format!("alert: {alert}\n")),
+            "no alert {alert}"
+        );
+    }
+    Ok(())
+}

@@ -182,19 +182,31 @@ fn cors(config: &ServerConfig) -> Option<CorsLayer> {
 /// moment the server is asked to stop: `503` with `"stopping": true`, so that a load balancer
 /// sends no one new before the listener closes.
 async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
-    if *state.stopping.borrow() {
-        let body = serde_json::json!({ "ready": false, "stopping": true });
-        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
-    }
-    let Some(cluster) = &state.cluster else {
-        return Json(serde_json::json!({ "ready": true })).into_response();
-    };
-    let readiness = cluster.readiness();
-    let status = match readiness.ready {
+    let (ready, body) = readiness(&state);
+    let status = match ready {
         true => StatusCode::OK,
         false => StatusCode::SERVICE_UNAVAILABLE,
     };
-    (status, Json(readiness)).into_response()
+    (status, Json(body)).into_response()
+}
+
+/// Whether the node is ready, and what `/readyz` says about it.
+fn readiness(state: &AppState) -> (bool, serde_json::Value) {
+    if *state.stopping.borrow() {
+        return (
+            false,
+            serde_json::json!({ "ready": false, "stopping": true }),
+        );
+    }
+    let Some(cluster) = &state.cluster else {
+        return (true, serde_json::json!({ "ready": true }));
+    };
+    let readiness = cluster.readiness();
+    let ready = readiness.ready;
+    (
+        ready,
+        serde_json::to_value(readiness).unwrap_or(serde_json::Value::Null),
+    )
 }
 
 async fn index() -> Html<&'static str> {
@@ -221,6 +233,7 @@ async fn metrics(
             ));
         }
     }
+    state.metrics.ready.set(i64::from(readiness(&state).0));
     let body = state.metrics.render().map_err(ApiError::internal)?;
     Ok(([(header::CONTENT_TYPE, Metrics::CONTENT_TYPE)], body).into_response())
 }
