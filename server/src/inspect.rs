@@ -20,11 +20,7 @@ pub fn inspect_file(path: &Path, out: &mut impl Write) -> std::io::Result<bool> 
             writeln!(out, "file:     {}", path.display())?;
             writeln!(out, "valid:    yes")?;
             writeln!(out, "exact:    {}", header.is_exact())?;
-            writeln!(
-                out,
-                "created:  {} ms since the Unix epoch",
-                header.created_at_ms()
-            )?;
+            writeln!(out, "created:  {}", readable_time(header.created_at_ms()))?;
             writeln!(
                 out,
                 "size:     {} bytes (body {})",
@@ -79,6 +75,19 @@ pub fn inspect_file(path: &Path, out: &mut impl Write) -> std::io::Result<bool> 
     }
 }
 
+/// `ms` since the Unix epoch as a date and time (UTC) and how long ago that was.
+fn readable_time(ms: u64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    let ago = std::time::SystemTime::now().duration_since(at).map_or_else(
+        |_| "in the future".to_owned(),
+        |ago| format!("{}s ago", ago.as_secs()),
+    );
+    format!(
+        "{} ({ago}; {ms} ms since the Unix epoch)",
+        httpdate::fmt_http_date(at)
+    )
+}
+
 /// Checks every snapshot in `dir`, one line each. Returns whether all are
 /// valid.
 ///
@@ -92,6 +101,10 @@ pub fn verify_dir(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
             return Ok(false);
         }
     };
+    if entries.is_empty() {
+        writeln!(out, "{}", nothing_in(dir, "snapshot files", "snapshots"))?;
+        return Ok(false);
+    }
     let mut all_valid = true;
     for entry in entries {
         let verdict = match load_file::<SnapshotBody>(&entry.path) {
@@ -119,6 +132,20 @@ pub fn verify_dir(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
     }
     Ok(all_valid)
 }
+/// What to say about a directory holding none of `what`: a data directory given instead of its
+/// `sub` directory is named as such.
+fn nothing_in(dir: &Path, what: &str, sub: &str) -> String {
+    let inner = dir.join(sub);
+    match inner.is_dir() {
+        true => format!(
+            "{}: no {what} here; this looks like a data directory: try {}",
+            dir.display(),
+            inner.display()
+        ),
+        false => format!("{}: no {what} here", dir.display()),
+    }
+}
+
 /// Prints every segment of the log in `dir` — its positions, size and damage — and whether
 /// the log is intact. Returns `false` on any damage, a torn tail included (a start-up would
 /// cut it).
@@ -133,6 +160,10 @@ pub fn inspect_log(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
             return Ok(false);
         }
     };
+    if scan.segments.is_empty() {
+        writeln!(out, "{}", nothing_in(dir, "log segments", "log"))?;
+        return Ok(false);
+    }
     for segment in &scan.segments {
         let name = segment
             .path
@@ -182,6 +213,27 @@ mod tests {
         let mut out = Vec::new();
         let ok = inspect_log(dir, &mut out).unwrap();
         (ok, String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn a_data_directory_given_for_its_log_or_snapshots_is_named_as_such() {
+        let data = tempfile::tempdir().unwrap();
+        std::fs::create_dir(data.path().join("log")).unwrap();
+        std::fs::create_dir(data.path().join("snapshots")).unwrap();
+        let (ok, out) = inspect(data.path());
+        assert!(!ok);
+        assert!(
+            out.contains("no log segments here; this looks like a data directory: try"),
+            "{out}"
+        );
+        let mut out = Vec::new();
+        assert!(!verify_dir(data.path(), &mut out).unwrap());
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            out.contains("no snapshot files here; this looks like a data directory: try"),
+            "{out}"
+        );
+        assert!(readable_time(0).starts_with("Thu, 01 Jan 1970 00:00:00 GMT"));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! 3. Start the pull sources and the demo feed (on a cluster, once per cluster:
 //!    on the node holding each one's lease).
 //! 4. Bind, print `viewtape listening on http://ADDR/` as the first line of
-//!    stdout, and serve.
+//!    stdout and `viewtape data in DIR` as the second, and serve.
 //!
 //! ## Shutdown
 //!
@@ -136,6 +136,11 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!("viewtape listening on {scheme}://{addr}/");
+    let data_dir = std::fs::canonicalize(&options.data_dir).unwrap_or(options.data_dir.clone());
+    println!(
+        "viewtape data in {} (snapshots, log, deployed modules)",
+        data_dir.display()
+    );
     tracing::info!(
         %addr,
         runtimes = ?runtimes.names(),

@@ -117,3 +117,47 @@ async fn the_dashboard_and_the_alert_rules_name_only_metrics_the_server_exports(
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_quick_start_publishes_what_it_shows() -> anyhow::Result<()> {
+    let readme = repository_file("README.md")?;
+    let block = readme
+        .split_once("<!-- quick-start-ingest")
+        .and_then(|(_, rest)| rest.split_once("```sh\n"))
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .map(|(block, _)| block)
+        .context("the README's quick-start ingest block")?;
+    ensure!(block.contains("viewtape serve --demo-rate 0"), "{block}");
+    let payload = block
+        .split_once("--data-binary $'")
+        .and_then(|(_, rest)| rest.split_once('\''))
+        .map(|(payload, _)| payload.replace("\\n", "\n"))
+        .context("the curl payload")?;
+    let shown: serde_json::Value = serde_json::from_str(
+        block
+            .lines()
+            .find_map(|line| line.strip_prefix("# {"))
+            .map(|rest| format!("{{{rest}"))
+            .context("the receipt shown")?
+            .as_str(),
+    )?;
+
+    let server = Server::start(&["--demo-rate", "0"]).await?;
+    let mut stream = server.sse("/views/prices/events", &[]).await?;
+    stream.until_synced(10).await?;
+    let receipt = server.ingest("demo", &payload).await?;
+    ensure!(receipt.status() == 200, "{}", receipt.text());
+    ensure!(
+        receipt.json()? == shown,
+        "got {}, the README shows {shown}",
+        receipt.text()
+    );
+    for symbol in ["ACME", "BOLT"] {
+        let event = stream.next_event().await?;
+        ensure!(
+            event.event == "update" && event.json()?["key"] == symbol,
+            "{event:?}"
+        );
+    }
+    Ok(())
+}
