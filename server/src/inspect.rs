@@ -1,5 +1,5 @@
-//! `viewtape snapshot inspect FILE`, `viewtape snapshot verify DIR` and `viewtape log inspect
-//! DIR`. None of them creates or changes anything.
+//! `viewtape snapshot inspect FILE`, `viewtape snapshot verify DIR`, `viewtape log inspect DIR`
+//! and `viewtape log dump DIR RUNTIME`. None of them creates or changes anything.
 
 use std::io::Write;
 use std::path::Path;
@@ -199,6 +199,64 @@ pub fn inspect_log(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
         scan.next()
     )?;
     Ok(corruption.is_none() && !torn)
+}
+
+/// Writes the input of every batch `runtime` committed that the log in `dir` still holds (since
+/// the oldest kept snapshot), in order, as it arrived — NDJSON for a runtime fed NDJSON, ready
+/// for `viewtape run` — each batch ending with a newline. Stops at the first damage. Returns the
+/// number of batches written, or a message when there is nothing to dump from (no log there, or
+/// no batch of that runtime).
+///
+/// # Errors
+/// Only failures to write to `out`.
+pub fn dump_log(
+    dir: &Path,
+    runtime: &str,
+    out: &mut impl Write,
+) -> std::io::Result<Result<u64, String>> {
+    let log = match LogDir::open_existing(dir) {
+        Ok(log) => log,
+        Err(error) => return Ok(Err(format!("{}: {error}", dir.display()))),
+    };
+    match log.scan() {
+        Ok(scan) if scan.segments.is_empty() => {
+            return Ok(Err(nothing_in(dir, "log segments", "log")))
+        }
+        Ok(_) => {}
+        Err(error) => return Ok(Err(format!("{}: {error}", dir.display()))),
+    }
+    let mut batches = 0u64;
+    let mut written: std::io::Result<()> = Ok(());
+    let read = log.read_after(0, |record| {
+        let Ok(crate::log::Entry::Batch(batch)) = crate::log::Entry::decode(&record.payload) else {
+            return Ok::<(), viewtape_snapshots::log::LogError>(());
+        };
+        if batch.runtime != runtime
+            || !matches!(batch.outcome, crate::log::Outcome::Committed(_))
+            || written.is_err()
+        {
+            return Ok(());
+        }
+        written = out
+            .write_all(&batch.input)
+            .and_then(|()| match batch.input.last() {
+                Some(b'\n') | None => Ok(()),
+                Some(_) => out.write_all(b"\n"),
+            });
+        batches += 1;
+        Ok(())
+    });
+    written?;
+    if let Err(error) = read {
+        return Ok(Err(format!("{}: {error}", dir.display())));
+    }
+    match batches {
+        0 => Ok(Err(format!(
+            "{}: no batch of runtime {runtime:?} in the log",
+            dir.display()
+        ))),
+        n => Ok(Ok(n)),
+    }
 }
 
 #[cfg(test)]

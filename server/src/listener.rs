@@ -282,6 +282,25 @@ async fn refuse(mut stream: TcpStream, limits: Limits) {
     let _ = stream.shutdown().await;
 }
 
+/// Answers a plain HTTP request on the TLS port: `400` with a JSON error saying to use HTTPS,
+/// in plain text since the client speaks no TLS, then closes.
+async fn plain_http_to_tls(mut stream: TcpStream, limits: Limits) {
+    let body = "{\"error\":\"bad_request\",\"message\":\"this port speaks HTTPS only: use https:// in the URL\"}";
+    let response = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tracing::debug!("plain HTTP on the TLS port; told to use HTTPS");
+    let _ = write_all(
+        &mut stream,
+        &mut [IoSlice::new(response.as_bytes())],
+        limits.write_timeout,
+    )
+    .await;
+    let _ = stream.shutdown().await;
+}
+
 /// What every connection shares.
 struct Shared {
     router: Router,
@@ -411,8 +430,16 @@ impl Connection {
         }
     }
 
-    /// The TLS handshake, then HTTP/2 or HTTP/1.1 as the client chose.
+    /// The TLS handshake, then HTTP/2 or HTTP/1.1 as the client chose. A client that speaks
+    /// plain HTTP to the port instead gets a plain `400` saying to use HTTPS.
     async fn start_tls(self, tls: Arc<Tls>, stream: TcpStream) {
+        let mut first = [0u8; 1];
+        let peeked =
+            tokio::time::timeout(self.shared.limits.header_timeout, stream.peek(&mut first)).await;
+        if matches!(peeked, Ok(Ok(1))) && first[0].is_ascii_uppercase() {
+            self.shared.metrics.tls_failures.inc();
+            return plain_http_to_tls(stream, self.shared.limits).await;
+        }
         let handshake = tokio::time::timeout(
             self.shared.limits.header_timeout,
             tls.acceptor().accept(stream),
