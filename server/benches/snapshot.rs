@@ -107,6 +107,7 @@ fn snapshot(c: &mut Criterion) {
         views: hub.dump_states(),
         runtimes: vec![],
         log_position: None,
+        stream: None,
     };
     let meta = SnapshotMeta::exact_now();
     let encoded = viewtape_snapshots::encode(&body, &meta).expect("encode");

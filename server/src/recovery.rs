@@ -174,18 +174,13 @@ pub async fn begin(
         // The epoch is kept unless continuity is already broken (the replay may still break
         // it); a snapshot taken with the log off keeps it only if it was exact.
         let keep = broken_before.is_none() && (!unpositioned || exact);
-        hub.restore(body.journal, keep, body.views).await;
+        dumps = body.restore_into(hub, keep).await;
         tracing::info!(
             file = %file.as_deref().unwrap_or(Path::new("")).display(),
             log_position = from,
             epoch = %hub.journal().epoch().await,
             "restored snapshot"
         );
-        dumps = body
-            .runtimes
-            .into_iter()
-            .map(|r| (r.name.clone(), r))
-            .collect();
     }
     Ok(Begun {
         dumps,
@@ -375,14 +370,6 @@ async fn replay_deploy(
         .map_err(|error| (error.cause(), error.to_string()))
 }
 
-/// A restore record in a local log: only a cluster's stream holds those.
-fn unreachable_restore(position: u64) -> Result<(), (Break, String)> {
-    Err((
-        Break::Corrupt,
-        format!("log position {position} holds a cluster's restore"),
-    ))
-}
-
 /// Replays every intact record after `plan.from`. Returns the break that stopped it, if any.
 async fn replay_records(
     plan: &Plan,
@@ -424,21 +411,22 @@ async fn replay_records(
                 break;
             }
         };
-        let Some(name) = entry.runtime() else {
-            broken = Some((
-                Break::Corrupt,
-                format!("log position {position} holds a cluster's restore, not a record of this server's log"),
-            ));
-            break;
-        };
-        let Some(runtime) = runtimes.get(name) else {
-            broken = Some((
-                Break::Module,
-                format!(
-                    "log position {position} belongs to runtime {name:?}, which is not configured"
-                ),
-            ));
-            break;
+        let runtime = match entry.runtime().map(|name| (name, runtimes.get(name))) {
+            Some((_, Some(runtime))) => runtime,
+            Some((name, None)) => {
+                broken = Some((
+                    Break::Module,
+                    format!("log position {position} belongs to runtime {name:?}, which is not configured"),
+                ));
+                break;
+            }
+            None => {
+                broken = Some((
+                    Break::Corrupt,
+                    format!("log position {position} holds a cluster's restore, which a local log never does"),
+                ));
+                break;
+            }
         };
         let replayed = match entry {
             Entry::Batch(batch) => runtime
@@ -449,7 +437,8 @@ async fn replay_records(
             Entry::Deploy(deploy) => {
                 replay_deploy(&runtime.handle, deploy, position, modules, engine).await
             }
-            Entry::Restore(_) => unreachable_restore(position),
+            // Refused above: a restore belongs to no runtime.
+            Entry::Restore(_) => Ok(()),
         };
         if let Err((cause, error)) = replayed {
             broken = Some((cause, format!("log position {position}: {error}")));

@@ -19,12 +19,13 @@
 
 use std::io::{BufRead, Write};
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 use crate::frame;
-use crate::host::{
-    EngineConfig, EventKind, GuestEngine, GuestError, GuestInstance, GuestModule, Limits,
-};
+use crate::host::{EngineConfig, EventKind, GuestEngine, GuestModule, Limits};
+use crate::runtime::guest::{GuestSlot, SlotError};
 
 /// How to run.
 #[derive(Debug)]
@@ -56,13 +57,16 @@ pub async fn run(
         ..EngineConfig::default()
     })?;
     let module = GuestModule::new(&engine, &options.wasm)?;
-    let limits = options.limits;
-    let new_instance = |state: Option<Bytes>| {
-        let (module, config, limits) = (&module, options.config.clone(), limits.clone());
-        async move { GuestInstance::new(module, "run", &limits, &config, state.as_deref()).await }
-    };
-    let mut last_good: Option<Bytes> = options.state.map(Bytes::from);
-    let mut instance = new_instance(last_good.clone()).await?;
+    let mut last_good = options.state.map(Bytes::from).unwrap_or_default();
+    let mut slot = GuestSlot::new(
+        module,
+        Arc::from("run"),
+        options.limits,
+        Bytes::from(options.config),
+        Some(&last_good[..]),
+        Arc::default(),
+    )
+    .await?;
     let mut lines = input.lines();
     let mut batch_number = 0u64;
     loop {
@@ -80,13 +84,8 @@ pub async fn run(
             break;
         }
         batch_number += 1;
-        let outcome = match instance.on_batch(batch.as_bytes()).await {
-            Ok(output) => instance.save().await.map(|state| (output, state)),
-            Err(error) => Err(error),
-        };
-        match outcome {
-            Ok((output, state)) => {
-                last_good = Some(state);
+        match slot.run(batch.as_bytes(), &mut last_good, None).await {
+            Ok(output) => {
                 for reason in &output.gaps {
                     emit(
                         out,
@@ -108,21 +107,19 @@ pub async fn run(
                     emit(out, line)?;
                 }
             }
-            Err(error) => {
+            Err(SlotError::Failed(error)) => {
                 emit(
                     out,
                     serde_json::json!({ "batch": batch_number, "error": error.to_string() }),
                 )?;
-                instance = new_instance(last_good.clone()).await?;
             }
+            Err(SlotError::Unavailable(error)) => return Err(error.into()),
         }
     }
-    let state = match last_good {
-        Some(state) => state,
-        None => instance
-            .save()
-            .await
-            .map_err(|e: GuestError| anyhow::anyhow!(e))?,
+    // Without a state (none given, nothing ran): the one the guest's `init` made.
+    let state = match last_good.is_empty() {
+        true => slot.saved_now().await?,
+        false => last_good,
     };
     emit(out, serde_json::json!({ "state_bytes": state.len() }))?;
     Ok(state)

@@ -60,6 +60,23 @@ pub struct SnapshotBody {
     /// The last log position it reflects (`None`: taken with the log off).
     #[serde(default)]
     pub log_position: Option<u64>,
+    /// On a cluster: the epoch of the stream whose history it is part of (the journal's own
+    /// epoch differs from it after a live restore). `None`: a single node's.
+    #[serde(default)]
+    pub stream: Option<JournalEpoch>,
+}
+
+impl SnapshotBody {
+    /// Restores the journal and the views' state into `hub` (keeping the journal's epoch when
+    /// `keep_epoch`), and hands back each runtime's record by name, for its task to start from:
+    /// the one way every start-up puts a snapshot in place.
+    pub async fn restore_into(self, hub: &Hub, keep_epoch: bool) -> BTreeMap<String, RuntimeDump> {
+        hub.restore(self.journal, keep_epoch, self.views).await;
+        self.runtimes
+            .into_iter()
+            .map(|r| (r.name.clone(), r))
+            .collect()
+    }
 }
 
 /// One runtime in a snapshot.
@@ -169,6 +186,9 @@ pub struct Restored {
     pub epoch: JournalEpoch,
     /// Journal records restored.
     pub records: usize,
+    /// The log position the restore took effect at (with the log on, or on a cluster: the
+    /// restore record's).
+    pub position: Option<u64>,
 }
 
 /// The server's snapshot actions, over its hub, snapshot directory and runtimes.
@@ -272,6 +292,7 @@ impl Snapshots {
             views,
             runtimes,
             log_position: self.log.has_positions().then(|| self.log.committed()),
+            stream: self.log.stream().map(|stream| stream.epoch()),
         }
     }
 
@@ -520,7 +541,12 @@ impl Snapshots {
         }
         self.store(body, SnapshotMeta::periodic_now()).await?;
         drop(cut);
-        Ok(Restored { epoch, records })
+        let position = self.log.has_positions().then(|| self.log.committed());
+        Ok(Restored {
+            epoch,
+            records,
+            position,
+        })
     }
 
     /// Writes a periodic snapshot every `every` until the handle is aborted.
@@ -564,20 +590,14 @@ pub async fn restore_at_start(
     let Some(loaded) = start.loaded else {
         return Ok(BTreeMap::new());
     };
-    let body = loaded.body;
-    hub.restore(body.journal, start.adopt_epoch, body.views)
-        .await;
+    let dumps = loaded.body.restore_into(hub, start.adopt_epoch).await;
     tracing::info!(
         file = %loaded.info.path().display(),
         exact = start.adopt_epoch,
         epoch = %hub.journal().epoch().await,
         "restored snapshot"
     );
-    Ok(body
-        .runtimes
-        .into_iter()
-        .map(|r| (r.name.clone(), r))
-        .collect())
+    Ok(dumps)
 }
 
 #[cfg(test)]

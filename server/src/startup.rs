@@ -209,27 +209,28 @@ async fn first_module(
         return Ok((compile(&planned.configured_wasm)?, None, false));
     };
     let saved = Some(dump.saved.clone());
-    let ran = match modules.get(&dump.module) {
-        Ok(wasm) => Some(wasm),
-        Err(_) if dump.module == planned.configured => Some(planned.configured_wasm.clone()),
-        Err(error) => match cluster {
-            // The stream's module at the snapshot: another node may have brought it.
-            Some(cluster) => Some(cluster.get_module(&dump.module).await.map_err(|fetch| {
+    let kept = match modules.get(&dump.module) {
+        Ok(wasm) => Ok(wasm),
+        Err(_) if dump.module == planned.configured => Ok(planned.configured_wasm.clone()),
+        Err(error) => Err(error),
+    };
+    if let Some(cluster) = cluster {
+        // The stream decides: the module it ran at the snapshot, which another node may have
+        // brought; the apply loop checks the config against the stream.
+        let wasm = match kept {
+            Ok(wasm) => wasm,
+            Err(error) => cluster.get_module(&dump.module).await.map_err(|fetch| {
                 anyhow::anyhow!(
                     "runtime {name:?} ran module {} at the snapshot, which is neither in {} ({error}) nor in the cluster's bucket ({fetch})",
                     dump.module,
                     modules.dir().display()
                 )
-            })?),
-            None => None,
-        },
-    };
-    if cluster.is_some() {
-        // The stream decides; the apply loop checks the config against it.
-        let wasm = ran.unwrap_or_default();
+            })?,
+        };
         modules.put(&wasm)?;
         return Ok((compile(&wasm)?, saved, false));
     }
+    let ran = kept.ok();
     let base = dump.configured.as_ref().unwrap_or(&dump.module);
     let config_changed = *base != planned.configured;
     match ran {

@@ -630,25 +630,56 @@ async fn a_missing_middle_segment_fails_closed() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A server on a copy of the ticker at a path of its own, killed with `-9` after six ticks.
+struct Crashed {
+    server: Server,
+    _config: tempfile::NamedTempFile,
+    _modules: tempfile::TempDir,
+    /// Where the config's module is.
+    wasm: PathBuf,
+    /// Its bytes.
+    original: Vec<u8>,
+    feed: Feed,
+    /// The cursor of the last tick.
+    last: Cursor,
+}
+
+impl Crashed {
+    async fn on_a_copy_of_the_ticker() -> anyhow::Result<Self> {
+        let modules = tempfile::tempdir()?;
+        let wasm = modules.path().join("ticker.wasm");
+        let original = std::fs::read(guest_wasm("ticker"))?;
+        std::fs::write(&wasm, &original)?;
+        let (mut server, config) =
+            start_with(&demo_config(&wasm.display().to_string(), "")).await?;
+        let mut feed = Feed::new(&["ACME", "BOLT"]);
+        for _ in 0..3 {
+            receipt(&server.ingest_ok(&feed.batch(2)).await?, 2)?;
+        }
+        let last = expect::cursor_of(&expect::tape(&server, "prices", 6).await?[5])?;
+        server.kill9().await?;
+        Ok(Self {
+            server,
+            _config: config,
+            _modules: modules,
+            wasm,
+            original,
+            feed,
+            last,
+        })
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_module_changed_in_the_config_after_a_crash_is_a_deploy_at_start() -> anyhow::Result<()> {
-    let modules = tempfile::tempdir()?;
-    let wasm = modules.path().join("ticker.wasm");
-    let original = std::fs::read(guest_wasm("ticker"))?;
-    std::fs::write(&wasm, &original)?;
-    let (mut server, _config) = start_with(&demo_config(&wasm.display().to_string(), "")).await?;
-    let mut feed = Feed::new(&["ACME", "BOLT"]);
-    for _ in 0..3 {
-        receipt(&server.ingest_ok(&feed.batch(2)).await?, 2)?;
-    }
-    let last = expect::cursor_of(&expect::tape(&server, "prices", 6).await?[5])?;
-    server.kill9().await?;
+    let mut crashed = Crashed::on_a_copy_of_the_ticker().await?;
+    let (server, feed, last) = (&mut crashed.server, &mut crashed.feed, crashed.last);
 
     // Another build at the same path while the server was down: the log is replayed by the
     // module that wrote it (kept by its hash), then the new build takes the state over.
     std::fs::write(
-        &wasm,
-        with_custom_section(&original, "viewtape-test", b"another build"),
+        &crashed.wasm,
+        with_custom_section(&crashed.original, "viewtape-test", b"another build"),
     )?;
     server.restart().await?;
     ensure!(
@@ -656,8 +687,8 @@ async fn a_module_changed_in_the_config_after_a_crash_is_a_deploy_at_start() -> 
         "{}",
         server.logs()
     );
-    ensure!(fail_closed(&server, "module").await == 0.0);
-    let mut stream = expect::resumes(&server, "prices", &last).await?;
+    ensure!(fail_closed(server, "module").await == 0.0);
+    let mut stream = expect::resumes(server, "prices", &last).await?;
     receipt(&server.ingest_ok(&feed.batch(1)).await?, 1)?;
     expect::update(
         &stream.next_event().await?,
@@ -672,29 +703,20 @@ async fn a_module_changed_in_the_config_after_a_crash_is_a_deploy_at_start() -> 
             == 1.0,
         "one deploy"
     );
-    let last = expect::cursor_of(&expect::tape(&server, "prices", 7).await?[6])?;
+    let last = expect::cursor_of(&expect::tape(server, "prices", 7).await?[6])?;
     server.kill9().await?;
     // And again, with the log holding the deploy: replayed exactly, no reset.
     server.restart().await?;
-    expect::resumes(&server, "prices", &last).await?;
-    ensure!(fail_closed(&server, "module").await == 0.0);
+    expect::resumes(server, "prices", &last).await?;
+    ensure!(fail_closed(server, "module").await == 0.0);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guest_module_swapped_behind_the_servers_back_fails_closed() -> anyhow::Result<()> {
-    let modules = tempfile::tempdir()?;
-    let wasm = modules.path().join("ticker.wasm");
-    let original = std::fs::read(guest_wasm("ticker"))?;
-    std::fs::write(&wasm, &original)?;
-    let (mut server, _config) = start_with(&demo_config(&wasm.display().to_string(), "")).await?;
-    let mut feed = Feed::new(&["ACME", "BOLT"]);
-    for _ in 0..3 {
-        receipt(&server.ingest_ok(&feed.batch(2)).await?, 2)?;
-    }
-    let last = expect::cursor_of(&expect::tape(&server, "prices", 6).await?[5])?;
-    server.kill9().await?;
-    let files: Vec<(PathBuf, Vec<u8>)> = segments(&log_dir(&server))?
+    let mut crashed = Crashed::on_a_copy_of_the_ticker().await?;
+    let (server, feed, last) = (&mut crashed.server, &mut crashed.feed, crashed.last);
+    let files: Vec<(PathBuf, Vec<u8>)> = segments(&log_dir(server))?
         .into_iter()
         .map(|f| {
             let bytes = std::fs::read(&f)?;
@@ -706,14 +728,14 @@ async fn a_guest_module_swapped_behind_the_servers_back_fails_closed() -> anyhow
     // A different, valid module at the same path, and the module that wrote the log gone
     // from the server's module store: nothing can reproduce the records.
     std::fs::write(
-        &wasm,
-        with_custom_section(&original, "viewtape-test", b"another build"),
+        &crashed.wasm,
+        with_custom_section(&crashed.original, "viewtape-test", b"another build"),
     )?;
     for kept in std::fs::read_dir(server.data_dir().join("modules"))? {
         std::fs::remove_file(kept?.path())?;
     }
     server.restart().await?;
-    let (mut stream, synced) = failed_closed(&server, "module", &last).await?;
+    let (mut stream, synced) = failed_closed(server, "module", &last).await?;
     for (file, bytes) in &files {
         kept(file, bytes)?;
     }

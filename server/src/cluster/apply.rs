@@ -5,10 +5,11 @@
 //! first message (after a purge, or messages aged out) is caught here, and so is a stream
 //! deleted and created again (another creation time: another history).
 //!
-//! Records carry the [`RECORD_HEADER`]; a message without it was not published by a node
-//! (another client on the stream's subjects) and every node passes over it alike, committing
-//! nothing at its position. A record with it that this node cannot read or apply stops the
-//! loop.
+//! Records carry the [`RECORD_HEADER`]; a message without it is a batch published by an older
+//! viewtape (which did not set it) if it reads as one, and otherwise was not published by a
+//! node (another client on the stream's subjects): every node passes over it alike, committing
+//! nothing at its position. A record with the header that this node cannot read or apply stops
+//! the loop.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use super::bucket::BoxError;
 use super::{Cluster, APPLY_ATTEMPTS, RETRY, STREAM_CHECK};
 use crate::host::{GuestEngine, GuestModule, ModuleFingerprint};
 use crate::log::stream::{RECORD_HEADER, RECORD_VERSION};
-use crate::log::{Entry, Log};
+use crate::log::{BatchEntry, Entry, Log, Outcome};
 use crate::registry::{ModuleStore, Runtimes};
 use crate::runtime::handle::Record;
 use crate::runtime::ApplyError;
@@ -200,17 +201,24 @@ impl Cluster {
     ) -> Result<(), String> {
         let kind = |kind: &'static str| log.metrics().counted_record(kind);
         let entry = match ours {
-            None => {
-                // Not published by a node (another client on the stream's subjects): every
-                // node passes over it alike, committing nothing at its position.
-                tracing::warn!(
+            // Published by a viewtape from before the header: a batch still to run.
+            None => match Entry::decode(payload) {
+                Ok(entry @ Entry::Batch(BatchEntry {
+                    outcome: Outcome::Pending,
+                    ..
+                })) => entry,
+                _ => {
+                    // Not published by a node (another client on the stream's subjects):
+                    // every node passes over it alike, committing nothing at its position.
+                    tracing::warn!(
                     sequence,
-                    "cluster: a message on the stream that no node published; passed over"
-                );
-                kind("foreign");
-                drop(log.turn(Some(sequence), 1).await);
-                return Ok(());
-            }
+                        "cluster: a message on the stream that no node published; passed over"
+                    );
+                    kind("foreign");
+                    drop(log.turn(Some(sequence), 1).await);
+                    return Ok(());
+                }
+            },
             Some(version) if version != RECORD_VERSION => {
                 return Err(format!("sequence {sequence} is a record of format {version}, which this viewtape cannot read (it reads {RECORD_VERSION}): upgrade this node"));
             }
@@ -240,24 +248,13 @@ impl Cluster {
                 "sequence {sequence} is for runtime {name:?}, which this node does not run: every node needs the same runtimes"
             ));
         };
-        let mut record = Some(record);
         let mut attempt = 0;
         loop {
-            let Some(next) = record.take() else {
-                return Err(format!("sequence {sequence}: the record was lost"));
-            };
-            let again = match &next {
-                Record::Batch(batch) => Some(Record::Batch(batch.clone())),
-                Record::Deploy(..) => None,
-            };
-            match registered.handle.apply(next, sequence).await {
+            match registered.handle.apply(record.clone(), sequence).await {
                 Ok(()) => break,
-                Err(error @ ApplyError::Unavailable { .. })
-                    if attempt < APPLY_ATTEMPTS && again.is_some() =>
-                {
+                Err(error @ ApplyError::Unavailable { .. }) if attempt < APPLY_ATTEMPTS => {
                     attempt += 1;
                     tracing::warn!(%error, sequence, attempt, "cluster: applying again");
-                    record = again;
                     tokio::time::sleep(RETRY).await;
                 }
                 Err(error) => return Err(format!("sequence {sequence}: {error}")),

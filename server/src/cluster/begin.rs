@@ -41,15 +41,9 @@ impl Cluster {
             }
         }
         if let Some((loaded, position)) = usable {
-            hub.restore(loaded.body.journal, true, loaded.body.views)
-                .await;
-            tracing::info!(file = %loaded.info.path().display(), position, epoch = %self.epoch, "cluster: restored snapshot");
-            let dumps = loaded
-                .body
-                .runtimes
-                .into_iter()
-                .map(|r| (r.name.clone(), r))
-                .collect();
+            let file = loaded.info.path().display().to_string();
+            let dumps = loaded.body.restore_into(hub, true).await;
+            tracing::info!(file, position, epoch = %self.epoch, "cluster: restored snapshot");
             return Ok((dumps, self.log_at(position)));
         }
         let log = self.log_at(0);
@@ -87,7 +81,10 @@ impl Cluster {
         let newest = snapshots.load_newest_valid::<SnapshotBody>()?;
         Ok(newest.loaded.and_then(|loaded| {
             let position = loaded.body.log_position?;
-            let ours = loaded.body.journal.epoch == Some(self.epoch);
+            // The stream's own epoch, or (after a live restore) the snapshot says it is part of
+            // this stream's history.
+            let ours = loaded.body.journal.epoch == Some(self.epoch)
+                || loaded.body.stream == Some(self.epoch);
             if !ours {
                 tracing::warn!(file = %loaded.info.path().display(), "cluster: the newest snapshot belongs to another epoch (another stream, or this one recreated); not used");
                 return None;

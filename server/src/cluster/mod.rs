@@ -299,7 +299,7 @@ impl Cluster {
         let stream = StreamLog::new(
             self.client.clone(),
             &self.url,
-            &self.stream,
+            (&self.stream, self.epoch),
             self.apply_timeout,
             self.durability,
         );

@@ -255,6 +255,7 @@ async fn restore(
         "name": request.name,
         "epoch": restored.epoch.to_string(),
         "records": restored.records,
+        "position": restored.position,
     })))
 }
 

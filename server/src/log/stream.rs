@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use bytes::Bytes;
+use viewtape_journal::JournalEpoch;
 
 /// The header every record a node publishes carries, with the record format's version: a
 /// message without it was not published by a node.
@@ -87,14 +88,17 @@ pub struct StreamLog {
     refusing: Mutex<Refusing>,
     /// The stream's last sequence, as last seen.
     last: AtomicU64,
+    /// The epoch of the stream's history.
+    epoch: JournalEpoch,
 }
 
 impl StreamLog {
-    /// Publishes to `stream` through `js` (connected to `url`), waiting at most `timeout`.
+    /// Publishes to `stream` (whose history is `epoch`) through `client` (connected to `url`),
+    /// waiting at most `timeout`.
     pub fn new(
         client: async_nats::Client,
         url: &str,
-        stream: &str,
+        (stream, epoch): (&str, JournalEpoch),
         timeout: Duration,
         durability: StreamDurability,
     ) -> Self {
@@ -109,7 +113,13 @@ impl StreamLog {
             published: AtomicU64::new(0),
             refusing: Mutex::new(Refusing::Settling),
             last: AtomicU64::new(0),
+            epoch,
         }
+    }
+
+    /// The epoch of the stream's history.
+    pub fn epoch(&self) -> JournalEpoch {
+        self.epoch
     }
 
     /// How durable what it acknowledges is.

@@ -25,7 +25,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::group::Staging;
-use super::handle::{Record, Verdict};
+use super::handle::Record;
+use super::publish::Verdict;
 use super::task::Task;
 use super::{ApplyError, BatchSink, DeployError, Deployed, IngestError};
 use crate::host::GuestModule;
@@ -59,7 +60,7 @@ impl<S: BatchSink> Task<S> {
     /// Judges a batch published to a cluster's stream, commits it if it passes, and hands the
     /// verdict on.
     async fn judge_batch(&mut self, entry: BatchEntry, position: u64) -> Result<(), ApplyError> {
-        let running = self.module.fingerprint().clone();
+        let running = self.slot.module().fingerprint().clone();
         if entry.module != running && self.last.modules.is_empty() {
             // Published before this runtime's first module was decided (by a viewtape that
             // does not publish one): this node cannot reproduce what its publisher runs.
@@ -112,7 +113,8 @@ impl<S: BatchSink> Task<S> {
 
     /// Runs a batch of the local log again: it must produce what its record says.
     async fn replay_batch(&mut self, entry: BatchEntry, position: u64) -> Result<(), ApplyError> {
-        if entry.module != *self.module.fingerprint() || entry.guest_config != self.guest_config_crc
+        if entry.module != *self.slot.module().fingerprint()
+            || entry.guest_config != self.guest_config_crc
         {
             return Err(self.module_changed(&entry));
         }
@@ -131,7 +133,7 @@ impl<S: BatchSink> Task<S> {
                 let digest = Digest::of(&batch);
                 if digest != *logged {
                     self.last.state = before;
-                    self.instance = None;
+                    self.slot.reset();
                     return Err(diverged(
                         &self.name,
                         format!(
@@ -164,7 +166,7 @@ impl<S: BatchSink> Task<S> {
         module: GuestModule,
         position: u64,
     ) -> Result<(), ApplyError> {
-        let running = self.module.fingerprint().clone();
+        let running = self.slot.module().fingerprint().clone();
         if entry.previous != running {
             return Err(ApplyError::ModuleChanged {
                 runtime: self.name.to_string(),
@@ -191,7 +193,7 @@ impl<S: BatchSink> Task<S> {
         module: GuestModule,
         position: u64,
     ) -> Result<Deployed, DeployError> {
-        let running = self.module.fingerprint().clone();
+        let running = self.slot.module().fingerprint().clone();
         let first = entry.previous == entry.module;
         let undecided = self.last.modules.is_empty();
         let unchanged = |running: crate::host::ModuleFingerprint| Deployed {
@@ -224,7 +226,7 @@ impl<S: BatchSink> Task<S> {
             runtime: self.name.to_string(),
             logged: entry.module.clone(),
             logged_config: entry.guest_config,
-            running: self.module.fingerprint().clone(),
+            running: self.slot.module().fingerprint().clone(),
             running_config: self.guest_config_crc,
         }
     }

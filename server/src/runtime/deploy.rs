@@ -18,7 +18,7 @@ impl<S: BatchSink> Task<S> {
         module: GuestModule,
         fresh_if_refused: bool,
     ) -> Result<Deployed, DeployError> {
-        let previous = self.module.fingerprint().clone();
+        let previous = self.slot.module().fingerprint().clone();
         let next = module.fingerprint().clone();
         if next == previous {
             return Ok(Deployed {
@@ -91,7 +91,7 @@ impl<S: BatchSink> Task<S> {
         fresh: bool,
     ) -> Result<(GuestInstance, Bytes), GuestError> {
         let state = (!fresh).then_some(&self.last.state[..]);
-        let mut instance = self.instantiate(module, state).await?;
+        let mut instance = self.slot.instantiate(module, state).await?;
         let state = instance.save().await?;
         Ok((instance, state))
     }
@@ -109,10 +109,9 @@ impl<S: BatchSink> Task<S> {
             tracing::warn!("the guest starts fresh: its earlier state is gone");
             self.mark_gap();
         }
-        let previous = self.module.fingerprint().clone();
+        let previous = self.slot.module().fingerprint().clone();
         let next = module.fingerprint().clone();
-        self.module = module;
-        self.instance = Some(instance);
+        self.slot.install(module, instance);
         self.last.state = state;
         self.last.ran(&next);
         *self

@@ -44,7 +44,7 @@ impl<S: BatchSink> Task<S> {
         for ingest in group {
             let entry = BatchEntry {
                 runtime: self.name.to_string(),
-                module: self.module.fingerprint().clone(),
+                module: self.slot.module().fingerprint().clone(),
                 guest_config: self.guest_config_crc,
                 at_ms,
                 input: ingest.input,
@@ -85,7 +85,7 @@ impl<S: BatchSink> Task<S> {
                 tracing::error!(%error, "the log failed: the group is not committed, nor anything until the log is reopened");
                 self.last.state = before.0;
                 self.last.checkpoint = before.1;
-                self.instance = None;
+                self.slot.reset();
                 for undo in undo.into_iter().rev() {
                     self.last.producers.undo(undo);
                 }

@@ -1,39 +1,153 @@
-//! The guest slot: the runtime's instance, made again from the last good state after a
-//! failure, and one batch run through it.
+//! The guest slot ([`GuestSlot`]): a runtime's module and its instance, made again from the
+//! last good state after a failure. The runtime task owns one; `viewtape run` runs one over
+//! recorded input, so a batch runs, fails and rolls back there exactly as in the server.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use super::task::Task;
-use super::{BatchSink, IngestError};
-use crate::host::{GuestBatch, GuestError, GuestInstance};
+use super::{BatchSink, IngestError, RuntimeStats};
+use crate::host::{GuestBatch, GuestError, GuestInstance, GuestModule, Limits};
 use crate::log::BatchEntry;
 
-impl<S: BatchSink> Task<S> {
-    /// A new instance of the running module, from `state` (`None` or empty: the guest's
-    /// `init`).
-    pub(super) async fn instantiate(
+/// Why a batch did not run through a [`GuestSlot`].
+#[derive(Debug)]
+pub enum SlotError {
+    /// The guest failed on the batch (trap, rejection, limits, a view it may not publish to);
+    /// the instance was made again from the last good state.
+    Failed(GuestError),
+    /// No instance could be made from the last good state (it is tried again on the next
+    /// batch): nothing ran.
+    Unavailable(GuestError),
+}
+
+/// A runtime's module and instance. The last good state lives with its owner, which hands it
+/// to [`GuestSlot::run`]: the state a failure rolls back to is always the one that owner keeps.
+#[derive(Debug)]
+pub struct GuestSlot {
+    module: GuestModule,
+    name: Arc<str>,
+    limits: Limits,
+    config: Bytes,
+    /// `None` after a failed re-instantiation; made again on the next batch.
+    instance: Option<GuestInstance>,
+    stats: Arc<RuntimeStats>,
+}
+
+impl GuestSlot {
+    /// `module` instantiated from `state` (`None` or empty: the guest's `init` with `config`),
+    /// as runtime `name` with `limits`; failures and restarts are counted in `stats`.
+    ///
+    /// # Errors
+    /// The guest's `init` or `restore` refused, or no instance could be made.
+    pub async fn new(
+        module: GuestModule,
+        name: Arc<str>,
+        limits: Limits,
+        config: Bytes,
+        state: Option<&[u8]>,
+        stats: Arc<RuntimeStats>,
+    ) -> Result<Self, GuestError> {
+        let mut slot = Self {
+            module,
+            name,
+            limits,
+            config,
+            instance: None,
+            stats,
+        };
+        let module = slot.module.clone();
+        slot.instance = Some(slot.instantiate(&module, state).await?);
+        Ok(slot)
+    }
+
+    /// The module it runs.
+    pub fn module(&self) -> &GuestModule {
+        &self.module
+    }
+
+    /// A new instance of `module` from `state` (`None` or empty: `init`), with this slot's
+    /// name, limits and config; the running one is untouched.
+    ///
+    /// # Errors
+    /// As [`GuestSlot::new`].
+    pub async fn instantiate(
         &self,
-        module: &crate::host::GuestModule,
+        module: &GuestModule,
         state: Option<&[u8]>,
     ) -> Result<GuestInstance, GuestError> {
         let state = state.filter(|state| !state.is_empty());
-        GuestInstance::new(
-            module,
-            &self.name,
-            &self.config.limits,
-            &self.config.guest_config,
-            state,
-        )
-        .await
+        GuestInstance::new(module, &self.name, &self.limits, &self.config, state).await
     }
 
-    /// The instance, made again from the last good state if the last one was dropped.
-    async fn instance(&mut self) -> Result<&mut GuestInstance, GuestError> {
+    /// What the instance saves now.
+    ///
+    /// # Errors
+    /// No instance could be made, or the guest's `save` failed.
+    pub async fn saved_now(&mut self) -> Result<Bytes, GuestError> {
+        self.instance(&[]).await?.save().await
+    }
+
+    /// Runs `module` from now on, as `instance`.
+    pub fn install(&mut self, module: GuestModule, instance: GuestInstance) {
+        self.module = module;
+        self.instance = Some(instance);
+    }
+
+    /// Drops the instance: the next batch makes it again from the state it is handed.
+    pub fn reset(&mut self) {
+        self.instance = None;
+    }
+
+    /// Runs `input` through the guest; the events may go only to `views` (`None`: anywhere,
+    /// as `viewtape run` has no config to say). On success `state`
+    /// becomes the guest's new state; on failure the instance is made again from `state`, the
+    /// last good one.
+    ///
+    /// # Errors
+    /// [`SlotError`].
+    pub async fn run(
+        &mut self,
+        input: &[u8],
+        state: &mut Bytes,
+        views: Option<&[String]>,
+    ) -> Result<GuestBatch, SlotError> {
+        let instance = self.instance(state).await.map_err(SlotError::Unavailable)?;
+        let outcome = match instance.on_batch(input).await {
+            Ok(batch) => match declared(views, batch) {
+                Ok(batch) => instance.save().await.map(|saved| (batch, saved)),
+                Err(error) => Err(error),
+            },
+            Err(err) => Err(err),
+        };
+        let error = match outcome {
+            Ok((batch, saved)) => {
+                *state = saved;
+                return Ok(batch);
+            }
+            Err(error) => error,
+        };
+        self.stats.failures.fetch_add(1, Ordering::Relaxed);
+        if error.is_input_error() {
+            tracing::info!(%error, "batch rejected");
+        } else {
+            tracing::warn!(%error, "guest failed; re-instantiating from the last good state");
+        }
+        // Drop the store whatever the failure: its heap may be mid-update.
+        self.instance = None;
+        if let Err(error) = self.instance(state).await {
+            tracing::error!(%error, "re-instantiation failed; will retry on the next batch");
+        }
+        Err(SlotError::Failed(error))
+    }
+
+    /// The instance, made again from `state` if the last one was dropped.
+    async fn instance(&mut self, state: &[u8]) -> Result<&mut GuestInstance, GuestError> {
         if self.instance.is_none() {
-            let instance = self
-                .instantiate(&self.module, Some(&self.last.state[..]))
-                .await?;
+            let module = self.module.clone();
+            let instance = self.instantiate(&module, Some(state)).await?;
             self.stats.restarts.fetch_add(1, Ordering::Relaxed);
             self.instance = Some(instance);
         }
@@ -42,15 +156,9 @@ impl<S: BatchSink> Task<S> {
             .as_mut()
             .ok_or_else(|| GuestError::Protocol("instance vanished".into()))
     }
+}
 
-    /// Drops the instance (its heap may be mid-update) and makes it again from the last good
-    /// state; a failure is retried on the next batch.
-    pub(super) async fn reinstantiate(&mut self) {
-        self.instance = None;
-        if let Err(err) = self.instance().await {
-            tracing::error!(error = %err, "re-instantiation failed; will retry on the next batch");
-        }
-    }
+impl<S: BatchSink> Task<S> {
     /// Runs `entry`'s input through the guest (an empty input from a source runs nothing). On
     /// success the guest's new state is the last good one; on failure the instance is made
     /// again from the last good state.
@@ -62,45 +170,23 @@ impl<S: BatchSink> Task<S> {
             return Ok(GuestBatch::default());
         }
         let views = Arc::clone(&self.views);
-        let instance = match self.instance().await {
-            Ok(instance) => instance,
-            Err(source) => {
-                tracing::error!(error = %source, "runtime unavailable: re-instantiation failed");
-                return Err(IngestError::Unavailable {
-                    runtime: self.name.to_string(),
-                    source,
-                });
-            }
-        };
-        let outcome = match instance.on_batch(&entry.input).await {
-            Ok(batch) => match declared(&views, batch) {
-                Ok(batch) => instance.save().await.map(|state| (batch, state)),
-                Err(error) => Err(error),
-            },
-            Err(err) => Err(err),
-        };
-        let source = match outcome {
-            Ok((batch, state)) => {
-                self.last.state = state;
-                return Ok(batch);
-            }
-            Err(source) => source,
-        };
-        self.stats.failures.fetch_add(1, Ordering::Relaxed);
-        if source.is_input_error() {
-            tracing::info!(error = %source, "batch rejected");
-        } else {
-            tracing::warn!(error = %source, "guest failed; re-instantiating from the last good state");
-        }
-        // Drop the store whatever the failure: its heap may be mid-update.
-        self.reinstantiate().await;
         let runtime = self.name.to_string();
-        // The wall-clock backstop is a fault of the moment, not a verdict on the batch.
-        Err(if matches!(source, GuestError::Timeout { .. }) {
-            IngestError::Unavailable { runtime, source }
-        } else {
-            IngestError::Guest { runtime, source }
-        })
+        match self
+            .slot
+            .run(&entry.input, &mut self.last.state, Some(&views))
+            .await
+        {
+            Ok(batch) => Ok(batch),
+            Err(SlotError::Unavailable(source)) => {
+                tracing::error!(error = %source, "runtime unavailable: re-instantiation failed");
+                Err(IngestError::Unavailable { runtime, source })
+            }
+            // The wall-clock backstop is a fault of the moment, not a verdict on the batch.
+            Err(SlotError::Failed(source @ GuestError::Timeout { .. })) => {
+                Err(IngestError::Unavailable { runtime, source })
+            }
+            Err(SlotError::Failed(source)) => Err(IngestError::Guest { runtime, source }),
+        }
     }
 
     /// Marks a gap on this runtime's views: the loss of its input touches nothing else.
@@ -111,8 +197,11 @@ impl<S: BatchSink> Task<S> {
     }
 }
 
-/// `batch`, if it publishes only to `views` (what its runtime declares).
-fn declared(views: &[String], batch: GuestBatch) -> Result<GuestBatch, GuestError> {
+/// `batch`, if it publishes only to `views` (what its runtime declares; `None`: anywhere).
+fn declared(views: Option<&[String]>, batch: GuestBatch) -> Result<GuestBatch, GuestError> {
+    let Some(views) = views else {
+        return Ok(batch);
+    };
     match batch
         .events
         .iter()

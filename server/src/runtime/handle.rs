@@ -5,7 +5,6 @@
 //! stream; the task answers it when it applies the published record at its position, through
 //! the [`Verdicts`] it shares with its handles.
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
@@ -13,17 +12,15 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 use viewtape_journal::EventJournal;
 
+use super::guest::GuestSlot;
+use super::publish::Verdicts;
 use super::task::Task;
 use super::{Accepted, BatchSink, Deployed, RuntimeConfig, RuntimeSnapshot, RuntimeStats};
 use super::{ApplyError, DeployError, IngestError};
-use crate::host::{GuestError, GuestInstance, GuestModule, ModuleFingerprint};
+use crate::host::{GuestError, GuestModule, ModuleFingerprint};
 use crate::log::producer::ProducerStamp;
-use crate::log::{unix_ms_now, BatchEntry, DeployEntry, Entry, Log, Outcome, PublishError};
-use crate::log::{Published, Receipt, StreamLog};
+use crate::log::{unix_ms_now, BatchEntry, DeployEntry, Log, Outcome};
 use crate::source::SourceCheckpoint;
-
-/// Verdicts of applied stream positions kept for the publisher that has not asked yet.
-const VERDICTS_KEPT: usize = 8192;
 
 pub(super) type Reply = oneshot::Sender<Result<Accepted, IngestError>>;
 
@@ -37,7 +34,7 @@ pub(super) struct Ingest {
 }
 
 /// A logged record, ready to apply.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Record {
     /// A batch.
     Batch(BatchEntry),
@@ -78,37 +75,6 @@ pub(super) enum PauseOp {
     },
     /// Swap the staged guest in (`false`: nothing was staged).
     Commit { reply: oneshot::Sender<bool> },
-}
-
-/// The verdict on a record published to a cluster's stream, given when it was applied.
-#[derive(Debug)]
-pub(super) enum Verdict {
-    Batch(Result<Accepted, IngestError>),
-    Deploy(Result<Deployed, DeployError>),
-}
-
-/// Verdicts of recently applied stream positions, and the publishers waiting for theirs.
-#[derive(Debug, Default)]
-pub(super) struct Verdicts {
-    done: BTreeMap<u64, Verdict>,
-    waiting: HashMap<u64, oneshot::Sender<Verdict>>,
-}
-
-impl Verdicts {
-    /// Hands the verdict on `position` to its publisher, or keeps it for one that will ask.
-    pub fn give(&mut self, position: u64, verdict: Verdict) {
-        match self.waiting.remove(&position) {
-            Some(waiter) => {
-                let _ = waiter.send(verdict);
-            }
-            None => {
-                self.done.insert(position, verdict);
-                while self.done.len() > VERDICTS_KEPT {
-                    self.done.pop_first();
-                }
-            }
-        }
-    }
 }
 
 /// Holds a runtime paused (see [`RuntimeHandle::pause`]); dropping it
@@ -173,7 +139,7 @@ impl PauseGuard {
 /// The cloneable handle of a runtime task. The task stops when every handle is dropped.
 #[derive(Clone, Debug)]
 pub struct RuntimeHandle {
-    name: Arc<str>,
+    pub(super) name: Arc<str>,
     tx: mpsc::Sender<Command>,
     stats: Arc<RuntimeStats>,
     /// The module it runs now (a deploy changes it).
@@ -181,9 +147,9 @@ pub struct RuntimeHandle {
     /// CRC-32C of its guest config.
     guest_config: u32,
     /// The log it appends to: the local one, or a cluster's stream.
-    log: Arc<Log>,
+    pub(super) log: Arc<Log>,
     /// Verdicts on what it published to a cluster's stream.
-    verdicts: Arc<Mutex<Verdicts>>,
+    pub(super) verdicts: Arc<Mutex<Verdicts>>,
 }
 
 impl RuntimeHandle {
@@ -202,21 +168,24 @@ impl RuntimeHandle {
         log: Arc<Log>,
     ) -> Result<Self, GuestError> {
         let last = restore.unwrap_or_default();
-        let state = (!last.state.is_empty()).then_some(&last.state[..]);
-        let instance = GuestInstance::new(
-            &module,
-            &config.name,
-            &config.limits,
-            &config.guest_config,
-            state,
+        let name: Arc<str> = Arc::from(config.name.as_str());
+        let stats = Arc::new(RuntimeStats::default());
+        let fingerprint = module.fingerprint().clone();
+        let slot = GuestSlot::new(
+            module,
+            Arc::clone(&name),
+            config.limits,
+            config.guest_config.clone(),
+            Some(&last.state[..]),
+            Arc::clone(&stats),
         )
         .await?;
         let (tx, rx) = mpsc::channel(config.queue_depth.max(1));
         let handle = Self {
-            name: Arc::from(config.name.as_str()),
+            name,
             tx,
-            stats: Arc::default(),
-            module: Arc::new(Mutex::new(module.fingerprint().clone())),
+            stats,
+            module: Arc::new(Mutex::new(fingerprint)),
             guest_config: crc32c::crc32c(&config.guest_config),
             log: Arc::clone(&log),
             verdicts: Arc::default(),
@@ -224,19 +193,16 @@ impl RuntimeHandle {
         let task = Task {
             name: Arc::clone(&handle.name),
             guest_config_crc: handle.guest_config,
-            module,
-            config,
-            instance: Some(instance),
+            slot,
             last,
             journal,
             sink,
             log,
             stats: Arc::clone(&handle.stats),
-            views: Arc::default(),
+            views: Arc::from(config.views.as_slice()),
             module_now: Arc::clone(&handle.module),
             verdicts: Arc::clone(&handle.verdicts),
-        }
-        .with_views();
+        };
         let span = tracing::info_span!("runtime", runtime = %handle.name);
         tokio::spawn(task.run(rx).instrument(span));
         Ok(handle)
@@ -329,87 +295,6 @@ impl RuntimeHandle {
         .unwrap_or_else(|| Err(self.stopped()))
     }
 
-    /// Publishes `entry` to the cluster's stream and waits for this node's verdict on it.
-    async fn publish_batch(
-        &self,
-        stream: &StreamLog,
-        entry: BatchEntry,
-    ) -> Result<Accepted, IngestError> {
-        let shared = |reason: String| IngestError::Shared {
-            runtime: self.name.to_string(),
-            reason,
-        };
-        let id = match &entry.producer {
-            Some(stamp) => format!(
-                "{}\u{1f}{}\u{1f}{}\u{1f}{}",
-                entry.runtime, stamp.id, stamp.epoch, stamp.seq
-            ),
-            None => stream.own_id(),
-        };
-        let has_producer = entry.producer.is_some();
-        let published = stream
-            .publish(&self.name, Entry::encode_batch(&entry), id)
-            .await
-            .map_err(|error| shared(error.to_string()))?;
-        // A copy of this node's own resend is no news to the producer.
-        let duplicate = published.duplicate && has_producer;
-        match self.verdict(stream, published).await.map_err(shared)? {
-            Some(Verdict::Batch(outcome)) => outcome.map(|accepted| Accepted {
-                duplicate: accepted.duplicate || duplicate,
-                ..accepted
-            }),
-            Some(Verdict::Deploy(_)) => Err(shared(format!(
-                "sequence {} holds a deploy, not this batch",
-                published.sequence
-            ))),
-            // Applied long ago (a duplicate of an old batch): its verdict is gone.
-            None => Ok(Accepted {
-                receipt: Receipt {
-                    position: Some(published.sequence),
-                    durability: self.log.durability(),
-                    ..Receipt::default()
-                },
-                duplicate: true,
-            }),
-        }
-    }
-
-    /// This node's verdict on what was published at `published.sequence`, once it has applied
-    /// it; `None` when it was applied so long ago that its verdict is no longer kept.
-    async fn verdict(
-        &self,
-        stream: &StreamLog,
-        published: Published,
-    ) -> Result<Option<Verdict>, String> {
-        let sequence = published.sequence;
-        let waiting = {
-            let mut verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(verdict) = verdicts.done.remove(&sequence) {
-                return Ok(Some(verdict));
-            }
-            if self.log.committed() >= sequence {
-                return Ok(None);
-            }
-            let (tx, rx) = oneshot::channel();
-            verdicts.waiting.insert(sequence, tx);
-            rx
-        };
-        match tokio::time::timeout(stream.timeout, waiting).await {
-            Ok(Ok(verdict)) => Ok(Some(verdict)),
-            _ => {
-                self.verdicts
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .waiting
-                    .remove(&sequence);
-                Err(format!(
-                    "published at sequence {sequence}, not applied by this node within {:?}; send it again with its Producer-* headers to learn its outcome",
-                    stream.timeout
-                ))
-            }
-        }
-    }
-
     /// Applies a logged record at `position`, where every reader of the log applies it: a
     /// replay of the local log at start-up, or a cluster's stream. See the module docs.
     ///
@@ -493,42 +378,6 @@ impl RuntimeHandle {
                 runtime: self.name.to_string(),
             })
         })
-    }
-
-    /// Publishes a deploy of `module` (which every node finds by its fingerprint) and waits for
-    /// this node's verdict on it; `settling`: a declaration of the first module, which a node
-    /// makes before it takes anything else.
-    async fn publish_deploy(
-        &self,
-        stream: &StreamLog,
-        module: ModuleFingerprint,
-        settling: bool,
-    ) -> Result<Deployed, DeployError> {
-        let shared = |reason: String| DeployError::Shared {
-            runtime: self.name.to_string(),
-            reason,
-        };
-        let entry = Entry::Deploy(DeployEntry {
-            runtime: self.name.to_string(),
-            module,
-            previous: self.module(),
-            at_ms: unix_ms_now(),
-            pending: true,
-            fresh: false,
-        });
-        let (payload, id) = (entry.encode(), stream.own_id());
-        let published = match settling {
-            true => stream.publish_settling(&self.name, payload, id).await,
-            false => stream.publish(&self.name, payload, id).await,
-        }
-        .map_err(|error: PublishError| shared(error.to_string()))?;
-        match self.verdict(stream, published).await.map_err(shared)? {
-            Some(Verdict::Deploy(outcome)) => outcome,
-            _ => Err(shared(format!(
-                "no verdict on the deploy at sequence {}",
-                published.sequence
-            ))),
-        }
     }
 
     /// The state and checkpoint after the last committed batch, taken between batches: what a

@@ -8,6 +8,7 @@
 //! | file | job |
 //! |---|---|
 //! | [`handle`] | the way in: commands to the task, their answers, the pause guard |
+//! | `publish` | on a cluster: a batch or a deploy published to the stream, and its verdict |
 //! | `task` | the task's loop: one command at a time, batches taken as groups |
 //! | `group` | group commit: stage a group, log it, commit it in log order |
 //! | `apply` | one logged record applied at its position: a replay at start, or a cluster's stream |
@@ -63,6 +64,7 @@ mod group;
 pub mod guest;
 pub mod handle;
 mod pause;
+mod publish;
 mod task;
 #[cfg(test)]
 mod tests;

@@ -16,7 +16,8 @@ impl<S: BatchSink> Task<S> {
             match op {
                 PauseOp::Stage { snapshot, reply } => {
                     let made = self
-                        .instantiate(&self.module, Some(&snapshot.state[..]))
+                        .slot
+                        .instantiate(self.slot.module(), Some(&snapshot.state[..]))
                         .await;
                     let result = made.map(|instance| staged = Some((instance, snapshot)));
                     let _ = reply.send(result);
@@ -24,7 +25,8 @@ impl<S: BatchSink> Task<S> {
                 PauseOp::Commit { reply } => {
                     let committed = match staged.take() {
                         Some((instance, mut snapshot)) => {
-                            self.instance = Some(instance);
+                            let module = self.slot.module().clone();
+                            self.slot.install(module, instance);
                             // The modules it ran stay this runtime's history.
                             for module in std::mem::take(&mut self.last.modules) {
                                 snapshot.ran(&module);

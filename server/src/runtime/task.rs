@@ -5,20 +5,20 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 use viewtape_journal::EventJournal;
 
-use super::handle::{Command, Verdicts};
-use super::{BatchSink, RuntimeConfig, RuntimeSnapshot, RuntimeStats, MAX_GROUP};
-use crate::host::{GuestInstance, GuestModule, ModuleFingerprint};
+use super::guest::GuestSlot;
+use super::handle::Command;
+use super::publish::Verdicts;
+use super::{BatchSink, RuntimeSnapshot, RuntimeStats, MAX_GROUP};
+use crate::host::ModuleFingerprint;
 use crate::log::Log;
 
 /// The task owning one runtime's guest.
 pub(super) struct Task<S> {
     pub name: Arc<str>,
-    pub module: GuestModule,
-    pub config: RuntimeConfig,
-    /// CRC-32C of `config.guest_config`, recorded with every batch.
+    /// The module and its instance.
+    pub slot: GuestSlot,
+    /// CRC-32C of the guest config, recorded with every batch.
     pub guest_config_crc: u32,
-    /// `None` after a failed re-instantiation; retried on the next batch.
-    pub instance: Option<GuestInstance>,
     /// The state, checkpoint and producers after the last batch that ran: between groups, the
     /// last committed ones.
     pub last: RuntimeSnapshot,
@@ -26,7 +26,7 @@ pub(super) struct Task<S> {
     pub sink: Arc<S>,
     pub log: Arc<Log>,
     pub stats: Arc<RuntimeStats>,
-    /// `config.views`, shared with each batch's check.
+    /// The views it may publish to, shared with each batch's check.
     pub views: Arc<[String]>,
     /// The fingerprint of `module`, shared with the handles.
     pub module_now: Arc<Mutex<ModuleFingerprint>>,
@@ -35,12 +35,6 @@ pub(super) struct Task<S> {
 }
 
 impl<S: BatchSink> Task<S> {
-    /// Fills `views` from the config.
-    pub fn with_views(mut self) -> Self {
-        self.views = Arc::from(self.config.views.as_slice());
-        self
-    }
-
     pub async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
         while let Some(cmd) = rx.recv().await {
             let held = match cmd {
