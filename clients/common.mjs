@@ -1,4 +1,5 @@
 // Helpers shared by the Node client scripts. Run by tests/tests/clients.rs; see clients/README.md.
+import { createHmac } from 'node:crypto';
 import { createInterface } from 'node:readline';
 
 /** Fails the script with a message (exit status 1 via the unhandled rejection). */
@@ -16,7 +17,7 @@ export async function until(predicate, ms, what) {
   for (;;) {
     const value = await predicate();
     if (value) return value;
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${typeof what === "function" ? what() : what}`);
     await new Promise(r => setTimeout(r, 25));
   }
 }
@@ -48,6 +49,13 @@ export async function getJson(base, path, headers = {}) {
   const res = await fetch(`${base}${path}`, { headers, signal: AbortSignal.timeout(10000) });
   check(res.status === 200, `GET ${path}: status ${res.status}`);
   return res.json();
+}
+
+/** A JWT over `claims`, signed HS256 with `secret` (what the server takes with VIEWTAPE_JWT_SECRET). */
+export function hs256(secret, claims) {
+  const part = value => Buffer.from(JSON.stringify(value)).toString('base64url');
+  const signed = `${part({ alg: 'HS256', typ: 'JWT' })}.${part(claims)}`;
+  return `${signed}.${createHmac('sha256', secret).update(signed).digest('base64url')}`;
 }
 
 /** A cursor `<16 hex epoch>-<offset>` split into its parts. */

@@ -3,7 +3,7 @@
 //! ```text
 //! viewtape-bench durable [--compare | --peer viewtape|jetstream] [--workload all|acks|bulk|latency]
 //!     [--seconds 10] [--runs 3] [--rate 1000] [--max-batches 10000000] [--drain-seconds 10]
-//!     [--runtimes per-producer|shared] [--log fsync|os|off]
+//!     [--runtimes per-producer|shared] [--log fsync|fsync-nowatermark|os|off]
 //!     [--producers N --events-per-batch K]   (override the defaults of one selected workload)
 //!     [--nats-server nats-server] [--nats-connections 1] [--pin]
 //!     [--addr 127.0.0.1:PORT [--pid PID] | --server-arg ARG ...]   (viewtape, as elsewhere)
@@ -47,7 +47,8 @@
 //!   the log; it is there to show that.
 //!
 //! `--log` sets the spawned server's `[log]` (per-producer mode): `fsync` (the default: synced
-//! before the 200), `os` (handed to the OS), or `off` (no log: what the log costs).
+//! before the 200), `fsync-nowatermark` (the same without the end-of-log watermark: what it
+//! costs), `os` (handed to the OS), or `off` (no log: what the log costs).
 //!
 //! Workloads, each bounded by `--seconds` and by `--max-batches`:
 //! - `acks`: 64 producers × 1-event batches, closed loop: acknowledged batches/s.
@@ -162,6 +163,7 @@ fn per_producer_config(n: usize, log: &str) -> String {
     let mut text = String::from("# written by viewtape-bench durable --runtimes per-producer\n");
     text.push_str(&match log {
         "off" => "\n[log]\nenabled = false\n".to_owned(),
+        "fsync-nowatermark" => "\n[log]\nfsync = \"always\"\nwatermark = false\n".to_owned(),
         fsync => format!(
             "\n[log]\nfsync = \"{}\"\n",
             if fsync == "os" { "os" } else { "always" }
@@ -307,8 +309,8 @@ impl Options {
             nats_connections: args.num("nats-connections", 1usize, 1, 1024)?,
             pin: args.switch("pin")?,
             log: match args.get("log").unwrap_or("fsync") {
-                log @ ("fsync" | "os" | "off") => log.to_owned(),
-                other => bail!("--log {other:?}: expected fsync, os or off"),
+                log @ ("fsync" | "fsync-nowatermark" | "os" | "off") => log.to_owned(),
+                other => bail!("--log {other:?}: expected fsync, fsync-nowatermark, os or off"),
             },
             addr,
             pid,

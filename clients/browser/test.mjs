@@ -9,11 +9,12 @@
 //
 // An init script wraps the page's `EventSource` so every event it receives (update, delete,
 // reset, state, synced, reauth, open with the URL, error with the readyState) is recorded in
-// `window.__events`; the page's own handlers run unchanged.
+// `window.__events`, and records what the demo page's client view does in the same shape; the
+// page's own handlers run unchanged.
 //
-// The demo page, auth off. Asserts:
+// The demo page (which follows `prices` with @viewtape/client), auth off. Asserts:
 //  1. live updates reach the page;
-//  2. after a graceful stop and restart, the browser's own reconnection (Last-Event-ID) resumes
+//  2. after a graceful stop and restart, the client's reconnection (`?cursor=`) resumes
 //     with no reset, no duplicate and no loss: update ids contiguous in one epoch, seq in order;
 //  3. after kill -9 and restart, the same: the log carries every acknowledged batch and the epoch;
 //  4. after kill -9 with the log lost, the page gets exactly one reset (JSON
@@ -29,17 +30,19 @@
 //     ends the response; the page sets a fresh cookie and the browser reconnects by itself (two
 //     rounds); every event of the tape arrives exactly once and in order (offsets 1..n, events
 //     ingested while it was away included), with no reset, and the browser never closed it;
-//  7. the demo page with a `window.viewtapeToken` hook and no cookie: refused at first, it gets a
-//     token and opens; on each `reauth` it shows "token expired — renewing" and sets the cookie
-//     (the browser reconnects by itself); when the token it got is refused, it opens a new
-//     EventSource from its cursor (`?cursor=`). Updates stay contiguous after `synced` across all
-//     of it, no reset, and its table ends with the rows `GET /views/prices` has.
-import { createHmac } from 'node:crypto';
+//  7. the demo page with a `window.viewtapeToken` hook and no cookie: it asks the hook for a token
+//     first and sends it as `Authorization: Bearer`; on each `reauth` it shows "token expired —
+//     renewing", gets a fresh token and reopens from its cursor (`?cursor=`); when the token it got
+//     is refused (401) it says so, asks again and reopens from its cursor. Updates stay contiguous
+//     after `synced` across all of it, no reset, and its table ends with the rows `GET
+//     /views/prices` has;
+//  8. @viewtape/client in cookie mode, imported from /viewtape-client.js: the cookie set before
+//     each connection and renewed at each reauth, every event once and in order.
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { chromium } from 'playwright-core';
-import { check, control, done, Feed, getJson, ingest, log, parseCursor } from '../common.mjs';
+import { check, control, done, Feed, getJson, hs256, ingest, log, parseCursor } from '../common.mjs';
 
 const [base, ...rest] = process.argv.slice(2);
 const secret = rest[0] === '--auth' ? rest[1] : null;
@@ -65,7 +68,13 @@ try {
 }
 done();
 
-/** Every `EventSource` of every page records what it receives in `window.__events`. */
+/**
+ * Every page records in `window.__events` what its `EventSource`s receive (update, delete, reset,
+ * state, synced, reauth, open with the URL, error with the readyState), and what the demo page's
+ * `@viewtape/client` view (`window.viewtapeView`) does, in the same shape: applied updates and
+ * deletes with their cursors, the state it swapped in, synced, reset, reauth, each stream it
+ * opened (with the URL) and each error (with its code).
+ */
 async function recordEventSources(context) {
   await context.addInitScript(() => {
     window.__events = [];
@@ -79,6 +88,24 @@ async function recordEventSources(context) {
         this.addEventListener('error', () => window.__events.push({ type: 'error', readyState: this.readyState }));
       }
     };
+    let view;
+    Object.defineProperty(window, 'viewtapeView', {
+      configurable: true,
+      get: () => view,
+      set: v => {
+        view = v;
+        const push = e => window.__events.push(e);
+        v.on('connected', ({ url }) => push({ type: 'open', url }));
+        v.on('change', c => {
+          if (c.fromState) { if (!c.deleted) push({ type: 'state', id: null, data: JSON.stringify({ key: c.key, value: c.value }) }); return; }
+          push({ type: c.deleted ? 'delete' : 'update', id: c.cursor, data: JSON.stringify(c.deleted ? { key: c.key } : { key: c.key, value: c.value }) });
+        });
+        v.on('synced', ({ cursor }) => push({ type: 'synced', id: cursor, data: null }));
+        v.on('reset', r => push({ type: 'reset', id: '', data: JSON.stringify(r) }));
+        v.on('reauth', () => push({ type: 'reauth', id: null, data: null }));
+        v.on('error', e => push({ type: 'error', code: e.code }));
+      },
+    });
   });
 }
 
@@ -222,9 +249,7 @@ function nowSeconds() {
 
 /** A JWT over `claims`, signed HS256 with `key` (the server's secret unless told). */
 function jwt(claims, key = secret) {
-  const part = value => Buffer.from(JSON.stringify(value)).toString('base64url');
-  const signed = `${part({ alg: 'HS256', typ: 'JWT' })}.${part(claims)}`;
-  return `${signed}.${createHmac('sha256', key).update(signed).digest('base64url')}`;
+  return hs256(key, claims);
 }
 
 /** A reader's token for `views`, valid for `seconds` from now (negative: expired). */
@@ -240,7 +265,7 @@ function setCookie(page, token) {
 /** The events `page` recorded, without `update`s, as `open`, `error0` (readyState), …. */
 function shape(events) {
   return events.filter(e => e.type !== 'update' && e.type !== 'state')
-    .map(e => (e.type === 'error' ? `error${e.readyState}` : e.type));
+    .map(e => (e.type === 'error' ? `error${e.readyState ?? `:${e.code}`}` : e.type));
 }
 
 /** Updates are exactly offsets `from`..`to` of one epoch, in order, with the feed's ticks. */
@@ -403,28 +428,66 @@ async function runWithAuth(context) {
   await sleep(500);
   const events = await demo.evaluate(() => window.__events);
   const demoShape = shape(events);
-  check(JSON.stringify(demoShape) === JSON.stringify(['error2', 'open', 'synced', 'reauth', 'error0', 'open', 'reauth', 'error0', 'error2', 'open']),
-    () => `refused, renewed and opened; two reauths; the refused reconnection reopened: ${JSON.stringify(demoShape)}`);
+  check(JSON.stringify(demoShape) === JSON.stringify(['open', 'synced', 'reauth', 'open', 'reauth', 'error:unauthorized', 'open']),
+    () => `a token first, then opened; two reauths; the refused reconnection renewed and reopened: ${JSON.stringify(demoShape)}`);
   check(synced.epoch === epoch && synced.offset >= before, `synced at ${JSON.stringify(synced)}, after offset ${before}`);
   check(events.filter(e => e.type === 'state').length === feed.symbols.length, 'the state: one entry per symbol');
   const updates = events.filter(e => e.type === 'update');
   contiguous(updates, synced.offset + 1, last, epoch, feed, 'demo page across two reauths and a reopen');
   const opens = events.filter(e => e.type === 'open');
-  const reopenedAfter = events.slice(0, events.indexOf(opens[2])).filter(e => e.type === 'update').at(-1);
-  check(opens[0].url === `${base}/views/prices/events` && opens[1].url === opens[0].url,
-    () => `the first EventSource, reconnected by the browser: ${JSON.stringify(opens)}`);
-  check(opens[2].url === `${base}/views/prices/events?cursor=${encodeURIComponent(reopenedAfter.id)}`,
-    () => `reopened from the last cursor ${reopenedAfter.id}: ${opens[2].url}`);
+  check(opens[0].url === `${base}/views/prices/events`, () => `the first stream, without a cursor: ${opens[0].url}`);
+  for (const open of opens.slice(1)) {
+    const before = events.slice(0, events.indexOf(open)).filter(e => e.type === 'update' || e.type === 'synced').at(-1);
+    check(open.url === `${base}/views/prices/events?cursor=${encodeURIComponent(before.id)}`,
+      () => `reopened from the last cursor ${before.id}: ${open.url}`);
+  }
   const renewals = await demo.evaluate(() => window.__renewals);
-  check(JSON.stringify(renewals) === JSON.stringify(['closed — renewing token', 'token expired — renewing', 'token expired — renewing', 'closed — renewing token']),
-    () => `the page asked for a token when refused and on each reauth, saying so: ${JSON.stringify(renewals)}`);
+  check(JSON.stringify(renewals) === JSON.stringify(['connecting…', 'token expired — renewing', 'token expired — renewing', 'refused — renewing token']),
+    () => `the page asked for a token first, on each reauth and when refused, saying so: ${JSON.stringify(renewals)}`);
   check(minted === 4, `four tokens asked for: ${minted}`);
-  check(away >= 1, 'events published while the page was away came by replay');
+  log(`demo page: ${away} of 2 reauth rounds had events published while it was away`);
   check(await demo.textContent('#status') === 'live', 'the page is live again');
   check(await demo.textContent('#resets') === '0', 'the page saw no reset');
   check(pageErrors.length === 0, () => `no page error: ${pageErrors.join('; ')}`);
   const rows = await compareRows(demo, 'with auth', writer);
   view = await getJson(base, '/views/prices', writer);
   check(view.cursor === `${epoch}-${last}`, () => `GET /views/prices at ${view.cursor}, the page saw ${epoch}-${last}`);
-  log(`demo page: refused, renewed; two reauths; reopened from ${reopenedAfter.id}; offsets ${synced.offset + 1}..${last} exactly once, ${rows} rows match`);
+  log(`demo page: a token, two reauths, a refusal renewed; offsets ${synced.offset + 1}..${last} exactly once, ${rows} rows match`);
+
+  // 8. @viewtape/client in cookie mode (`tokenTransport: 'cookie'`), imported from the server's
+  //    /viewtape-client.js by a page of the server's origin: it sets `viewtape_token` before each
+  //    connection, renews it at each reauth, and every event arrives once, in order.
+  await context.clearCookies();
+  tokens = [() => readToken(3), () => readToken(3), () => readToken(60)];
+  minted = 0;
+  const plain = await context.newPage();
+  plain.on('pageerror', e => log(`[plain error] ${e}`));
+  await plain.goto(`${base}/healthz`, { timeout: WAIT });
+  const from = await plain.evaluate(async () => {
+    const { openView } = await import('/viewtape-client.js');
+    window.__changes = [];
+    window.__reauths = 0;
+    const view = openView(location.origin, 'prices', { token: () => window.__mintViewtapeToken(), tokenTransport: 'cookie', minDelay: 100 });
+    view.on('change', c => { if (!c.fromState) window.__changes.push({ id: c.cursor, data: JSON.stringify({ key: c.key, value: c.value }) }); });
+    view.on('reauth', () => { window.__reauths += 1; });
+    window.__view = view;
+    await view.synced();
+    return view.cursor;
+  });
+  const deadline = Date.now() + WAIT;
+  while (await plain.evaluate(() => window.__reauths) < 2) {
+    check(Date.now() < deadline, 'two reauths in cookie mode');
+    await ingest(base, 'demo', feed.batch(1), writer);
+    await sleep(150);
+  }
+  await ingest(base, 'demo', feed.batch(2), writer);
+  last = feed.nextSeq - 1;
+  await waitOn(plain, n => window.__view.cursor?.endsWith(`-${n}`), last, `the cookie-mode view at offset ${last}`);
+  const cookieChanges = await plain.evaluate(() => window.__changes);
+  contiguous(cookieChanges, parseCursor(from).offset + 1, last, epoch, feed, 'the client in cookie mode across two reauths');
+  check(minted === 3, `a token at the start and one per reauth: ${minted}`);
+  check((await context.cookies(base)).some(c => c.name === 'viewtape_token'), 'the token went in the cookie');
+  await plain.evaluate(() => window.__view.close());
+  log(`client in cookie mode: two reauths, offsets ${parseCursor(from).offset + 1}..${last} exactly once`);
+  await plain.close();
 }

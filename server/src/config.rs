@@ -269,6 +269,9 @@ pub struct LogSection {
     /// Size past which a new segment file starts.
     #[serde(deserialize_with = "byte_size")]
     pub segment_bytes: usize,
+    /// Keep the end-of-log watermark (a missing newest segment or tail is noticed); `false` only
+    /// to measure what it costs.
+    pub watermark: bool,
 }
 
 /// `[log] fsync`.
@@ -288,6 +291,7 @@ impl Default for LogSection {
             enabled: true,
             fsync: FsyncMode::Always,
             segment_bytes: 64 << 20,
+            watermark: true,
         }
     }
 }

@@ -20,6 +20,10 @@ pub fn inspect_file(path: &Path, out: &mut impl Write) -> std::io::Result<bool> 
             writeln!(out, "file:     {}", path.display())?;
             writeln!(out, "valid:    yes")?;
             writeln!(out, "exact:    {}", header.is_exact())?;
+            match header.history() {
+                Some(id) => writeln!(out, "history:  {id}")?,
+                None => writeln!(out, "history:  none (format version {})", header.version())?,
+            }
             writeln!(out, "created:  {}", readable_time(header.created_at_ms()))?;
             writeln!(
                 out,
@@ -182,7 +186,31 @@ pub fn inspect_log(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
                 format!("CORRUPT at byte {offset}: {reason}")
             }
         };
-        writeln!(out, "{name}  {positions}  {} bytes  {state}", segment.len)?;
+        let lineage = match (segment.history, segment.epoch) {
+            (Some(history), Some(epoch)) => format!("history {history} epoch {epoch:016x}"),
+            _ => format!("format version {}", segment.version),
+        };
+        writeln!(
+            out,
+            "{name}  {positions}  {} bytes  {lineage}  {state}",
+            segment.len
+        )?;
+    }
+    match LogDir::open_existing(dir).and_then(|log| log.read_watermark()) {
+        Ok(Some(Ok(mark))) => {
+            writeln!(
+                out,
+                "watermark: newest segment from {}, durable through {}",
+                mark.rolled_at, mark.through
+            )?;
+            if let Some(problem) = scan.end_problem(&mark) {
+                writeln!(out, "log is damaged: {problem}")?;
+                return Ok(false);
+            }
+        }
+        Ok(Some(Err(reason))) => writeln!(out, "watermark: DAMAGED: {reason}")?,
+        Ok(None) => writeln!(out, "watermark: none")?,
+        Err(error) => writeln!(out, "watermark: {error}")?,
     }
     let corruption = scan.corruption();
     if let Some((path, reason)) = &corruption {

@@ -245,7 +245,7 @@ impl World {
         let bytes = std::fs::read(&newest).map_err(|e| e.to_string())?;
         // The segment's first record stands in for the one being written: a prefix of a real
         // frame, never complete (a complete one would have been acknowledged).
-        let record = bytes.get(24..).unwrap_or_default();
+        let record = bytes.get(48..).unwrap_or_default(); // after the segment header
         let record_len = record
             .get(..4)
             .map(|l| u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize + 16)

@@ -77,6 +77,11 @@ fn register_log(registry: &mut Registry, log: &LogMetrics) {
         log.fail_closed.clone(),
     );
     registry.register(
+        "viewtape_foreign_files",
+        "Files of another data directory's history set aside at start (never replayed or adopted), by kind (segment, snapshot, watermark)",
+        log.foreign.clone(),
+    );
+    registry.register(
         "viewtape_cluster_applied_sequence",
         "On a cluster: the last stream sequence this node applied",
         log.applied.clone(),
@@ -476,6 +481,7 @@ mod tests {
             "viewtape_log_replayed_records_total counter",
             "viewtape_log_repaired_bytes_total counter",
             "viewtape_log_fail_closed_total counter",
+            "viewtape_foreign_files_total counter",
             "viewtape_cluster_applied_sequence gauge",
             "viewtape_cluster_stream_last_sequence gauge",
             "viewtape_cluster_apply_lag_sequences gauge",

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use viewtape_snapshots::log::{Durability, LogDir, LogError, LogScan};
+use viewtape_snapshots::log::{Durability, LogDamageKind, LogDir, LogError, LogScan};
 use viewtape_snapshots::{SnapshotDir, SnapshotError};
 
 use crate::config::{FsyncMode, LogSection};
@@ -32,7 +32,7 @@ use crate::log::{Break, DeployEntry, Entry, Log, LogMetrics};
 use crate::registry::{ModuleStore, Runtimes};
 use crate::runtime::handle::Record;
 use crate::runtime::RuntimeHandle;
-use crate::snapshot::{restore_at_start, RuntimeDump, SnapshotBody};
+use crate::snapshot::{RuntimeDump, SnapshotBody};
 
 /// Where the boot id of a life that wrote with `fsync = "os"` is kept.
 const UNSYNCED_BOOT: &str = "unsynced-boot-id";
@@ -76,6 +76,10 @@ struct Plan {
     unpositioned: bool,
     /// No snapshot was found: nothing holds the epoch of what the log may hold.
     no_snapshot: bool,
+    /// The data directory's history, which new segments carry.
+    history: Option<viewtape_snapshots::history::HistoryId>,
+    /// Keep the end-of-log watermark.
+    watermark: bool,
 }
 
 impl Begun {
@@ -88,6 +92,35 @@ impl Begun {
             plan: None,
         }
     }
+}
+
+/// Restores the newest valid snapshot in `dir` into `hub` by the one-life rule (see [`crate::snapshot`]), logging every file it passed over. Returns the runtimes' dumps by name, for their
+/// tasks to start from. Call it before any offset is issued.
+///
+/// # Errors
+/// When the snapshot directory cannot be read.
+pub async fn restore_at_start(
+    hub: &Hub,
+    dir: &SnapshotDir,
+) -> Result<BTreeMap<String, RuntimeDump>, SnapshotError> {
+    let start = dir.load_for_start::<SnapshotBody>()?;
+    for skipped in &start.skipped {
+        tracing::warn!(file = %skipped.path.display(), error = %skipped.error, "snapshot skipped; falling back to an older one");
+    }
+    if let Some(error) = &start.consume_error {
+        tracing::warn!(%error, "could not mark the exact snapshot consumed; taking a fresh epoch");
+    }
+    let Some(loaded) = start.loaded else {
+        return Ok(BTreeMap::new());
+    };
+    let dumps = loaded.body.restore_into(hub, start.adopt_epoch).await;
+    tracing::info!(
+        file = %loaded.info.path().display(),
+        exact = start.adopt_epoch,
+        epoch = %hub.journal().epoch().await,
+        "restored snapshot"
+    );
+    Ok(dumps)
 }
 
 /// Loads the newest valid snapshot into `hub` and prepares the log; see the module docs.
@@ -113,9 +146,6 @@ pub async fn begin(
         });
     }
     let newest = snapshots.load_newest_valid::<SnapshotBody>()?;
-    for skipped in &newest.skipped {
-        tracing::warn!(file = %skipped.path.display(), error = %skipped.error, "snapshot skipped; falling back to an older one");
-    }
     let (body, file, exact) = match newest.loaded {
         Some(loaded) => (
             Some(loaded.body),
@@ -126,12 +156,14 @@ pub async fn begin(
     };
     let from = body.as_ref().and_then(|b| b.log_position);
     let log = Arc::new(Log::new(true, durability, from.unwrap_or(0)));
+    crate::history::note_skipped_snapshots(&newest.skipped, log.metrics());
     let dir = LogDir::create(log_dir)?;
-    let (scan, boot_changed) = {
+    let history = snapshots.history();
+    let (scan, boot_changed, end_problem) = {
         let dir = LogDir::open_existing(log_dir)?;
         let os = durability == Durability::Os;
         let metrics = log.metrics().clone();
-        tokio::task::spawn_blocking(move || prepare(&dir, os, &metrics)).await??
+        tokio::task::spawn_blocking(move || prepare(&dir, os, &metrics, history.as_ref())).await??
     };
     // A snapshot taken with the log off: an empty log may start from it (a snapshot follows at
     // once); a log with records cannot be related to it.
@@ -145,6 +177,10 @@ pub async fn begin(
         ));
     }
     let from = from.unwrap_or(0);
+    // Damage the scan sees is named as such by the replay (it stops there).
+    if let Some(problem) = end_problem.filter(|_| scan.corruption().is_none()) {
+        broken_before.get_or_insert((Break::Missing, problem));
+    }
     if boot_changed {
         broken_before.get_or_insert((
             Break::Boot,
@@ -193,16 +229,32 @@ pub async fn begin(
             broken_before,
             unpositioned,
             no_snapshot: file.is_none(),
+            history: history.map(|h| h.id),
+            watermark: settings.watermark,
         }),
     })
 }
 
-/// Scans the log and cuts a torn tail; syncs what an earlier life left unsynced and notes (or
-/// clears) this life's boot id. Returns the scan and whether a `fsync = "os"` life ran on another
-/// boot of the machine.
-fn prepare(dir: &LogDir, os: bool, metrics: &LogMetrics) -> Result<(LogScan, bool), LogError> {
+/// Scans the log, sets aside segments of another history, checks its end against the
+/// watermark, and cuts a torn tail (only when nothing else is wrong); syncs what an earlier life
+/// left unsynced and notes (or clears) this life's boot id. Returns the scan, whether a
+/// `fsync = "os"` life ran on another boot of the machine, and why the log ends too early.
+fn prepare(
+    dir: &LogDir,
+    os: bool,
+    metrics: &LogMetrics,
+    history: Option<&viewtape_snapshots::history::DataHistory>,
+) -> Result<(LogScan, bool, Option<String>), LogError> {
     let mut scan = dir.scan()?;
-    if scan.corruption().is_none() {
+    let mut end_problem = None;
+    if let Some(history) = history {
+        let before = scan.clone();
+        if crate::history::set_aside_foreign(dir, &scan, history, metrics)? {
+            scan = dir.scan()?;
+        }
+        end_problem = crate::history::end_problem(dir, &before, &scan, history, metrics)?;
+    }
+    if scan.corruption().is_none() && end_problem.is_none() {
         let cut = dir.repair(&scan)?;
         if cut > 0 {
             metrics.repaired_bytes.inc_by(cut);
@@ -240,7 +292,7 @@ fn prepare(dir: &LogDir, os: bool, metrics: &LogMetrics) -> Result<(LogScan, boo
     } else if marker.exists() {
         std::fs::remove_file(&marker).map_err(io("remove", &marker))?;
     }
-    Ok((scan, boot_changed))
+    Ok((scan, boot_changed, end_problem))
 }
 
 /// This boot of the machine (Linux); elsewhere a constant, so the rule never fires.
@@ -295,13 +347,12 @@ pub async fn replay(
         ));
     }
     if broken.is_none() {
-        if let Some((path, reason)) = plan.scan.corruption() {
-            let cause = if reason.contains("missing") {
-                Break::Missing
-            } else {
-                Break::Corrupt
+        if let Some(damage) = plan.scan.first_damage() {
+            let cause = match damage.kind {
+                LogDamageKind::Missing { .. } => Break::Missing,
+                _ => Break::Corrupt,
             };
-            broken = Some((cause, format!("{}: {reason}", path.display())));
+            broken = Some((cause, format!("{}: {damage}", damage.path.display())));
         }
     }
     let mut next = plan.scan.next().max(plan.from + 1);
@@ -335,6 +386,11 @@ pub async fn replay(
     replayed.needs_snapshot =
         replayed.failed_closed.is_some() || plan.unpositioned || plan.no_snapshot;
     log.skip_to(next - 1);
+    let lineage = viewtape_snapshots::log::Lineage {
+        history: plan.history,
+        epoch: hub.journal().epoch().await.to_bits(),
+    };
+    log.set_lineage(lineage, plan.watermark);
     log.start_writer(&plan.dir, next, plan.segment_bytes)?;
     Ok(replayed)
 }

@@ -180,8 +180,22 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     }
     // Requests that outlived the drain may still be waiting on a runtime: the exact snapshot's
     // cut stays held until the process ends, so none of them commits after it.
-    let (written, _cut) = snapshots.write_exact().await?;
-    tracing::info!(file = %written.info.path().display(), "exact snapshot written; bye");
+    let _cut = match snapshots.write_exact().await {
+        Ok((written, cut)) => {
+            tracing::info!(file = %written.info.path().display(), "exact snapshot written; bye");
+            Some(cut)
+        }
+        // A full disk, say: the stop still ends cleanly. With positions, every acknowledged
+        // batch is in the log (or the stream) and the next start replays it.
+        Err(error) if log.has_positions() => {
+            tracing::error!(%error, "could not write the exact snapshot at stop; everything acknowledged is in the log and replays at the next start; bye");
+            None
+        }
+        Err(error) => {
+            tracing::error!(%error, "could not write the exact snapshot at stop; with the log off, the next start takes a fresh epoch from the last snapshot; bye");
+            None
+        }
+    };
     Ok(())
 }
 

@@ -11,7 +11,7 @@
 //!
 //! ## Start-up: the one-life rule
 //!
-//! [`restore_at_start`] restores the newest valid snapshot. An exact one (written at a graceful
+//! With the log off, start-up ([`crate::recovery`]) restores the newest valid snapshot. An exact one (written at a graceful
 //! stop, after `seal`) keeps its epoch — once: it is marked consumed before any offset is
 //! issued, so a crash later in this life cannot hand its epoch to the next. Anything else takes
 //! a fresh epoch.
@@ -435,8 +435,9 @@ impl Snapshots {
                 {
                     SnapshotActionError::Unrestorable(format!("{name} is a directory"))
                 }
-                SnapshotError::Invalid { .. } => {
-                    SnapshotActionError::Unrestorable(error.to_string())
+                // Named by its file name: the answer carries no path.
+                SnapshotError::Invalid { source, .. } => {
+                    SnapshotActionError::Unrestorable(format!("{name} is refused: {source}"))
                 }
                 other => SnapshotActionError::Storage(other),
             })?;
@@ -568,36 +569,6 @@ impl Snapshots {
             .instrument(span),
         )
     }
-}
-
-/// Restores the newest valid snapshot in `dir` into `hub` by the one-life rule (see the module
-/// docs), logging every file it passed over. Returns the runtimes' dumps by name, for their
-/// tasks to start from. Call it before any offset is issued.
-///
-/// # Errors
-/// When the snapshot directory cannot be read.
-pub async fn restore_at_start(
-    hub: &Hub,
-    dir: &SnapshotDir,
-) -> Result<BTreeMap<String, RuntimeDump>, SnapshotError> {
-    let start = dir.load_for_start::<SnapshotBody>()?;
-    for skipped in &start.skipped {
-        tracing::warn!(file = %skipped.path.display(), error = %skipped.error, "snapshot skipped; falling back to an older one");
-    }
-    if let Some(error) = &start.consume_error {
-        tracing::warn!(%error, "could not mark the exact snapshot consumed; taking a fresh epoch");
-    }
-    let Some(loaded) = start.loaded else {
-        return Ok(BTreeMap::new());
-    };
-    let dumps = loaded.body.restore_into(hub, start.adopt_epoch).await;
-    tracing::info!(
-        file = %loaded.info.path().display(),
-        exact = start.adopt_epoch,
-        epoch = %hub.journal().epoch().await,
-        "restored snapshot"
-    );
-    Ok(dumps)
 }
 
 #[cfg(test)]

@@ -20,8 +20,9 @@ use viewtape_snapshots::SnapshotDir;
 
 use crate::host::{EventKind, GuestBatch, GuestEvent};
 use crate::hub::Hub;
+use crate::recovery::restore_at_start;
 use crate::runtime::BatchSink;
-use crate::snapshot::{restore_at_start, SnapshotBody, Snapshots};
+use crate::snapshot::{SnapshotBody, Snapshots};
 
 const VIEWS: [&str; 2] = ["prices", "trades"];
 

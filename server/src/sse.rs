@@ -146,7 +146,8 @@ impl Streams {
         let mut subscriber = Subscriber::new(Arc::clone(self), view, start, permit);
         subscriber.deadline = expires_at.map(|exp| {
             let left = exp.saturating_sub(crate::log::unix_ms_now() / 1000);
-            tokio::time::Instant::now() + Duration::from_secs(left)
+            // Far-future `exp` (up to 2^64 - 1) must not overflow the clock: a century is forever.
+            tokio::time::Instant::now() + Duration::from_secs(left.min(100 * 365 * 86_400))
         });
         Ok(subscriber)
     }

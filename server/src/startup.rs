@@ -70,10 +70,11 @@ struct Planned<'a> {
 pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> {
     let journal = Arc::new(EventJournal::new(config.journal.to_journal_config()));
     let hub = Arc::new(Hub::new(Arc::clone(&journal)));
-    let dir = Arc::new(
-        SnapshotDir::open(data_dir.join("snapshots"))?
-            .with_keep_periodic(config.server.keep_snapshots),
-    );
+    let dir = SnapshotDir::open(data_dir.join("snapshots"))?
+        .with_keep_periodic(config.server.keep_snapshots);
+    // A cluster's nodes share snapshots across data directories and check the stream's epoch.
+    let (history, _) = crate::history::open(data_dir, &dir, &data_dir.join("log"))?;
+    let dir = Arc::new(dir.with_history(history, config.cluster.nats_url.is_none()));
     if let Err(error) = dir.remove_temp_files() {
         tracing::warn!(%error, "could not remove leftover temporary snapshot files");
     }

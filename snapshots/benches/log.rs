@@ -1,5 +1,6 @@
 //! The log's group commit: durable appends per second with many concurrent appenders sharing
-//! each `fdatasync`, and the cost of one append when it is alone. `cargo bench -p
+//! each `fdatasync`, and the cost of one append when it is alone; each with and without the
+//! end-of-log watermark. `cargo bench -p
 //! viewtape-snapshots --bench log`.
 
 use std::sync::mpsc;
@@ -35,9 +36,16 @@ fn group_commit(c: &mut Criterion) {
     let mut group = c.benchmark_group("log");
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(10));
-    for (name, durability) in [("fsync", Durability::Fsync), ("os", Durability::Os)] {
+    // With and without the end-of-log watermark (one `pwrite` per group, no sync of its own).
+    for (name, durability, watermark) in [
+        ("fsync", Durability::Fsync, true),
+        ("fsync-nowatermark", Durability::Fsync, false),
+        ("os", Durability::Os, true),
+        ("os-nowatermark", Durability::Os, false),
+    ] {
         let options = WriterOptions {
             durability,
+            watermark,
             ..WriterOptions::default()
         };
         let next = log.scan().expect("scan").next();

@@ -5,6 +5,7 @@
 
 use crate::error::FormatError;
 use crate::header::{SnapshotHeader, SnapshotMeta, HEADER_LEN};
+use crate::history::HistoryId;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -46,11 +47,30 @@ pub fn encode_with_capacity<T: Serialize + ?Sized>(
     meta: &SnapshotMeta,
     capacity_hint: usize,
 ) -> Result<Vec<u8>, FormatError> {
+    encode_in_history(body, meta, None, capacity_hint)
+}
+
+/// Like [`encode_with_capacity`], stamping the header with the data directory's `history`
+/// (what [`crate::SnapshotDir::write`] does for a directory that has one).
+///
+/// # Errors
+/// As [`encode`].
+pub fn encode_in_history<T: Serialize + ?Sized>(
+    body: &T,
+    meta: &SnapshotMeta,
+    history: Option<HistoryId>,
+    capacity_hint: usize,
+) -> Result<Vec<u8>, FormatError> {
     let mut out = Vec::with_capacity(capacity_hint.max(HEADER_LEN + 64));
     out.resize(HEADER_LEN, 0);
     rmp_serde::encode::write_named(&mut out, body).map_err(FormatError::Encode)?;
     let body_bytes = &out[HEADER_LEN..];
-    let header = SnapshotHeader::new(meta, body_bytes.len() as u64, crc32c::crc32c(body_bytes));
+    let header = SnapshotHeader::new(
+        meta,
+        history,
+        body_bytes.len() as u64,
+        crc32c::crc32c(body_bytes),
+    );
     out[..HEADER_LEN].copy_from_slice(&header.to_bytes());
     Ok(out)
 }
@@ -61,7 +81,7 @@ pub fn encode_with_capacity<T: Serialize + ?Sized>(
 /// Any [`FormatError`] but `Body` and `Encode`.
 pub fn verify(bytes: &[u8]) -> Result<SnapshotHeader, FormatError> {
     let header = SnapshotHeader::parse(bytes)?;
-    let body = &bytes[HEADER_LEN..];
+    let body = &bytes[header.len()..];
     header.check_body_len(body.len() as u64)?;
     let computed = crc32c::crc32c(body);
     if computed != header.body_crc32c() {
@@ -93,15 +113,16 @@ pub fn decode_borrowed<'a, T: Deserialize<'a>>(
     bytes: &'a [u8],
 ) -> Result<(SnapshotHeader, T), FormatError> {
     let header = verify(bytes)?;
-    let body = rmp_serde::from_slice(&bytes[HEADER_LEN..]).map_err(|source| FormatError::Body {
-        type_name: std::any::type_name::<T>(),
-        source,
-    })?;
+    let body =
+        rmp_serde::from_slice(&bytes[header.len()..]).map_err(|source| FormatError::Body {
+            type_name: std::any::type_name::<T>(),
+            source,
+        })?;
     Ok((header, body))
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::header::{FORMAT_VERSION, MAGIC};
     use proptest::prelude::*;
@@ -145,8 +166,37 @@ mod tests {
 
     /// Recomputes the header checksum after a deliberate header edit.
     fn reseal(bytes: &mut [u8]) {
-        let crc = crc32c::crc32c(&bytes[..32]);
-        bytes[32..36].copy_from_slice(&crc.to_le_bytes());
+        let crc = crc32c::crc32c(&bytes[..48]);
+        bytes[48..52].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// The same snapshot in format version 1: no history id, a 36-byte header.
+    pub(crate) fn as_version_1(bytes: &[u8]) -> Vec<u8> {
+        let mut v1 = bytes[..32].to_vec();
+        v1[8..10].copy_from_slice(&1u16.to_le_bytes());
+        let crc = crc32c::crc32c(&v1);
+        v1.extend_from_slice(&crc.to_le_bytes());
+        v1.extend_from_slice(&bytes[HEADER_LEN..]);
+        v1
+    }
+
+    #[test]
+    fn version_1_files_are_still_read_and_the_history_id_is_kept() -> TestResult {
+        let history = HistoryId::random();
+        let bytes = encode_in_history(&body(), &meta(true), Some(history), 0)?;
+        let (header, decoded): (_, Body) = decode(&bytes)?;
+        assert_eq!((header.history(), decoded), (Some(history), body()));
+        let v1 = as_version_1(&bytes);
+        let (header, decoded): (_, Body) = decode(&v1)?;
+        assert_eq!(decoded, body());
+        assert_eq!((header.version(), header.history()), (1, None));
+        assert!(header.is_exact());
+        assert_eq!(header.file_len(), v1.len() as u64);
+        assert_eq!(
+            decode::<Body>(&encode(&body(), &meta(false))?)?.0.history(),
+            None
+        );
+        Ok(())
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use crate::codec;
 use crate::error::{FormatError, SnapshotError};
 use crate::header::{SnapshotHeader, SnapshotMeta, HEADER_LEN};
+use crate::history::DataHistory;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::fs::{self, File};
@@ -18,6 +19,8 @@ const FILE_PREFIX: &str = "snap-";
 const FILE_EXT: &str = ".vtsnap";
 /// Temp files start with a dot so they are hidden, and never parse as a snapshot name.
 const TEMP_PREFIX: &str = ".tmp-";
+/// What a snapshot of another history is renamed to: out of every listing, kept.
+pub const FOREIGN_SUFFIX: &str = ".foreign";
 
 /// The kind a snapshot file's *name* states.
 ///
@@ -205,6 +208,19 @@ pub struct Skipped {
     pub path: PathBuf,
     /// Why it was refused (its message names the file and the reason).
     pub error: SnapshotError,
+    /// Where it went when it belongs to another history (renamed `….vtsnap.foreign`); `None`
+    /// when it stayed (a damaged file stays where it is).
+    pub set_aside: Option<PathBuf>,
+}
+
+impl Skipped {
+    /// `true` when the file is intact but of another data directory's history.
+    pub fn is_foreign(&self) -> bool {
+        matches!(
+            self.error.format_error(),
+            Some(FormatError::ForeignHistory { .. })
+        )
+    }
 }
 
 /// What [`SnapshotDir::load_newest_valid`] found.
@@ -257,6 +273,14 @@ pub struct SnapshotDir {
     dir: PathBuf,
     keep_periodic: usize,
     names: Mutex<NameState>,
+    history: Option<History>,
+}
+
+/// The history a directory's files must carry, and whether others are refused.
+#[derive(Clone, Copy, Debug)]
+struct History {
+    history: DataHistory,
+    refuse_foreign: bool,
 }
 
 impl SnapshotDir {
@@ -286,7 +310,71 @@ impl SnapshotDir {
             dir,
             keep_periodic: DEFAULT_KEEP_PERIODIC,
             names: Mutex::new(state),
+            history: None,
         })
+    }
+
+    /// Stamps every snapshot written from now on with `history`'s id; with `refuse_foreign`,
+    /// loading and listing also refuse a file of another history
+    /// ([`FormatError::ForeignHistory`]), and [`SnapshotDir::load_newest_valid`] sets it aside
+    /// (`….vtsnap.foreign`). A cluster's nodes share snapshots across data directories and
+    /// check the stream's epoch instead: they stamp without refusing.
+    #[must_use]
+    pub fn with_history(mut self, history: DataHistory, refuse_foreign: bool) -> Self {
+        self.history = Some(History {
+            history,
+            refuse_foreign,
+        });
+        self
+    }
+
+    /// The data directory's history, when one was set.
+    pub fn history(&self) -> Option<DataHistory> {
+        self.history.map(|h| h.history)
+    }
+
+    /// The highest write sequence among the snapshot files here (0 for none).
+    pub fn last_seq(&self) -> u64 {
+        self.names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .last_seq
+    }
+
+    /// Refuses a verified file of another history, when this directory refuses them.
+    fn check_history(
+        &self,
+        path: &Path,
+        name: &FileName,
+        header: &SnapshotHeader,
+    ) -> Result<(), SnapshotError> {
+        let Some(History {
+            history,
+            refuse_foreign: true,
+        }) = self.history
+        else {
+            return Ok(());
+        };
+        if history.owns(header.history(), name.seq, history.legacy.snapshot_seq) {
+            return Ok(());
+        }
+        Err(SnapshotError::invalid(
+            path,
+            FormatError::ForeignHistory {
+                found: header.history(),
+                ours: history.id,
+            },
+        ))
+    }
+
+    /// Renames a file of another history out of the directory's listing, keeping it.
+    fn set_aside(&self, path: &Path) -> Result<PathBuf, SnapshotError> {
+        let mut kept = path.as_os_str().to_owned();
+        kept.push(FOREIGN_SUFFIX);
+        let kept = PathBuf::from(kept);
+        fs::rename(path, &kept).map_err(|e| SnapshotError::io("set aside", path, e))?;
+        sync_dir(&self.dir)?;
+        Ok(kept)
     }
 
     /// Sets how many periodic (and consumed) snapshots [`SnapshotDir::prune`] keeps besides the
@@ -312,7 +400,9 @@ impl SnapshotDir {
         body: &T,
         meta: &SnapshotMeta,
     ) -> Result<SnapshotInfo, SnapshotError> {
-        let bytes = codec::encode(body, meta).map_err(SnapshotError::Encode)?;
+        let history = self.history.map(|h| h.history.id);
+        let bytes =
+            codec::encode_in_history(body, meta, history, 0).map_err(SnapshotError::Encode)?;
         self.write_encoded(&bytes)
     }
 
@@ -370,13 +460,13 @@ impl SnapshotDir {
         for (path, name) in self.scan_newest_first()? {
             let size = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             let status = read_file(&path).and_then(|bytes| {
-                codec::verify(&bytes)
-                    .map(|header| SnapshotInfo {
-                        path: path.clone(),
-                        name,
-                        header,
-                    })
-                    .map_err(|e| SnapshotError::invalid(&path, e))
+                let header = codec::verify(&bytes).map_err(|e| SnapshotError::invalid(&path, e))?;
+                self.check_history(&path, &name, &header)?;
+                Ok(SnapshotInfo {
+                    path: path.clone(),
+                    name,
+                    header,
+                })
             });
             entries.push(SnapshotEntry {
                 file_name: path
@@ -406,7 +496,11 @@ impl SnapshotDir {
     pub fn load_newest_valid<T: DeserializeOwned>(&self) -> Result<NewestValid<T>, SnapshotError> {
         let mut skipped = Vec::new();
         for (path, name) in self.scan_newest_first()? {
-            match load_file::<T>(&path) {
+            let loaded = load_file::<T>(&path).and_then(|(header, body)| {
+                self.check_history(&path, &name, &header)?;
+                Ok((header, body))
+            });
+            match loaded {
                 Ok((header, body)) => {
                     return Ok(NewestValid {
                         loaded: Some(Loaded {
@@ -416,7 +510,17 @@ impl SnapshotDir {
                         skipped,
                     })
                 }
-                Err(error @ SnapshotError::Invalid { .. }) => skipped.push(Skipped { path, error }),
+                Err(error @ SnapshotError::Invalid { .. }) => {
+                    let mut skipped_file = Skipped {
+                        path,
+                        error,
+                        set_aside: None,
+                    };
+                    if skipped_file.is_foreign() {
+                        skipped_file.set_aside = Some(self.set_aside(&skipped_file.path)?);
+                    }
+                    skipped.push(skipped_file);
+                }
                 Err(error) => return Err(error),
             }
         }
@@ -443,6 +547,7 @@ impl SnapshotDir {
             ));
         };
         let (header, body) = load_file::<T>(&path)?;
+        self.check_history(&path, &name, &header)?;
         Ok(Loaded {
             info: SnapshotInfo { path, name, header },
             body,
@@ -600,7 +705,7 @@ pub fn read_header(path: impl AsRef<Path>) -> Result<SnapshotHeader, SnapshotErr
         .map_err(|e| SnapshotError::io("stat", path, e))?
         .len();
     header
-        .check_body_len(len.saturating_sub(HEADER_LEN as u64))
+        .check_body_len(len.saturating_sub(header.len() as u64))
         .map_err(|e| SnapshotError::invalid(path, e))?;
     Ok(header)
 }
@@ -688,6 +793,62 @@ mod tests {
             exact,
             created_at_ms: ms,
         }
+    }
+
+    #[test]
+    fn a_snapshot_of_another_history_is_set_aside_never_loaded() -> TestResult {
+        use crate::history::{DataHistory, Legacy};
+        let tmp = tempfile::tempdir()?;
+        // A version-1 file the directory held before it had a history: its own.
+        let v1 = crate::codec::tests::as_version_1(&encode(
+            &State { epoch: 1, n: 1 },
+            &meta(false, 1_000),
+        )?);
+        fs::write(
+            tmp.path()
+                .join("snap-0000000000001000-0000000001-periodic.vtsnap"),
+            &v1,
+        )?;
+        let ours = DataHistory::new(Legacy {
+            log_through: None,
+            snapshot_seq: Some(1),
+        });
+        let dir = SnapshotDir::open(tmp.path())?.with_history(ours, true);
+        let own = dir.write(&State { epoch: 2, n: 2 }, &meta(false, 2_000))?;
+        assert_eq!(own.header().history(), Some(ours.id));
+        // Another server's snapshot, newer, and a version-1 file copied in later.
+        let theirs =
+            SnapshotDir::open(tmp.path())?.with_history(DataHistory::new(Legacy::default()), true);
+        let foreign = theirs.write(&State { epoch: 3, n: 3 }, &meta(true, 3_000))?;
+        let late_v1 = tmp
+            .path()
+            .join("snap-0000000000004000-0000000009-periodic.vtsnap");
+        fs::write(&late_v1, &v1)?;
+
+        let dir = SnapshotDir::open(tmp.path())?.with_history(ours, true);
+        assert!(matches!(
+            dir.load_named::<State>(&foreign.file_name()),
+            Err(SnapshotError::Invalid {
+                source: FormatError::ForeignHistory { .. },
+                ..
+            })
+        ));
+        let listed = dir.list()?;
+        assert_eq!(listed.iter().filter(|e| e.is_valid()).count(), 2);
+        let newest = dir.load_newest_valid::<State>()?;
+        assert_eq!(newest.loaded.map(|l| l.body.n), Some(2));
+        assert_eq!(newest.skipped.len(), 2);
+        for skipped in &newest.skipped {
+            assert!(skipped.is_foreign(), "{}", skipped.error);
+            let kept = skipped.set_aside.as_ref().ok_or("not set aside")?;
+            assert!(kept.exists() && !skipped.path.exists());
+        }
+        // Set aside: a later start does not see them; the legacy file still loads.
+        fs::remove_file(own.path())?;
+        let newest = dir.load_newest_valid::<State>()?;
+        assert_eq!(newest.loaded.map(|l| l.body.n), Some(1));
+        assert!(newest.skipped.is_empty());
+        Ok(())
     }
 
     fn names(dir: &Path) -> Result<Vec<String>, std::io::Error> {

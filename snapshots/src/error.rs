@@ -76,6 +76,16 @@ pub enum FormatError {
         /// Checksum computed over the body.
         computed: u32,
     },
+    /// The file is intact but was written by another data directory (another server, another
+    /// history): its positions and offsets mean something else here.
+    #[error("the snapshot belongs to another history (its id is {}, this data directory's is {ours})",
+        found.map_or_else(|| "unknown: format version 1, written after this directory got its id".to_owned(), |id| id.to_string()))]
+    ForeignHistory {
+        /// The id it carries (`None`: a version-1 file).
+        found: Option<crate::history::HistoryId>,
+        /// This directory's.
+        ours: crate::history::HistoryId,
+    },
     /// The body is intact (checksum verified) but does not decode as the requested type.
     #[error("body does not decode as {type_name}: {source}")]
     Body {

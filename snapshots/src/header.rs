@@ -1,6 +1,6 @@
 //! The fixed-size header at the start of every snapshot file.
 //!
-//! Layout (all integers little-endian), [`HEADER_LEN`] = 36 bytes:
+//! Layout (all integers little-endian), [`HEADER_LEN`] = 52 bytes (version 2):
 //!
 //! | bytes    | field          | notes                                                   |
 //! |----------|----------------|---------------------------------------------------------|
@@ -10,9 +10,15 @@
 //! | `12..20` | created-at `u64` | unix milliseconds                                     |
 //! | `20..28` | body length `u64` | bytes of MessagePack body after the header           |
 //! | `28..32` | body crc32c `u32` | CRC-32C (Castagnoli) of the body                     |
-//! | `32..36` | header crc32c `u32` | CRC-32C of bytes `0..32`                           |
+//! | `32..48` | history id     | the data directory's [`HistoryId`]; zeros for none      |
+//! | `48..52` | header crc32c `u32` | CRC-32C of bytes `0..48`                           |
+//!
+//! Version 1 (still read) is the same without the history id: 36 bytes, its header checksum at
+//! `32..36` over bytes `0..32`. Its history is unknown: a data directory accepts it only as a
+//! file it held before it had a history (see [`crate::history`]).
 
 use crate::error::FormatError;
+use crate::history::HistoryId;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The first eight bytes of every snapshot file.
@@ -22,10 +28,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub const MAGIC: [u8; 8] = *b"\x89VTSNAP\n";
 
 /// The format version this build writes, and the newest it reads.
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
 
-/// Length of the fixed header, in bytes. The body starts right after it.
-pub const HEADER_LEN: usize = 36;
+/// Length of the header this build writes, in bytes (the longest it reads). The body starts
+/// right after it; [`SnapshotHeader::len`] is the length of a parsed one.
+pub const HEADER_LEN: usize = 52;
+/// Length of a version-1 header.
+const HEADER_LEN_V1: usize = 36;
 
 /// Header flag: the snapshot was taken at a graceful shutdown, under the consistency cut, after
 /// `seal` — its epoch and offsets may be adopted (once: see the crate docs).
@@ -33,7 +42,6 @@ pub const FLAG_EXACT: u16 = 0x0001;
 
 const KNOWN_FLAGS: u16 = FLAG_EXACT;
 const VERSION_END: usize = 10;
-const HEADER_CRC_AT: usize = 32;
 
 /// What the writer states about a snapshot: kind and creation time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,17 +82,36 @@ pub struct SnapshotHeader {
     created_at_ms: u64,
     body_len: u64,
     body_crc32c: u32,
+    history: Option<HistoryId>,
 }
 
 impl SnapshotHeader {
-    pub(crate) fn new(meta: &SnapshotMeta, body_len: u64, body_crc32c: u32) -> Self {
+    pub(crate) fn new(
+        meta: &SnapshotMeta,
+        history: Option<HistoryId>,
+        body_len: u64,
+        body_crc32c: u32,
+    ) -> Self {
         SnapshotHeader {
             version: FORMAT_VERSION,
             flags: if meta.exact { FLAG_EXACT } else { 0 },
             created_at_ms: meta.created_at_ms,
             body_len,
             body_crc32c,
+            history,
         }
+    }
+
+    /// The history id of the data directory that wrote it (`None`: written without one, or
+    /// in format version 1).
+    pub fn history(&self) -> Option<HistoryId> {
+        self.history
+    }
+
+    /// The header's length in bytes: where the body starts.
+    #[allow(clippy::len_without_is_empty)]
+    pub fn len(&self) -> usize {
+        header_len(self.version)
     }
 
     /// The format version the file was written with.
@@ -115,7 +142,7 @@ impl SnapshotHeader {
 
     /// Total file length: header plus body.
     pub fn file_len(&self) -> u64 {
-        HEADER_LEN as u64 + self.body_len
+        self.len() as u64 + self.body_len
     }
 
     /// CRC-32C of the body, as stored.
@@ -123,17 +150,21 @@ impl SnapshotHeader {
         self.body_crc32c
     }
 
-    /// The header's on-disk bytes.
-    pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
-        let mut out = [0u8; HEADER_LEN];
+    /// The header's on-disk bytes (its version's length).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.len()];
         out[0..8].copy_from_slice(&MAGIC);
         out[8..10].copy_from_slice(&self.version.to_le_bytes());
         out[10..12].copy_from_slice(&self.flags.to_le_bytes());
         out[12..20].copy_from_slice(&self.created_at_ms.to_le_bytes());
         out[20..28].copy_from_slice(&self.body_len.to_le_bytes());
         out[28..32].copy_from_slice(&self.body_crc32c.to_le_bytes());
-        let crc = crc32c::crc32c(&out[..HEADER_CRC_AT]);
-        out[HEADER_CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+        let crc_at = self.len() - 4;
+        if self.version >= 2 {
+            out[32..48].copy_from_slice(&HistoryId::bytes_of(self.history));
+        }
+        let crc = crc32c::crc32c(&out[..crc_at]);
+        out[crc_at..].copy_from_slice(&crc.to_le_bytes());
         out
     }
 
@@ -165,11 +196,21 @@ impl SnapshotHeader {
                 supported: FORMAT_VERSION,
             });
         }
-        let Some(raw) = bytes.get(..HEADER_LEN) else {
-            return Err(short());
+        let len = header_len(version);
+        let Some(raw) = bytes.get(..len) else {
+            return Err(FormatError::Short {
+                len: bytes.len() as u64,
+                needed: len as u64,
+            });
         };
-        let stored = u32::from_le_bytes([raw[32], raw[33], raw[34], raw[35]]);
-        let computed = crc32c::crc32c(&raw[..HEADER_CRC_AT]);
+        let crc_at = len - 4;
+        let stored = u32::from_le_bytes([
+            raw[crc_at],
+            raw[crc_at + 1],
+            raw[crc_at + 2],
+            raw[crc_at + 3],
+        ]);
+        let computed = crc32c::crc32c(&raw[..crc_at]);
         if stored != computed {
             return Err(FormatError::HeaderChecksum { stored, computed });
         }
@@ -188,6 +229,14 @@ impl SnapshotHeader {
             created_at_ms: u64_at(12),
             body_len: u64_at(20),
             body_crc32c: u32::from_le_bytes([raw[28], raw[29], raw[30], raw[31]]),
+            history: match version {
+                1 => None,
+                _ => {
+                    let mut id = [0u8; 16];
+                    id.copy_from_slice(&raw[32..48]);
+                    HistoryId::from_bytes(id)
+                }
+            },
         })
     }
 
@@ -209,6 +258,14 @@ impl SnapshotHeader {
         } else {
             Ok(())
         }
+    }
+}
+
+/// The header length of format `version` (one this build reads).
+fn header_len(version: u16) -> usize {
+    match version {
+        1 => HEADER_LEN_V1,
+        _ => HEADER_LEN,
     }
 }
 

@@ -9,6 +9,8 @@
 //!   fallback, retention, consuming exact snapshots), [`read_header`], [`verify_file`],
 //!   [`load_file`].
 //! - `error.rs` — [`FormatError`] (bytes) and [`SnapshotError`] (files).
+//! - [`history`] — the data directory's identity, which every snapshot and log segment carries:
+//!   a file of another history is refused, never adopted.
 //! - [`log`] — the log's segment files (`DESIGN.md` §8): framing, checksums, torn-tail repair,
 //!   and a writer with group commit.
 //!
@@ -17,17 +19,22 @@
 //!
 //! ## Format
 //!
-//! A file is a 36-byte header followed by a MessagePack body:
+//! A file is a 52-byte header followed by a MessagePack body:
 //!
 //! | bytes | field |
 //! |---|---|
 //! | `0..8` | magic [`MAGIC`] (`\x89VTSNAP\n`) |
-//! | `8..10` | format version, `u16` LE ([`FORMAT_VERSION`]) |
+//! | `8..10` | format version, `u16` LE ([`FORMAT_VERSION`] = 2) |
 //! | `10..12` | flags, `u16` LE: bit 0 [`FLAG_EXACT`]; other bits must be zero |
 //! | `12..20` | created-at, unix ms, `u64` LE |
 //! | `20..28` | body length, `u64` LE |
 //! | `28..32` | CRC-32C of the body |
-//! | `32..36` | CRC-32C of header bytes `0..32` |
+//! | `32..48` | the history id of the data directory that wrote it ([`history`]), zeros for none |
+//! | `48..52` | CRC-32C of header bytes `0..48` |
+//!
+//! Version 1 files (a 36-byte header without the history id, its checksum at `32..36`) are
+//! still read; a directory with a history accepts them only as files it held before it had
+//! one ([`history`]).
 //!
 //! Magic and version keep their positions in every future version, so an old build can always
 //! say "written by a newer viewtape" instead of "corrupt". CRC-32C (hardware-accelerated, the
@@ -56,9 +63,11 @@
 //! ## Validation
 //!
 //! Nothing is returned from a load until every check passed: magic, version, header checksum,
-//! flags, body length against the file size, body checksum, then the body decode. Each failure
-//! is its own [`FormatError`] variant (`Short`, `ForeignMagic`, `UnsupportedVersion`,
-//! `HeaderChecksum`, `UnknownFlags`, `Truncated`, `TrailingBytes`, `BodyChecksum`, `Body`),
+//! flags, body length against the file size, body checksum, then the body decode, and — in a
+//! directory with a history ([`SnapshotDir::with_history`]) — that the file is of that history.
+//! Each failure is its own [`FormatError`] variant (`Short`, `ForeignMagic`,
+//! `UnsupportedVersion`, `HeaderChecksum`, `UnknownFlags`, `Truncated`, `TrailingBytes`,
+//! `BodyChecksum`, `ForeignHistory`, `Body`),
 //! wrapped in [`SnapshotError::Invalid`] whose message names the file and the reason.
 //! [`SnapshotDir::load_newest_valid`] walks newest → oldest and returns the first snapshot that
 //! passes, plus every file it passed over and why, so the server can log "fell back to X because
@@ -108,12 +117,14 @@ mod codec;
 mod dir;
 mod error;
 mod header;
+pub mod history;
 pub mod log;
 
-pub use codec::{decode, decode_borrowed, encode, encode_with_capacity, verify};
+pub use codec::{decode, decode_borrowed, encode, encode_in_history, encode_with_capacity, verify};
 pub use dir::{
     load_file, read_header, verify_file, Loaded, NewestValid, PruneReport, Skipped, SnapshotDir,
     SnapshotEntry, SnapshotInfo, SnapshotKind, StartupRestore, DEFAULT_KEEP_PERIODIC,
+    FOREIGN_SUFFIX,
 };
 pub use error::{FormatError, SnapshotError};
 pub use header::{SnapshotHeader, SnapshotMeta, FLAG_EXACT, FORMAT_VERSION, HEADER_LEN, MAGIC};

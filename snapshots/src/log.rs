@@ -7,15 +7,22 @@
 //!
 //! ## Format
 //!
-//! A segment starts with a 24-byte header, then records back to back:
+//! A segment starts with a 48-byte header, then records back to back:
 //!
 //! | bytes | field |
 //! |---|---|
 //! | `0..8` | magic [`LOG_MAGIC`] |
-//! | `8..10` | format version, `u16` LE ([`LOG_VERSION`]) |
+//! | `8..10` | format version, `u16` LE ([`LOG_VERSION`] = 2) |
 //! | `10..12` | zero |
 //! | `12..20` | position of its first record, `u64` LE |
-//! | `20..24` | CRC-32C of bytes `0..20` |
+//! | `20..36` | the history id of the data directory that wrote it ([`crate::history`]) |
+//! | `36..44` | the journal epoch when the segment was made, `u64` LE (for inspection: a live restore changes the epoch within a segment) |
+//! | `44..48` | CRC-32C of bytes `0..44` |
+//!
+//! Version 1 segments (a 24-byte header without history and epoch, its checksum at `20..24`)
+//! are still read; a data directory accepts them only as files it held before it had a history.
+//! Any other version is damage. A writer never appends to a segment of version 1 or of another
+//! history: it starts a new one.
 //!
 //! | record bytes | field |
 //! |---|---|
@@ -24,16 +31,48 @@
 //! | `8..16` | position, `u64` LE |
 //! | `16..` | payload |
 //!
-//! ## Damage
+//! ## Damage: torn means torn
 //!
 //! Records are appended and synced in order, so a crash can only leave the *last* record of the
 //! *newest* segment partly written: a **torn tail**. It was never acknowledged, and
-//! [`LogDir::repair`] cuts it off. Everything else — a bad record with an intact one after it, a
-//! bad segment header, a position out of sequence, a missing segment — is **corruption**: it
-//! can never be repaired silently, because records after it may have been acknowledged. A scan
-//! tells the two apart by searching the bytes after the first bad record for any intact record
-//! frame; finding one means corruption. [`LogDir::scan`] only reads; nothing in this module
-//! deletes a damaged file ([`LogDir::set_aside`] renames it).
+//! [`LogDir::repair`] cuts it off. The bytes after the last intact record are a torn tail only
+//! when they look like what a crash leaves and nothing else:
+//!
+//! the file ends *inside* the first of them — fewer bytes than a record header, or a record
+//! header whose announced payload the file ends before — once the zeros at the very end are
+//! discounted (a file system that extended the file but never wrote its data, as ext4 and XFS
+//! may leave after a power loss, leaves zeros: a tail of only zeros is torn too), and no intact
+//! record frame follows anywhere after them. Anything else — above all a
+//! **complete** record (its whole announced length on disk) whose checksum fails — is
+//! **corruption**, like a bad record before the tail, a bad or unknown-version segment header,
+//! a position out of sequence or a missing segment. It can never be repaired silently: a complete
+//! record was written whole, so it was very likely synced and acknowledged, and cutting it would
+//! hand its position — and its offsets — to another batch. (RocksDB's absolute-consistency
+//! recovery and etcd's WAL draw the same line.) What a scan cannot tell apart: a flipped bit in
+//! the *length* of the last record that makes it announce more bytes than the file holds looks
+//! torn; the end-of-log watermark below catches that case when the record was acknowledged.
+//! [`LogDir::scan`] only reads; nothing in this module deletes a damaged file
+//! ([`LogDir::set_aside`] renames it).
+//!
+//! ## The end of the log: a watermark outside the segments
+//!
+//! A segment that is deleted, emptied, or cut — at any byte, or exactly between two records —
+//! leaves a log that scans clean. So the writer keeps, in the file `end` beside the segments
+//! ([`Watermark`], 48 bytes, checksummed, with the history id), the first position of the
+//! newest segment (`rolled_at`) and the last position made durable (`through`):
+//!
+//! - `rolled_at` is written and synced when the writer starts and at every roll, before any
+//!   record of the new segment is written: a missing newest segment is always noticed.
+//! - `through` is rewritten in place after each group commit's sync and before its appends are
+//!   acknowledged, **without a sync of its own**: one `pwrite` per group, no extra `fsync` on the
+//!   hot path. The operating system holds it from that moment, so after a crash of the process
+//!   (`kill -9`, a panic) every acknowledged record is at or before `through`; after a power
+//!   loss it is whatever the OS had flushed — never ahead of the log, possibly behind it.
+//!
+//! [`LogScan::end_problem`] says when the log ends before the watermark. What it cannot see: a
+//! cut exactly at a record boundary after `through` (only possible after a power loss, for
+//! records acknowledged after the OS last flushed the file), and a whole data directory rolled
+//! back together (log and watermark from the same older backup).
 //!
 //! ## Group commit
 //!
@@ -45,18 +84,26 @@
 //! append fails until the log is reopened and scanned again.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Seek, SeekFrom, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+
+use crate::history::HistoryId;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 /// The first bytes of every segment.
 pub const LOG_MAGIC: [u8; 8] = *b"\x89VTLOG\r\n";
-/// The segment format this build writes and reads.
-pub const LOG_VERSION: u16 = 1;
+/// The segment format this build writes (it reads this and version 1).
+pub const LOG_VERSION: u16 = 2;
 /// Largest record payload.
 pub const MAX_RECORD_BYTES: usize = 64 << 20;
-const SEGMENT_HEADER_LEN: usize = 24;
+const SEGMENT_HEADER_LEN: usize = 48;
+const SEGMENT_HEADER_LEN_V1: usize = 24;
+/// The watermark's file in the log directory.
+pub const WATERMARK_FILE: &str = "end";
+const WATERMARK_MAGIC: [u8; 8] = *b"\x89VTEND\r\n";
+const WATERMARK_LEN: usize = 48;
 const RECORD_HEADER_LEN: usize = 16;
 const SEGMENT_PREFIX: &str = "log-";
 const SEGMENT_SUFFIX: &str = ".vtlog";
@@ -148,6 +195,12 @@ pub struct SegmentScan {
     pub len: u64,
     /// What is wrong with it, if anything.
     pub damage: Option<Damage>,
+    /// Its format version (0: the header could not be read).
+    pub version: u16,
+    /// The history id its header carries (`None`: version 1, or no readable header).
+    pub history: Option<HistoryId>,
+    /// The journal epoch its header carries (`None`: version 1, or no readable header).
+    pub epoch: Option<u64>,
 }
 
 impl SegmentScan {
@@ -170,37 +223,129 @@ impl LogScan {
         self.segments.last().map_or(1, SegmentScan::next)
     }
 
+    /// Why the log ends before `mark` says it does — its newest segment missing, or records
+    /// at or before `mark.through` missing — or `None`. See the module docs for what this can
+    /// and cannot see.
+    pub fn end_problem(&self, mark: &Watermark) -> Option<String> {
+        let newest = self.segments.last().map_or(0, |s| s.first);
+        if newest < mark.rolled_at {
+            return Some(format!(
+                "the newest segment started at position {}, but the newest one here starts at {newest} (segments are missing at the end)",
+                mark.rolled_at
+            ));
+        }
+        let last = self.next() - 1;
+        (last < mark.through).then(|| {
+            format!(
+                "records through position {} were made durable, but the log ends at {last} (the end of the log is missing)",
+                mark.through
+            )
+        })
+    }
+
+    /// The segments that do not belong to `history` (another data directory's, or a version-1
+    /// segment it did not hold when it got its id): they must be set aside, never replayed.
+    pub fn foreign<'a>(
+        &'a self,
+        history: &'a crate::history::DataHistory,
+    ) -> impl Iterator<Item = &'a SegmentScan> + 'a {
+        self.segments.iter().filter(move |segment| {
+            segment.version != 0
+                && !history.owns(segment.history, segment.first, history.legacy.log_through)
+        })
+    }
+
     /// The first damage that is not a torn tail of the newest segment, and where: the point up
     /// to which the log is proven. Segments must also follow each other without a hole.
     pub fn corruption(&self) -> Option<(PathBuf, String)> {
+        self.first_damage()
+            .map(|damage| (damage.path.clone(), damage.to_string()))
+    }
+
+    /// [`LogScan::corruption`], typed: what kind of damage, for a caller that decides by it.
+    pub fn first_damage(&self) -> Option<LogDamage> {
         let last = self.segments.len().saturating_sub(1);
         let mut expected = self.segments.first().map(|s| s.first);
         for (i, segment) in self.segments.iter().enumerate() {
-            if expected.is_some_and(|e| e != segment.first) {
-                return Some((
-                    segment.path.clone(),
-                    format!(
-                        "starts at position {} where {} was expected (a segment is missing)",
-                        segment.first,
-                        expected.unwrap_or_default()
-                    ),
-                ));
+            let damage = |kind| {
+                Some(LogDamage {
+                    path: segment.path.clone(),
+                    kind,
+                })
+            };
+            if let Some(expected) = expected.filter(|e| *e != segment.first) {
+                return damage(LogDamageKind::Missing {
+                    starts: segment.first,
+                    expected,
+                });
             }
             match &segment.damage {
                 Some(Damage::Corrupt { offset, reason }) => {
-                    return Some((segment.path.clone(), format!("at byte {offset}: {reason}")))
+                    return damage(LogDamageKind::Corrupt {
+                        offset: *offset,
+                        reason: reason.clone(),
+                    })
                 }
                 Some(Damage::TornTail { valid_len }) if i != last => {
-                    return Some((
-                        segment.path.clone(),
-                        format!("ends in a partial record at byte {valid_len}, but is not the newest segment"),
-                    ))
+                    return damage(LogDamageKind::TornBeforeTheEnd {
+                        valid_len: *valid_len,
+                    })
                 }
                 _ => {}
             }
             expected = Some(segment.next());
         }
         None
+    }
+}
+
+/// Damage a scan found that no repair may cut: where, and what.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogDamage {
+    /// The segment.
+    pub path: PathBuf,
+    /// What is wrong with it.
+    pub kind: LogDamageKind,
+}
+
+/// What is wrong with a damaged segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LogDamageKind {
+    /// A segment before it is missing: it starts at `starts` where `expected` was next.
+    Missing {
+        /// Its first position.
+        starts: u64,
+        /// The position expected.
+        expected: u64,
+    },
+    /// A record or header that fails its checks.
+    Corrupt {
+        /// Where in the file.
+        offset: u64,
+        /// What failed.
+        reason: String,
+    },
+    /// It ends inside a record although a newer segment follows it.
+    TornBeforeTheEnd {
+        /// Its bytes up to the partial record.
+        valid_len: u64,
+    },
+}
+
+impl std::fmt::Display for LogDamage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            LogDamageKind::Missing { starts, expected } => write!(
+                f,
+                "starts at position {starts} where {expected} was expected (a segment is missing)"
+            ),
+            LogDamageKind::Corrupt { offset, reason } => write!(f, "at byte {offset}: {reason}"),
+            LogDamageKind::TornBeforeTheEnd { valid_len } => write!(
+                f,
+                "ends in a partial record at byte {valid_len}, but is not the newest segment"
+            ),
+        }
     }
 }
 
@@ -284,12 +429,40 @@ impl LogDir {
     /// # Errors
     /// The rename or the directory sync fails.
     pub fn set_aside(&self, segment: &Path) -> Result<PathBuf, LogError> {
-        let mut kept = segment.as_os_str().to_owned();
-        kept.push(".damaged");
+        self.set_aside_as(segment, ".damaged")
+    }
+
+    /// Renames a file out of the log, appending `suffix` to its name (`.damaged`, `.foreign`),
+    /// keeping it for inspection.
+    ///
+    /// # Errors
+    /// The rename or the directory sync fails.
+    pub fn set_aside_as(&self, file: &Path, suffix: &str) -> Result<PathBuf, LogError> {
+        let mut kept = file.as_os_str().to_owned();
+        kept.push(suffix);
         let kept = PathBuf::from(kept);
-        fs::rename(segment, &kept).map_err(|e| LogError::io("rename", segment, e))?;
+        fs::rename(file, &kept).map_err(|e| LogError::io("rename", file, e))?;
         sync_dir(&self.dir)?;
         Ok(kept)
+    }
+
+    /// The watermark file's path.
+    pub fn watermark_path(&self) -> PathBuf {
+        self.dir.join(WATERMARK_FILE)
+    }
+
+    /// The end-of-log watermark: `Ok(None)` when there is none, `Ok(Some(Err(why)))` when the
+    /// file is there but is not a valid watermark.
+    ///
+    /// # Errors
+    /// The file exists and cannot be read.
+    pub fn read_watermark(&self) -> Result<Option<Result<Watermark, String>>, LogError> {
+        let path = self.watermark_path();
+        match fs::read(&path) {
+            Ok(bytes) => Ok(Some(Watermark::parse(&bytes))),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(LogError::io("read", &path, error)),
+        }
     }
 
     /// Removes every record after `position`: segments that start after it are deleted, the one
@@ -301,13 +474,15 @@ impl LogDir {
     /// A file cannot be read, cut, deleted or synced, or the records up to `position` are not
     /// intact.
     pub fn truncate_after(&self, position: u64) -> Result<(), LogError> {
+        let mut newest = None;
         for (first, path) in self.segment_files()?.into_iter().rev() {
             if first > position {
                 fs::remove_file(&path).map_err(|e| LogError::io("delete", &path, e))?;
                 continue;
             }
+            newest = Some(first);
             let bytes = fs::read(&path).map_err(|e| LogError::io("read", &path, e))?;
-            let mut at = SEGMENT_HEADER_LEN;
+            let mut at = parse_header(&bytes, first).map_or(bytes.len(), |h| h.len);
             let mut next = first;
             while next <= position {
                 let Some((_, len)) = record_at(&bytes, at, next) else {
@@ -332,7 +507,14 @@ impl LogDir {
                 .map_err(|e| LogError::io("cut", &path, e))?;
             break;
         }
-        sync_dir(&self.dir)
+        sync_dir(&self.dir)?;
+        // The watermark follows: what was cut was never acknowledged.
+        if let Some(Ok(mut mark)) = self.read_watermark()? {
+            mark.rolled_at = mark.rolled_at.min(newest.unwrap_or(position + 1));
+            mark.through = mark.through.min(position);
+            mark.write(&self.watermark_path())?;
+        }
+        Ok(())
     }
 
     /// Sets every segment aside ([`LogDir::set_aside`]): the log starts over, its files kept.
@@ -341,10 +523,16 @@ impl LogDir {
     /// # Errors
     /// Listing, a rename or the directory sync fails.
     pub fn set_aside_all(&self) -> Result<Vec<PathBuf>, LogError> {
-        self.segment_files()?
+        let mut kept: Vec<PathBuf> = self
+            .segment_files()?
             .into_iter()
             .map(|(_, path)| self.set_aside(&path))
-            .collect()
+            .collect::<Result<_, _>>()?;
+        let mark = self.watermark_path();
+        if mark.exists() {
+            kept.push(self.set_aside(&mark)?);
+        }
+        Ok(kept)
     }
 
     /// Syncs every segment to the device (what an earlier life wrote without syncing).
@@ -392,7 +580,10 @@ impl LogDir {
                 continue; // every record of this segment is at or before `after`
             }
             let bytes = fs::read(path).map_err(|e| LogError::io("read", path, e))?;
-            let mut at = SEGMENT_HEADER_LEN;
+            let Ok(header) = parse_header(&bytes, *first) else {
+                return Ok(()); // a bad header: nothing in or after this segment is proven
+            };
+            let mut at = header.len;
             let mut position = *first;
             while let Some((payload, len)) = record_at(&bytes, at, position) {
                 if position > after {
@@ -463,65 +654,120 @@ impl LogDir {
 /// Checks one segment's bytes.
 fn scan_segment(path: PathBuf, first: u64, bytes: &[u8]) -> SegmentScan {
     let len = bytes.len() as u64;
-    let header_error = match bytes.get(..SEGMENT_HEADER_LEN) {
-        None => Some("shorter than a segment header".to_owned()),
-        Some(header) => check_header(header, first).err(),
+    let header = match parse_header(bytes, first) {
+        Ok(header) => header,
+        Err(reason) => {
+            // A new segment whose header never reached the disk whole holds no record yet.
+            let damage = if torn_header(bytes, first) {
+                Damage::TornTail { valid_len: 0 }
+            } else {
+                Damage::Corrupt { offset: 0, reason }
+            };
+            return SegmentScan {
+                path,
+                first,
+                records: 0,
+                len,
+                damage: Some(damage),
+                version: 0,
+                history: None,
+                epoch: None,
+            };
+        }
     };
-    if let Some(reason) = header_error {
-        // A new segment whose header never reached the disk whole holds no record yet.
-        let damage = if bytes.len() < SEGMENT_HEADER_LEN && segment_header(first).starts_with(bytes)
-        {
-            Damage::TornTail { valid_len: 0 }
-        } else {
-            Damage::Corrupt { offset: 0, reason }
-        };
-        return SegmentScan {
-            path,
-            first,
-            records: 0,
-            len,
-            damage: Some(damage),
-        };
-    }
-    let mut at = SEGMENT_HEADER_LEN;
+    let mut at = header.len;
     let mut records = 0;
     while let Some((_, record_len)) = record_at(bytes, at, first + records) {
         at += record_len;
         records += 1;
     }
-    let damage = (at != bytes.len()).then(|| {
-        // An intact record anywhere after the bad one means it is not a torn tail.
-        match (at + 1..bytes.len()).find(|&from| frame_at(bytes, from).is_some()) {
-            Some(_) => Damage::Corrupt {
-                offset: at as u64,
-                reason: "a bad record with intact records after it".to_owned(),
-            },
-            None => Damage::TornTail {
-                valid_len: at as u64,
-            },
-        }
-    });
+    let damage = (at != bytes.len()).then(|| tail_damage(bytes, at));
     SegmentScan {
         path,
         first,
         records,
         len,
         damage,
+        version: header.version,
+        history: header.history,
+        epoch: header.epoch,
     }
 }
 
-fn check_header(header: &[u8], first: u64) -> Result<(), String> {
-    if header[..8] != LOG_MAGIC {
+/// What the bytes from `at` (after the last intact record) are: a torn tail only when the file
+/// ends inside a record or they are all zeros, and no intact record follows (module docs).
+fn tail_damage(bytes: &[u8], at: usize) -> Damage {
+    let rest = &bytes[at..];
+    if (at + 1..bytes.len()).any(|from| frame_at(bytes, from).is_some()) {
+        return Damage::Corrupt {
+            offset: at as u64,
+            reason: "a bad record with intact records after it".to_owned(),
+        };
+    }
+    // Zeros at the very end are what a file system leaves where data never reached the disk.
+    let written = rest
+        .iter()
+        .rposition(|&b| b != 0)
+        .map_or(0, |last| last + 1);
+    let ends_inside = written < RECORD_HEADER_LEN || {
+        let announced = u32_at(rest, 0) as usize;
+        announced <= MAX_RECORD_BYTES && written < RECORD_HEADER_LEN + announced
+    };
+    if ends_inside {
+        return Damage::TornTail {
+            valid_len: at as u64,
+        };
+    }
+    Damage::Corrupt {
+        offset: at as u64,
+        reason: "a complete record fails its checksum or is out of sequence (damage, not a torn write: it was written whole)".to_owned(),
+    }
+}
+
+/// Whether `bytes`, shorter than a header, are what a crash while creating the segment leaves:
+/// zeros, or the start of the header this build writes for `first`.
+fn torn_header(bytes: &[u8], first: u64) -> bool {
+    if bytes.len() >= SEGMENT_HEADER_LEN {
+        return false;
+    }
+    let known = segment_header(first, &Lineage::default());
+    let fixed = bytes.len().min(20); // magic, version, zero, first: what does not vary
+    bytes.iter().all(|&b| b == 0) || bytes[..fixed] == known[..fixed]
+}
+
+/// A parsed segment header.
+struct Header {
+    version: u16,
+    history: Option<HistoryId>,
+    epoch: Option<u64>,
+    /// Where its first record starts.
+    len: usize,
+}
+
+/// Parses and checks a segment header: magic, version (1 or 2), length, checksum, and that it
+/// names `first`, as the file name does.
+fn parse_header(bytes: &[u8], first: u64) -> Result<Header, String> {
+    let magic = bytes.len().min(LOG_MAGIC.len());
+    if bytes[..magic] != LOG_MAGIC[..magic] {
         return Err("not a viewtape log segment (bad magic)".to_owned());
     }
-    if crc32c::crc32c(&header[..20]) != u32_at(header, 20) {
+    let Some(version) = bytes.get(8..10).map(|v| u16::from_le_bytes([v[0], v[1]])) else {
+        return Err("shorter than a segment header".to_owned());
+    };
+    let len = match version {
+        1 => SEGMENT_HEADER_LEN_V1,
+        LOG_VERSION => SEGMENT_HEADER_LEN,
+        _ => {
+            return Err(format!(
+                "segment format version {version}; this build reads 1 and {LOG_VERSION}"
+            ))
+        }
+    };
+    let Some(header) = bytes.get(..len) else {
+        return Err("shorter than a segment header".to_owned());
+    };
+    if crc32c::crc32c(&header[..len - 4]) != u32_at(header, len - 4) {
         return Err("segment header checksum mismatch".to_owned());
-    }
-    let version = u16::from_le_bytes([header[8], header[9]]);
-    if version != LOG_VERSION {
-        return Err(format!(
-            "segment format version {version}; this build reads {LOG_VERSION}"
-        ));
     }
     let named = u64_at(header, 12);
     if named != first {
@@ -529,7 +775,20 @@ fn check_header(header: &[u8], first: u64) -> Result<(), String> {
             "header says first position {named}, the name says {first}"
         ));
     }
-    Ok(())
+    let (history, epoch) = match version {
+        1 => (None, None),
+        _ => {
+            let mut id = [0u8; 16];
+            id.copy_from_slice(&header[20..36]);
+            (HistoryId::from_bytes(id), Some(u64_at(header, 36)))
+        }
+    };
+    Ok(Header {
+        version,
+        history,
+        epoch,
+        len,
+    })
 }
 
 /// An intact record frame at `at`: its position, payload and length.
@@ -593,6 +852,10 @@ pub struct WriterOptions {
     pub durability: Durability,
     /// A new segment starts once the current one holds this many bytes.
     pub segment_bytes: u64,
+    /// What every new segment's header carries.
+    pub lineage: Lineage,
+    /// Keep the end-of-log [`Watermark`] (module docs). Off only to measure what it costs.
+    pub watermark: bool,
 }
 
 impl Default for WriterOptions {
@@ -600,7 +863,77 @@ impl Default for WriterOptions {
         Self {
             durability: Durability::Fsync,
             segment_bytes: 64 << 20,
+            lineage: Lineage::default(),
+            watermark: true,
         }
+    }
+}
+
+/// What a segment header says about where its records come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lineage {
+    /// The data directory's history id.
+    pub history: Option<HistoryId>,
+    /// The journal epoch when the segment is made.
+    pub epoch: u64,
+}
+
+/// The end of the log as the writer last recorded it, outside the segments (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Watermark {
+    /// The history id of the log that wrote it.
+    pub history: Option<HistoryId>,
+    /// The first position of the newest segment.
+    pub rolled_at: u64,
+    /// The last position made durable (0: none yet).
+    pub through: u64,
+}
+
+impl Watermark {
+    fn to_bytes(self) -> [u8; WATERMARK_LEN] {
+        let mut out = [0u8; WATERMARK_LEN];
+        out[..8].copy_from_slice(&WATERMARK_MAGIC);
+        out[8..10].copy_from_slice(&1u16.to_le_bytes());
+        out[12..28].copy_from_slice(&HistoryId::bytes_of(self.history));
+        out[28..36].copy_from_slice(&self.rolled_at.to_le_bytes());
+        out[36..44].copy_from_slice(&self.through.to_le_bytes());
+        let crc = crc32c::crc32c(&out[..44]);
+        out[44..].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    fn parse(bytes: &[u8]) -> Result<Self, String> {
+        if bytes.len() != WATERMARK_LEN || bytes[..8] != WATERMARK_MAGIC {
+            return Err("not a viewtape log watermark".to_owned());
+        }
+        if u16::from_le_bytes([bytes[8], bytes[9]]) != 1 {
+            return Err("unknown watermark version".to_owned());
+        }
+        if crc32c::crc32c(&bytes[..44]) != u32_at(bytes, 44) {
+            return Err("watermark checksum mismatch".to_owned());
+        }
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&bytes[12..28]);
+        Ok(Self {
+            history: HistoryId::from_bytes(id),
+            rolled_at: u64_at(bytes, 28),
+            through: u64_at(bytes, 36),
+        })
+    }
+
+    /// Writes it to `path` and syncs it.
+    fn write(self, path: &Path) -> Result<(), LogError> {
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .and_then(|file| {
+                file.write_all_at(&self.to_bytes(), 0)?;
+                file.set_len(WATERMARK_LEN as u64)?;
+                file.sync_all()
+            })
+            .map_err(|e| LogError::io("write", path, e))
     }
 }
 
@@ -656,23 +989,56 @@ impl LogWriter {
         observer: Observer,
     ) -> Result<Self, LogError> {
         let files = log.segment_files()?;
-        let (file, path, len) = match files.last() {
-            Some((_, path)) => {
+        let lineage = options.lineage;
+        let (file, path, len, rolled_at) = match files.last() {
+            Some((first, path)) => {
                 let mut file = OpenOptions::new()
                     .append(true)
                     .read(true)
                     .open(path)
                     .map_err(|e| LogError::io("open", path, e))?;
+                let mut head = Vec::with_capacity(SEGMENT_HEADER_LEN);
+                (&mut file)
+                    .take(SEGMENT_HEADER_LEN as u64)
+                    .read_to_end(&mut head)
+                    .map_err(|e| LogError::io("read", path, e))?;
                 let len = file
                     .seek(SeekFrom::End(0))
                     .map_err(|e| LogError::io("seek", path, e))?;
-                if len < SEGMENT_HEADER_LEN as u64 {
-                    new_segment_file(log, next)?
+                // Appended to only when it is of this format and history.
+                let continues = parse_header(&head, *first).is_ok_and(|header| {
+                    header.version == LOG_VERSION && header.history == lineage.history
+                });
+                if continues {
+                    (file, path.clone(), len, *first)
                 } else {
-                    (file, path.clone(), len)
+                    let (file, path, len) = new_segment_file(log, next, &lineage)?;
+                    (file, path, len, next)
                 }
             }
-            None => new_segment_file(log, next)?,
+            None => {
+                let (file, path, len) = new_segment_file(log, next, &lineage)?;
+                (file, path, len, next)
+            }
+        };
+        let mark = match options.watermark {
+            true => {
+                let mark = Watermark {
+                    history: lineage.history,
+                    rolled_at,
+                    through: next.saturating_sub(1),
+                };
+                let path = log.watermark_path();
+                mark.write(&path)?;
+                sync_dir(&log.dir)?;
+                Some(
+                    OpenOptions::new()
+                        .write(true)
+                        .open(&path)
+                        .map_err(|e| LogError::io("open", &path, e))?,
+                )
+            }
+            false => None,
         };
         let (queue, appends) = mpsc::channel::<Append>();
         let mut state = WriterState {
@@ -686,6 +1052,8 @@ impl LogWriter {
             options,
             poisoned: None,
             observer,
+            mark,
+            rolled_at,
         };
         let thread = std::thread::Builder::new()
             .name("viewtape-log".into())
@@ -728,20 +1096,26 @@ impl Drop for LogWriter {
 }
 
 /// The header of the segment whose first record has position `first`.
-fn segment_header(first: u64) -> Vec<u8> {
+fn segment_header(first: u64, lineage: &Lineage) -> Vec<u8> {
     let mut header = Vec::with_capacity(SEGMENT_HEADER_LEN);
     header.extend_from_slice(&LOG_MAGIC);
     header.extend_from_slice(&LOG_VERSION.to_le_bytes());
     header.extend_from_slice(&[0, 0]);
     header.extend_from_slice(&first.to_le_bytes());
+    header.extend_from_slice(&HistoryId::bytes_of(lineage.history));
+    header.extend_from_slice(&lineage.epoch.to_le_bytes());
     let crc = crc32c::crc32c(&header);
     header.extend_from_slice(&crc.to_le_bytes());
     header
 }
 
-fn new_segment_file(log: &LogDir, first: u64) -> Result<(File, PathBuf, u64), LogError> {
+fn new_segment_file(
+    log: &LogDir,
+    first: u64,
+    lineage: &Lineage,
+) -> Result<(File, PathBuf, u64), LogError> {
     let path = log.segment_path(first);
-    let header = segment_header(first);
+    let header = segment_header(first, lineage);
     let mut file = OpenOptions::new()
         .create(true)
         .truncate(true)
@@ -766,6 +1140,10 @@ struct WriterState {
     /// Why writing stopped for good, once it has.
     poisoned: Option<String>,
     observer: Observer,
+    /// The watermark's file, when kept.
+    mark: Option<File>,
+    /// The first position of the segment being written.
+    rolled_at: u64,
 }
 
 impl WriterState {
@@ -796,6 +1174,27 @@ impl WriterState {
                 (append.done)(outcome);
             }
         }
+        // Stopping: the watermark goes to the device with the rest (best effort: a later start
+        // needs it only to be no further than the log, which it never is).
+        if let Some(mark) = &self.mark {
+            let _ = mark.sync_data();
+        }
+    }
+
+    /// Rewrites the watermark in place, when kept: the newest segment's first position and the
+    /// last position written; synced when `sync`.
+    fn mark_end(&mut self, sync: bool) -> Result<(), LogError> {
+        let Some(file) = &self.mark else {
+            return Ok(());
+        };
+        let mark = Watermark {
+            history: self.options.lineage.history,
+            rolled_at: self.rolled_at,
+            through: self.next - 1,
+        };
+        file.write_all_at(&mark.to_bytes(), 0)
+            .and_then(|()| if sync { file.sync_data() } else { Ok(()) })
+            .map_err(|e| LogError::io("write", &self.dir.watermark_path(), e))
     }
 
     /// Writes and (with [`Durability::Fsync`]) syncs one group; the first failure poisons.
@@ -813,7 +1212,11 @@ impl WriterState {
     fn try_write_group(&mut self, group: &[Append], bytes: &mut Vec<u8>) -> Result<(), LogError> {
         let new_segment = self.len >= self.options.segment_bytes;
         if new_segment {
-            (self.file, self.path, self.len) = new_segment_file(&self.dir, self.next)?;
+            (self.file, self.path, self.len) =
+                new_segment_file(&self.dir, self.next, &self.options.lineage)?;
+            // Synced before any record of the new segment exists: its loss is always noticed.
+            self.rolled_at = self.next;
+            self.mark_end(true)?;
         }
         let mut records = 0;
         for payload in group.iter().flat_map(|append| &append.payloads) {
@@ -834,6 +1237,8 @@ impl WriterState {
         };
         self.len += bytes.len() as u64;
         self.next += records;
+        // Before the appends are acknowledged; no sync of its own (module docs).
+        self.mark_end(false)?;
         (self.observer)(GroupWritten {
             records,
             bytes: bytes.len() as u64,
@@ -1111,6 +1516,195 @@ mod tests {
         Ok(())
     }
 
+    fn segment_paths(log: &LogDir) -> Vec<PathBuf> {
+        log.segment_files()
+            .expect("list")
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect()
+    }
+
+    fn watermark(log: &LogDir) -> Watermark {
+        log.read_watermark()
+            .expect("read")
+            .expect("a watermark")
+            .expect("valid")
+    }
+
+    #[test]
+    fn a_complete_last_record_that_fails_its_checksum_is_damage_not_a_torn_write() -> TestResult {
+        let tmp = tempfile::tempdir()?;
+        let log = LogDir::create(tmp.path())?;
+        let writer = LogWriter::start(&log, 1, WriterOptions::default(), Box::new(|_| {}))?;
+        append_each(&writer, payloads(5));
+        drop(writer);
+        let path = segment_paths(&log).pop().ok_or("no segment")?;
+        let bytes = fs::read(&path)?;
+        let last_len = RECORD_HEADER_LEN + payloads(5)[4].len();
+        let at = bytes.len() - last_len;
+        // Every byte but the length field: the record is whole on disk, so it is damage.
+        for i in at + 4..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x10;
+            fs::write(&path, &bad)?;
+            let scan = log.scan()?;
+            let (_, reason) = scan.corruption().ok_or(format!("byte {i}: not detected"))?;
+            assert!(reason.contains("complete record"), "{reason}");
+        }
+        // The length field: announcing more than the file holds looks torn, and the watermark
+        // says the log ends too early.
+        let mut bad = bytes.clone();
+        bad[at + 2] ^= 0x01;
+        fs::write(&path, &bad)?;
+        let scan = log.scan()?;
+        assert_eq!(scan.corruption(), None);
+        assert!(scan.end_problem(&watermark(&log)).is_some());
+        // A zero-filled tail, and a partial record ending in zeros, are torn.
+        for tail in [
+            vec![0u8; 300],
+            [&bytes[at..at + 9], &[0u8; 200][..]].concat(),
+        ] {
+            fs::write(&path, [&bytes[..], &tail].concat())?;
+            let scan = log.scan()?;
+            assert_eq!(scan.corruption(), None);
+            assert_eq!(scan.next(), 6);
+            assert_eq!(scan.end_problem(&watermark(&log)), None);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_segment_header_of_an_unknown_version_is_damage_and_nothing_of_it_is_read() -> TestResult {
+        let tmp = tempfile::tempdir()?;
+        let log = LogDir::create(tmp.path())?;
+        let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+        append_each(&writer, payloads(100));
+        drop(writer);
+        let newest = log.scan()?.segments.last().ok_or("none")?.clone();
+        let mut bytes = fs::read(&newest.path)?;
+        bytes[8] = 9;
+        let crc = crc32c::crc32c(&bytes[..44]);
+        bytes[44..48].copy_from_slice(&crc.to_le_bytes());
+        fs::write(&newest.path, &bytes)?;
+        let (_, reason) = log.scan()?.corruption().ok_or("not detected")?;
+        assert!(reason.contains("version 9"), "{reason}");
+        assert_eq!(read_all(&log, 0)?.len() as u64, newest.first - 1);
+        Ok(())
+    }
+
+    #[test]
+    fn segments_carry_their_history_and_epoch_and_version_1_is_still_read() -> TestResult {
+        let tmp = tempfile::tempdir()?;
+        let log = LogDir::create(tmp.path())?;
+        // A version-1 segment, as builds before history ids wrote it.
+        let mut v1 = LOG_MAGIC.to_vec();
+        v1.extend_from_slice(&1u16.to_le_bytes());
+        v1.extend_from_slice(&[0, 0]);
+        v1.extend_from_slice(&1u64.to_le_bytes());
+        let crc = crc32c::crc32c(&v1);
+        v1.extend_from_slice(&crc.to_le_bytes());
+        for (i, payload) in payloads(3).iter().enumerate() {
+            put_record(&mut v1, i as u64 + 1, payload);
+        }
+        fs::write(log.segment_path(1), &v1)?;
+        let scan = log.scan()?;
+        assert_eq!((scan.next(), scan.corruption()), (4, None));
+        assert_eq!(
+            (scan.segments[0].version, scan.segments[0].history),
+            (1, None)
+        );
+        assert_eq!(read_all(&log, 0)?.len(), 3);
+
+        let history = crate::history::DataHistory::new(crate::history::Legacy {
+            log_through: Some(1),
+            snapshot_seq: None,
+        });
+        assert_eq!(
+            scan.foreign(&history).count(),
+            0,
+            "held when the id was made"
+        );
+        let stranger = crate::history::DataHistory::new(crate::history::Legacy::default());
+        assert_eq!(scan.foreign(&stranger).count(), 1);
+
+        // The writer does not append to it: a new segment, of this history and epoch.
+        let options = WriterOptions {
+            lineage: Lineage {
+                history: Some(history.id),
+                epoch: 77,
+            },
+            ..WriterOptions::default()
+        };
+        let writer = LogWriter::start(&log, 4, options, Box::new(|_| {}))?;
+        append_each(&writer, payloads(2));
+        drop(writer);
+        let scan = log.scan()?;
+        assert_eq!(scan.segments.len(), 2);
+        let newest = &scan.segments[1];
+        assert_eq!(
+            (newest.first, newest.version, newest.history, newest.epoch),
+            (4, 2, Some(history.id), Some(77))
+        );
+        assert_eq!(scan.foreign(&history).count(), 0);
+        assert_eq!(scan.foreign(&stranger).count(), 2);
+        assert_eq!(read_all(&log, 0)?.len(), 5);
+        let mark = watermark(&log);
+        assert_eq!(
+            (mark.history, mark.rolled_at, mark.through),
+            (Some(history.id), 4, 5)
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn the_watermark_notices_every_way_the_end_of_the_log_goes_missing() -> TestResult {
+        let written = |tmp: &Path| -> Result<(LogDir, Vec<PathBuf>), Box<dyn std::error::Error>> {
+            let log = LogDir::create(tmp)?;
+            let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+            append_each(&writer, payloads(100));
+            drop(writer);
+            let paths = segment_paths(&log);
+            assert!(paths.len() >= 3);
+            assert_eq!(watermark(&log).through, 100);
+            assert_eq!(log.scan()?.end_problem(&watermark(&log)), None);
+            Ok((log, paths))
+        };
+        type Damage = fn(&Path, &[u8]) -> std::io::Result<()>;
+        let ways: [(&str, Damage); 4] = [
+            ("deleted", |p, _| fs::remove_file(p)),
+            ("emptied", |p, _| fs::write(p, b"")),
+            ("header only", |p, b| fs::write(p, &b[..SEGMENT_HEADER_LEN])),
+            ("cut at a record boundary", |p, b| {
+                let mut at = SEGMENT_HEADER_LEN;
+                let mut boundaries = vec![];
+                while let Some((_, _, len)) = frame_at(b, at) {
+                    at += len;
+                    boundaries.push(at);
+                }
+                fs::write(p, &b[..boundaries[boundaries.len() - 2]])
+            }),
+        ];
+        for (name, damage) in ways {
+            let tmp = tempfile::tempdir()?;
+            let (log, paths) = written(tmp.path())?;
+            let newest = paths.last().ok_or("none")?;
+            damage(newest, &fs::read(newest)?)?;
+            let scan = log.scan()?;
+            assert_eq!(scan.corruption(), None, "{name}: the log scans clean");
+            assert!(
+                scan.end_problem(&watermark(&log)).is_some(),
+                "{name}: not noticed"
+            );
+        }
+        // Cutting never-acknowledged records after a failure moves the watermark with them.
+        let tmp = tempfile::tempdir()?;
+        let (log, _) = written(tmp.path())?;
+        log.truncate_after(60)?;
+        assert_eq!(watermark(&log).through, 60);
+        assert_eq!(log.scan()?.end_problem(&watermark(&log)), None);
+        Ok(())
+    }
+
     #[test]
     fn inspection_creates_nothing() {
         let tmp = tempfile::tempdir().expect("tempdir");
@@ -1119,8 +1713,133 @@ mod tests {
         assert!(!missing.exists());
     }
 
+    /// One way a log can be damaged between two lives.
+    #[derive(Clone, Debug)]
+    enum Harm {
+        Flip { file: usize, at: f64, mask: u8 },
+        Cut { file: usize, at: f64 },
+        Delete { file: usize },
+        Swap { a: usize, b: usize },
+        Foreign { file: usize },
+        FlipWatermark { at: usize },
+    }
+
+    fn harm() -> impl Strategy<Value = Harm> {
+        prop_oneof![
+            (0usize..8, 0.0f64..1.0, 1u8..=255).prop_map(|(file, at, mask)| Harm::Flip {
+                file,
+                at,
+                mask
+            }),
+            (0usize..8, 0.0f64..1.0).prop_map(|(file, at)| Harm::Cut { file, at }),
+            (0usize..8).prop_map(|file| Harm::Delete { file }),
+            (0usize..8, 0usize..8).prop_map(|(a, b)| Harm::Swap { a, b }),
+            (0usize..8).prop_map(|file| Harm::Foreign { file }),
+            (0usize..WATERMARK_LEN).prop_map(|at| Harm::FlipWatermark { at }),
+        ]
+    }
+
+    fn apply(harm: &Harm, log: &LogDir, stranger: &Path) -> std::io::Result<()> {
+        let paths = segment_paths(log);
+        let pick = |i: usize| paths.get(i % paths.len().max(1)).cloned();
+        match harm {
+            Harm::Flip { file, at, mask } => {
+                if let Some(p) = pick(*file) {
+                    let mut b = fs::read(&p)?;
+                    if !b.is_empty() {
+                        let i = ((b.len() as f64 * at) as usize).min(b.len() - 1);
+                        b[i] ^= mask;
+                        fs::write(&p, b)?;
+                    }
+                }
+            }
+            Harm::Cut { file, at } => {
+                if let Some(p) = pick(*file) {
+                    let len = fs::metadata(&p)?.len();
+                    OpenOptions::new()
+                        .write(true)
+                        .open(&p)?
+                        .set_len((len as f64 * at) as u64)?;
+                }
+            }
+            Harm::Delete { file } => {
+                if let Some(p) = pick(*file) {
+                    fs::remove_file(p)?;
+                }
+            }
+            Harm::Swap { a, b } => {
+                if let (Some(a), Some(b)) = (pick(*a), pick(*b)) {
+                    let (ba, bb) = (fs::read(&a)?, fs::read(&b)?);
+                    fs::write(&a, bb)?;
+                    fs::write(&b, ba)?;
+                }
+            }
+            Harm::Foreign { file } => {
+                // Another server's segment, under a name of this log.
+                let theirs = segment_paths(&LogDir::create(stranger).expect("their log"));
+                if let Some(p) = theirs.get(file % theirs.len().max(1)) {
+                    fs::copy(p, log.dir.join(p.file_name().unwrap_or_default()))?;
+                }
+            }
+            Harm::FlipWatermark { at } => {
+                let p = log.watermark_path();
+                let mut b = fs::read(&p)?;
+                b[*at] ^= 0x04;
+                fs::write(&p, b)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_log(dir: &Path, history: HistoryId, n: usize) -> Vec<(u64, Vec<u8>)> {
+        let log = LogDir::create(dir).expect("log");
+        let options = WriterOptions {
+            lineage: Lineage {
+                history: Some(history),
+                epoch: 1,
+            },
+            durability: Durability::Os, // what is on disk is what matters here, and it is fast
+            ..small_segments()
+        };
+        let writer = LogWriter::start(&log, 1, options, Box::new(|_| {})).expect("writer");
+        append_each(&writer, payloads(n))
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// Whatever happens to the files between two lives (flips, cuts, deletions, swaps,
+        /// another server's segments, a damaged watermark): a start that accepts the log — no
+        /// corruption, nothing foreign, a valid watermark of its history that the log reaches —
+        /// reads back every acknowledged record, each as it was acknowledged. So no position,
+        /// and no offset, is ever handed to a second batch.
+        #[test]
+        fn damage_is_noticed_or_harmless(n in 20usize..120, harms in proptest::collection::vec(harm(), 1..4)) {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let ours = crate::history::DataHistory::new(crate::history::Legacy::default());
+            let theirs = crate::history::DataHistory::new(crate::history::Legacy::default());
+            let given = write_log(&tmp.path().join("ours"), ours.id, n);
+            write_log(&tmp.path().join("theirs"), theirs.id, 90);
+            let log = LogDir::create(tmp.path().join("ours")).expect("log");
+            for harm in &harms {
+                apply(harm, &log, &tmp.path().join("theirs")).expect("harm");
+            }
+            let scan = log.scan().expect("scan");
+            let mark = log.read_watermark().expect("read");
+            // As the server does for a snapshot at position 0: the log must start right after it.
+            let accepted = scan.segments.first().is_some_and(|s| s.first == 1)
+                && scan.corruption().is_none()
+                && scan.foreign(&ours).count() == 0
+                && matches!(mark, Some(Ok(m)) if m.history == Some(ours.id) && scan.end_problem(&m).is_none());
+            if accepted {
+                log.repair(&scan).expect("repair");
+                let read = read_all(&log, 0).expect("read");
+                prop_assert!(read.len() >= n, "{} of {} acknowledged records", read.len(), n);
+                for (record, (position, payload)) in read.iter().zip(&given) {
+                    prop_assert_eq!((record.position, &record.payload), (*position, payload));
+                }
+            }
+        }
 
         /// A crash at any byte of a write: the scan finds no corruption, every record wholly
         /// written before the cut reads back as it was, and nothing after it.

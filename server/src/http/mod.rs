@@ -20,6 +20,8 @@ pub mod admin;
 mod error;
 mod ingest;
 pub mod openapi;
+#[cfg(test)]
+mod props;
 mod views;
 
 use std::sync::Arc;
@@ -118,6 +120,7 @@ pub fn app(state: AppState, admin: Option<Arc<admin::Admin>>) -> Router {
     let operator = admin.clone();
     let bounded = Router::new()
         .route("/", get(index))
+        .route("/viewtape-client.js", get(client_module))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route(
@@ -138,6 +141,7 @@ pub fn app(state: AppState, admin: Option<Arc<admin::Admin>>) -> Router {
         .merge(views::stream_routes().with_state(state))
         .merge(bounded)
         .fallback(|| async { ApiError::not_found("no such route") })
+        .layer(axum::middleware::map_response(error::json_errors))
         .layer(tower::util::option_layer(cors))
         .layer(TraceLayer::new_for_http())
 }
@@ -211,6 +215,19 @@ fn readiness(state: &AppState) -> (bool, serde_json::Value) {
 
 async fn index() -> Html<&'static str> {
     Html(include_str!("../../static/index.html"))
+}
+
+/// `GET /viewtape-client.js`: `@viewtape/client` as one ES module (built from `clients/js` by
+/// `npm run bundle`), what the demo page imports; pages served elsewhere may import it too.
+async fn client_module() -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/javascript; charset=utf-8",
+        )],
+        include_str!("../../static/viewtape-client.js"),
+    )
+        .into_response()
 }
 
 /// `GET /metrics`. With auth on, only from loopback or with the admin token: metrics name every

@@ -28,8 +28,9 @@ pub(super) fn stream_routes() -> Router<AppState> {
     Router::new().route("/views/{view}/events", get(events))
 }
 
-/// `?access_token=` on the reading routes.
+/// `?access_token=` on the reading routes; any other parameter is a `400`.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct TokenQuery {
     access_token: Option<String>,
 }
@@ -115,13 +116,23 @@ async fn view_state(
         .into_response())
 }
 
-/// The query of `GET /views/{view}/events`.
+/// The query of `GET /views/{view}/events`: exactly the parameters it accepts; any other, or a
+/// value it does not know, is a `400`.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct EventsQuery {
     cursor: Option<String>,
-    from: Option<String>,
+    from: Option<FromQuery>,
     until: Option<String>,
     access_token: Option<String>,
+}
+
+/// `?from=`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum FromQuery {
+    /// The retained tape, then live.
+    Tape,
 }
 
 /// The response headers of every SSE stream.
@@ -161,7 +172,7 @@ async fn events(
         .filter(|text| !text.is_empty())
     {
         Some(text) => text.parse().map_or(Start::Malformed, Start::Cursor),
-        None if query.from.as_deref() == Some("tape") => Start::Tape,
+        None if query.from == Some(FromQuery::Tape) => Start::Tape,
         None => Start::State,
     };
     if let (Some(cluster), Start::Cursor(cursor)) = (&state.cluster, &start) {

@@ -28,7 +28,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
 use viewtape_snapshots::log::{Durability, GroupWritten, LogDir, LogError, LogWriter};
-use viewtape_snapshots::log::{Observer, WriterOptions};
+use viewtape_snapshots::log::{Lineage, Observer, WriterOptions};
 
 pub use entry::{BatchEntry, DeployEntry, Digest, Entry, Outcome, RestoreEntry};
 pub use stream::{PublishError, Published, StreamDurability, StreamLog};
@@ -96,6 +96,8 @@ pub struct LogMetrics {
     pub repaired_bytes: Counter,
     /// Times continuity broke and a fresh epoch was taken, by cause.
     pub fail_closed: Family<[(&'static str, &'static str); 1], Counter>,
+    /// Files of another history set aside at start, by kind (segment, snapshot, watermark).
+    pub foreign: Family<[(&'static str, &'static str); 1], Counter>,
     /// On a cluster: the last stream sequence this node applied.
     pub applied: Gauge,
     /// On a cluster: the stream's last sequence, as last seen.
@@ -161,11 +163,16 @@ impl Default for LogMetrics {
         for cause in Break::ALL {
             drop(fail_closed.get_or_create(&[("cause", cause.as_str())]));
         }
+        let foreign = Family::<[(&'static str, &'static str); 1], Counter>::default();
+        for kind in ["segment", "snapshot", "watermark"] {
+            drop(foreign.get_or_create(&[("kind", kind)]));
+        }
         let records_by_kind = Family::<[(&'static str, &'static str); 1], Counter>::default();
         for kind in RECORD_KINDS {
             drop(records_by_kind.get_or_create(&[("kind", kind)]));
         }
         Self {
+            foreign,
             position: Gauge::default(),
             bytes: Gauge::default(),
             segments: Gauge::default(),
@@ -198,6 +205,11 @@ impl LogMetrics {
         self.fail_closed
             .get_or_create(&[("cause", cause.as_str())])
             .inc();
+    }
+
+    /// Counts a file of another history set aside.
+    pub fn foreign(&self, kind: &'static str) {
+        self.foreign.get_or_create(&[("kind", kind)]).inc();
     }
 
     fn observer(&self) -> Observer {
@@ -244,6 +256,8 @@ pub struct Log {
     durable: AtomicU64,
     /// A reopen is under way.
     reopening: AtomicBool,
+    /// What new segments' headers carry, and whether the end-of-log watermark is kept.
+    lineage: Mutex<(Lineage, bool)>,
     metrics: LogMetrics,
 }
 
@@ -261,6 +275,7 @@ impl Log {
             committed: watch::Sender::new(committed),
             durable: AtomicU64::new(committed),
             reopening: AtomicBool::new(false),
+            lineage: Mutex::new((Lineage::default(), true)),
             metrics: LogMetrics::default(),
         }
     }
@@ -311,6 +326,13 @@ impl Log {
         &self.metrics
     }
 
+    /// Sets what the headers of segments made from now on carry (the data directory's history,
+    /// the journal's epoch), and whether the end-of-log watermark is kept; call it before
+    /// [`Log::start_writer`].
+    pub fn set_lineage(&self, lineage: Lineage, watermark: bool) {
+        *self.lineage.lock().unwrap_or_else(PoisonError::into_inner) = (lineage, watermark);
+    }
+
     /// Starts writing at position `next` of `dir`, segments of `segment_bytes`.
     ///
     /// # Errors
@@ -322,9 +344,12 @@ impl Log {
         next: u64,
         segment_bytes: u64,
     ) -> Result<(), LogError> {
+        let (lineage, watermark) = *self.lineage.lock().unwrap_or_else(PoisonError::into_inner);
         let options = WriterOptions {
             durability: self.durability,
             segment_bytes,
+            lineage,
+            watermark,
         };
         let writer = LogWriter::start(dir, next, options, self.metrics.observer())?;
         self.metrics.position.set(gauge(next.saturating_sub(1)));

@@ -42,6 +42,9 @@ impl<S: BatchSink> Task<S> {
             Record::Batch(entry) => self.replay_batch(entry, position).await,
             Record::Deploy(entry, module) if entry.pending => {
                 let verdict = self.judge_deploy(&entry, module, position).await;
+                if let Err(error) = &verdict {
+                    tracing::warn!(%error, position, module = %entry.module, "deploy refused here as on every node; nothing changed");
+                }
                 self.give(position, Verdict::Deploy(verdict));
                 Ok(())
             }

@@ -1,0 +1,82 @@
+/** What went wrong, as a stable code an application can switch on. */
+export type ViewErrorCode =
+  /** 401: no token, or one the server refused; the `token` callback is asked again. */
+  | 'unauthorized'
+  /** 403: the token does not grant this view. */
+  | 'forbidden'
+  /** 404: the server has no such view. */
+  | 'not_found'
+  /** Another HTTP status (a 503 past the server's connection limit, a proxy's error page). */
+  | 'http_status'
+  /** A 200 that is not `text/event-stream`: a proxy, a login page or a cache answered instead. */
+  | 'bad_content_type'
+  /** Headers came but no byte of the stream: something between buffers the response. */
+  | 'stream_buffered'
+  /** An event that must carry an `id:` came without one: something rewrote the stream. */
+  | 'missing_id'
+  /** An event without an `event:` type, or data that is not the server's JSON. */
+  | 'bad_event'
+  /** No byte (not even a heartbeat) for too long: the connection is presumed dead. */
+  | 'stalled'
+  /** The connection failed or was cut. */
+  | 'network'
+  /** Connections keep ending at once, or keep resetting: backing off harder. */
+  | 'fast_retry_loop'
+  /** The `token` callback threw. */
+  | 'token'
+  /** The cursor store could not be read or written. */
+  | 'store'
+  /** An application listener threw (the view carries on). */
+  | 'listener';
+
+/** An error of a view; `fatal` ones close it. */
+export class ViewError extends Error {
+  override readonly name = 'ViewError';
+
+  constructor(
+    readonly code: ViewErrorCode,
+    message: string,
+    readonly options: { status?: number; fatal?: boolean; cause?: unknown } = {},
+  ) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+  }
+
+  get status(): number | undefined {
+    return this.options.status;
+  }
+
+  get fatal(): boolean {
+    return this.options.fatal ?? false;
+  }
+}
+
+export type ProducerErrorCode =
+  /** 403 `producer_fenced`: a producer with a newer epoch took over this id. */
+  | 'fenced'
+  /** 401/403 without a way to get a token that the server takes. */
+  | 'unauthorized'
+  /** 409 that renumbering cannot resolve. */
+  | 'out_of_order'
+  /** 4xx: the server refuses this batch as it is (422 guest error, 413, 404 …). */
+  | 'rejected'
+  /** The producer was closed before the batch was acknowledged. */
+  | 'closed'
+  /** The producer store could not be read or written. */
+  | 'store';
+
+/** An error of `Producer.send`. */
+export class ProducerError extends Error {
+  override readonly name = 'ProducerError';
+
+  constructor(
+    readonly code: ProducerErrorCode,
+    message: string,
+    readonly options: { status?: number; body?: unknown; expectedSeq?: number; cause?: unknown } = {},
+  ) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+  }
+
+  get status(): number | undefined {
+    return this.options.status;
+  }
+}

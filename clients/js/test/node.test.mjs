@@ -1,0 +1,219 @@
+// @viewtape/client in Node against the real server, faults injected. Run by
+// tests/tests/clients.rs as `node clients/js/test/node.test.mjs <base-url>`, with the demo ticker
+// (`demo` → `prices`) and the `misbehave` fixture (`fixture` → `notes`) configured, on a pinned
+// port; the script asks the driver to `kill9-restart` and `kill9-wipe-restart` the server.
+//
+// Batches go to `fixture` as `publish notes k<i mod 5> {"batch": i}`: the view's live changes
+// then say exactly which batches were published and in which order. After every scenario the
+// view's map equals `GET /views/notes` at the same cursor, and every event was applied once.
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, test } from 'node:test';
+
+import { openProducer, openView } from '@viewtape/client';
+import { fileStore } from '@viewtape/client/node';
+
+import { check, control, done, log, until } from '../../common.mjs';
+import { checkAppliedOnce, checkMatchesServer, FaultProxy, recordChanges, sleep } from './support.mjs';
+
+const base = process.argv[2];
+check(base, 'usage: node.test.mjs <base-url>');
+const WAIT = 30000;
+const dir = mkdtempSync(join(tmpdir(), 'viewtape-client-'));
+const fast = { minDelay: 100, maxDelay: 1000 };
+after(() => {
+  rmSync(dir, { recursive: true, force: true });
+  done();
+});
+
+const batch = i => `publish notes k${i % 5} ${JSON.stringify({ batch: i })}\n`;
+const batchesOf = record => record.live.filter(c => !c.deleted).map(c => c.value.batch);
+const range = (from, to) => Array.from({ length: to - from }, (_, i) => from + i);
+
+/** A fetch whose answers to the requests `drop(n)` picks never arrive: the request reached the
+ * server (and committed), the producer times out and must retry. */
+function lossyFetch() {
+  let dropping = 0;
+  const f = async (url, init) => {
+    const response = await fetch(url, init);
+    if (dropping > 0) {
+      dropping -= 1;
+      await response.text();
+      await new Promise((_, reject) => init.signal.addEventListener('abort', () => reject(init.signal.reason), { once: true }));
+    }
+    return response;
+  };
+  f.drop = n => void (dropping += n);
+  return f;
+}
+
+test('kill -9 twice mid-stream: no reset, no duplicate, no loss; a producer through the kills and lost answers publishes each batch once', async () => {
+  const store = fileStore(join(dir, 'a'));
+  const view = openView(base, 'notes', { cursorStore: store, ...fast });
+  const record = recordChanges(view);
+  await view.synced();
+  const lossy = lossyFetch();
+  const retries = [];
+  const producer = openProducer(base, 'fixture', { id: 'node-a', store, timeout: 1500, ...fast, fetch: lossy, onRetry: r => retries.push(r) });
+  const receipts = [];
+  const sending = (async () => {
+    for (let i = 0; i < 60; i++) {
+      if (i % 15 === 7) lossy.drop(1);
+      receipts.push(await producer.send(batch(i)));
+    }
+  })();
+  await until(() => receipts.length >= 20, WAIT, '20 receipts');
+  await control('kill9-restart');
+  await until(() => receipts.length >= 40, WAIT, '40 receipts');
+  await control('kill9-restart');
+  await sending;
+  await checkMatchesServer(base, view, 'notes');
+  check(record.resets.length === 0, () => `no reset: ${JSON.stringify(record.resets)}`);
+  checkAppliedOnce(record);
+  check(JSON.stringify(batchesOf(record)) === JSON.stringify(range(0, 60)), () => `batches 0..59 once each, in order: ${batchesOf(record)}`);
+  check(receipts.every((r, i) => r.seq === i), 'seq 0..59');
+  const duplicates = receipts.filter(r => r.duplicate).length;
+  check(duplicates >= 4, `the answers dropped were retried and came back as duplicates (${duplicates})`);
+  check(retries.some(r => /no answer/.test(r.reason)), 'a timeout was retried');
+  log(`kill -9 x2: 60 batches once each, ${duplicates} duplicate receipts, ${retries.length} retries, ${view.stats.skipped} replayed events skipped`);
+
+  // A restart of this process: a new view on the same store resumes from the stored cursor,
+  // with no state transfer.
+  const cursor = view.cursor;
+  await view.close();
+  const proxy = await new FaultProxy(new URL(base).host).listen();
+  const again = openView(proxy.url, 'notes', { cursorStore: store, ...fast });
+  const record2 = recordChanges(again);
+  await until(() => again.cursor === cursor, WAIT, 'the stored cursor');
+  check(again.state.size === 5, `the stored state: ${again.state.size} keys`);
+  await again.synced();
+  for (let i = 60; i < 65; i++) await producer.send(batch(i));
+  await checkMatchesServer(base, again, 'notes');
+  check(proxy.requests[0].line.includes(`cursor=${encodeURIComponent(cursor)}`), `resumed with ?cursor=: ${proxy.requests[0].line}`);
+  check(record2.swaps === 0 && record2.resets.length === 0, 'no state transfer, no reset');
+  check(JSON.stringify(batchesOf(record2)) === JSON.stringify(range(60, 65)), () => `batches 60..64: ${batchesOf(record2)}`);
+  await again.close();
+  await proxy.close();
+});
+
+test('the data dir deleted between lives: exactly one reset, then the new state; the producer renumbers', async () => {
+  const store = fileStore(join(dir, 'b'));
+  const view = openView(base, 'notes', { cursorStore: store, ...fast });
+  const record = recordChanges(view);
+  const gaps = [];
+  const producer = openProducer(base, 'fixture', { id: 'node-b', store, ...fast, onGap: g => gaps.push(g) });
+  for (let i = 0; i < 10; i++) await producer.send(batch(i));
+  await checkMatchesServer(base, view, 'notes');
+  await control('kill9-wipe-restart');
+  const receipts = [];
+  for (let i = 100; i < 103; i++) receipts.push(await producer.send(batch(i)));
+  await checkMatchesServer(base, view, 'notes');
+  check(record.resets.length === 1, () => `exactly one reset: ${JSON.stringify(record.resets)}`);
+  check(['stale_epoch', 'ahead', 'expired'].includes(record.resets[0].reason), `a reset naming why: ${JSON.stringify(record.resets[0])}`);
+  check(view.state.size === 3, `only the new life's keys: ${[...view.state.keys()]}`);
+  check(gaps.length === 1 && gaps[0].sent === 10 && gaps[0].expected === 0, `one gap, 10 → 0: ${JSON.stringify(gaps)}`);
+  check(receipts.map(r => r.seq).join() === '0,1,2', `renumbered from 0: ${receipts.map(r => r.seq)}`);
+  checkAppliedOnce(record);
+  log(`wiped: one reset (${record.resets[0].reason}), producer renumbered`);
+  await view.close();
+});
+
+test('through a faulty proxy: 503 with Retry-After, a cut mid-frame, stripped ids, buffering, a login page, a fast loop', async () => {
+  const proxy = await new FaultProxy(new URL(base).host).listen();
+  const producer = openProducer(base, 'fixture', { id: 'node-c', ...fast });
+  let next = 0;
+  const send = async n => { for (const end = next + n; next < end; next++) await producer.send(batch(next)); };
+  await send(3);
+  proxy.plan = ['503'];
+  const view = openView(proxy.url, 'notes', { ...fast, firstByteTimeout: 1000 });
+  const record = recordChanges(view);
+  const codes = () => record.errors.map(e => e.code);
+  await view.synced();
+  const [refused, retried] = proxy.requests;
+  check(refused.mode === '503' && record.errors[0]?.status === 503, `a 503 first: ${JSON.stringify(proxy.requests)}`);
+  check(retried.at - refused.at >= 1000, `Retry-After honoured: ${retried.at - refused.at} ms`);
+  await send(3);
+  await checkMatchesServer(base, view, 'notes');
+
+  // A cut mid-frame: the next connection passes bytes until an update and cuts it in half.
+  proxy.plan = ['cut'];
+  proxy.dropAll();
+  await until(() => proxy.requests.length === 3, WAIT, 'a reconnection through the cutting proxy');
+  await send(4);
+  await checkMatchesServer(base, view, 'notes');
+  check(codes().includes('network'), () => `the cut was seen: ${codes()}`);
+
+  // Ids stripped: the client refuses to apply what it cannot place, says why and reconnects.
+  proxy.plan = ['strip-ids'];
+  const stripped = proxy.requests.length;
+  proxy.dropAll();
+  await until(() => proxy.requests.length > stripped, WAIT, 'a reconnection through the id-stripping proxy');
+  await send(2);
+  await until(() => codes().includes('missing_id'), WAIT, 'missing_id');
+  await checkMatchesServer(base, view, 'notes');
+
+  // A buffering proxy: headers, then nothing.
+  proxy.plan = ['buffer'];
+  proxy.dropAll();
+  await until(() => codes().includes('stream_buffered'), WAIT, 'stream_buffered');
+  await send(2);
+  await checkMatchesServer(base, view, 'notes');
+
+  // A login page where the stream should be, again and again: bad_content_type, then the guard.
+  proxy.plan = Array(6).fill('html');
+  proxy.dropAll();
+  await until(() => codes().includes('fast_retry_loop'), WAIT, 'fast_retry_loop');
+  check(codes().includes('bad_content_type'), () => `bad_content_type: ${codes()}`);
+  await send(2);
+  await checkMatchesServer(base, view, 'notes');
+
+  check(record.resets.length === 0, 'no reset');
+  checkAppliedOnce(record);
+  const seen = batchesOf(record);
+  check(JSON.stringify(seen) === JSON.stringify(range(3, next)), () => `every batch after the first state once, in order: ${seen}`);
+  log(`proxy faults: ${proxy.requests.length} connections, errors ${[...new Set(codes())].join(', ')}`);
+  await view.close();
+  await proxy.close();
+});
+
+test('close() frees every timer and listener', async () => {
+  const timers = () => process.getActiveResourcesInfo().filter(r => r === 'Timeout').length;
+  const before = timers();
+  const view = openView(base, 'notes', { ...fast, stallTimeout: 60000 });
+  let changes = 0;
+  await view.synced();
+  view.on('change', () => void (changes += 1));
+  check(timers() > before, 'a live view has its watchdog armed');
+  await view.close();
+  check(view.status === 'closed', view.status);
+  check(timers() === before, () => `no timer left after close: ${timers()} vs ${before}`);
+  const producer = openProducer(base, 'fixture', { id: 'node-d' });
+  await producer.send(batch(0));
+  await sleep(300);
+  check(changes === 0, 'no change after close');
+});
+
+test('a producer waits out a 503 with Retry-After and sends the same seq again', async () => {
+  let refusals = 1;
+  const sent = [];
+  const fetch503 = async (url, init) => {
+    sent.push({ seq: init.headers['Producer-Seq'], at: Date.now() });
+    if (refusals-- > 0) return new Response('{"error":"unavailable","message":"later"}', { status: 503, headers: { 'retry-after': '1' } });
+    return fetch(url, init);
+  };
+  const producer = openProducer(base, 'fixture', { id: 'node-e', fetch: fetch503, ...fast });
+  const receipt = await producer.send(batch(0));
+  check(receipt.seq === 0 && !receipt.duplicate, JSON.stringify(receipt));
+  check(sent.length === 2 && sent[0].seq === '0' && sent[1].seq === '0', JSON.stringify(sent));
+  check(sent[1].at - sent[0].at >= 1000, `Retry-After honoured: ${sent[1].at - sent[0].at} ms`);
+});
+
+test('keys and prefix go to the server as ?keys= and ?prefix=', async () => {
+  const proxy = await new FaultProxy(new URL(base).host).listen();
+  const view = openView(proxy.url, 'notes', { keys: ['k1', 'k2'], prefix: 'k', ...fast });
+  await view.synced();
+  check(proxy.requests[0].line === 'GET /views/notes/events?keys=k1%2Ck2&prefix=k HTTP/1.1', proxy.requests[0].line);
+  await view.close();
+  await proxy.close();
+});

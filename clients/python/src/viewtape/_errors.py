@@ -1,0 +1,29 @@
+"""Errors with stable codes (the same codes as the JavaScript client)."""
+
+from __future__ import annotations
+
+
+class ViewError(Exception):
+    """An error of a view. ``code`` is one of ``unauthorized``, ``forbidden``, ``not_found``,
+    ``http_status``, ``bad_content_type``, ``stream_buffered``, ``missing_id``, ``bad_event``,
+    ``stalled``, ``network``, ``fast_retry_loop``, ``token``, ``store``, ``listener``; a
+    ``fatal`` one closes the view."""
+
+    def __init__(self, code: str, message: str, *, status: int | None = None, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+        self.fatal = fatal
+
+
+class ProducerError(Exception):
+    """An error of ``Producer.send``: ``fenced``, ``unauthorized``, ``out_of_order``,
+    ``rejected``, ``closed``."""
+
+    def __init__(
+        self, code: str, message: str, *, status: int | None = None, expected_seq: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+        self.expected_seq = expected_seq

@@ -1,0 +1,169 @@
+"""viewtape-client against the real server, faults injected. Run by tests/tests/clients.rs as
+``python3 clients/python/tests/test_client.py <base-url>`` (the demo ticker and the ``misbehave``
+fixture configured, a pinned port); the tests ask the driver to ``kill9-restart`` and
+``kill9-wipe-restart`` the server by printing control lines. Batches go to ``fixture`` as
+``publish notes k<i mod 5> {"batch": i}``, so the view's live changes name every batch published.
+After every scenario the view's dict equals ``GET /views/notes`` at the same cursor."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import viewtape  # noqa: E402
+from support import CuttingProxy, Record, matches_server, until  # noqa: E402
+
+BASE = os.environ.get("VIEWTAPE_URL", "")
+FAST: dict[str, Any] = {"min_delay": 0.1, "max_delay": 1.0}
+
+
+async def control(command: str) -> None:
+    print(f"\n@@ctl {command}", flush=True)
+    reply = await asyncio.to_thread(sys.stdin.readline)
+    assert reply.startswith("ok"), f"{command}: {reply!r}"
+
+
+def batch(i: int) -> str:
+    return f"publish notes k{i % 5} {json.dumps({'batch': i})}\n"
+
+
+class LossyTransport(httpx.AsyncBaseTransport):
+    """Forwards to the real server; the answers to `drop` requests are read, then lost: the
+    batch committed, the producer sees a timeout and must retry."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.drop = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if self.drop > 0:
+            self.drop -= 1
+            await response.aread()
+            raise httpx.ReadTimeout("the answer was lost", request=request)
+        return response
+
+
+async def test_kill9_twice_and_a_producer_through_lost_answers(tmp_path: Path) -> None:
+    store = viewtape.FileStore(tmp_path)
+    lossy = LossyTransport()
+    retries: list[str] = []
+    async with viewtape.View(BASE, "notes", cursor_store=store, **FAST) as view, httpx.AsyncClient(transport=lossy) as client:
+        record = Record(view)
+        await view.synced()
+        async with viewtape.Producer(BASE, "fixture", producer_id="py-a", store=store, client=client,
+                                     timeout=3, on_retry=lambda s, r: retries.append(r), **FAST) as producer:
+            receipts: list[dict[str, Any]] = []
+
+            async def sending() -> None:
+                for i in range(45):
+                    if i % 15 == 7:
+                        lossy.drop += 1
+                    receipts.append(await producer.send(batch(i)))
+
+            task = asyncio.create_task(sending())
+            await until(lambda: len(receipts) >= 15, "15 receipts")
+            await control("kill9-restart")
+            await until(lambda: len(receipts) >= 30, "30 receipts")
+            await control("kill9-restart")
+            await task
+        await matches_server(BASE, view)
+        assert record.resets == []
+        record.applied_once()
+        assert record.batches() == list(range(45))
+        assert [r["seq"] for r in receipts] == list(range(45))
+        assert sum(r["duplicate"] for r in receipts) >= 3, receipts
+        assert any("lost" in r for r in retries)
+        cursor = view.cursor
+
+    # A restart of this process: the file store resumes it with no state transfer.
+    async with viewtape.View(BASE, "notes", cursor_store=store, **FAST) as again:
+        record = Record(again)
+        await again.synced()
+        assert again.cursor == cursor and len(again.state) == 5
+        async with viewtape.Producer(BASE, "fixture", producer_id="py-a", store=store) as producer:
+            for i in range(45, 48):
+                await producer.send(batch(i))
+        await matches_server(BASE, again)
+        assert record.swaps == 0 and record.resets == []
+        assert record.batches() == [45, 46, 47]
+
+
+async def test_data_dir_deleted_between_lives(tmp_path: Path) -> None:
+    gaps: list[tuple[int, int]] = []
+    async with viewtape.View(BASE, "notes", cursor_store=viewtape.FileStore(tmp_path), **FAST) as view, \
+            viewtape.Producer(BASE, "fixture", producer_id="py-b", store=viewtape.FileStore(tmp_path),
+                              on_gap=lambda s, e: gaps.append((s, e)), **FAST) as producer:
+        record = Record(view)
+        for i in range(8):
+            await producer.send(batch(i))
+        await matches_server(BASE, view)
+        await control("kill9-wipe-restart")
+        seqs = [(await producer.send(batch(i)))["seq"] for i in range(100, 103)]
+        await matches_server(BASE, view)
+        assert len(record.resets) == 1, record.resets
+        assert record.resets[0]["reason"] in ("stale_epoch", "ahead", "expired")
+        assert sorted(view.state) == ["k0", "k1", "k2"]
+        assert gaps == [(8, 0)] and seqs == [0, 1, 2]
+        record.applied_once()
+
+
+async def test_through_a_faulty_proxy() -> None:
+    proxy = CuttingProxy(BASE.removeprefix("http://"))
+    url = await proxy.start()
+    proxy.plan = ["503"]
+    async with viewtape.View(url, "notes", first_byte_timeout=1.0, **FAST) as view, \
+            viewtape.Producer(BASE, "fixture", producer_id="py-c") as producer:
+        record = Record(view)
+        await view.synced()
+        (refused, _), (retried, _) = proxy.requests[:2]
+        assert retried - refused >= 1.0, "Retry-After honoured"
+        assert record.errors[0].status == 503
+        proxy.plan = ["cut"]
+        proxy.drop_all()
+        await until(lambda: len(proxy.requests) >= 3, "a reconnection through the cutting proxy")
+        for i in range(6):
+            await producer.send(batch(i))
+        await matches_server(BASE, view)
+        assert any(e.code == "network" for e in record.errors)
+
+        # Ids stripped: httpx-sse repeats the last id on an event without one; the client must
+        # not take that for a replayed event (and skip it), but refuse it and reconnect.
+        proxy.plan = ["strip-ids"]
+        stripped = len(proxy.requests)
+        proxy.drop_all()
+        await until(lambda: len(proxy.requests) > stripped, "a reconnection through the id-stripping proxy")
+        for i in range(6, 9):
+            await producer.send(batch(i))
+        await until(lambda: any(e.code == "missing_id" for e in record.errors), "missing_id")
+        await matches_server(BASE, view)
+
+        # A buffering proxy, then a login page again and again: each is named, then the guard.
+        proxy.plan = ["buffer"]
+        proxy.drop_all()
+        await until(lambda: any(e.code == "stream_buffered" for e in record.errors), "stream_buffered")
+        proxy.plan = ["html"] * 6
+        proxy.drop_all()
+        await until(lambda: any(e.code == "fast_retry_loop" for e in record.errors), "fast_retry_loop")
+        assert any(e.code == "bad_content_type" for e in record.errors)
+        for i in range(9, 11):
+            await producer.send(batch(i))
+        await matches_server(BASE, view)
+        assert record.resets == []
+        record.applied_once()
+        assert record.batches() == list(range(11))
+    proxy.server.close()
+
+
+if __name__ == "__main__":
+    os.environ["VIEWTAPE_URL"] = sys.argv[1]
+    sys.exit(pytest.main([__file__, "-s", "-v", "-p", "no:cacheprovider", "-o", "asyncio_mode=auto"]))
