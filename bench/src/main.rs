@@ -13,6 +13,8 @@
 //!                        (start-up after kill -9: log replay vs an empty log; bench/src/restart.rs)
 //! viewtape-bench deploy  [--deploys 10 --rate 500 --connections 4 --max-seconds 300]
 //!                        (live module deploys under open-loop ingest; bench/src/deploy.rs)
+//! viewtape-bench stop    [--clients 1000 --stalled 30 --spread-seconds 5]
+//!                        (a graceful stop with stalled clients, reconnect spread; bench/src/stop.rs)
 //! common: --addr 127.0.0.1:PORT [--pid PID]   (a running server; PID for RSS/CPU)
 //!         or nothing: spawns target/<profile>/viewtape serve --demo-rate 0 [--server-arg …]
 //!         or --peer nchan --peer-url http://127.0.0.1:PORT [--pid WORKER_PID]
@@ -62,6 +64,7 @@ mod publish;
 mod replay;
 mod restart;
 mod stalled;
+mod stop;
 mod target;
 mod tls;
 mod transport;
@@ -71,7 +74,7 @@ use anyhow::{bail, Context as _};
 use crate::args::Args;
 use crate::target::Target;
 
-const USAGE: &str = "usage: viewtape-bench <fanout|replay|idle|stalled|cluster|durable|restart|deploy> [options]; see the module docs in bench/src/main.rs";
+const USAGE: &str = "usage: viewtape-bench <fanout|replay|idle|stalled|cluster|durable|restart|deploy|stop> [options]; see the module docs in bench/src/main.rs";
 
 fn main() -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -111,6 +114,11 @@ fn main() -> anyhow::Result<()> {
             let options = cluster::Options::from_args(&args)?;
             args.finish()?;
             return cluster::run(&options).await;
+        }
+        if command == "stop" {
+            let options = stop::Options::from_args(&args)?;
+            args.finish()?;
+            return stop::run(&options).await;
         }
         if command == "deploy" {
             let options = deploy::Options::from_args(&args)?;

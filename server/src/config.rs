@@ -1,72 +1,17 @@
 //! The server's settings: defaults, and the TOML file given with `--config`.
 //!
-//! ```toml
-//! [server]
-//! max_connections = 10000     # SSE connections; past it, 503
-//! max_http_connections = 11024  # every connection (default: max_connections + 1024); past it, 503
-//! header_timeout = "10s"      # time to send a whole request head
-//! idle_timeout = "60s"        # a kept-alive connection's wait for its next request
-//! write_timeout = "30s"       # a client that accepts no bytes this long is dropped
-//! drain_timeout = "5s"        # at a stop, time in-flight requests get to finish
-//! heartbeat = "15s"           # comment lines on idle streams
-//! retry = "2s"                # the `retry:` hint sent to clients
-//! max_body = "1MiB"           # ingest body limit; past it, 413
-//! snapshot_interval = "30s"   # periodic snapshots; "0s" turns them off
-//! keep_snapshots = 5          # periodic snapshots kept (plus the newest exact one)
-//! cors_origins = []           # origins allowed cross-origin, with credentials
-//! tls_cert = "cert.pem"       # HTTPS (HTTP/2 by ALPN, and HTTP/1.1) with this certificate chain
-//! tls_key = "key.pem"         # and this private key (PEM); both reloaded on SIGHUP
-//!
-//! [journal]
-//! enabled = true
-//! max_age = "1h"
-//! max_records_per_view = 100000
-//! max_bytes_per_view = "64MiB"
-//!
-//! [log]                       # what a 200 from ingest promises
-//! enabled = true              # false: no log; a crash takes a fresh epoch
-//! fsync = "always"            # "always": on the device before the 200; "os": handed to the OS
-//! segment_bytes = "64MiB"     # a new segment file past this size
-//! watermark = true            # the end-of-log watermark; false only to measure its cost
-//!
-//! [auth]                      # off unless VIEWTAPE_JWT_SECRET (HS256) or public_keys is set
-//! public_keys = "key.pem"     # a PEM public key: ES256, RS256 or EdDSA tokens
-//! audience = "viewtape"       # the `aud` tokens must carry (not checked when unset)
-//! public_views = ["prices"]   # readable without a token (a trailing * matches a prefix)
-//! allow_query_token = false   # accept ?access_token= (URLs end up in logs: off by default)
-//!
-//! [cluster]                   # replicas: the input log is a JetStream stream (or --nats URL)
-//! nats_url = "nats://127.0.0.1:4222"
-//! stream = "viewtape"         # created if missing: file storage, subjects "<stream>.in.>"
-//! replicas = 1                # the stream's replicas on the NATS cluster
-//! max_age = "0s"              # the stream drops older messages ("0s": never)
-//! bucket = "viewtape-snapshots"  # the object store bucket shared snapshots go to
-//! ahead_wait = "2s"           # a cursor ahead of this node waits this long before `ahead`
-//! apply_timeout = "5s"        # an ingest waits this long for this node to apply its batch
-//!
-//! [[runtime]]
-//! name = "demo"
-//! wasm = "builtin:ticker"     # or a path to a .wasm file
-//! views = ["prices"]          # the views it publishes to, which exist from the start; a batch
-//!                             # publishing anywhere else is rejected, a gap touches only these
-//! config = ""                 # bytes handed to the guest's `init`
-//! [runtime.limits]
-//! memory = "64MiB"
-//! fuel = 500000000            # CPU per call, counted (~1 per instruction): deterministic
-//! batch_timeout = "1s"        # wall-clock backstop; hitting it is a fault
-//! max_batch = "4MiB"
-//! max_event = "1MiB"
-//! [runtime.source]            # optional pull source besides HTTP ingest
-//! file = "/var/log/app.log"
-//! ```
+//! Every key, with its default, is in the README's config reference; a test holds the reference
+//! to these definitions (every key documented, no key that does not exist, defaults as shown).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize};
 use viewtape_journal::{JournalConfig, ViewName};
 
 use crate::host::Limits;
+
+mod spans;
 
 /// The built-in guests, by the name a config uses after `builtin:`.
 pub const BUILTIN_GUESTS: [(&str, &[u8]); 2] = [
@@ -74,7 +19,8 @@ pub const BUILTIN_GUESTS: [(&str, &[u8]); 2] = [
     ("logstats", crate::host::guests::LOGSTATS_WASM),
 ];
 
-/// Why a config file was refused.
+/// Why a config file was refused. Every message names the file and, when the file has the key at
+/// all, its line and the key: `invalid config viewtape.toml, line 3, key server.retry: …`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -87,26 +33,77 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    /// The file is not valid TOML for this schema; the message names the line.
-    #[error("invalid config {path}: {message}")]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// The parser's message, with line and column.
-        message: String,
-    },
-    /// The file parses but says something impossible.
-    #[error("invalid config {path}: {message}")]
+    /// The file is refused: not TOML, a key unknown or of the wrong type, a value impossible, or
+    /// a file it names (module, certificate, key) that does not load.
+    #[error("invalid config {}{}: {message}", path.display(), Located(*line, key.as_deref()))]
     Invalid {
         /// The file.
         path: PathBuf,
+        /// The line of the key (from 1).
+        line: Option<usize>,
+        /// The key, as a dotted path: `server.retry`, `runtime[0].limits.fuel`.
+        key: Option<String>,
         /// What is wrong.
         message: String,
     },
 }
 
+/// `, line N, key K` as far as they are known.
+struct Located<'a>(Option<usize>, Option<&'a str>);
+
+impl std::fmt::Display for Located<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(line) = self.0 {
+            write!(f, ", line {line}")?;
+        }
+        if let Some(key) = self.1 {
+            write!(f, ", key {key}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What is wrong with a config, and at which key (a dotted path as [`ConfigError::Invalid`]
+/// names it); the file's line is found from the key.
+#[derive(Debug)]
+pub struct Problem {
+    /// The key.
+    pub key: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl Problem {
+    /// `message` about `key`.
+    pub fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A config file's text, for naming the lines of its keys.
+#[derive(Debug)]
+pub struct Source {
+    path: PathBuf,
+    spans: spans::Spans,
+}
+
+impl Source {
+    /// The error for `problem`, with the file, the key and its line.
+    pub fn error(&self, problem: Problem) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.path.clone(),
+            line: self.spans.line_of(&problem.key),
+            key: Some(problem.key),
+            message: problem.message,
+        }
+    }
+}
+
 /// Everything `viewtape serve` runs with.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// HTTP and snapshot settings.
@@ -126,7 +123,7 @@ pub struct Config {
 }
 
 /// `[server]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Most concurrent SSE connections.
@@ -152,6 +149,10 @@ pub struct ServerConfig {
     /// Reconnection delay suggested to clients.
     #[serde(with = "humantime_serde")]
     pub retry: Duration,
+    /// At a stop, every stream ends with a `retry:` hint somewhere in `[0, reconnect_spread)`,
+    /// evenly spread, so that its clients come back over this window instead of all at once.
+    #[serde(with = "humantime_serde")]
+    pub reconnect_spread: Duration,
     /// Largest ingest body.
     #[serde(deserialize_with = "byte_size")]
     pub max_body: usize,
@@ -189,6 +190,7 @@ impl Default for ServerConfig {
             drain_timeout: Duration::from_secs(5),
             heartbeat: Duration::from_secs(15),
             retry: Duration::from_secs(2),
+            reconnect_spread: Duration::from_secs(5),
             max_body: 1 << 20,
             snapshot_interval: Duration::from_secs(30),
             keep_snapshots: 5,
@@ -200,7 +202,7 @@ impl Default for ServerConfig {
 }
 
 /// `[auth]`: who may read and write (the rules are in the `auth` module).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthSection {
     /// A PEM public key verifying ES256, RS256 or EdDSA tokens.
@@ -214,7 +216,7 @@ pub struct AuthSection {
 }
 
 /// `[cluster]`: nodes that share one input log, a JetStream stream. Off without `nats_url`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterSection {
     /// The NATS server(s), comma-separated; `None`: a single node with its own log.
@@ -257,7 +259,7 @@ impl Default for ClusterSection {
 }
 
 /// `[log]`: the log every accepted batch is written to before it is acknowledged.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogSection {
     /// Whether batches are logged (and replayed at a restart).
@@ -273,7 +275,7 @@ pub struct LogSection {
 }
 
 /// `[log] fsync`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FsyncMode {
     /// Synced to the device before the `200`: survives power loss.
@@ -295,7 +297,7 @@ impl Default for LogSection {
 }
 
 /// `[journal]`: the journal's retention.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct JournalSection {
     /// Whether offsets are issued.
@@ -335,7 +337,7 @@ impl JournalSection {
 }
 
 /// `[[runtime]]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuntimeSection {
     /// The runtime's name (ingest URL, logs, metrics).
@@ -357,7 +359,7 @@ pub struct RuntimeSection {
 }
 
 /// `[runtime.limits]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsSection {
     /// Largest linear memory.
@@ -403,7 +405,7 @@ impl LimitsSection {
 }
 
 /// `[runtime.source]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceSection {
     /// Follow this file like `tail -F`.
@@ -433,82 +435,133 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Reads and validates a config file.
+    /// Reads and validates a config file: its syntax, keys, types and values. What it names
+    /// (modules, certificates, keys) is checked by `crate::check`.
     ///
     /// # Errors
-    /// A [`ConfigError`] naming the file, and the line for syntax errors.
+    /// A [`ConfigError`] naming the file, the line and the key.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::load_source(path).map(|(config, _)| config)
+    }
+
+    /// Like [`Config::load`], and the file's [`Source`] for naming the lines of later problems.
+    ///
+    /// # Errors
+    /// See [`Config::load`].
+    pub fn load_source(path: &Path) -> Result<(Self, Source), ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
             source,
         })?;
-        let config: Self = toml::from_str(&text).map_err(|error| ConfigError::Parse {
+        let source = Source {
             path: path.to_owned(),
-            message: error.to_string().trim_end().to_owned(),
+            spans: spans::Spans::of(&text),
+        };
+        let config: Self = toml::from_str(&text).map_err(|error| {
+            let at = error.span().map(|span| span.start);
+            let line = at.map(|at| source.spans.line_at(at));
+            let message = error.message().trim_end().to_owned();
+            let mut key = at.and_then(|at| source.spans.key_at(at)).map(str::to_owned);
+            // A required key left out: the error is at its table; name the key itself.
+            if let (Some(table), Some(missing)) = (&key, missing_field(&message)) {
+                key = Some(format!("{table}.{missing}"));
+            }
+            let message = match (&key, line) {
+                // Not TOML: no key to name, so show the line.
+                (None, Some(line)) => match text.lines().nth(line - 1) {
+                    Some(shown) => format!("{message}: `{}`", shown.trim()),
+                    None => message,
+                },
+                _ => message,
+            };
+            ConfigError::Invalid {
+                path: path.to_owned(),
+                line,
+                key,
+                message,
+            }
         })?;
-        config.validate().map_err(|message| ConfigError::Invalid {
-            path: path.to_owned(),
-            message,
-        })?;
-        Ok(config)
+        config.validate().map_err(|problem| source.error(problem))?;
+        Ok((config, source))
     }
 
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), Problem> {
         let mut names = std::collections::HashSet::new();
-        for runtime in &self.runtimes {
+        for (i, runtime) in self.runtimes.iter().enumerate() {
+            let key = |name: &str| format!("runtime[{i}].{name}");
             ViewName::new(&runtime.name).map_err(|_| {
-                format!(
-                    "runtime name {:?}: use 1-128 of A-Z a-z 0-9 . _ -",
-                    runtime.name
+                Problem::new(
+                    key("name"),
+                    format!(
+                        "runtime name {:?}: use 1-128 of A-Z a-z 0-9 . _ -",
+                        runtime.name
+                    ),
                 )
             })?;
             if !names.insert(&runtime.name) {
-                return Err(format!("runtime {:?} is configured twice", runtime.name));
+                return Err(Problem::new(
+                    key("name"),
+                    format!("runtime {:?} is configured twice", runtime.name),
+                ));
             }
             if runtime.views.is_empty() {
-                return Err(format!(
-                    "runtime {:?}: declare the views it publishes to (views = [\"…\"])",
-                    runtime.name
+                return Err(Problem::new(
+                    key("views"),
+                    format!(
+                        "runtime {:?}: declare the views it publishes to (views = [\"…\"])",
+                        runtime.name
+                    ),
                 ));
             }
             for view in &runtime.views {
                 ViewName::new(view).map_err(|_| {
-                    format!(
-                        "runtime {:?}: view name {view:?}: use 1-128 of A-Z a-z 0-9 . _ -",
-                        runtime.name
+                    Problem::new(
+                        key("views"),
+                        format!(
+                            "runtime {:?}: view name {view:?}: use 1-128 of A-Z a-z 0-9 . _ -",
+                            runtime.name
+                        ),
                     )
                 })?;
             }
             if let Some(builtin) = runtime.wasm.strip_prefix("builtin:") {
                 if !BUILTIN_GUESTS.iter().any(|(name, _)| *name == builtin) {
-                    return Err(format!(
-                        "runtime {:?}: no built-in guest {builtin:?} (built-in: ticker, logstats)",
-                        runtime.name
+                    return Err(Problem::new(
+                        key("wasm"),
+                        format!(
+                            "runtime {:?}: no built-in guest {builtin:?} (built-in: ticker, logstats)",
+                            runtime.name
+                        ),
                     ));
                 }
             }
             if runtime.limits.fuel == 0 {
-                return Err(format!(
-                    "runtime {:?}: [runtime.limits] fuel must be above zero",
-                    runtime.name
+                return Err(Problem::new(
+                    key("limits.fuel"),
+                    format!("runtime {:?}: fuel must be above zero", runtime.name),
                 ));
             }
             if runtime.limits.batch_timeout.is_zero() {
-                return Err(format!(
-                    "runtime {:?}: batch_timeout must be above zero",
-                    runtime.name
+                return Err(Problem::new(
+                    key("limits.batch_timeout"),
+                    format!(
+                        "runtime {:?}: batch_timeout must be above zero",
+                        runtime.name
+                    ),
                 ));
             }
         }
         if self.server.max_connections == 0 {
-            return Err("server.max_connections must be above zero".to_owned());
+            return Err(Problem::new("server.max_connections", "must be above zero"));
         }
         if self.server.http_connection_limit() < self.server.max_connections {
-            return Err(format!(
-                "server.max_http_connections ({}) must be at least server.max_connections ({}): \
-                 every SSE stream is a connection",
-                self.server.http_connection_limit(),
-                self.server.max_connections
+            return Err(Problem::new(
+                "server.max_http_connections",
+                format!(
+                    "{} must be at least server.max_connections ({}): every SSE stream is a connection",
+                    self.server.http_connection_limit(),
+                    self.server.max_connections
+                ),
             ));
         }
         for (key, value) in [
@@ -517,7 +570,7 @@ impl Config {
             ("write_timeout", self.server.write_timeout),
         ] {
             if value.is_zero() {
-                return Err(format!("server.{key} must be above zero"));
+                return Err(Problem::new(format!("server.{key}"), "must be above zero"));
             }
         }
         let stream_name = |name: &str| {
@@ -526,29 +579,51 @@ impl Config {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         };
-        if !stream_name(&self.cluster.stream) || !stream_name(&self.cluster.bucket) {
-            return Err(
-                "cluster.stream and cluster.bucket: letters, digits, '-' and '_' only".into(),
-            );
+        for (key, value) in [
+            ("cluster.stream", &self.cluster.stream),
+            ("cluster.bucket", &self.cluster.bucket),
+        ] {
+            if !stream_name(value) {
+                return Err(Problem::new(
+                    key,
+                    format!("{value:?}: letters, digits, '-' and '_' only"),
+                ));
+            }
         }
         if self.cluster.replicas == 0 || self.cluster.replicas > 5 {
-            return Err("cluster.replicas must be 1 to 5".into());
+            return Err(Problem::new("cluster.replicas", "must be 1 to 5"));
         }
         if self.server.tls_cert.is_some() != self.server.tls_key.is_some() {
-            return Err(
-                "server.tls_cert and server.tls_key go together: set both for HTTPS, or neither"
-                    .into(),
-            );
+            let key = match self.server.tls_cert {
+                Some(_) => "server.tls_cert",
+                None => "server.tls_key",
+            };
+            return Err(Problem::new(
+                key,
+                "server.tls_cert and server.tls_key go together: set both for HTTPS, or neither",
+            ));
         }
         for origin in &self.server.cors_origins {
             if !is_origin(origin) {
-                return Err(format!(
-                    "server.cors_origins: {origin:?} is not an origin; write scheme://host[:port], \
-                     as a browser sends it (no path, no trailing slash, no \"*\")"
+                return Err(Problem::new(
+                    "server.cors_origins",
+                    format!(
+                        "{origin:?} is not an origin; write scheme://host[:port], as a browser \
+                         sends it (no path, no trailing slash, no \"*\")"
+                    ),
                 ));
             }
         }
         Ok(())
+    }
+
+    /// Checks a config that did not come from a file (the embedded default, or one changed by
+    /// command-line flags) as [`Config::load`] checks a file.
+    ///
+    /// # Errors
+    /// What is wrong, and where.
+    pub fn check_values(&self) -> Result<(), Problem> {
+        self.validate()
     }
 }
 
@@ -567,6 +642,11 @@ impl RuntimeSection {
             None => std::fs::read(&self.wasm),
         }
     }
+}
+
+/// The key serde's "missing field `key`" names.
+fn missing_field(message: &str) -> Option<&str> {
+    message.strip_prefix("missing field `")?.split('`').next()
 }
 
 /// A byte size: an integer, or a string such as `"64MiB"`, `"512 KiB"`, `"1MB"`.
@@ -621,6 +701,8 @@ fn is_origin(text: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     fn load(text: &str) -> Result<Config, ConfigError> {
@@ -660,14 +742,29 @@ mod tests {
     }
 
     #[test]
-    fn syntax_errors_name_the_line() {
+    fn syntax_errors_name_the_line_and_the_key() {
         let error =
             load("[journal]\nmax_age = \"1h\"\nmax_records_per_view = \"many\"\n").unwrap_err();
         let message = error.to_string();
-        assert!(message.contains("line 3"), "{message}");
+        assert!(
+            message.contains("line 3, key journal.max_records_per_view: invalid type"),
+            "{message}"
+        );
         let error = load("[server]\nnope = 1\n").unwrap_err().to_string();
         assert!(
-            error.contains("line 2") && error.contains("nope"),
+            error.contains("line 2, key server.nope: unknown field"),
+            "{error}"
+        );
+        let error = load("\n[[runtime]]\nname = \"a\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("line 2, key runtime[0].wasm: missing field"),
+            "{error}"
+        );
+        let error = load("[server\n").unwrap_err().to_string();
+        assert!(
+            error.contains("line 1: ") && error.contains("`[server`"),
             "{error}"
         );
     }
@@ -701,6 +798,88 @@ mod tests {
         ] {
             let error = load(text).unwrap_err().to_string();
             assert!(error.contains(needle), "{text:?}: {error}");
+            assert!(
+                error.contains(", line ") && error.contains(", key "),
+                "{text:?}: {error}"
+            );
+        }
+    }
+
+    /// The README's config reference: the TOML block after its marker.
+    fn readme_reference() -> String {
+        let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"));
+        let after = readme
+            .split_once("<!-- config-reference")
+            .expect("the README has a config reference")
+            .1;
+        let block = after.split_once("```toml\n").unwrap().1;
+        block.split_once("```").unwrap().0.to_owned()
+    }
+
+    /// Every leaf key of a serialized config, with array indices left out, and its value.
+    fn leaves(
+        value: &serde_json::Value,
+        prefix: &str,
+        out: &mut BTreeMap<String, serde_json::Value>,
+    ) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, value) in map {
+                    let path = match prefix {
+                        "" => key.clone(),
+                        _ => format!("{prefix}.{key}"),
+                    };
+                    leaves(value, &path, out);
+                }
+            }
+            // Tables in an array (`[[runtime]]`): their keys, under the array's name.
+            serde_json::Value::Array(items)
+                if items.iter().all(|item| item.is_object()) && !items.is_empty() =>
+            {
+                for item in items {
+                    leaves(item, prefix, out);
+                }
+            }
+            _ => {
+                out.insert(prefix.to_owned(), value.clone());
+            }
+        }
+    }
+
+    #[test]
+    fn the_readme_reference_is_every_key_with_its_default() {
+        let text = readme_reference();
+        let documented: Config = toml::from_str(&text).expect("the reference is a valid config");
+        let mut shown = BTreeMap::new();
+        leaves(&serde_json::to_value(&documented).unwrap(), "", &mut shown);
+
+        // Every key there is: the defaults, with a runtime that has every optional part.
+        let mut every = Config::default();
+        every.runtimes[0].source = Some(SourceSection {
+            file: PathBuf::from("/var/log/app.log"),
+        });
+        let mut defaults = BTreeMap::new();
+        leaves(&serde_json::to_value(&every).unwrap(), "", &mut defaults);
+        // The keys written in the block (parsing filled in the rest with defaults), without
+        // array indices; unknown ones were refused by parsing already.
+        let written: std::collections::BTreeSet<String> = spans::Spans::of(&text)
+            .paths()
+            .map(|path| path.replace("[0]", ""))
+            .collect();
+        let missing: Vec<_> = defaults.keys().filter(|k| !written.contains(*k)).collect();
+        assert!(
+            missing.is_empty(),
+            "keys the README reference leaves out: {missing:?}"
+        );
+        // Shown values are the defaults, but for keys without one (shown as an example).
+        for (key, default) in &defaults {
+            if default.is_null() || key == "runtime.source.file" {
+                continue;
+            }
+            assert_eq!(
+                &shown[key], default,
+                "the README shows another default for {key}"
+            );
         }
     }
 

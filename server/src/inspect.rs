@@ -1,5 +1,5 @@
-//! `viewtape snapshot inspect FILE`, `viewtape snapshot verify DIR` and `viewtape log inspect
-//! DIR`. None of them creates or changes anything.
+//! `viewtape snapshot inspect FILE`, `viewtape snapshot verify DIR`, `viewtape log inspect DIR`
+//! and `viewtape log dump DIR RUNTIME`. None of them creates or changes anything.
 
 use std::io::Write;
 use std::path::Path;
@@ -24,11 +24,7 @@ pub fn inspect_file(path: &Path, out: &mut impl Write) -> std::io::Result<bool> 
                 Some(id) => writeln!(out, "history:  {id}")?,
                 None => writeln!(out, "history:  none (format version {})", header.version())?,
             }
-            writeln!(
-                out,
-                "created:  {} ms since the Unix epoch",
-                header.created_at_ms()
-            )?;
+            writeln!(out, "created:  {}", readable_time(header.created_at_ms()))?;
             writeln!(
                 out,
                 "size:     {} bytes (body {})",
@@ -83,6 +79,19 @@ pub fn inspect_file(path: &Path, out: &mut impl Write) -> std::io::Result<bool> 
     }
 }
 
+/// `ms` since the Unix epoch as a date and time (UTC) and how long ago that was.
+fn readable_time(ms: u64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    let ago = std::time::SystemTime::now().duration_since(at).map_or_else(
+        |_| "in the future".to_owned(),
+        |ago| format!("{}s ago", ago.as_secs()),
+    );
+    format!(
+        "{} ({ago}; {ms} ms since the Unix epoch)",
+        httpdate::fmt_http_date(at)
+    )
+}
+
 /// Checks every snapshot in `dir`, one line each. Returns whether all are
 /// valid.
 ///
@@ -96,6 +105,10 @@ pub fn verify_dir(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
             return Ok(false);
         }
     };
+    if entries.is_empty() {
+        writeln!(out, "{}", nothing_in(dir, "snapshot files", "snapshots"))?;
+        return Ok(false);
+    }
     let mut all_valid = true;
     for entry in entries {
         let verdict = match load_file::<SnapshotBody>(&entry.path) {
@@ -123,6 +136,20 @@ pub fn verify_dir(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
     }
     Ok(all_valid)
 }
+/// What to say about a directory holding none of `what`: a data directory given instead of its
+/// `sub` directory is named as such.
+fn nothing_in(dir: &Path, what: &str, sub: &str) -> String {
+    let inner = dir.join(sub);
+    match inner.is_dir() {
+        true => format!(
+            "{}: no {what} here; this looks like a data directory: try {}",
+            dir.display(),
+            inner.display()
+        ),
+        false => format!("{}: no {what} here", dir.display()),
+    }
+}
+
 /// Prints every segment of the log in `dir` — its positions, size and damage — and whether
 /// the log is intact. Returns `false` on any damage, a torn tail included (a start-up would
 /// cut it).
@@ -137,6 +164,10 @@ pub fn inspect_log(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
             return Ok(false);
         }
     };
+    if scan.segments.is_empty() {
+        writeln!(out, "{}", nothing_in(dir, "log segments", "log"))?;
+        return Ok(false);
+    }
     for segment in &scan.segments {
         let name = segment
             .path
@@ -198,6 +229,64 @@ pub fn inspect_log(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
     Ok(corruption.is_none() && !torn)
 }
 
+/// Writes the input of every batch `runtime` committed that the log in `dir` still holds (since
+/// the oldest kept snapshot), in order, as it arrived — NDJSON for a runtime fed NDJSON, ready
+/// for `viewtape run` — each batch ending with a newline. Stops at the first damage. Returns the
+/// number of batches written, or a message when there is nothing to dump from (no log there, or
+/// no batch of that runtime).
+///
+/// # Errors
+/// Only failures to write to `out`.
+pub fn dump_log(
+    dir: &Path,
+    runtime: &str,
+    out: &mut impl Write,
+) -> std::io::Result<Result<u64, String>> {
+    let log = match LogDir::open_existing(dir) {
+        Ok(log) => log,
+        Err(error) => return Ok(Err(format!("{}: {error}", dir.display()))),
+    };
+    match log.scan() {
+        Ok(scan) if scan.segments.is_empty() => {
+            return Ok(Err(nothing_in(dir, "log segments", "log")))
+        }
+        Ok(_) => {}
+        Err(error) => return Ok(Err(format!("{}: {error}", dir.display()))),
+    }
+    let mut batches = 0u64;
+    let mut written: std::io::Result<()> = Ok(());
+    let read = log.read_after(0, |record| {
+        let Ok(crate::log::Entry::Batch(batch)) = crate::log::Entry::decode(&record.payload) else {
+            return Ok::<(), viewtape_snapshots::log::LogError>(());
+        };
+        if batch.runtime != runtime
+            || !matches!(batch.outcome, crate::log::Outcome::Committed(_))
+            || written.is_err()
+        {
+            return Ok(());
+        }
+        written = out
+            .write_all(&batch.input)
+            .and_then(|()| match batch.input.last() {
+                Some(b'\n') | None => Ok(()),
+                Some(_) => out.write_all(b"\n"),
+            });
+        batches += 1;
+        Ok(())
+    });
+    written?;
+    if let Err(error) = read {
+        return Ok(Err(format!("{}: {error}", dir.display())));
+    }
+    match batches {
+        0 => Ok(Err(format!(
+            "{}: no batch of runtime {runtime:?} in the log",
+            dir.display()
+        ))),
+        n => Ok(Ok(n)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::mpsc;
@@ -210,6 +299,27 @@ mod tests {
         let mut out = Vec::new();
         let ok = inspect_log(dir, &mut out).unwrap();
         (ok, String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn a_data_directory_given_for_its_log_or_snapshots_is_named_as_such() {
+        let data = tempfile::tempdir().unwrap();
+        std::fs::create_dir(data.path().join("log")).unwrap();
+        std::fs::create_dir(data.path().join("snapshots")).unwrap();
+        let (ok, out) = inspect(data.path());
+        assert!(!ok);
+        assert!(
+            out.contains("no log segments here; this looks like a data directory: try"),
+            "{out}"
+        );
+        let mut out = Vec::new();
+        assert!(!verify_dir(data.path(), &mut out).unwrap());
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            out.contains("no snapshot files here; this looks like a data directory: try"),
+            "{out}"
+        );
+        assert!(readable_time(0).starts_with("Thu, 01 Jan 1970 00:00:00 GMT"));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //!
 //! | layer | modules |
 //! |---|---|
-//! | process | [`server`] (`viewtape serve`: serving, shutdown), [`startup`] (start-up in every mode: local log, log off, cluster), [`inspect`] (`viewtape snapshot …`, `viewtape log …`), [`run`] (`viewtape run`: a guest over recorded input), [`scaffold`] (`viewtape new`: a guest crate) |
+//! | process | [`server`] (`viewtape serve`: serving, shutdown), [`check`] (`viewtape check-config`, and what `serve` checks first), [`startup`] (start-up in every mode: local log, log off, cluster), [`inspect`] (`viewtape snapshot …`, `viewtape log …`), [`run`] (`viewtape run`: a guest over recorded input), [`scaffold`] (`viewtape new`: a guest crate) |
 //! | transport | [`listener`] — the accept loop; HTTP/1.1 carried to a router, lean or through hyper, and HTTP/2 over TLS; [`tls`] — the certificate, reloadable |
 //! | HTTP | [`http`] — the one router: routes, layers, the API error; [`http::admin`] |
 //! | operations | [`snapshot`] — snapshot body, cut, write, restore; [`recovery`] — a snapshot and the local log at start-up; [`history`] — the data directory's identity, foreign files, the end of the log; [`cluster`] — replicas applying a JetStream stream as their log; [`deploy`] — a new module into a running runtime; [`demo`] — the demo feed |
@@ -19,6 +19,7 @@
 #![deny(missing_docs)]
 
 pub mod auth;
+pub mod check;
 pub mod cluster;
 pub mod config;
 pub mod demo;

@@ -37,11 +37,14 @@
 //!
 //! ## Stopping
 //!
-//! When `shutdown` resolves the loop stops accepting, connections between
-//! requests or still sending a head close, responses in flight finish (SSE
-//! streams end by themselves on the same signal) and the loop waits up to
-//! [`Limits::drain_timeout`] for them — or until `abandon` resolves (a second
-//! signal).
+//! When `shutdown` resolves (the router's streams end on the same signal, and
+//! `/readyz` turns `503`), the loop keeps accepting while it drains: requests
+//! with bodies in flight (every method but `GET` and `HEAD`) get up to
+//! [`Limits::drain_timeout`] to finish, and every other response [`STREAM_FLUSH`]
+//! to write its last bytes — or until `abandon` resolves (a second signal).
+//! Then the listener closes, connections between requests or still sending a
+//! head close, and the loop returns without waiting for the rest: a client
+//! that stopped reading, or never finishes its head, cannot hold the stop.
 
 use std::future::Future;
 use std::io::IoSlice;
@@ -61,7 +64,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
 use tower::ServiceExt;
 use tracing::Instrument;
@@ -83,6 +86,9 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const PROBE: usize = 64;
 /// How often, at most, memory freed by closed hyper connections is handed back to the OS.
 const TRIM_EVERY: Duration = Duration::from_secs(5);
+/// At a stop, time every response but a request with a body gets to write its last bytes: an
+/// SSE stream's final `retry:` hint, a `GET` being answered.
+pub const STREAM_FLUSH: Duration = Duration::from_millis(300);
 /// How often a lasting episode of failed accepts is reported.
 const ACCEPT_REPORT_EVERY: Duration = Duration::from_secs(10);
 /// Time without a failed accept that ends an episode.
@@ -99,7 +105,7 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Time a client may accept no bytes before it is dropped.
     pub write_timeout: Duration,
-    /// At a stop, time in-flight responses get to finish.
+    /// At a stop, time in-flight requests with bodies get to finish.
     pub drain_timeout: Duration,
     /// Most connections open at once.
     pub max_connections: usize,
@@ -117,9 +123,8 @@ impl From<&ServerConfig> for Limits {
     }
 }
 
-/// Serves `router` on `listener` with `limits` until `shutdown` resolves, then stops accepting
-/// and lets in-flight responses finish, for at most [`Limits::drain_timeout`] or until
-/// `abandon` resolves.
+/// Serves `router` on `listener` with `limits` until `shutdown` resolves, then drains (see the
+/// module docs) and closes the listener.
 ///
 /// # Errors
 /// None today; accept errors are counted, logged once per episode, and retried.
@@ -138,14 +143,12 @@ pub async fn serve(
         limits,
         tls,
         closed: AtomicU64::new(0),
+        bodies: watch::Sender::new(0),
     });
     let trimmer = tokio::spawn(trim_after_closes(Arc::clone(&shared)));
     let permits = Arc::new(Semaphore::new(limits.max_connections));
-    // Every connection holds a clone of `drained`; when all are gone, the
-    // receiver sees the channel close.
-    let (drained, mut all_drained) = mpsc::channel::<()>(1);
     let (stop, stopping) = watch::channel(false);
-    let mut shutdown = std::pin::pin!(shutdown);
+    let mut shutdown = std::pin::pin!(drain(shutdown, abandon, &shared));
     let mut backoff = ACCEPT_BACKOFF.0;
     let mut trouble: Option<AcceptTrouble> = None;
     loop {
@@ -188,7 +191,6 @@ pub async fn serve(
             shared: Arc::clone(&shared),
             stopping: stopping.clone(),
             _permit: permit,
-            _drained: drained.clone(),
         };
         let span = tracing::debug_span!("connection", %peer);
         tokio::spawn(connection.start(stream).instrument(span));
@@ -196,15 +198,33 @@ pub async fn serve(
     drop(listener);
     trimmer.abort();
     let _ = stop.send(true);
-    drop(drained);
+    Ok(())
+}
+
+/// Resolves when the listener may close: after `shutdown`, once the requests with bodies in
+/// flight have finished (at most [`Limits::drain_timeout`]) and the other responses have had
+/// [`STREAM_FLUSH`], or at once when `abandon` resolves.
+async fn drain(
+    shutdown: impl Future<Output = ()>,
+    abandon: impl Future<Output = ()>,
+    shared: &Shared,
+) {
+    shutdown.await;
+    let started = Instant::now();
+    let mut bodies = shared.bodies.subscribe();
+    let finished = async {
+        let _ = bodies.wait_for(|n| *n == 0).await;
+    };
+    let drained = futures_util::future::join(finished, tokio::time::sleep(STREAM_FLUSH));
+    let limit = shared.limits.drain_timeout.max(STREAM_FLUSH);
     tokio::select! {
-        _ = all_drained.recv() => {}
-        () = tokio::time::sleep(limits.drain_timeout) => {
-            tracing::warn!(drain_timeout = ?limits.drain_timeout, "in-flight requests did not finish in time; stopping without them");
+        _ = drained => {}
+        () = tokio::time::sleep(limit) => {
+            tracing::warn!(drain_timeout = ?shared.limits.drain_timeout, in_flight = *shared.bodies.borrow(), "requests with bodies did not finish in time; stopping without them");
         }
         () = abandon => tracing::warn!("asked again to stop: not waiting for in-flight requests"),
     }
-    Ok(())
+    tracing::info!(took = ?started.elapsed(), "drained; closing the listener");
 }
 
 /// An episode of failing accepts: one line when it starts, one every [`ACCEPT_REPORT_EVERY`]
@@ -262,6 +282,25 @@ async fn refuse(mut stream: TcpStream, limits: Limits) {
     let _ = stream.shutdown().await;
 }
 
+/// Answers a plain HTTP request on the TLS port: `400` with a JSON error saying to use HTTPS,
+/// in plain text since the client speaks no TLS, then closes.
+async fn plain_http_to_tls(mut stream: TcpStream, limits: Limits) {
+    let body = "{\"error\":\"bad_request\",\"message\":\"this port speaks HTTPS only: use https:// in the URL\"}";
+    let response = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tracing::debug!("plain HTTP on the TLS port; told to use HTTPS");
+    let _ = write_all(
+        &mut stream,
+        &mut [IoSlice::new(response.as_bytes())],
+        limits.write_timeout,
+    )
+    .await;
+    let _ = stream.shutdown().await;
+}
+
 /// What every connection shares.
 struct Shared {
     router: Router,
@@ -271,6 +310,55 @@ struct Shared {
     tls: Option<Arc<Tls>>,
     /// Connections that have ended, on either transport.
     closed: AtomicU64,
+    /// Requests with bodies being served (see [`BodyGuard`]).
+    bodies: watch::Sender<usize>,
+}
+
+/// Counts a request with a body in [`Shared::bodies`] from its start until its response has been
+/// sent (or dropped).
+struct BodyGuard(Arc<Shared>);
+
+impl BodyGuard {
+    /// A guard for `method`'s request, when it is one the drain waits for.
+    fn of(method: &Method, shared: &Arc<Shared>) -> Option<Self> {
+        if method == Method::GET || method == Method::HEAD {
+            return None;
+        }
+        shared.bodies.send_modify(|n| *n += 1);
+        Some(Self(Arc::clone(shared)))
+    }
+}
+
+impl Drop for BodyGuard {
+    fn drop(&mut self) {
+        self.0.bodies.send_modify(|n| *n -= 1);
+    }
+}
+
+/// A response body that holds a [`BodyGuard`] until it is sent.
+struct Guarded {
+    body: Body,
+    _guard: BodyGuard,
+}
+
+impl http_body::Body for Guarded {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Hands freed memory back to the OS after connections close, at most every [`TRIM_EVERY`]. An
@@ -308,8 +396,6 @@ struct Connection {
     stopping: watch::Receiver<bool>,
     /// Its place under [`Limits::max_connections`].
     _permit: OwnedSemaphorePermit,
-    /// Dropped when the connection ends; the accept loop's drain waits for it.
-    _drained: mpsc::Sender<()>,
 }
 
 impl Drop for Connection {
@@ -344,8 +430,16 @@ impl Connection {
         }
     }
 
-    /// The TLS handshake, then HTTP/2 or HTTP/1.1 as the client chose.
+    /// The TLS handshake, then HTTP/2 or HTTP/1.1 as the client chose. A client that speaks
+    /// plain HTTP to the port instead gets a plain `400` saying to use HTTPS.
     async fn start_tls(self, tls: Arc<Tls>, stream: TcpStream) {
+        let mut first = [0u8; 1];
+        let peeked =
+            tokio::time::timeout(self.shared.limits.header_timeout, stream.peek(&mut first)).await;
+        if matches!(peeked, Ok(Ok(1))) && first[0].is_ascii_uppercase() {
+            self.shared.metrics.tls_failures.inc();
+            return plain_http_to_tls(stream, self.shared.limits).await;
+        }
         let handshake = tokio::time::timeout(
             self.shared.limits.header_timeout,
             tls.acceptor().accept(stream),
@@ -491,13 +585,26 @@ impl Connection {
                 Future = impl Send,
             > + Clone,
     > {
-        let peer = self.peer;
-        TowerToHyperService::new(self.shared.router.clone().map_request(
+        let (peer, shared) = (self.peer, Arc::clone(&self.shared));
+        TowerToHyperService::new(tower::service_fn(
             move |mut request: hyper::Request<hyper::body::Incoming>| {
                 request
                     .extensions_mut()
                     .insert(axum::extract::ConnectInfo(peer));
-                request
+                let guard = BodyGuard::of(request.method(), &shared);
+                let router = shared.router.clone();
+                async move {
+                    let response = router.oneshot(request).await?;
+                    Ok(match guard {
+                        Some(guard) => response.map(|body| {
+                            Body::new(Guarded {
+                                body,
+                                _guard: guard,
+                            })
+                        }),
+                        None => response,
+                    })
+                }
             },
         ))
     }

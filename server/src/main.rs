@@ -5,10 +5,12 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
+use viewtape_server::check;
 use viewtape_server::config::Config;
 use viewtape_server::server::{serve, ServeOptions};
 
@@ -41,6 +43,13 @@ enum Command {
         #[arg(long)]
         nats: Option<String>,
     },
+    /// Check a config file as `serve --config FILE` does before it starts, without starting:
+    /// syntax, keys, types, values, declared views, and that every module, certificate and key
+    /// file it names loads. Exits 1 naming the file, the line and the key of the first problem.
+    CheckConfig {
+        /// The TOML config file.
+        file: PathBuf,
+    },
     /// Deploy a new module to a runtime of a running server, without a restart: the guest's
     /// state carries over, no client notices. Needs the server's admin token in
     /// VIEWTAPE_ADMIN_TOKEN.
@@ -49,9 +58,13 @@ enum Command {
         runtime: String,
         /// The new module (`.wasm`).
         wasm: PathBuf,
-        /// The server's address.
+        /// The server: `host:port`, or a URL (`http://host:port`, `https://host[:port]`).
         #[arg(long, default_value = "127.0.0.1:8080")]
-        server: SocketAddr,
+        server: String,
+        /// For https: the PEM certificates to trust (default: the system's, from
+        /// `$SSL_CERT_FILE` or /etc/ssl/certs/ca-certificates.crt).
+        #[arg(long)]
+        cacert: Option<PathBuf>,
     },
     /// Inspect snapshot files.
     #[command(subcommand)]
@@ -97,6 +110,14 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum LogCommand {
+    /// Print the input of every batch a runtime committed that the log still holds (since the
+    /// oldest kept snapshot), in order, as it arrived: NDJSON ready for `viewtape run`.
+    Dump {
+        /// The log directory (`<data-dir>/log`).
+        dir: PathBuf,
+        /// The runtime.
+        runtime: String,
+    },
     /// Print every segment, its positions and any damage; exit 1 on damage. Changes nothing.
     Inspect {
         /// The log directory (`<data-dir>/log`).
@@ -118,15 +139,31 @@ enum SnapshotCommand {
     },
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// Runs the command; an error is printed as one line (with its causes), never with a backtrace,
+/// and the process exits 1.
+fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build();
+    let result = match runtime {
+        Ok(runtime) => runtime.block_on(run(cli)),
+        Err(error) => Err(anyhow::anyhow!("cannot start the async runtime: {error}")),
+    };
+    if let Err(error) = result {
+        eprintln!("error: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
         Command::Serve {
             listen,
             data_dir,
@@ -134,13 +171,19 @@ async fn main() -> anyhow::Result<()> {
             demo_rate,
             nats,
         } => {
-            let mut config = match &config {
-                Some(path) => Config::load(path)?,
-                None => Config::default(),
+            let override_nats = |config: &mut Config| {
+                if nats.is_some() {
+                    config.cluster.nats_url = nats;
+                }
             };
-            if nats.is_some() {
-                config.cluster.nats_url = nats;
-            }
+            let config = match &config {
+                Some(path) => check::check_file(path, override_nats)?,
+                None => {
+                    let mut config = Config::default();
+                    override_nats(&mut config);
+                    config
+                }
+            };
             serve(ServeOptions {
                 listen,
                 data_dir,
@@ -148,6 +191,20 @@ async fn main() -> anyhow::Result<()> {
                 demo_rate,
             })
             .await
+        }
+        Command::CheckConfig { file } => {
+            let config = check::check_file(&file, |_| {})?;
+            let runtimes: Vec<String> = config
+                .runtimes
+                .iter()
+                .map(|runtime| format!("{} ({})", runtime.name, runtime.views.join(", ")))
+                .collect();
+            println!(
+                "{}: ok; runtimes and their views: {}",
+                file.display(),
+                runtimes.join("; ")
+            );
+            Ok(())
         }
         Command::Snapshot(SnapshotCommand::Inspect { file }) => {
             let ok = viewtape_server::inspect::inspect_file(&file, &mut std::io::stdout())?;
@@ -196,6 +253,7 @@ async fn main() -> anyhow::Result<()> {
             runtime,
             wasm,
             server,
+            cacert,
         } => {
             let module = std::fs::read(&wasm)
                 .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", wasm.display()))?;
@@ -205,9 +263,23 @@ async fn main() -> anyhow::Result<()> {
                     viewtape_server::http::admin::TOKEN_ENV
                 )
             })?;
-            let (status, body) = deploy(server, &runtime, module, &token).await?;
+            let target = Target::parse(&server)?;
+            let (status, body) =
+                deploy(&target, cacert.as_deref(), &runtime, module, &token).await?;
             println!("{body}");
             std::process::exit(if status == 200 { 0 } else { 1 })
+        }
+        Command::Log(LogCommand::Dump { dir, runtime }) => {
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            let dumped = viewtape_server::inspect::dump_log(&dir, &runtime, &mut out)?;
+            std::io::Write::flush(&mut out)?;
+            match dumped {
+                Ok(batches) => {
+                    eprintln!("{batches} batches of runtime {runtime:?}");
+                    Ok(())
+                }
+                Err(why) => anyhow::bail!("{why}"),
+            }
         }
         Command::Log(LogCommand::Inspect { dir }) => {
             let ok = viewtape_server::inspect::inspect_log(&dir, &mut std::io::stdout())?;
@@ -220,28 +292,163 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-/// `PUT /admin/runtimes/{runtime}/module` with `module` as the body; the status and the body.
+/// Where `viewtape deploy` sends the module.
+#[derive(Debug, PartialEq, Eq)]
+struct Target {
+    https: bool,
+    host: String,
+    port: u16,
+}
+
+impl Target {
+    /// `host:port`, `http://host[:port][/]` or `https://host[:port][/]`.
+    fn parse(text: &str) -> anyhow::Result<Self> {
+        let (https, rest) = match text.split_once("://") {
+            Some(("http", rest)) => (false, rest),
+            Some(("https", rest)) => (true, rest),
+            Some((scheme, _)) => anyhow::bail!("--server {text}: {scheme}:// is not http or https"),
+            None => (false, text),
+        };
+        let authority = rest.trim_end_matches('/');
+        anyhow::ensure!(
+            !authority.is_empty() && !authority.contains('/'),
+            "--server {text}: give host:port or a URL without a path"
+        );
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((host, port)) if !port.contains(']') => (
+                host,
+                port.parse()
+                    .map_err(|_| anyhow::anyhow!("--server {text}: {port:?} is not a port"))?,
+            ),
+            _ if https => (authority, 443),
+            _ if text.contains("://") => (authority, 80),
+            _ => anyhow::bail!("--server {text}: give host:port or a URL"),
+        };
+        Ok(Self {
+            https,
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
+            port,
+        })
+    }
+
+    /// The `Host` header.
+    fn authority(&self) -> String {
+        match self.host.contains(':') {
+            true => format!("[{}]:{}", self.host, self.port),
+            false => format!("{}:{}", self.host, self.port),
+        }
+    }
+}
+
+/// The TLS client of `viewtape deploy --server https://…`, trusting `cacert` or the system's
+/// certificates.
+fn tls_connector(cacert: Option<&Path>) -> anyhow::Result<tokio_rustls::TlsConnector> {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+    use tokio_rustls::rustls::pki_types::CertificateDer;
+
+    let bundle = match cacert {
+        Some(path) => path.to_owned(),
+        None => std::env::var_os("SSL_CERT_FILE").map_or_else(
+            || PathBuf::from("/etc/ssl/certs/ca-certificates.crt"),
+            PathBuf::from,
+        ),
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(&bundle)
+        .map_err(|e| anyhow::anyhow!("cannot read certificates from {}: {e}", bundle.display()))?
+    {
+        let cert = cert.map_err(|e| anyhow::anyhow!("{}: {e}", bundle.display()))?;
+        roots
+            .add(cert)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", bundle.display()))?;
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+/// `PUT /admin/runtimes/{runtime}/module` with `module` as the body, over HTTP/1.1 (TLS for
+/// https); the status and the body.
 async fn deploy(
-    server: SocketAddr,
+    target: &Target,
+    cacert: Option<&Path>,
     runtime: &str,
     module: Vec<u8>,
     token: &str,
 ) -> anyhow::Result<(u16, String)> {
     use http_body_util::{BodyExt as _, Full};
 
-    let stream = tokio::net::TcpStream::connect(server)
+    let authority = target.authority();
+    let stream = tokio::net::TcpStream::connect((target.host.as_str(), target.port))
         .await
-        .map_err(|e| anyhow::anyhow!("cannot connect to {server}: {e}"))?;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-    tokio::spawn(connection);
+        .map_err(|e| anyhow::anyhow!("cannot connect to {authority}: {e}"))?;
     let request = hyper::Request::put(format!("/admin/runtimes/{runtime}/module"))
-        .header(hyper::header::HOST, server.to_string())
+        .header(hyper::header::HOST, &authority)
         .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
         .header(hyper::header::CONTENT_TYPE, "application/wasm")
         .body(Full::new(bytes::Bytes::from(module)))?;
-    let response = sender.send_request(request).await?;
+    let response = if target.https {
+        let name = tokio_rustls::rustls::pki_types::ServerName::try_from(target.host.clone())
+            .map_err(|e| anyhow::anyhow!("{}: {e}", target.host))?;
+        let stream = tls_connector(cacert)?
+            .connect(name, stream)
+            .await
+            .map_err(|e| anyhow::anyhow!("TLS with {authority}: {e}"))?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        tokio::spawn(connection);
+        sender.send_request(request).await?
+    } else {
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        tokio::spawn(connection);
+        sender.send_request(request).await?
+    };
     let status = response.status().as_u16();
     let body = response.into_body().collect().await?.to_bytes();
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Target;
+
+    #[test]
+    fn deploy_targets_are_addresses_or_urls() {
+        let target = |https, host: &str, port| Target {
+            https,
+            host: host.to_owned(),
+            port,
+        };
+        for (text, expected) in [
+            ("127.0.0.1:8080", target(false, "127.0.0.1", 8080)),
+            ("localhost:8080", target(false, "localhost", 8080)),
+            ("http://localhost:8080/", target(false, "localhost", 8080)),
+            ("http://example.com", target(false, "example.com", 80)),
+            ("https://example.com", target(true, "example.com", 443)),
+            (
+                "https://example.com:8443/",
+                target(true, "example.com", 8443),
+            ),
+            ("[::1]:8080", target(false, "::1", 8080)),
+        ] {
+            assert_eq!(Target::parse(text).unwrap(), expected, "{text}");
+        }
+        assert_eq!(
+            Target::parse("[::1]:8080").unwrap().authority(),
+            "[::1]:8080"
+        );
+        for bad in ["localhost", "ftp://x:1", "http://x:1/admin", "x:port"] {
+            assert!(Target::parse(bad).is_err(), "{bad}");
+        }
+    }
 }

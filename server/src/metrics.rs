@@ -131,6 +131,8 @@ pub struct Metrics {
     pub ingest_accepted: Counter,
     /// Ingest batches rejected (guest refused or failed, body too large).
     pub ingest_rejected: Counter,
+    /// `viewtape_ready`: set by whoever renders the metrics, from what `/readyz` says.
+    pub ready: Gauge,
     /// HTTP connections served by the lean transport.
     pub lean_connections: Counter,
     /// HTTP connections handed to hyper.
@@ -208,6 +210,12 @@ impl Metrics {
             "Failed accepts (out of file descriptors, mostly)",
             accept_errors.clone(),
         );
+        let ready = Gauge::default();
+        registry.register(
+            "viewtape_ready",
+            "1 while /readyz answers 200 (a cluster node caught up and applying; not stopping), else 0; as of this scrape",
+            ready.clone(),
+        );
         let tls_failures = Counter::default();
         registry.register(
             "viewtape_tls_handshake_failures",
@@ -232,6 +240,7 @@ impl Metrics {
             tls_failures,
             http_refused,
             accept_errors,
+            ready,
             streams,
             registry,
         }
@@ -461,6 +470,7 @@ mod tests {
             "viewtape_http_connections_total counter",
             "viewtape_http_connections_refused_total counter",
             "viewtape_accept_errors_total counter",
+            "viewtape_ready gauge",
             "viewtape_tls_handshake_failures_total counter",
             "viewtape_log_position gauge",
             "viewtape_log_bytes gauge",

@@ -10,13 +10,14 @@
 //! 3. Start the pull sources and the demo feed (on a cluster, once per cluster:
 //!    on the node holding each one's lease).
 //! 4. Bind, print `viewtape listening on http://ADDR/` as the first line of
-//!    stdout, and serve.
+//!    stdout and `viewtape data in DIR` as the second, and serve.
 //!
 //! ## Shutdown
 //!
-//! On SIGINT or SIGTERM: close every SSE stream and stop accepting; let
-//! in-flight requests finish for at most `[server] drain_timeout` (a second
-//! signal stops waiting); stop the demo feed and sources; take the consistency
+//! On SIGINT or SIGTERM: `/readyz` turns `503` and every SSE stream ends with a
+//! spread `retry:` hint; requests with bodies get at most `[server]
+//! drain_timeout` (a second signal stops waiting), then the listener closes
+//! (`crate::listener`); stop the demo feed and sources; take the consistency
 //! cut (each runtime between batches), `seal`, dump, release the cut, write the
 //! exact snapshot, exit.
 
@@ -135,6 +136,11 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!("viewtape listening on {scheme}://{addr}/");
+    let data_dir = std::fs::canonicalize(&options.data_dir).unwrap_or(options.data_dir.clone());
+    println!(
+        "viewtape data in {} (snapshots, log, deployed modules)",
+        data_dir.display()
+    );
     tracing::info!(
         %addr,
         runtimes = ?runtimes.names(),

@@ -23,6 +23,7 @@
 //! costs at most [`MAX_CHUNK_BYTES`] beyond the frames it shares, until the
 //! transport's write timeout drops it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,6 +78,9 @@ pub struct Streams {
     shutdown: watch::Receiver<bool>,
     heartbeat: Duration,
     retry: Duration,
+    reconnect_spread: Duration,
+    /// Streams ended by the stop so far: the index of the next one's hint in the spread.
+    stopped: AtomicU64,
     permits: Arc<Semaphore>,
     max_connections: usize,
 }
@@ -111,6 +115,8 @@ impl Streams {
             shutdown,
             heartbeat: config.heartbeat,
             retry: config.retry,
+            reconnect_spread: config.reconnect_spread,
+            stopped: AtomicU64::new(0),
             permits: Arc::new(Semaphore::new(config.max_connections)),
             max_connections: config.max_connections,
         }
@@ -147,6 +153,27 @@ impl Streams {
     }
 }
 
+impl Streams {
+    /// The `retry:` hint that ends the `n`-th stream stopped: the `n`-th point of the golden-ratio
+    /// sequence over `[0, reconnect_spread)`, so that any number of streams ended together come
+    /// back evenly spread over the window, however many there are.
+    fn stop_hint(&self) -> Bytes {
+        let n = self.stopped.fetch_add(1, Ordering::Relaxed);
+        Bytes::from(format!(
+            "retry: {}\n\n",
+            spread_point(n, self.reconnect_spread).as_millis()
+        ))
+    }
+}
+
+/// The `n`-th point of the golden-ratio (Weyl) sequence, scaled to `[0, window)`: each prefix of
+/// it is close to evenly spread over the window.
+fn spread_point(n: u64, window: Duration) -> Duration {
+    const GOLDEN: f64 = 0.618_033_988_749_894_9;
+    let fraction = (n as f64 * GOLDEN).fract();
+    window.mul_f64(fraction)
+}
+
 /// Everything one subscriber holds. Dropped when the client goes away.
 pub struct Subscriber {
     streams: Arc<Streams>,
@@ -162,6 +189,9 @@ pub struct Subscriber {
     shared: Option<Bytes>,
     /// When the reader's token expires: the stream ends with `event: reauth`.
     deadline: Option<tokio::time::Instant>,
+    /// `?until=head`: the view's window at open; the stream ends once it has delivered
+    /// everything before its `next`.
+    until: Option<viewtape_journal::ReplayWindow>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -236,8 +266,25 @@ impl Subscriber {
             pending,
             shared: None,
             deadline: None,
+            until: None,
             _permit: permit,
         }
+    }
+
+    /// Ends the stream once it has delivered everything up to the view's head as it is now
+    /// (`?until=head`): right after `synced` for a state transfer, after the last retained
+    /// event for a cursor or the tape. A reset to another epoch ends it after that state.
+    #[must_use]
+    pub fn until_head(mut self) -> Self {
+        self.until = Some(self.streams.hub.journal().window_now(self.view.name()));
+        self
+    }
+
+    /// Whether a `?until=head` stream following after `cursor` has delivered everything.
+    fn reached_head(&self, cursor: &Cursor) -> bool {
+        self.until.as_ref().is_some_and(|head| {
+            cursor.epoch() != head.epoch || cursor.offset().saturating_add(1) >= head.next
+        })
     }
 
     /// The response body.
@@ -251,8 +298,12 @@ impl Subscriber {
     /// The next bytes to write, or `None` to end the stream.
     async fn next_chunk(&mut self) -> Option<Bytes> {
         loop {
-            if *self.shutdown.borrow() {
+            if *self.shutdown.borrow() && !matches!(self.phase, Phase::Done) {
+                // The server stops: the stream ends now, whatever it was sending, with a hint
+                // that spreads its client's reconnect over the window.
                 self.phase = Phase::Done;
+                self.shared = None;
+                return Some(self.streams.stop_hint());
             }
             if let Some(frame) = self.shared.take() {
                 return Some(frame);
@@ -294,6 +345,13 @@ impl Subscriber {
                 }
                 Phase::Follow(cursor) => {
                     let cursor = *cursor;
+                    if self.reached_head(&cursor) {
+                        self.phase = Phase::Done;
+                        if !self.pending.is_empty() {
+                            return Some(std::mem::take(&mut self.pending).freeze());
+                        }
+                        continue;
+                    }
                     match self.streams.hub.journal().frames_after(
                         self.view.name(),
                         &cursor,
@@ -443,6 +501,27 @@ mod tests {
     use super::*;
     use crate::host::{EventKind, GuestBatch, GuestEvent};
     use crate::runtime::BatchSink;
+
+    #[test]
+    fn stop_hints_spread_any_number_of_streams_evenly_over_the_window() {
+        let window = Duration::from_secs(5);
+        for streams in [10usize, 100, 1_000, 10_000] {
+            let buckets = 10;
+            let mut counts = vec![0usize; buckets];
+            for n in 0..streams as u64 {
+                let hint = spread_point(n, window);
+                assert!(hint < window, "{hint:?}");
+                counts[(hint.as_secs_f64() / window.as_secs_f64() * buckets as f64) as usize] += 1;
+            }
+            let even = streams / buckets;
+            for count in counts {
+                assert!(
+                    count.abs_diff(even) <= 1 + even / 10,
+                    "{streams} streams: {count} in a bucket, {even} even"
+                );
+            }
+        }
+    }
 
     #[derive(Debug, Clone)]
     enum Op {

@@ -426,7 +426,19 @@ impl Server {
         Ok(())
     }
 
-    async fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+    /// SIGTERM, without waiting: the test watches the stop (see [`Server::wait_exit`]).
+    ///
+    /// # Errors
+    /// When the server is not running or the signal fails.
+    pub fn terminate(&self) -> anyhow::Result<()> {
+        self.signal(libc::SIGTERM)
+    }
+
+    /// Waits, at most `timeout`, for the server to exit; its status.
+    ///
+    /// # Errors
+    /// When it is not running or still runs after `timeout`.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
         let child = self
             .child
             .as_mut()

@@ -284,6 +284,39 @@ async fn browser_demo_page_resumes_and_handles_a_reset() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Chromium on the operator page `/admin/`: a wrong token is refused; with the token it shows
+/// the server ready, the views, the runtimes with batches counting up, the log, the snapshots,
+/// and live plots of deliveries and ingest that move. Takes a screenshot
+/// (`$VIEWTAPE_ADMIN_SCREENSHOT`, else a temporary file; `docs/admin.png` was made this way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_operator_page_shows_the_server_live() -> anyhow::Result<()> {
+    const TOKEN: &str = "operator-page-token";
+    require_node_modules(&["playwright-core"])?;
+    require_chromium()?;
+    let listen = format!("127.0.0.1:{}", free_port()?);
+    let mut server = Server::start_with_env(
+        &["--listen", &listen, "--demo-rate", "5"],
+        &[(viewtape_tests::server::ADMIN_TOKEN_ENV, TOKEN)],
+    )
+    .await?;
+    let scratch = tempfile::tempdir()?;
+    let screenshot = std::env::var_os("VIEWTAPE_ADMIN_SCREENSHOT")
+        .map_or_else(|| scratch.path().join("admin.png"), PathBuf::from);
+    run_client(
+        &mut server,
+        "node",
+        "browser/admin.mjs",
+        &[TOKEN.to_owned(), screenshot.display().to_string()],
+    )
+    .await?;
+    ensure!(
+        std::fs::metadata(&screenshot).is_ok_and(|m| m.len() > 1000),
+        "no screenshot at {}",
+        screenshot.display()
+    );
+    Ok(())
+}
+
 /// Chromium with auth on: an `EventSource` without the `viewtape_token` cookie, or with a refused
 /// token in it, is closed with no event (401, 403); one with a short-lived token gets `reauth`
 /// at expiry, the page sets a fresh cookie and the browser reconnects by itself with its

@@ -15,12 +15,13 @@ fn build(build: u8) -> anyhow::Result<Vec<u8>> {
     Ok(with_custom_section(&wasm, "build", &[build]))
 }
 
-/// `viewtape deploy counter FILE --server ADDR` with the token; exit code and output.
+/// `viewtape deploy counter FILE --server http://localhost:PORT/` with the token (a URL and a
+/// host name, as an operator writes them); exit code and output.
 async fn deploy_cli(server: &Server, wasm: &[u8]) -> anyhow::Result<(i32, String)> {
     let file = tempfile::NamedTempFile::new()?;
     std::fs::write(file.path(), wasm)?;
     let path = file.path().display().to_string();
-    let addr = server.addr().to_string();
+    let addr = format!("http://localhost:{}/", server.addr().port());
     cli(
         &["deploy", "counter", &path, "--server", &addr],
         &[(ADMIN_TOKEN_ENV, TOKEN)],

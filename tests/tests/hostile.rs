@@ -219,6 +219,91 @@ async fn a_stalled_client_cannot_delay_a_stop_and_a_second_signal_stops_waiting(
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_is_not_ready_at_once_ends_every_stream_with_a_spread_hint_and_waits_for_no_stalled_client(
+) -> anyhow::Result<()> {
+    // A drain and a write timeout far beyond the second the stop may take: neither may be what
+    // ends it.
+    let (mut server, _config) = fixture_server(
+        "drain_timeout = \"30s\"\nwrite_timeout = \"60s\"\nreconnect_spread = \"4s\"",
+    )
+    .await?;
+    fill(&server, 200, 20_000).await?;
+    let mut stalled = Vec::new();
+    for i in 0..30 {
+        let mut stream = connect_with_recv_buffer(server.addr(), 4096).await?;
+        // A third of them on hyper (after a HEAD), the rest on the lean transport.
+        let head: &[u8] = if i % 3 == 0 {
+            b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /views/big/events HTTP/1.1\r\nHost: x\r\n\r\n"
+        } else {
+            b"GET /views/big/events HTTP/1.1\r\nHost: x\r\n\r\n"
+        };
+        stream.write_all(head).await?;
+        stalled.push(stream);
+    }
+    // Half-sent heads, on both transports.
+    let mut half = TcpStream::connect(server.addr()).await?;
+    half.write_all(b"GET /views/big/events HTTP/1.1\r\nHost: x\r\n")
+        .await?;
+    let mut half_hyper = TcpStream::connect(server.addr()).await?;
+    half_hyper
+        .write_all(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHo")
+        .await?;
+    // Readers that follow along, on a small view: their stream must end with a spread hint.
+    let mut readers = Vec::new();
+    for _ in 0..10 {
+        readers.push(server.sse("/views/state/events", &[]).await?);
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    ensure!(server.metric("viewtape_sse_connections").await? == 40.0);
+
+    let addr = server.addr();
+    let started = Instant::now();
+    server.terminate()?;
+    // /readyz, on fresh connections, until the listener closes: once it says 503 it never says
+    // 200 again, and it says 503 before the listener is gone.
+    let probes = tokio::spawn(async move {
+        let mut statuses = Vec::new();
+        while started.elapsed() < Duration::from_secs(3) {
+            match http::request(addr, "GET", "/readyz", &[], b"").await {
+                Ok(reply) => statuses.push(reply.status()),
+                Err(_) => break,
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        statuses
+    });
+    let status = server.wait_exit(Duration::from_secs(1)).await;
+    let took = started.elapsed();
+    ensure!(
+        matches!(&status, Ok(status) if status.success()),
+        "the stop took {took:?} ({status:?}):\n{}",
+        server.logs()
+    );
+    let statuses = probes.await?;
+    let first_503 = statuses.iter().position(|s| *s == 503).with_context(|| {
+        format!("/readyz never said 503 before the listener closed: {statuses:?}")
+    })?;
+    ensure!(
+        statuses[first_503..].iter().all(|s| *s == 503),
+        "/readyz said 200 again while stopping: {statuses:?}"
+    );
+    let mut hints = Vec::new();
+    for mut reader in readers {
+        while reader.next_within(Duration::from_secs(1)).await?.is_some() {}
+        ensure!(reader.is_closed(), "a reader's stream did not end");
+        hints.push(reader.retry().context("no retry hint")?);
+    }
+    hints.sort_unstable();
+    hints.dedup();
+    ensure!(
+        hints.len() == 10 && hints.iter().all(|&ms| ms < 4_000),
+        "ten different hints within the 4 s window: {hints:?}"
+    );
+    drop((stalled, half, half_hyper));
+    Ok(())
+}
+
 /// `rounds` rounds of 1,000 connections sending `request`, all open at once, each read to its
 /// response and closed.
 async fn rounds(server: &Server, request: &[u8], rounds: usize) -> anyhow::Result<()> {

@@ -251,3 +251,63 @@ async fn health_views_and_metrics() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Every event of `stream` until the server ends it (within a few seconds); fails when it does
+/// not end.
+async fn until_end(
+    stream: &mut viewtape_tests::EventStream,
+) -> anyhow::Result<Vec<viewtape_tests::SseEvent>> {
+    let mut events = Vec::new();
+    while let Some(event) = stream.next_within(Duration::from_secs(5)).await? {
+        events.push(event);
+    }
+    ensure!(stream.is_closed(), "the stream did not end");
+    Ok(events)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn until_head_ends_a_stream_once_it_delivered_the_head_it_saw_at_open() -> anyhow::Result<()>
+{
+    let server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME", "BOLT"]);
+    server.ingest_ok(&feed.batch(5)).await?;
+
+    // The state: two keys, `synced`, the end.
+    let mut stream = server.sse("/views/prices/events?until=head", &[]).await?;
+    // Published after the stream opened: past the head it saw, so never delivered.
+    server.ingest_ok(&feed.batch(2)).await?;
+    let events = until_end(&mut stream).await?;
+    let kinds: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
+    ensure!(kinds == ["state", "state", "synced"], "{kinds:?}");
+    ensure!(cursor_offset(events[2].id.as_deref().unwrap_or(""))? == 5);
+
+    // After a cursor: what follows it up to the head, then the end.
+    let c5 = events[2].id.clone().unwrap_or_default();
+    let mut stream = server
+        .sse("/views/prices/events?until=head", &[("Last-Event-ID", &c5)])
+        .await?;
+    server.ingest_ok(&feed.batch(1)).await?;
+    let events = until_end(&mut stream).await?;
+    ensure!(events.len() == 2, "offsets 6 and 7: {events:?}");
+    for (event, offset) in events.iter().zip(6..) {
+        expect::update(event, offset, feed.symbol_of(offset), offset)?;
+    }
+
+    // The whole tape.
+    let mut stream = server
+        .sse("/views/prices/events?from=tape&until=head", &[])
+        .await?;
+    let events = until_end(&mut stream).await?;
+    ensure!(events.len() == 8, "offsets 1 to 8: {events:?}");
+
+    // Already at the head: nothing, then the end.
+    let c8 = events[7].id.clone().unwrap_or_default();
+    let mut stream = server
+        .sse(&format!("/views/prices/events?until=head&cursor={c8}"), &[])
+        .await?;
+    ensure!(until_end(&mut stream).await?.is_empty());
+
+    let refused = server.get("/views/prices/events?until=tomorrow").await?;
+    expect::json_error(&refused, 400)?;
+    Ok(())
+}

@@ -559,12 +559,14 @@ async fn plain_http_and_silent_clients_are_dropped_without_holding_anyone_up() -
     let addr = server.addr();
     let failures = metric(addr, &a, TLS_FAILURES).await?;
 
-    // Plain HTTP on the TLS port: no HTTP response, the connection closes.
-    let answer = http::request(addr, "GET", "/healthz", &[], b"").await;
+    // Plain HTTP on the TLS port: a plain 400 saying to use HTTPS, then the connection closes.
+    let answer = http::request(addr, "GET", "/healthz", &[], b"").await?;
+    let error = viewtape_tests::expect::json_error(&answer, 400)?;
     ensure!(
-        answer.is_err(),
-        "plain HTTP got an HTTP answer: {:?}",
-        answer.map(|r| r.status())
+        error["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("HTTPS")),
+        "{error}"
     );
     let mut tcp = http::connect(addr).await?;
     tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")

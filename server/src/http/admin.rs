@@ -3,6 +3,7 @@
 //!
 //! | route | what |
 //! |---|---|
+//! | `GET /admin/` | the operator page: views, runtimes, the log, the cluster, snapshots, live plots of deliveries and ingest (from `/metrics` and the routes here, with the token the operator gives it) |
 //! | `POST /admin/snapshot` | a periodic snapshot now, through the same consistency cut as the timer: `{"name","size","records","exact":false}` |
 //! | `GET /admin/snapshots` | every file in `<data-dir>/snapshots`, newest first: `{"snapshots":[{"name","kind","exact","age_seconds","size","valid","error"}]}` |
 //! | `POST /admin/restore` | body `{"name": "snap-….vtsnap"}`: replace the running server's state with that snapshot's |
@@ -124,11 +125,25 @@ pub(super) fn routes(admin: Option<Arc<Admin>>) -> axum::Router {
         return Router::new();
     };
     Router::new()
+        .route("/admin/", get(page))
         .route("/admin/snapshot", post(snapshot_now))
         .route("/admin/snapshots", get(list))
         .route("/admin/restore", post(restore))
         .route("/admin/runtimes/{runtime}/module", put(deploy))
         .with_state(admin)
+}
+
+/// `GET /admin/`: the operator page. Static HTML and script holding no data, so it is served
+/// without the token (a browser cannot send one with a page load); everything it shows it
+/// fetches with the token the operator gives it (`#token=…`, or typed in).
+async fn page() -> ([(header::HeaderName, &'static str); 2], &'static str) {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        include_str!("../../static/admin.html"),
+    )
 }
 
 /// Proof that the request carried the admin token. Extracted before any body, so an
@@ -296,30 +311,37 @@ async fn deploy(
     })))
 }
 
+/// Admin with `token` over an empty hub, snapshots in the temp dir, for tests without a socket.
 #[cfg(test)]
-mod tests {
+pub(crate) fn test_admin(token: &str) -> Option<Admin> {
     use viewtape_journal::{EventJournal, JournalConfig};
     use viewtape_snapshots::SnapshotDir;
 
-    use super::*;
     use crate::hub::Hub;
 
+    let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
+        JournalConfig::default(),
+    ))));
+    let dir = Arc::new(SnapshotDir::open(std::env::temp_dir()).expect("temp dir"));
+    let engine = crate::host::GuestEngine::new(crate::host::EngineConfig {
+        pooled_instances: 1,
+        ..crate::host::EngineConfig::default()
+    })
+    .expect("engine");
+    let store = crate::registry::ModuleStore::open(std::env::temp_dir()).expect("store");
+    Admin::new(
+        token,
+        Arc::new(Snapshots::new(hub, dir, Arc::default(), Arc::default())),
+        Arc::new(Deployer::new(engine, Arc::new(store), Arc::default(), None)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
     fn admin(token: &str) -> Option<Admin> {
-        let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
-            JournalConfig::default(),
-        ))));
-        let dir = Arc::new(SnapshotDir::open(std::env::temp_dir()).expect("temp dir"));
-        let engine = crate::host::GuestEngine::new(crate::host::EngineConfig {
-            pooled_instances: 1,
-            ..crate::host::EngineConfig::default()
-        })
-        .expect("engine");
-        let store = crate::registry::ModuleStore::open(std::env::temp_dir()).expect("store");
-        Admin::new(
-            token,
-            Arc::new(Snapshots::new(hub, dir, Arc::default(), Arc::default())),
-            Arc::new(Deployer::new(engine, Arc::new(store), Arc::default(), None)),
-        )
+        test_admin(token)
     }
 
     fn status(result: Result<(), ApiError>) -> u16 {

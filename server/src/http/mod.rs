@@ -7,6 +7,7 @@
 //! | `POST /runtimes/{runtime}/ingest` | `ingest` |
 //! | `POST /admin/snapshot`, `GET /admin/snapshots`, `POST /admin/restore` | [`admin`] |
 //! | `GET /`, `GET /healthz`, `GET /readyz`, `GET /metrics` | here |
+//! | `GET /openapi.json` | [`openapi`]: the description of every route |
 //!
 //! ## Layers
 //!
@@ -18,6 +19,7 @@ mod access;
 pub mod admin;
 mod error;
 mod ingest;
+pub mod openapi;
 #[cfg(test)]
 mod props;
 mod views;
@@ -65,8 +67,10 @@ pub struct AppState {
     pub streams: Arc<Streams>,
     /// Token verification; `None`: auth is off.
     pub auth: Option<Arc<Auth>>,
-    /// The node's cluster; `None`: a single node, always ready.
+    /// The node's cluster; `None`: a single node, ready until it stops.
     pub cluster: Option<Arc<Cluster>>,
+    /// Turns `true` when the server stops: `/readyz` answers `503` from then on.
+    pub stopping: watch::Receiver<bool>,
 }
 
 impl AppState {
@@ -81,7 +85,12 @@ impl AppState {
         shutdown: watch::Receiver<bool>,
     ) -> Self {
         let metrics = Arc::new(Metrics::new(Arc::clone(&hub), Arc::clone(&runtimes), log));
-        let streams = Streams::new(Arc::clone(&hub), Arc::clone(&metrics), &config, shutdown);
+        let streams = Streams::new(
+            Arc::clone(&hub),
+            Arc::clone(&metrics),
+            &config,
+            shutdown.clone(),
+        );
         Self {
             hub,
             runtimes,
@@ -90,6 +99,7 @@ impl AppState {
             streams: Arc::new(streams),
             auth,
             cluster: None,
+            stopping: shutdown,
         }
     }
 
@@ -119,6 +129,7 @@ pub fn app(state: AppState, admin: Option<Arc<admin::Admin>>) -> Router {
         )
         .merge(views::routes())
         .merge(ingest::routes())
+        .merge(openapi::routes())
         .with_state(state.clone())
         .merge(admin::routes(admin))
         .layer(CompressionLayer::new())
@@ -171,17 +182,35 @@ fn cors(config: &ServerConfig) -> Option<CorsLayer> {
 }
 
 /// `200` when the node serves what its cluster has (a single node always does), else `503`;
-/// the body says how far it has applied the stream and, after a break, why it stopped.
+/// the body says how far it has applied the stream and, after a break, why it stopped. From the
+/// moment the server is asked to stop: `503` with `"stopping": true`, so that a load balancer
+/// sends no one new before the listener closes.
 async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
-    let Some(cluster) = &state.cluster else {
-        return Json(serde_json::json!({ "ready": true })).into_response();
-    };
-    let readiness = cluster.readiness();
-    let status = match readiness.ready {
+    let (ready, body) = readiness(&state);
+    let status = match ready {
         true => StatusCode::OK,
         false => StatusCode::SERVICE_UNAVAILABLE,
     };
-    (status, Json(readiness)).into_response()
+    (status, Json(body)).into_response()
+}
+
+/// Whether the node is ready, and what `/readyz` says about it.
+fn readiness(state: &AppState) -> (bool, serde_json::Value) {
+    if *state.stopping.borrow() {
+        return (
+            false,
+            serde_json::json!({ "ready": false, "stopping": true }),
+        );
+    }
+    let Some(cluster) = &state.cluster else {
+        return (true, serde_json::json!({ "ready": true }));
+    };
+    let readiness = cluster.readiness();
+    let ready = readiness.ready;
+    (
+        ready,
+        serde_json::to_value(readiness).unwrap_or(serde_json::Value::Null),
+    )
 }
 
 async fn index() -> Html<&'static str> {
@@ -221,6 +250,7 @@ async fn metrics(
             ));
         }
     }
+    state.metrics.ready.set(i64::from(readiness(&state).0));
     let body = state.metrics.render().map_err(ApiError::internal)?;
     Ok(([(header::CONTENT_TYPE, Metrics::CONTENT_TYPE)], body).into_response())
 }
@@ -244,6 +274,16 @@ pub(crate) fn test_state(auth: Option<Arc<Auth>>) -> AppState {
         ServerConfig::default(),
         shutdown,
     )
+}
+
+/// A router over [`test_state`] without auth, and the admin routes enabled with the token
+/// `admin`.
+#[cfg(test)]
+pub(crate) fn test_app_with_admin() -> (Router, Arc<Hub>) {
+    let state = test_state(None);
+    let hub = Arc::clone(&state.hub);
+    let admin = admin::test_admin("admin").map(Arc::new);
+    (app(state, admin), hub)
 }
 
 /// A router over [`test_state`] without auth and admin disabled.

@@ -123,6 +123,7 @@ async fn view_state(
 struct EventsQuery {
     cursor: Option<String>,
     from: Option<FromQuery>,
+    until: Option<String>,
     access_token: Option<String>,
 }
 
@@ -142,7 +143,8 @@ const SSE_HEADERS: [(header::HeaderName, &str); 3] = [
 ];
 
 /// `GET /views/{view}/events`: 404 for an unknown view, 503 past the connection limit. The
-/// cursor comes from `Last-Event-ID`, else `?cursor=`; the header wins.
+/// cursor comes from `Last-Event-ID`, else `?cursor=`; the header wins. `?until=head` ends the
+/// stream once it has delivered everything up to the view's head at open.
 async fn events(
     State(state): State<AppState>,
     view: Result<Path<String>, PathRejection>,
@@ -151,6 +153,15 @@ async fn events(
 ) -> Result<Response, ApiError> {
     let Path(view) = view?;
     let Query(query) = query?;
+    let until_head = match query.until.as_deref() {
+        None => false,
+        Some("head") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "until={other:?}: the one value is \"head\""
+            )))
+        }
+    };
     let caller = Caller::of(&state, &headers, query.access_token.as_deref())?;
     caller.read(&view)?;
     let last_event_id = headers
@@ -174,6 +185,10 @@ async fn events(
             OpenError::NoSuchView => ApiError::not_found(format!("no view named {view:?}")),
             OpenError::Full { .. } => ApiError::unavailable(error.to_string()),
         })?;
+    let subscriber = match until_head {
+        true => subscriber.until_head(),
+        false => subscriber,
+    };
     let mut response = Body::from_stream(subscriber.into_stream()).into_response();
     for (name, value) in SSE_HEADERS {
         response
