@@ -436,7 +436,7 @@ impl Default for Config {
 
 impl Config {
     /// Reads and validates a config file: its syntax, keys, types and values. What it names
-    /// (modules, certificates, keys) is checked by `crate::check`.
+    /// (modules, certificates, keys) is checked by the `check` module, above this one.
     ///
     /// # Errors
     /// A [`ConfigError`] naming the file, the line and the key.

@@ -11,10 +11,10 @@
 //!
 //! ## Start-up: the one-life rule
 //!
-//! With the log off, start-up ([`crate::recovery`]) restores the newest valid snapshot. An exact one (written at a graceful
-//! stop, after `seal`) keeps its epoch — once: it is marked consumed before any offset is
-//! issued, so a crash later in this life cannot hand its epoch to the next. Anything else takes
-//! a fresh epoch.
+//! With the log off, start-up (the `recovery` module, above this one) restores the newest valid
+//! snapshot. An exact one (written at a graceful stop, after `seal`) keeps its epoch — once: it
+//! is marked consumed before any offset is issued, so a crash later in this life cannot hand its
+//! epoch to the next. Anything else takes a fresh epoch.
 //!
 //! ## Live restore
 //!
