@@ -24,7 +24,7 @@ use super::{Cluster, APPLY_ATTEMPTS, RETRY, STREAM_CHECK};
 use crate::host::{GuestEngine, GuestModule, ModuleFingerprint};
 use crate::log::stream::{RECORD_HEADER, RECORD_VERSION};
 use crate::log::{BatchEntry, Entry, Log, Outcome};
-use crate::registry::{ModuleStore, Runtimes};
+use crate::registry::{ModuleStore, Registered, Runtimes};
 use crate::runtime::handle::Record;
 use crate::runtime::ApplyError;
 use crate::snapshot::Snapshots;
@@ -341,35 +341,27 @@ impl Cluster {
     async fn settle_modules(&self, appliers: &Appliers, log: &Log) {
         let mut refused = Vec::new();
         for (name, registered) in appliers.runtimes.iter() {
-            let declared = async {
-                let saved = registered.handle.save().await.map_err(|e| e.to_string())?;
-                if saved.modules.is_empty() {
-                    let running = registered.handle.module();
-                    let wasm = appliers.modules.get(&running).map_err(|e| e.to_string())?;
-                    self.put_module(&wasm).await.map_err(|e| e.to_string())?;
-                    registered
-                        .handle
-                        .declare_module()
-                        .await
-                        .map_err(|e| e.to_string())?;
+            // NATS away, or the declaration not applied in time: tried again until it goes
+            // through (the node stays not ready and takes no ingest meanwhile).
+            let mut attempt = 0u32;
+            let modules = loop {
+                match self.declare(appliers, registered).await {
+                    Ok(modules) => break modules,
+                    Err(error) => {
+                        if attempt.is_multiple_of(5) {
+                            tracing::warn!(%error, runtime = name, "cluster: the runtime's module could not be declared on the stream yet; retrying");
+                        }
+                        attempt += 1;
+                        tokio::time::sleep(RETRY).await;
+                    }
                 }
-                registered
-                    .handle
-                    .save()
-                    .await
-                    .map(|saved| saved.modules)
-                    .map_err(|e| e.to_string())
             };
-            match declared.await {
-                Ok(modules) if modules.contains(&registered.configured) => {}
-                Ok(_) => refused.push(format!(
+            if !modules.contains(&registered.configured) {
+                refused.push(format!(
                     "runtime {name:?}: this node's config names module {}, which the cluster never ran; the cluster runs {}. Start this node on the cluster's module, or deploy yours through any node (PUT /admin/runtimes/{name}/module, or viewtape deploy)",
                     registered.configured,
                     registered.handle.module()
-                )),
-                Err(error) => refused.push(format!(
-                    "runtime {name:?}: its module could not be declared on the stream: {error}"
-                )),
+                ));
             }
         }
         if !refused.is_empty() {
@@ -386,6 +378,32 @@ impl Cluster {
         }
         self.settled.store(true, Ordering::Relaxed);
         self.update_readiness(log.committed(), self.stream_last.load(Ordering::Relaxed));
+    }
+
+    /// Declares `registered`'s module on the stream if the stream has not decided it yet;
+    /// returns the modules the runtime has run on the stream.
+    async fn declare(
+        &self,
+        appliers: &Appliers,
+        registered: &Registered,
+    ) -> Result<Vec<ModuleFingerprint>, String> {
+        let saved = registered.handle.save().await.map_err(|e| e.to_string())?;
+        if saved.modules.is_empty() {
+            let running = registered.handle.module();
+            let wasm = appliers.modules.get(&running).map_err(|e| e.to_string())?;
+            self.put_module(&wasm).await.map_err(|e| e.to_string())?;
+            registered
+                .handle
+                .declare_module()
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        registered
+            .handle
+            .save()
+            .await
+            .map(|saved| saved.modules)
+            .map_err(|e| e.to_string())
     }
 
     /// Stops applying for good: the node is not ready, takes no ingest, and says why.
