@@ -211,8 +211,10 @@ test('a producer waits out a 503 with Retry-After and sends the same seq again',
 
 test('keys and prefix go to the server as ?keys= and ?prefix=', async () => {
   const proxy = await new FaultProxy(new URL(base).host).listen();
+  // Only the request is checked: this server does not narrow streams yet, and refuses
+  // parameters it does not know.
   const view = openView(proxy.url, 'notes', { keys: ['k1', 'k2'], prefix: 'k', ...fast });
-  await view.synced();
+  await until(() => proxy.requests.length > 0, 5000, 'the view to connect');
   check(proxy.requests[0].line === 'GET /views/notes/events?keys=k1%2Ck2&prefix=k HTTP/1.1', proxy.requests[0].line);
   await view.close();
   await proxy.close();
