@@ -178,7 +178,8 @@ impl Cluster {
             return Ok(None);
         }
         let state = info.state.clone();
-        self.saw(log, state.last_sequence);
+        self.stream_last
+            .fetch_max(state.last_sequence, Ordering::Relaxed);
         if state.first_sequence > next && state.last_sequence >= next.max(1) {
             self.break_off(log, format!(
                 "the stream starts at sequence {}, but this node needs {next} next: messages are gone (purged or aged out) before this node applied them",
@@ -282,14 +283,6 @@ impl Cluster {
         let module =
             tokio::task::spawn_blocking(move || GuestModule::new(&engine, &wasm)).await??;
         Ok(module)
-    }
-
-    /// Notes that the stream holds `sequence`.
-    pub(super) fn saw(&self, log: &Log, sequence: u64) {
-        self.stream_last.fetch_max(sequence, Ordering::Relaxed);
-        if let Some(stream) = log.stream() {
-            stream.saw(sequence);
-        }
     }
 
     /// Notes that `applied` is applied; once the node has caught up the first time, settles

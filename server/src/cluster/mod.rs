@@ -43,7 +43,7 @@ mod bucket;
 mod lease;
 mod restore;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -303,7 +303,6 @@ impl Cluster {
             self.apply_timeout,
             self.durability,
         );
-        stream.saw(self.stream_last.load(Ordering::Relaxed));
         Arc::new(Log::on_stream(stream, position))
     }
 

@@ -86,8 +86,6 @@ pub struct StreamLog {
     /// Why this node takes no records now, if it does not: until it has caught up and its
     /// runtimes' modules are settled ([`StreamLog::open`]), and for good once it refuses.
     refusing: Mutex<Refusing>,
-    /// The stream's last sequence, as last seen.
-    last: AtomicU64,
     /// The epoch of the stream's history.
     epoch: JournalEpoch,
 }
@@ -112,7 +110,6 @@ impl StreamLog {
             nonce: process_nonce(),
             published: AtomicU64::new(0),
             refusing: Mutex::new(Refusing::Settling),
-            last: AtomicU64::new(0),
             epoch,
         }
     }
@@ -152,16 +149,6 @@ impl StreamLog {
             ),
             Refusing::For(reason) => Some(reason.clone()),
         }
-    }
-
-    /// The stream's last sequence, as last seen.
-    pub fn last_seen(&self) -> u64 {
-        self.last.load(Ordering::Relaxed)
-    }
-
-    /// Notes that the stream holds `sequence`.
-    pub fn saw(&self, sequence: u64) {
-        self.last.fetch_max(sequence, Ordering::Relaxed);
     }
 
     /// A message id for a record without a producer stamp: unique to this process.
@@ -236,7 +223,6 @@ impl StreamLog {
         let ack = tokio::time::timeout(self.timeout, published)
             .await
             .map_err(|_| PublishError::Timeout(self.timeout))?;
-        self.saw(ack.sequence);
         Ok(Published {
             sequence: ack.sequence,
             duplicate: ack.duplicate,
