@@ -263,35 +263,43 @@ impl AcceptTrouble {
 }
 
 /// Answers a connection past the limit with `503` and closes it, without reading a request.
-async fn refuse(mut stream: TcpStream, limits: Limits) {
+async fn refuse(stream: TcpStream, limits: Limits) {
     let body = format!(
         "{{\"error\":\"unavailable\",\"message\":\"too many connections (limit {})\"}}",
         limits.max_connections
     );
-    let response = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-         retry-after: 1\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = write_all(
-        &mut stream,
-        &mut [IoSlice::new(response.as_bytes())],
-        limits.write_timeout,
+    answer_and_close(
+        stream,
+        "503 Service Unavailable",
+        "retry-after: 1\r\n",
+        &body,
+        limits,
     )
     .await;
-    let _ = stream.shutdown().await;
 }
 
 /// Answers a plain HTTP request on the TLS port: `400` with a JSON error saying to use HTTPS,
 /// in plain text since the client speaks no TLS, then closes.
-async fn plain_http_to_tls(mut stream: TcpStream, limits: Limits) {
+async fn plain_http_to_tls(stream: TcpStream, limits: Limits) {
     let body = "{\"error\":\"bad_request\",\"message\":\"this port speaks HTTPS only: use https:// in the URL\"}";
+    tracing::debug!("plain HTTP on the TLS port; told to use HTTPS");
+    answer_and_close(stream, "400 Bad Request", "", body, limits).await;
+}
+
+/// Writes one JSON answer with `status` (and the header lines `extra`, each ending in CRLF)
+/// on a connection whose request is not read, then closes it.
+async fn answer_and_close(
+    mut stream: TcpStream,
+    status: &str,
+    extra: &str,
+    body: &str,
+    limits: Limits,
+) {
     let response = format!(
-        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-         connection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         {extra}connection: close\r\n\r\n{body}",
         body.len()
     );
-    tracing::debug!("plain HTTP on the TLS port; told to use HTTPS");
     let _ = write_all(
         &mut stream,
         &mut [IoSlice::new(response.as_bytes())],
