@@ -426,6 +426,28 @@ async fn python_client_survives_kills_wipes_and_a_faulty_proxy() -> anyhow::Resu
     run_client(&mut server, "python3", "python/tests/test_client.py", &[]).await
 }
 
+/// A server of the ticker with auth on, HS256 tokens signed with `secret`, audience `viewtape`;
+/// keep the config file as long as the server.
+async fn with_auth(secret: &str) -> anyhow::Result<(Server, tempfile::NamedTempFile)> {
+    let config = config_file(
+        "[auth]\naudience = \"viewtape\"\n\n\
+         [[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
+    )?;
+    let path = config.path().display().to_string();
+    let server =
+        Server::start_with_env(&["--config", &path], &[("VIEWTAPE_JWT_SECRET", secret)]).await?;
+    Ok((server, config))
+}
+
+/// Runs `script` with `program` against node A of a cluster of two on a real nats-server, with
+/// node B's URL as its argument.
+async fn across_two_nodes(program: &str, script: &str) -> anyhow::Result<()> {
+    let nats = NatsServer::start().await?;
+    let mut nodes = cluster::nodes(&nats, 2).await?;
+    let node_b = format!("http://{}", nodes[1].addr());
+    run_client(&mut nodes[0], program, script, &[node_b]).await
+}
+
 /// `@viewtape/client` with auth on (`clients/js/test/auth.test.mjs`): a token that expires
 /// mid-stream is renewed at each `reauth` with every tick once and in order, no reset; a refused
 /// token (403) makes the view ask its callback again; a static expired token closes it with a
@@ -434,13 +456,7 @@ async fn python_client_survives_kills_wipes_and_a_faulty_proxy() -> anyhow::Resu
 async fn js_client_renews_tokens_at_reauth_and_after_a_refusal() -> anyhow::Result<()> {
     const SECRET: &str = "js-client-test-secret";
     require_js_client()?;
-    let config = config_file(
-        "[auth]\naudience = \"viewtape\"\n\n\
-         [[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
-    )?;
-    let path = config.path().display().to_string();
-    let mut server =
-        Server::start_with_env(&["--config", &path], &[("VIEWTAPE_JWT_SECRET", SECRET)]).await?;
+    let (mut server, _config) = with_auth(SECRET).await?;
     run_client(
         &mut server,
         "node",
@@ -470,10 +486,7 @@ async fn js_client_in_chromium_pauses_hidden_tabs_and_resumes_after_a_reload() -
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn js_client_switches_between_cluster_nodes_without_a_reset() -> anyhow::Result<()> {
     require_js_client()?;
-    let nats = NatsServer::start().await?;
-    let mut nodes = cluster::nodes(&nats, 2).await?;
-    let node_b = format!("http://{}", nodes[1].addr());
-    run_client(&mut nodes[0], "node", "js/test/cluster.test.mjs", &[node_b]).await
+    across_two_nodes("node", "js/test/cluster.test.mjs").await
 }
 
 /// `viewtape-client` with auth on (`clients/python/tests/test_auth.py`): a token that expires
@@ -484,13 +497,7 @@ async fn js_client_switches_between_cluster_nodes_without_a_reset() -> anyhow::R
 async fn python_client_renews_tokens_at_reauth_and_after_a_refusal() -> anyhow::Result<()> {
     const SECRET: &str = "python-client-test-secret";
     require_python_client()?;
-    let config = config_file(
-        "[auth]\naudience = \"viewtape\"\n\n\
-         [[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
-    )?;
-    let path = config.path().display().to_string();
-    let mut server =
-        Server::start_with_env(&["--config", &path], &[("VIEWTAPE_JWT_SECRET", SECRET)]).await?;
+    let (mut server, _config) = with_auth(SECRET).await?;
     run_client(
         &mut server,
         "python3",
@@ -508,14 +515,5 @@ async fn python_client_renews_tokens_at_reauth_and_after_a_refusal() -> anyhow::
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_client_switches_between_cluster_nodes_without_a_reset() -> anyhow::Result<()> {
     require_python_client()?;
-    let nats = NatsServer::start().await?;
-    let mut nodes = cluster::nodes(&nats, 2).await?;
-    let node_b = format!("http://{}", nodes[1].addr());
-    run_client(
-        &mut nodes[0],
-        "python3",
-        "python/tests/test_cluster.py",
-        &[node_b],
-    )
-    .await
+    across_two_nodes("python3", "python/tests/test_cluster.py").await
 }
