@@ -163,7 +163,11 @@ pub async fn begin(
         let dir = LogDir::open_existing(log_dir)?;
         let os = durability == Durability::Os;
         let metrics = log.metrics().clone();
-        tokio::task::spawn_blocking(move || prepare(&dir, os, &metrics, history.as_ref())).await??
+        let watermark = settings.watermark;
+        tokio::task::spawn_blocking(move || {
+            prepare(&dir, os, watermark, &metrics, history.as_ref())
+        })
+        .await??
     };
     // A snapshot taken with the log off: an empty log may start from it (a snapshot follows at
     // once); a log with records cannot be related to it.
@@ -239,9 +243,11 @@ pub async fn begin(
 /// watermark, and cuts a torn tail (only when nothing else is wrong); syncs what an earlier life
 /// left unsynced and notes (or clears) this life's boot id. Returns the scan, whether a
 /// `fsync = "os"` life ran on another boot of the machine, and why the log ends too early.
+/// With the watermark off nothing vouches for the end, so nothing is checked against it.
 fn prepare(
     dir: &LogDir,
     os: bool,
+    watermark: bool,
     metrics: &LogMetrics,
     history: Option<&viewtape_snapshots::history::DataHistory>,
 ) -> Result<(LogScan, bool, Option<String>), LogError> {
@@ -252,7 +258,9 @@ fn prepare(
         if crate::history::set_aside_foreign(dir, &scan, history, metrics)? {
             scan = dir.scan()?;
         }
-        end_problem = crate::history::end_problem(dir, &before, &scan, history, metrics)?;
+        if watermark {
+            end_problem = crate::history::end_problem(dir, &before, &scan, history, metrics)?;
+        }
     }
     if scan.corruption().is_none() && end_problem.is_none() {
         let cut = dir.repair(&scan)?;

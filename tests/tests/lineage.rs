@@ -177,6 +177,27 @@ async fn a_torn_tail_from_a_real_partial_write_keeps_the_epoch() -> anyhow::Resu
     resumes_with_the_next_tick(&server, &mut feed, &last).await
 }
 
+/// With the watermark off (`[log] watermark = false`) nothing vouches for the end of the log, and
+/// nothing is demanded of it either: a restart after `kill -9` keeps the epoch and the cursor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_watermark_a_restart_keeps_the_epoch() -> anyhow::Result<()> {
+    let (mut server, _config) =
+        start_with(&demo_config("builtin:ticker", "watermark = false")).await?;
+    let mut feed = Feed::new(&["ACME"]);
+    for _ in 0..4 {
+        receipt(&server.ingest_ok(&feed.batch(2)).await?, 2)?;
+    }
+    let last = last_cursor(&server).await?;
+    server.kill9().await?;
+    ensure!(
+        !log_dir(&server).join("end").exists(),
+        "no watermark is written with it off"
+    );
+    server.restart().await?;
+    ensure!(!says_fresh_epoch(&server), "{}", server.logs());
+    resumes_with_the_next_tick(&server, &mut feed, &last).await
+}
+
 /// Resumes `last` on `prices` without a reset, and requires the next tick (of a feed of `ACME`
 /// alone, whose seqs are the offsets) to follow it at the next offset, in the same epoch.
 async fn resumes_with_the_next_tick(
