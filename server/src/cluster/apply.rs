@@ -26,7 +26,7 @@ use crate::log::stream::{RECORD_HEADER, RECORD_VERSION};
 use crate::log::{BatchEntry, Entry, Log, Outcome};
 use crate::registry::{ModuleStore, Registered, Runtimes};
 use crate::runtime::handle::Record;
-use crate::runtime::ApplyError;
+use crate::runtime::{ApplyError, RuntimeSnapshot};
 use crate::snapshot::Snapshots;
 
 /// What the apply loop applies records to.
@@ -337,9 +337,9 @@ impl Cluster {
             // NATS away, or the declaration not applied in time: tried again until it goes
             // through (the node stays not ready and takes no ingest meanwhile).
             let mut attempt = 0u32;
-            let modules = loop {
+            let saved = loop {
                 match self.declare(appliers, registered).await {
-                    Ok(modules) => break modules,
+                    Ok(saved) => break saved,
                     Err(error) => {
                         if attempt.is_multiple_of(5) {
                             tracing::warn!(%error, runtime = name, "cluster: the runtime's module could not be declared on the stream yet; retrying");
@@ -349,11 +349,17 @@ impl Cluster {
                     }
                 }
             };
-            if !modules.contains(&registered.configured) {
+            if !saved.modules.contains(&registered.configured) {
                 refused.push(format!(
                     "runtime {name:?}: this node's config names module {}, which the cluster never ran; the cluster runs {}. Start this node on the cluster's module, or deploy yours through any node (PUT /admin/runtimes/{name}/module, or viewtape deploy)",
                     registered.configured,
                     registered.handle.module()
+                ));
+            }
+            let own = registered.handle.guest_config_crc();
+            if let Some(decided) = saved.config.filter(|&decided| decided != own) {
+                refused.push(format!(
+                    "runtime {name:?}: this node's guest config (`config =`, crc {own:08x}) is not the one the cluster runs (crc {decided:08x}). Start this node with the same `config =` as the others"
                 ));
             }
         }
@@ -373,13 +379,14 @@ impl Cluster {
         self.update_readiness(log.committed(), self.stream_last.load(Ordering::Relaxed));
     }
 
-    /// Declares `registered`'s module on the stream if the stream has not decided it yet;
-    /// returns the modules the runtime has run on the stream.
+    /// Declares `registered`'s module (and guest config) on the stream if the stream has not
+    /// decided it yet; returns the runtime's state then (the modules it has run on the stream,
+    /// the config the stream decided).
     async fn declare(
         &self,
         appliers: &Appliers,
         registered: &Registered,
-    ) -> Result<Vec<ModuleFingerprint>, String> {
+    ) -> Result<RuntimeSnapshot, String> {
         let saved = registered.handle.save().await.map_err(|e| e.to_string())?;
         if saved.modules.is_empty() {
             let running = registered.handle.module();
@@ -391,12 +398,7 @@ impl Cluster {
                 .await
                 .map_err(|e| e.to_string())?;
         }
-        registered
-            .handle
-            .save()
-            .await
-            .map(|saved| saved.modules)
-            .map_err(|e| e.to_string())
+        registered.handle.save().await.map_err(|e| e.to_string())
     }
 
     /// Stops applying for good: the node is not ready, takes no ingest, and says why.

@@ -58,6 +58,10 @@ pub struct DeployEntry {
     /// runtime's views (a module changed while the server was stopped).
     #[serde(default)]
     pub fresh: bool,
+    /// The CRC-32C of the deploying node's guest config: a cluster's first deploy of a runtime
+    /// decides its config with it, as it decides its module (`None` from older builds).
+    #[serde(default)]
+    pub guest_config: Option<u32>,
 }
 
 impl Entry {
@@ -245,6 +249,7 @@ mod tests {
             at_ms: 1,
             pending: true,
             fresh: false,
+            guest_config: Some(7),
         });
         assert_eq!(Entry::decode(&deploy.encode()).unwrap(), deploy);
     }

@@ -75,6 +75,9 @@ impl<S: BatchSink> Task<S> {
         // node of the cluster just before that deploy reached it: it runs on the module of now.
         // One made for a module the stream never ran came from a node on another build.
         let foreign = entry.module != running && !self.last.modules.contains(&entry.module);
+        // Likewise a batch made with another guest config than the stream decided. A node whose
+        // own config is not the stream's cannot reproduce the others, and stops (itself alone).
+        let other_config = self.last.config.filter(|&c| c != entry.guest_config);
         let verdict = if foreign {
             drop(self.log.turn(Some(position), 1).await);
             Err(IngestError::OtherModule {
@@ -82,10 +85,18 @@ impl<S: BatchSink> Task<S> {
                 published: entry.module,
                 running,
             })
+        } else if let Some(decided) = other_config {
+            drop(self.log.turn(Some(position), 1).await);
+            Err(IngestError::OtherConfig {
+                runtime: self.name.to_string(),
+                published: entry.guest_config,
+                decided,
+            })
         } else if entry.guest_config != self.guest_config_crc {
             return Err(self.module_changed(&entry));
         } else {
             self.last.ran(&running);
+            self.last.config.get_or_insert(entry.guest_config);
             let checkpoint = self.last.checkpoint;
             let mut undo = Vec::new();
             let Staging { staged, refused } = self.stage(entry, &mut undo).await;
@@ -222,12 +233,18 @@ impl<S: BatchSink> Task<S> {
                 }),
             };
         }
-        if entry.module == running {
+        let deployed = if entry.module == running {
             drop(self.log.turn(Some(position), 1).await);
             self.last.ran(&running);
-            return Ok(unchanged(running));
+            Ok(unchanged(running))
+        } else {
+            self.switch(module, first, Some(position)).await
+        };
+        if first && deployed.is_ok() {
+            // The first deploy decides the runtime's guest config too.
+            self.last.config = entry.guest_config;
         }
-        self.switch(module, first, Some(position)).await
+        deployed
     }
 
     fn module_changed(&self, entry: &BatchEntry) -> ApplyError {

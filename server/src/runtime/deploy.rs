@@ -47,6 +47,7 @@ impl<S: BatchSink> Task<S> {
             at_ms: unix_ms_now(),
             pending: false,
             fresh,
+            guest_config: Some(self.guest_config_crc),
         });
         let position = self
             .log
@@ -113,6 +114,7 @@ impl<S: BatchSink> Task<S> {
         let next = module.fingerprint().clone();
         self.slot.install(module, instance);
         self.last.state = state;
+        self.note_state();
         self.last.ran(&next);
         *self
             .module_now

@@ -48,6 +48,17 @@ pub enum IngestError {
         /// The module the cluster runs.
         running: ModuleFingerprint,
     },
+    /// The batch was published by a node whose guest config (`config =` of its `[[runtime]]`)
+    /// is not the one the cluster decided for this runtime: every node refuses it alike.
+    #[error("runtime `{runtime}`: the batch was made with guest config crc {published:08x}, but the cluster runs crc {decided:08x}; give every node the same `config =` for the runtime")]
+    OtherConfig {
+        /// The runtime.
+        runtime: String,
+        /// The CRC-32C of the publishing node's guest config.
+        published: u32,
+        /// The CRC-32C of the guest config the cluster decided.
+        decided: u32,
+    },
     /// The runtime's task has stopped (the server is shutting down).
     #[error("runtime `{runtime}` has stopped")]
     Stopped {

@@ -226,6 +226,11 @@ impl RuntimeHandle {
             .clone()
     }
 
+    /// The CRC-32C of its guest config (`config =` of its `[[runtime]]`).
+    pub fn guest_config_crc(&self) -> u32 {
+        self.guest_config
+    }
+
     /// Runs one batch of pushed input (e.g. an HTTP body) and commits it once it is durable.
     /// With a producer stamp, a batch already committed is answered with its original receipt
     /// instead of running again.

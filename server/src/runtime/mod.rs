@@ -176,6 +176,12 @@ pub struct RuntimeSnapshot {
     /// another build than the cluster, and is refused.
     #[serde(default)]
     pub modules: Vec<ModuleFingerprint>,
+    /// The CRC-32C of the guest config a cluster's stream decided for the runtime (its first
+    /// deploy, or its first batch on a stream older than that); `None` on a local log. A
+    /// batch made with another config is refused on every node; a node configured otherwise
+    /// is not ready.
+    #[serde(default)]
+    pub config: Option<u32>,
 }
 
 impl RuntimeSnapshot {

@@ -147,6 +147,7 @@ impl RuntimeHandle {
             at_ms: unix_ms_now(),
             pending: true,
             fresh: false,
+            guest_config: Some(self.guest_config_crc()),
         });
         let (payload, id) = (entry.encode(), stream.own_id());
         let published = match settling {
