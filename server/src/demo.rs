@@ -7,7 +7,9 @@
 //! It is an idempotent producer ([`PRODUCER_ID`]), continuing the `seq` the
 //! runtime last committed for it: a batch the runtime could not take (the log
 //! failed, the runtime is unavailable) is sent again as it was, and can never
-//! be published twice.
+//! be published twice. When the runtime expects another producer seq than the
+//! feed's (its state was restored from a snapshot), the feed takes it up and
+//! continues the ticks from what the view holds then.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,9 +90,17 @@ pub fn spawn_feed(runtime: RuntimeHandle, hub: Arc<Hub>, rate: u32) -> JoinHandl
                         tracing::debug!(%error, "runtime stopped; demo feed ends");
                         return;
                     }
+                    // The runtime's history moved under the feed (a restore took it back to
+                    // a snapshot): the next batch continues what the view holds now, so that
+                    // the restore is the subscribers' only reset.
                     Err(IngestError::OutOfOrder { expected, .. }) => {
+                        tracing::info!(
+                            expected,
+                            sent = producer_seq,
+                            "demo feed continues from the runtime's state"
+                        );
                         producer_seq = expected;
-                        unsent = Some(batch);
+                        (seq, prices) = resume_point(&hub);
                     }
                     // The guest's verdict does not change: drop the batch.
                     Err(error @ IngestError::Guest { .. }) => {

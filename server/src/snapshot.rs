@@ -394,8 +394,9 @@ impl Snapshots {
         let info = tokio::task::spawn_blocking(move || dir.write_encoded(&bytes))
             .await?
             .map_err(|error| match error {
-                SnapshotError::Invalid { .. } => {
-                    SnapshotActionError::Unrestorable(error.to_string())
+                // Named as the upload: the answer carries no path.
+                SnapshotError::Invalid { source, .. } => {
+                    SnapshotActionError::Unrestorable(format!("the snapshot is refused: {source}"))
                 }
                 other => SnapshotActionError::Storage(other),
             })?;
@@ -412,9 +413,12 @@ impl Snapshots {
     pub async fn restorable_bytes(&self, name: &str) -> Result<Vec<u8>, SnapshotActionError> {
         self.load_restorable(name).await?;
         let path = self.dir.path().join(name);
-        tokio::task::spawn_blocking(move || std::fs::read(path))
+        tokio::task::spawn_blocking(move || std::fs::read(&path).map_err(|e| (path, e)))
             .await?
-            .map_err(|error| SnapshotActionError::Unrestorable(format!("{name}: {error}")))
+            .map_err(|(path, error)| {
+                tracing::error!(file = %path.display(), %error, "snapshot could not be read");
+                SnapshotActionError::Unrestorable(format!("{name} could not be read"))
+            })
     }
 
     /// Loads `name` and checks it before anything is touched: the file loads completely, and

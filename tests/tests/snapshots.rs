@@ -489,6 +489,82 @@ async fn admin_restore_resets_subscribers_to_the_restored_state() -> anyhow::Res
     Ok(())
 }
 
+/// The highest tick `seq` in the demo's `prices` view.
+async fn highest_seq(server: &Server) -> anyhow::Result<u64> {
+    let view = server.get("/views/prices").await?.json()?;
+    let entries = view["entries"].as_object().context("entries")?;
+    Ok(entries
+        .values()
+        .filter_map(|tick| tick["seq"].as_u64())
+        .max()
+        .unwrap_or(0))
+}
+
+/// Waits (≤ 20 s) until the demo feed has published past `seq`.
+async fn feed_passes(server: &Server, seq: u64) -> anyhow::Result<u64> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = highest_seq(server).await?;
+        if now > seq {
+            return Ok(now);
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the demo feed stopped at {now}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A restore while the demo feed runs: subscribers get one reset (the restore's), then the
+/// restored state, then the feed's next ticks — it continues from the restored state instead
+/// of declaring the ticks the restore took back a gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_under_the_demo_feed_is_the_only_reset() -> anyhow::Result<()> {
+    let server =
+        Server::start_with_env(&["--demo-rate", "50"], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
+    feed_passes(&server, 10).await?;
+    let resp = admin(&server, "POST", "/admin/snapshot", Some(TOKEN), b"").await?;
+    ensure!(resp.status() == 200, "{}", resp.text());
+    let name = resp.json()?["name"].as_str().context("name")?.to_owned();
+    let at_snapshot = feed_passes(&server, 0).await?;
+    feed_passes(&server, at_snapshot + 20).await?;
+
+    let mut stream = server.sse("/views/prices/events", &[]).await?;
+    stream.until_synced(100).await?;
+    let resp = admin(
+        &server,
+        "POST",
+        "/admin/restore",
+        Some(TOKEN),
+        format!("{{\"name\":\"{name}\"}}").as_bytes(),
+    )
+    .await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    let reset = stream.next_except(&["update"]).await?;
+    expect::reset(&reset, "stale_epoch")?;
+    let (_, synced) = stream.until_synced(100).await?;
+    let restored = expect::cursor_of(&synced)?;
+    // The feed goes on (50 ticks/s): a second's worth of updates, and not one more reset.
+    let mut updates = 0;
+    while updates < 25 {
+        let event = stream.next_event().await?;
+        ensure!(event.event == "update", "after the restore: {event:?}");
+        let cursor = expect::cursor_of(&event)?;
+        ensure!(
+            cursor.epoch() == restored.epoch(),
+            "{cursor} after {restored}"
+        );
+        updates += 1;
+    }
+    ensure!(
+        !server.logs().contains("guest reported a gap"),
+        "{}",
+        server.logs()
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_server_on_the_same_data_dir_refuses_at_once() -> anyhow::Result<()> {
     let server = Server::start(&["--demo-rate", "0"]).await?;
