@@ -288,8 +288,8 @@ async fn plain_http_to_tls(stream: TcpStream, limits: Limits) {
 
 /// Writes one JSON answer with `status` (and the header lines `extra`, each ending in CRLF)
 /// on a connection whose request is not read, then closes it.
-async fn answer_and_close(
-    mut stream: TcpStream,
+async fn answer_and_close<S: AsyncWrite + Unpin>(
+    mut stream: S,
     status: &str,
     extra: &str,
     body: &str,
@@ -420,6 +420,49 @@ enum Next {
     Decline,
     /// Nothing more to serve: the client closed, timed out, or the server stops.
     Close,
+    /// A head no transport can serve: answered with the JSON error, then the connection closes.
+    Refuse(BadHead),
+}
+
+/// A request head refused before the router sees it (as hyper would refuse it, but with the
+/// JSON error every other refusal has).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BadHead {
+    /// Not HTTP/1.x: `400`.
+    Malformed,
+    /// Past [`MAX_HEAD`] bytes or [`MAX_HEADERS`] fields: `431`.
+    TooLarge,
+}
+
+impl BadHead {
+    /// Answers it on `stream` and closes the connection, reading on for a moment first (at
+    /// most 1 s and 1 MiB): closing with the rest of a long head unread would reset the
+    /// connection, and the client could lose the answer.
+    async fn answer<S: Io>(self, mut stream: S, limits: Limits) {
+        let (status, body) = match self {
+            BadHead::Malformed => (
+                "400 Bad Request",
+                "{\"error\":\"bad_request\",\"message\":\"the request head is not valid HTTP/1.1\"}".to_owned(),
+            ),
+            BadHead::TooLarge => (
+                "431 Request Header Fields Too Large",
+                format!("{{\"error\":\"headers_too_large\",\"message\":\"the request head is over {MAX_HEAD} bytes or {MAX_HEADERS} header fields\"}}"),
+            ),
+        };
+        tracing::debug!(?self, "request head refused");
+        answer_and_close(&mut stream, status, "", &body, limits).await;
+        let mut sink = [0u8; 8192];
+        let drain = async {
+            let mut read = 0;
+            while read < 1 << 20 {
+                match stream.read(&mut sink).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => read += n,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+    }
 }
 
 /// A connection's byte stream: TCP, or TLS over it.
@@ -480,6 +523,7 @@ impl Connection {
                 Next::Request(request) => request,
                 Next::Decline => return self.hand_to_hyper(stream, buf.freeze()).await,
                 Next::Close => return,
+                Next::Refuse(bad) => return bad.answer(stream, self.shared.limits).await,
             };
             if first {
                 self.shared.metrics.lean_connections.inc();
@@ -737,7 +781,8 @@ async fn read_request<S: Io>(
                 return Next::Request(request);
             }
             Parsed::Decline => return Next::Decline,
-            Parsed::Partial if buf.len() >= MAX_HEAD => return Next::Decline,
+            Parsed::Bad(bad) => return Next::Refuse(bad),
+            Parsed::Partial if buf.len() >= MAX_HEAD => return Next::Refuse(BadHead::TooLarge),
             Parsed::Partial => {}
         }
         match tokio::time::timeout_at(deadline, read_some(stream, buf)).await {
@@ -768,6 +813,8 @@ enum Parsed {
     Decline,
     /// Not a complete head yet.
     Partial,
+    /// A head nobody serves.
+    Bad(BadHead),
 }
 
 /// Parses a request head and keeps it only when it is a plain `GET`.
@@ -777,7 +824,8 @@ fn parse_head(buf: &[u8]) -> Parsed {
     let len = match parsed.parse(buf) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Parsed::Partial,
-        Err(_) => return Parsed::Decline,
+        Err(httparse::Error::TooManyHeaders) => return Parsed::Bad(BadHead::TooLarge),
+        Err(_) => return Parsed::Bad(BadHead::Malformed),
     };
     match lean_request(&parsed) {
         Some(request) => Parsed::Request(Box::new(request), len),
@@ -944,7 +992,6 @@ mod tests {
             "GET / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n",
             "GET / HTTP/1.1\r\nConnection: close\r\n\r\n",
             "GET / HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
-            "GET / HTTP/1.1\r\nBad Header\r\n\r\n",
         ] {
             assert!(matches!(parse(declined), Parsed::Decline), "{declined:?}");
         }
@@ -953,6 +1000,16 @@ mod tests {
             "GET / HTTP/1.1\r\n{}\r\n",
             "a: b\r\n".repeat(MAX_HEADERS + 1)
         );
-        assert!(matches!(parse(&many), Parsed::Decline));
+        assert!(matches!(parse(&many), Parsed::Bad(BadHead::TooLarge)));
+        for malformed in [
+            "GET / HTTP/1.1\r\nBad Header\r\n\r\n",
+            "POST / HTTP/9.9\r\n\r\n",
+            "\x16\x03\x01 not http\r\n\r\n",
+        ] {
+            assert!(
+                matches!(parse(malformed), Parsed::Bad(BadHead::Malformed)),
+                "{malformed:?}"
+            );
+        }
     }
 }

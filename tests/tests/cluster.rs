@@ -486,6 +486,26 @@ fn append_ticks(path: &std::path::Path, seqs: std::ops::RangeInclusive<u64>) -> 
 }
 
 /// Waits until `server` has fed at least `n` ticks (each once, none missing).
+/// Appends `n` log lines for the `logstats` guest (service `svc`, level info).
+fn append_lines(path: &std::path::Path, n: usize) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    for _ in 0..n {
+        writeln!(file, "svc info a line")?;
+    }
+    file.sync_all()?;
+    Ok(())
+}
+
+/// The lines `logstats` counted for service `svc` on `server` (0 before the first).
+async fn counted(server: &Server) -> anyhow::Result<u64> {
+    let view = server.get("/views/log-levels").await?.json()?;
+    Ok(view["entries"]["svc"]["total"].as_u64().unwrap_or(0))
+}
+
 async fn fed_at_least(server: &Server, n: u64) -> anyhow::Result<()> {
     let deadline = Instant::now() + CONVERGE;
     while fed(server).await? < n {
@@ -507,9 +527,15 @@ async fn a_file_source_runs_once_per_cluster_and_moves_on_from_its_checkpoint() 
     let dir = tempfile::tempdir()?;
     let ticks = dir.path().join("ticks.ndjson");
     append_ticks(&ticks, 1..=20)?;
+    // Besides, a guest that counts every line it is given (the ticker passes over a seq it has
+    // seen, so a line read twice would go unnoticed on its tape alone).
+    let lines = dir.path().join("lines.log");
+    append_lines(&lines, 20)?;
     let config = viewtape_tests::server::config_file(&format!(
-        "[[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n\n[runtime.source]\nfile = {:?}\n",
-        ticks.display().to_string()
+        "[[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n\n[runtime.source]\nfile = {:?}\n\n\
+         [[runtime]]\nname = \"stats\"\nwasm = \"builtin:logstats\"\nviews = [\"log-levels\"]\n\n[runtime.source]\nfile = {:?}\n",
+        ticks.display().to_string(),
+        lines.display().to_string()
     ))?;
     let path = config.path().display().to_string();
     let args = ["--nats", &nats.url(), "--config", &path];
@@ -522,7 +548,14 @@ async fn a_file_source_runs_once_per_cluster_and_moves_on_from_its_checkpoint() 
     for node in &nodes {
         fed_at_least(node, 20).await?;
     }
-    let holding = |server: &Server| server.logs().matches("holds the lease").count();
+    // The ticks' reader (the counting runtime holds a lease of its own).
+    let holding = |server: &Server| {
+        server
+            .logs()
+            .lines()
+            .filter(|line| line.contains("holds the lease") && line.contains("source-demo"))
+            .count()
+    };
     let holders: Vec<usize> = nodes.iter().map(holding).collect();
     ensure!(
         holders.iter().sum::<usize>() == 1,
@@ -535,15 +568,27 @@ async fn a_file_source_runs_once_per_cluster_and_moves_on_from_its_checkpoint() 
     // the last record applied: every line once, none twice.
     nodes[leader].kill9().await?;
     append_ticks(&ticks, 21..=40)?;
+    append_lines(&lines, 20)?;
     fed_at_least(&nodes[other], 40).await?;
     ensure!(holding(&nodes[other]) == 1, "{}", nodes[other].logs());
     // The restarted node catches up to the same tape.
     nodes[leader].restart().await?;
     nodes[leader].ready(CONVERGE).await?;
     append_ticks(&ticks, 41..=45)?;
+    append_lines(&lines, 5)?;
     for node in &nodes {
         fed_at_least(node, 45).await?;
     }
     ensure!(frames(&nodes[leader], 45).await? == frames(&nodes[other], 45).await?);
+    // Every line counted once on every node: never lost, never read twice.
+    for node in &nodes {
+        let deadline = Instant::now() + CONVERGE;
+        while counted(node).await? < 45 {
+            ensure!(Instant::now() < deadline, "{}", node.logs());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        ensure!(counted(node).await? == 45, "lines counted twice");
+    }
     Ok(())
 }

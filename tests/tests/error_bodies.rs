@@ -5,7 +5,8 @@
 //! tests get, a file per test process ([`http::error_bodies_dir`]). The test here provokes an
 //! answer of each kind itself — a failed log write's `503` under RLIMIT_FSIZE among them — and
 //! then checks every body recorded so far, by this process and by the test processes that ran
-//! before it, and clears what it checked.
+//! before it, and clears what it checked. `scripts/test` runs it once more after the whole
+//! suite, for the bodies of the test binaries that ran after it.
 
 use std::time::Duration;
 
@@ -94,6 +95,28 @@ async fn no_error_answer_carries_internal_detail() -> anyhow::Result<()> {
         "Authorization"
     );
     refused(&raw(&server, chunked.as_bytes()).await?, 400, "bad_request")?;
+    // Heads refused before any router sees them: malformed, too large, too many fields.
+    let malformed = "POST /runtimes/demo/ingest HTTP/1.1\r\nNo colon here\r\n\r\n";
+    refused(
+        &raw(&server, malformed.as_bytes()).await?,
+        400,
+        "bad_request",
+    )?;
+    let long = format!(
+        "GET /views HTTP/1.1\r\nX-Long: {}\r\n\r\n",
+        "a".repeat(64 << 10)
+    );
+    refused(
+        &raw(&server, long.as_bytes()).await?,
+        431,
+        "headers_too_large",
+    )?;
+    let many = format!("POST /views HTTP/1.1\r\n{}\r\n", "X-A: b\r\n".repeat(200));
+    refused(
+        &raw(&server, many.as_bytes()).await?,
+        431,
+        "headers_too_large",
+    )?;
 
     // A log write that fails: 503, in our words, with nothing of the file or the OS error.
     let (_, segment) = newest_segment(&server)?;
