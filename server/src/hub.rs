@@ -41,6 +41,8 @@ pub struct View {
     state: Mutex<HashMap<CompactString, Frame>>,
     tick: watch::Sender<u64>,
     live: broadcast::Sender<Bytes>,
+    /// SSE subscribers open on it now.
+    subscribers: AtomicU64,
 }
 
 /// A view's state as of one cursor.
@@ -59,7 +61,21 @@ impl View {
             state: Mutex::new(HashMap::new()),
             tick: watch::Sender::new(0),
             live: broadcast::Sender::new(LIVE_BACKLOG),
+            subscribers: AtomicU64::new(0),
         }
+    }
+
+    /// SSE subscribers open on it now.
+    pub fn subscribers(&self) -> u64 {
+        self.subscribers.load(Ordering::Relaxed)
+    }
+
+    /// A subscriber opened (`true`) or went away (`false`).
+    pub(crate) fn count_subscriber(&self, opened: bool) {
+        match opened {
+            true => self.subscribers.fetch_add(1, Ordering::Relaxed),
+            false => self.subscribers.fetch_sub(1, Ordering::Relaxed),
+        };
     }
 
     /// The view's name.

@@ -411,6 +411,15 @@ impl Collector for OwnerCounters {
                 .entry_counts_now()
                 .into_iter()
                 .map(|(view, n)| ([("view", view)], ConstGauge::new(n))),
+        )?;
+        let views = self.hub.views();
+        family(
+            e,
+            "viewtape_view_subscribers",
+            "SSE subscribers open per view (their sum is viewtape_sse_connections).",
+            views
+                .iter()
+                .map(|view| ([("view", view.name())], ConstGauge::new(view.subscribers()))),
         )
     }
 }
@@ -501,6 +510,7 @@ mod tests {
             "viewtape_runtime_gaps_total counter",
             "viewtape_runtime_deploys_total counter",
             "viewtape_view_retained_records gauge",
+            "viewtape_view_subscribers gauge",
         ]
         .map(|t| format!("# TYPE {t}"));
         assert_eq!(types(&text), expected, "{text}");

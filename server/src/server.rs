@@ -107,7 +107,7 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         None => state,
     };
     let metrics = Arc::clone(&state.metrics);
-    let admin = Admin::from_env(Arc::clone(&snapshots), deployer)
+    let admin = Admin::from_env(Arc::clone(&runtimes), Arc::clone(&snapshots), deployer)
         .map(|admin| match &cluster {
             Some(cluster) => admin.in_cluster(Arc::clone(cluster)),
             None => admin,

@@ -254,6 +254,7 @@ impl Subscriber {
             }
         };
         metrics.connections.inc();
+        view.count_subscriber(true);
         let shutdown = streams.shutdown.clone();
         Self {
             streams,
@@ -482,6 +483,7 @@ fn reset_to_state(
 impl Drop for Subscriber {
     fn drop(&mut self) {
         self.streams.metrics.connections.dec();
+        self.view.count_subscriber(false);
     }
 }
 

@@ -1,9 +1,11 @@
 //! What an operator's tools read from a live server: the API description at `/openapi.json`
-//! (the one kept in the repository), and the metrics the dashboard and the alert rules in
-//! `docs/` name.
+//! (the one kept in the repository), the metrics the dashboard and the alert rules in `docs/`
+//! name, what `GET /admin/runtimes` says of each runtime, and each view's subscribers.
 
 use anyhow::{ensure, Context as _};
-use viewtape_tests::Server;
+use sha2::{Digest, Sha256};
+use viewtape_tests::server::{config_file, guest_wasm, with_custom_section, ADMIN_TOKEN_ENV};
+use viewtape_tests::{http, Server};
 
 fn repository_file(path: &str) -> anyhow::Result<String> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -160,4 +162,190 @@ async fn the_readme_quick_start_publishes_what_it_shows() -> anyhow::Result<()> 
         );
     }
     Ok(())
+}
+
+const ADMIN_TOKEN: &str = "operator-test-token";
+
+/// A server running the `misbehave` fixture as runtime `counter` (publishing to `state`), with
+/// the admin routes on; its config file, and the module's fingerprint computed from its bytes.
+async fn counter_server() -> anyhow::Result<(Server, tempfile::NamedTempFile, String)> {
+    let wasm = guest_wasm("misbehave");
+    let fingerprint = Sha256::digest(std::fs::read(&wasm)?).iter().fold(
+        String::from("sha256:"),
+        |mut hex, byte| {
+            hex.push_str(&format!("{byte:02x}"));
+            hex
+        },
+    );
+    let config = config_file(&format!(
+        "[[runtime]]\nname = \"counter\"\nwasm = {:?}\nviews = [\"state\"]\n",
+        wasm.display().to_string()
+    ))?;
+    let path = config.path().display().to_string();
+    let server =
+        Server::start_with_env(&["--config", &path], &[(ADMIN_TOKEN_ENV, ADMIN_TOKEN)]).await?;
+    Ok((server, config, fingerprint))
+}
+
+/// `GET /admin/runtimes` with the token: runtime `counter`'s entry.
+async fn counter(server: &Server) -> anyhow::Result<serde_json::Value> {
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    let resp = http::request(
+        server.addr(),
+        "GET",
+        "/admin/runtimes",
+        &[("Authorization", &auth)],
+        b"",
+    )
+    .await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    ensure!(resp.header("content-type") == Some("application/json"));
+    let body = resp.json()?;
+    let runtimes = body["runtimes"].as_array().context("runtimes")?;
+    ensure!(runtimes.len() == 1, "{body}");
+    Ok(runtimes[0].clone())
+}
+
+/// Ingests into `counter`, requiring `status`; the answer's body.
+async fn send(server: &Server, batch: &str, status: u16) -> anyhow::Result<serde_json::Value> {
+    let resp = server.ingest("counter", batch).await?;
+    ensure!(resp.status() == status, "{} {}", resp.status(), resp.text());
+    resp.json()
+}
+
+/// `GET /admin/runtimes`: the module each runtime runs (its SHA-256, and the deployed one after a
+/// deploy), the size of its guest's saved state as it commits, its batches, and its guest's last
+/// failure — a refused batch, then a trap — which a later success does not clear; only with the
+/// admin token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runtimes_route_reports_each_module_state_and_last_failure() -> anyhow::Result<()> {
+    let (server, _config, fingerprint) = counter_server().await?;
+    for auth in [None, Some("Bearer wrong")] {
+        let headers: Vec<(&str, &str)> = auth.map(|a| ("Authorization", a)).into_iter().collect();
+        let resp = http::request(server.addr(), "GET", "/admin/runtimes", &headers, b"").await?;
+        ensure!(resp.status() == 401, "{auth:?}: {}", resp.status());
+    }
+
+    // Fresh: the configured module, no state saved yet, nothing run, nothing failed.
+    let fresh = counter(&server).await?;
+    ensure!(fresh["name"] == "counter", "{fresh}");
+    ensure!(
+        fresh["module"] == fingerprint.as_str(),
+        "{fresh}, not {fingerprint}"
+    );
+    ensure!(
+        fresh["state_bytes"] == 0 && fresh["batches"] == 0,
+        "{fresh}"
+    );
+    ensure!(fresh["last_error"].is_null(), "{fresh}");
+
+    // The guest saves its count as text after the SDK's 8-byte version header: "12" makes 10
+    // bytes, as soon as the batch is answered.
+    send(&server, &"count\n".repeat(12), 200).await?;
+    let counted = counter(&server).await?;
+    ensure!(
+        counted["state_bytes"] == 10 && counted["batches"] == 1,
+        "{counted}"
+    );
+    ensure!(counted["last_error"].is_null(), "{counted}");
+
+    // A batch the guest refuses: the last error, with the guest's message and when.
+    let before = unix_ms();
+    let answer = send(&server, "count\nfail no such symbol\n", 422).await?;
+    let after = unix_ms();
+    let refused = counter(&server).await?;
+    let error = &refused["last_error"];
+    ensure!(error["kind"] == "rejected", "{refused}");
+    let message = error["message"].as_str().context("message")?;
+    ensure!(message.contains("no such symbol"), "{refused}");
+    ensure!(
+        answer["message"]
+            .as_str()
+            .is_some_and(|told| told.ends_with(message)),
+        "the sender was told {answer}, the operator sees {message:?}"
+    );
+    let at = error["at_ms"].as_u64().context("at_ms")?;
+    ensure!(
+        (before..=after).contains(&at),
+        "{at} not in {before}..={after}"
+    );
+    // Nothing of it committed: the state is the one before it.
+    ensure!(
+        refused["state_bytes"] == 10 && refused["batches"] == 1,
+        "{refused}"
+    );
+
+    // A trap replaces it; a success after it does not clear it.
+    send(&server, "panic the guest gives up\n", 422).await?;
+    send(&server, &"count\n".repeat(88), 200).await?;
+    let trapped = counter(&server).await?;
+    ensure!(trapped["last_error"]["kind"] == "failed", "{trapped}");
+    ensure!(
+        trapped["last_error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("guest panicked: the guest gives up")),
+        "{trapped}"
+    );
+    ensure!(
+        trapped["state_bytes"] == 11 && trapped["batches"] == 2,
+        "the count is 100: {trapped}"
+    );
+
+    // A deploy: the new module's fingerprint, the state carried over.
+    let build = with_custom_section(&std::fs::read(guest_wasm("misbehave"))?, "build", &[7]);
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    let resp = http::request(
+        server.addr(),
+        "PUT",
+        "/admin/runtimes/counter/module",
+        &[("Authorization", &auth)],
+        &build,
+    )
+    .await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    let deployed = counter(&server).await?;
+    let module = deployed["module"].as_str().context("module")?;
+    ensure!(
+        module == resp.json()?["module"] && module != fingerprint,
+        "{deployed}"
+    );
+    ensure!(deployed["state_bytes"] == 11, "{deployed}");
+    Ok(())
+}
+
+/// `viewtape_view_subscribers`: the streams open on each view, counted as they open and close;
+/// their sum is `viewtape_sse_connections`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_views_subscribers_are_counted_as_they_come_and_go() -> anyhow::Result<()> {
+    let server = Server::start(&[]).await?;
+    let prices = "viewtape_view_subscribers{view=\"prices\"}";
+    ensure!(server.metric(prices).await? == 0.0);
+    let mut first = server.sse("/views/prices/events", &[]).await?;
+    first.until_synced(10).await?;
+    let mut second = server.sse("/views/prices/events", &[]).await?;
+    second.until_synced(10).await?;
+    ensure!(server.metric(prices).await? == 2.0);
+    ensure!(server.metric("viewtape_sse_connections").await? == 2.0);
+    drop(first);
+    // The server notices at its next write: the next batch, or a heartbeat.
+    server
+        .ingest_ok(&viewtape_tests::Feed::new(&["ACME"]).batch(1))
+        .await?;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while server.metric(prices).await? != 1.0 {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the closed stream is still counted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    ensure!(server.metric("viewtape_sse_connections").await? == 1.0);
+    drop(second);
+    Ok(())
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -1,5 +1,5 @@
 //! Operator routes: write a snapshot now, list snapshots, restore one into the running server,
-//! deploy a new module to a runtime.
+//! deploy a new module to a runtime, read what each runtime runs.
 //!
 //! | route | what |
 //! |---|---|
@@ -7,6 +7,7 @@
 //! | `POST /admin/snapshot` | a periodic snapshot now, through the same consistency cut as the timer: `{"name","size","records","exact":false}` |
 //! | `GET /admin/snapshots` | every file in `<data-dir>/snapshots`, newest first: `{"snapshots":[{"name","kind","exact","age_seconds","size","valid","error"}]}` |
 //! | `POST /admin/restore` | body `{"name": "snap-….vtsnap"}`: replace the running server's state with that snapshot's |
+//! | `GET /admin/runtimes` | every runtime, in name order: `{"runtimes":[{"name","module","state_bytes","batches","last_error"}]}`, `last_error` being `null` or `{"kind","message","at_ms"}` ([`GuestFailure`]) |
 //! | `PUT /admin/runtimes/{runtime}/module` | body: a `.wasm` module (at most 64 MiB): swap it into the runtime between two batches, the guest's state carried over; `{"runtime","module","previous","position"}`; 422 when it does not load or refuses the state (the old module keeps running) |
 //!
 //! ## Access
@@ -22,6 +23,7 @@
 //! out inside one consistency cut, always with a fresh epoch. Admin actions are logged at `info`
 //! with their outcome.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::rejection::PathRejection;
@@ -38,7 +40,8 @@ use sha2::{Digest, Sha256};
 use super::ApiError;
 use crate::cluster::Cluster;
 use crate::deploy::{DeployActionError, Deployer, MAX_MODULE_BYTES};
-use crate::runtime::DeployError;
+use crate::registry::Runtimes;
+use crate::runtime::{DeployError, GuestFailure};
 use crate::snapshot::{SnapshotActionError, Snapshots};
 
 /// The environment variable holding the admin token.
@@ -47,11 +50,12 @@ pub const TOKEN_ENV: &str = "VIEWTAPE_ADMIN_TOKEN";
 /// Largest `POST /admin/restore` body: a JSON object naming one file.
 const MAX_RESTORE_BODY: usize = 4 * 1024;
 
-/// What the admin routes share: the token's digest and the snapshot actions.
+/// What the admin routes share: the token's digest, the runtimes and the snapshot actions.
 #[derive(Debug)]
 pub struct Admin {
     /// SHA-256 of the token.
     token: [u8; 32],
+    runtimes: Arc<Runtimes>,
     snapshots: Arc<Snapshots>,
     deployer: Arc<Deployer>,
     /// A node's cluster: restores go through its stream.
@@ -59,11 +63,17 @@ pub struct Admin {
 }
 
 impl Admin {
-    /// Admin over `snapshots` and `deployer` with `token`; `None` for an empty token, which
-    /// enables nothing.
-    pub fn new(token: &str, snapshots: Arc<Snapshots>, deployer: Arc<Deployer>) -> Option<Self> {
+    /// Admin over `runtimes`, `snapshots` and `deployer` with `token`; `None` for an empty
+    /// token, which enables nothing.
+    pub fn new(
+        token: &str,
+        runtimes: Arc<Runtimes>,
+        snapshots: Arc<Snapshots>,
+        deployer: Arc<Deployer>,
+    ) -> Option<Self> {
         (!token.is_empty()).then(|| Self {
             token: Sha256::digest(token.as_bytes()).into(),
+            runtimes,
             snapshots,
             deployer,
             cluster: None,
@@ -81,9 +91,13 @@ impl Admin {
     }
 
     /// Admin with the token from [`TOKEN_ENV`], if set; logs whether the routes are enabled.
-    pub fn from_env(snapshots: Arc<Snapshots>, deployer: Arc<Deployer>) -> Option<Self> {
+    pub fn from_env(
+        runtimes: Arc<Runtimes>,
+        snapshots: Arc<Snapshots>,
+        deployer: Arc<Deployer>,
+    ) -> Option<Self> {
         let token = std::env::var(TOKEN_ENV).unwrap_or_default();
-        let admin = Self::new(&token, snapshots, deployer);
+        let admin = Self::new(&token, runtimes, snapshots, deployer);
         if admin.is_some() {
             tracing::info!("admin routes enabled ({TOKEN_ENV} is set)");
         } else {
@@ -129,6 +143,7 @@ pub(super) fn routes(admin: Option<Arc<Admin>>) -> axum::Router {
         .route("/admin/snapshot", post(snapshot_now))
         .route("/admin/snapshots", get(list))
         .route("/admin/restore", post(restore))
+        .route("/admin/runtimes", get(runtimes))
         .route("/admin/runtimes/{runtime}/module", put(deploy))
         .with_state(admin)
 }
@@ -219,6 +234,33 @@ async fn list(
         .collect();
     tracing::debug!(count = snapshots.len(), "admin: snapshots listed");
     Ok(Json(serde_json::json!({ "snapshots": snapshots })))
+}
+
+/// `GET /admin/runtimes`: what each runtime runs now, in name order.
+async fn runtimes(_: Authorized, State(admin): State<Arc<Admin>>) -> Json<serde_json::Value> {
+    let runtimes: Vec<serde_json::Value> = admin
+        .runtimes
+        .iter()
+        .map(|(name, registered)| {
+            let stats = registered.handle.stats();
+            serde_json::json!({
+                "name": name,
+                "module": registered.handle.module().to_string(),
+                "state_bytes": stats.state_bytes.load(Ordering::Relaxed),
+                "batches": stats.batches.load(Ordering::Relaxed),
+                "last_error": stats.last_failure().as_ref().map(failure_json),
+            })
+        })
+        .collect();
+    Json(serde_json::json!({ "runtimes": runtimes }))
+}
+
+fn failure_json(failure: &GuestFailure) -> serde_json::Value {
+    serde_json::json!({
+        "kind": failure.kind.as_str(),
+        "message": failure.message,
+        "at_ms": failure.at_ms,
+    })
 }
 
 #[derive(Debug, Deserialize)]
@@ -331,6 +373,7 @@ pub(crate) fn test_admin(token: &str) -> Option<Admin> {
     let store = crate::registry::ModuleStore::open(std::env::temp_dir()).expect("store");
     Admin::new(
         token,
+        Arc::default(),
         Arc::new(Snapshots::new(hub, dir, Arc::default(), Arc::default())),
         Arc::new(Deployer::new(engine, Arc::new(store), Arc::default(), None)),
     )

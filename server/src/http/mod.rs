@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `GET /views`, `GET /views/{view}`, `GET /views/{view}/events` | `views` |
 //! | `POST /runtimes/{runtime}/ingest` | `ingest` |
-//! | `POST /admin/snapshot`, `GET /admin/snapshots`, `POST /admin/restore` | [`admin`] |
+//! | `GET /admin/`, `POST /admin/snapshot`, `GET /admin/snapshots`, `POST /admin/restore`, `GET /admin/runtimes`, `PUT /admin/runtimes/{runtime}/module` | [`admin`] |
 //! | `GET /`, `GET /healthz`, `GET /readyz`, `GET /metrics` | here |
 //! | `GET /openapi.json` | [`openapi`]: the description of every route |
 //!

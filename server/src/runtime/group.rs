@@ -234,6 +234,7 @@ impl<S: BatchSink> Task<S> {
         if let Some(stamp) = &entry.producer {
             self.last.producers.committed(stamp, &receipt);
         }
+        self.note_state();
         receipt
     }
 }

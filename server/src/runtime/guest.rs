@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::task::Task;
-use super::{BatchSink, IngestError, RuntimeStats};
+use super::{BatchSink, FailureKind, IngestError, RuntimeStats};
 use crate::host::{GuestBatch, GuestError, GuestInstance, GuestModule, Limits};
 use crate::log::BatchEntry;
 
@@ -114,7 +114,13 @@ impl GuestSlot {
         state: &mut Bytes,
         views: Option<&[String]>,
     ) -> Result<GuestBatch, SlotError> {
-        let instance = self.instance(state).await.map_err(SlotError::Unavailable)?;
+        let instance = match self.instance(state).await {
+            Ok(instance) => instance,
+            Err(error) => {
+                self.stats.failed(FailureKind::Unavailable, &error);
+                return Err(SlotError::Unavailable(error));
+            }
+        };
         let outcome = match instance.on_batch(input).await {
             Ok(batch) => match declared(views, batch) {
                 Ok(batch) => instance.save().await.map(|saved| (batch, saved)),
@@ -131,8 +137,10 @@ impl GuestSlot {
         };
         self.stats.failures.fetch_add(1, Ordering::Relaxed);
         if error.is_input_error() {
+            self.stats.failed(FailureKind::Rejected, &error);
             tracing::info!(%error, "batch rejected");
         } else {
+            self.stats.failed(FailureKind::Failed, &error);
             tracing::warn!(%error, "guest failed; re-instantiating from the last good state");
         }
         // Drop the store whatever the failure: its heap may be mid-update.

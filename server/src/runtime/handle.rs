@@ -203,6 +203,7 @@ impl RuntimeHandle {
             module_now: Arc::clone(&handle.module),
             verdicts: Arc::clone(&handle.verdicts),
         };
+        task.note_state();
         let span = tracing::info_span!("runtime", runtime = %handle.name);
         tokio::spawn(task.run(rx).instrument(span));
         Ok(handle)

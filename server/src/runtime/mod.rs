@@ -71,13 +71,14 @@ mod tests;
 
 use std::future::Future;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, PoisonError};
 
 use bytes::Bytes;
 
 pub use error::{ApplyError, DeployError, IngestError};
 pub use handle::{PauseGuard, RuntimeHandle};
 
-use crate::host::{GuestBatch, Limits, ModuleFingerprint};
+use crate::host::{GuestBatch, GuestError, Limits, ModuleFingerprint};
 use crate::log::producer::ProducerTable;
 use crate::log::Receipt;
 use crate::source::SourceCheckpoint;
@@ -193,7 +194,8 @@ impl RuntimeSnapshot {
     }
 }
 
-/// Counters of one runtime, for metrics.
+/// Counters of one runtime, for metrics, and what an operator reads of it now: the size of its
+/// state and its guest's last failure.
 #[derive(Debug, Default)]
 pub struct RuntimeStats {
     /// Batches committed.
@@ -208,4 +210,76 @@ pub struct RuntimeStats {
     pub restarts: AtomicU64,
     /// Modules deployed (live, at start-up, or applied from the log).
     pub deploys: AtomicU64,
+    /// Bytes of the guest's saved state as last committed — by a batch, a deploy or a restore
+    /// — which is what a snapshot stores; 0 for a fresh guest before its first batch. Set before
+    /// the commit's caller is answered.
+    pub state_bytes: AtomicU64,
+    /// The guest's last failure since the process started.
+    last_failure: Mutex<Option<GuestFailure>>,
+}
+
+impl RuntimeStats {
+    /// The guest's last failure since the process started (see [`GuestFailure`]); `None` if
+    /// it never failed.
+    pub fn last_failure(&self) -> Option<GuestFailure> {
+        self.last_failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Notes a failure of the guest, now.
+    pub(crate) fn failed(&self, kind: FailureKind, error: &GuestError) {
+        let failure = GuestFailure {
+            kind,
+            message: error.to_string(),
+            at_ms: crate::log::unix_ms_now(),
+        };
+        *self
+            .last_failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(failure);
+    }
+}
+
+/// A runtime's guest failed on a batch or could not be made to run one: the last such failure
+/// of a runtime is [`RuntimeStats::last_failure`]. Every batch the guest failed on (counted in
+/// [`RuntimeStats::failures`]) sets it, whoever sent the batch — a push source, a pull source, a
+/// cluster's stream, a replay — and so does an instance that could not be made again from the
+/// last good state. A refusal that is not the guest's (a producer's batch out of order or
+/// fenced, the log) does not; nor does a deploy the new module refuses (its
+/// caller is told, and the old module runs on). A later success does not clear it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuestFailure {
+    /// What kind of failure.
+    pub kind: FailureKind,
+    /// The error, as the batch's sender was told it.
+    pub message: String,
+    /// When, in Unix milliseconds.
+    pub at_ms: u64,
+}
+
+/// What kind of [`GuestFailure`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The guest refused the batch as bad input (it returned an error, or the batch was over
+    /// its size limit): the sender may fix it and send it again.
+    Rejected,
+    /// The guest failed on the batch: it trapped (a panic), used up its CPU budget or its
+    /// memory, ran past the wall-clock limit, emitted an event over the limit or to a view its
+    /// runtime does not declare, or broke the ABI.
+    Failed,
+    /// No instance could be made from the last good state, so the batch did not run.
+    Unavailable,
+}
+
+impl FailureKind {
+    /// `rejected`, `failed` or `unavailable`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rejected => "rejected",
+            Self::Failed => "failed",
+            Self::Unavailable => "unavailable",
+        }
+    }
 }

@@ -32,6 +32,7 @@ impl<S: BatchSink> Task<S> {
                                 snapshot.ran(&module);
                             }
                             self.last = snapshot;
+                            self.note_state();
                             tracing::info!("guest state restored from a snapshot");
                             true
                         }

@@ -1,5 +1,6 @@
 //! The task's loop: one command at a time; batches waiting together become one group.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
@@ -61,6 +62,13 @@ impl<S: BatchSink> Task<S> {
             }
         }
         tracing::debug!("runtime task stopped");
+    }
+
+    /// Notes the size of the committed state, for whoever reads the stats: at start, and
+    /// wherever a new state commits (a batch, a deploy, a restore), before anyone is answered.
+    pub fn note_state(&self) {
+        let bytes = u64::try_from(self.last.state.len()).unwrap_or(u64::MAX);
+        self.stats.state_bytes.store(bytes, Ordering::Relaxed);
     }
 
     /// Every command but a batch.

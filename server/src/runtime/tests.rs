@@ -107,9 +107,12 @@ async fn ticker_batch_commits_and_gap_reaches_the_journal() {
 #[tokio::test]
 async fn failed_batch_commits_nothing_and_the_runtime_recovers_its_state() {
     let (rt, _journal, sink) = spawn(guests::MISBEHAVE_WASM, Limits::default()).await;
+    assert_eq!(rt.stats().last_failure(), None);
     rt.ingest(Bytes::from_static(b"count\ncount"), None)
         .await
         .unwrap();
+    // The SDK's 8-byte version header, then the count as text.
+    assert_eq!(rt.stats().state_bytes.load(Ordering::Relaxed), 9);
     let err = rt
         .ingest(
             Bytes::from_static(b"count\npublish v k x\npanic boom"),
@@ -127,6 +130,9 @@ async fn failed_batch_commits_nothing_and_the_runtime_recovers_its_state() {
         ),
         "{err}"
     );
+    let trap = rt.stats().last_failure().unwrap();
+    assert_eq!(trap.kind, FailureKind::Failed);
+    assert!(err.to_string().ends_with(&trap.message), "{trap:?}");
     let err = rt
         .ingest(Bytes::from_static(b"count\nfail nope"), None)
         .await
@@ -141,6 +147,10 @@ async fn failed_batch_commits_nothing_and_the_runtime_recovers_its_state() {
         ),
         "{err}"
     );
+    let rejection = rt.stats().last_failure().unwrap();
+    assert_eq!(rejection.kind, FailureKind::Rejected);
+    assert!(rejection.message.ends_with("nope"), "{rejection:?}");
+    assert!(rejection.at_ms >= trap.at_ms);
     rt.ingest(Bytes::from_static(b"count"), None).await.unwrap();
     let events = sink.events.lock().unwrap().clone();
     let counts: Vec<_> = events.iter().map(|(_, _, p)| p.as_str()).collect();
@@ -148,6 +158,11 @@ async fn failed_batch_commits_nothing_and_the_runtime_recovers_its_state() {
         counts,
         vec!["1", "2", "3"],
         "all-or-nothing, state rolled back"
+    );
+    assert_eq!(
+        rt.stats().last_failure(),
+        Some(rejection),
+        "kept after a success"
     );
     assert_eq!(rt.stats().failures.load(Ordering::Relaxed), 2);
     assert_eq!(rt.stats().restarts.load(Ordering::Relaxed), 2);
