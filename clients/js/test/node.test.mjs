@@ -11,10 +11,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, test } from 'node:test';
 
-import { openProducer, openView } from '@viewtape/client';
+import { memoryStore, openProducer, openView } from '@viewtape/client';
 import { fileStore } from '@viewtape/client/node';
 
-import { check, control, done, log, until } from '../../common.mjs';
+import { check, control, done, getJson, ingest, log, until } from '../../common.mjs';
 import { checkAppliedOnce, checkMatchesServer, FaultProxy, recordChanges, sleep } from './support.mjs';
 
 const base = process.argv[2];
@@ -177,21 +177,118 @@ test('through a faulty proxy: 503 with Retry-After, a cut mid-frame, stripped id
   await proxy.close();
 });
 
-test('close() frees every timer and listener', async () => {
-  const timers = () => process.getActiveResourcesInfo().filter(r => r === 'Timeout').length;
-  const before = timers();
-  const view = openView(base, 'notes', { ...fast, stallTimeout: 60000 });
-  let changes = 0;
-  await view.synced();
-  view.on('change', () => void (changes += 1));
-  check(timers() > before, 'a live view has its watchdog armed');
-  await view.close();
-  check(view.status === 'closed', view.status);
-  check(timers() === before, () => `no timer left after close: ${timers()} vs ${before}`);
-  const producer = openProducer(base, 'fixture', { id: 'node-d' });
-  await producer.send(batch(0));
-  await sleep(300);
-  check(changes === 0, 'no change after close');
+/** `promise`, or a failure after `ms`. */
+async function within(promise, ms, what) {
+  let timer;
+  const late = new Promise((_, reject) => (timer = setTimeout(() => reject(new Error(`${what} did not finish within ${ms} ms`)), ms)));
+  try {
+    return await Promise.race([promise, late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** The server's count of open SSE streams (`viewtape_sse_connections` on /metrics). */
+async function sseConnections() {
+  const text = await (await fetch(`${base}/metrics`, { signal: AbortSignal.timeout(10000) })).text();
+  const line = text.split('\n').find(l => l.startsWith('viewtape_sse_connections '));
+  check(line, 'viewtape_sse_connections on /metrics');
+  return Number(line.split(' ')[1]);
+}
+
+/**
+ * Tracks the timers the client's own code sets (`setTimeout` called from clients/js/dist), as
+ * `pending`: set and neither fired nor cleared. Undici's and the test's timers are not counted.
+ */
+function trackClientTimers() {
+  const realSet = globalThis.setTimeout;
+  const realClear = globalThis.clearTimeout;
+  const pending = new Map();
+  globalThis.setTimeout = function (fn, ms, ...args) {
+    if (!/[\\/]clients[\\/]js[\\/]dist[\\/]/.test(new Error().stack ?? '')) return realSet(fn, ms, ...args);
+    const handle = realSet((...a) => {
+      pending.delete(handle);
+      fn(...a);
+    }, ms, ...args);
+    pending.set(handle, ms);
+    return handle;
+  };
+  globalThis.clearTimeout = handle => {
+    pending.delete(handle);
+    realClear(handle);
+  };
+  return { pending, restore: () => Object.assign(globalThis, { setTimeout: realSet, clearTimeout: realClear }) };
+}
+
+/** A page as the view sees one: `document` (hidden, so the hidden-tab timer runs) and the
+ * window's `pagehide`; counts the listeners added and not removed. */
+function fakePage() {
+  const listeners = new Set();
+  const ids = new Map();
+  const on = (target, type, fn) => {
+    if (!ids.has(fn)) ids.set(fn, ids.size);
+    return `${target} ${type} #${ids.get(fn)}`;
+  };
+  const add = target => (type, fn) => void listeners.add(on(target, type, fn));
+  const remove = target => (type, fn) => void listeners.delete(on(target, type, fn));
+  globalThis.document = { visibilityState: 'hidden', addEventListener: add('document'), removeEventListener: remove('document') };
+  globalThis.addEventListener = add('window');
+  globalThis.removeEventListener = remove('window');
+  return {
+    listeners,
+    restore: () => {
+      delete globalThis.document;
+      delete globalThis.addEventListener;
+      delete globalThis.removeEventListener;
+    },
+  };
+}
+
+test('close(): the server keeps producing and no listener fires, no client timer is left (watchdog, save, hidden tab), and the server counts the stream closed', async () => {
+  // Batches go by plain `fetch` here, not a producer: only the view's timers are tracked.
+  const publish = i => ingest(base, 'fixture', batch(i));
+  await until(async () => (await sseConnections()) === 0, 10000, 'no stream open before the test');
+  const timers = trackClientTimers();
+  const page = fakePage();
+  try {
+    const saves = [];
+    const inner = memoryStore();
+    const store = { load: k => inner.load(k), save: (k, v) => { saves.push(v.cursor); return inner.save(k, v); } };
+    // Distinct delays, to tell the timers apart: the stall watchdog, the hidden-tab release,
+    // the store's write-behind.
+    const view = openView(base, 'notes', { ...fast, cursorStore: store, stallTimeout: 61000, releaseWhenHiddenAfter: 62000, saveInterval: 63000 });
+    const fired = { change: 0, status: 0, error: 0, synced: 0, reset: 0, connected: 0, reauth: 0 };
+    for (const event of Object.keys(fired)) view.on(event, () => void (fired[event] += 1));
+    await within(view.synced(), WAIT, 'synced()');
+    await publish(0);
+    const head = (await getJson(base, '/views/notes')).cursor;
+    await until(() => view.cursor === head, WAIT, 'the batch applied');
+    const armed = [...timers.pending.values()];
+    for (const ms of [61000, 62000, 63000]) check(armed.includes(ms), () => `a live, hidden view with a write pending has its ${ms} ms timer: ${armed}`);
+    check(page.listeners.size === 2, () => `visibilitychange and pagehide listened to: ${[...page.listeners]}`);
+    check((await sseConnections()) === 1, 'the server counts the view\'s stream');
+    const cursor = view.cursor;
+
+    await within(view.close(), 5000, 'close()');
+    const counts = JSON.stringify(fired);
+    check(view.status === 'closed', view.status);
+    check(saves.at(-1) === cursor, () => `close() wrote the last position: ${saves.at(-1)} vs ${cursor}`);
+    check(timers.pending.size === 0, () => `no client timer left after close: ${[...timers.pending.values()]} ms`);
+    check(page.listeners.size === 0, () => `no page listener left after close: ${[...page.listeners]}`);
+    await until(async () => (await sseConnections()) === 0, 5000, 'the server to count the stream closed');
+
+    // The server goes on: new events exist, and nothing reaches the closed view.
+    for (let i = 1; i < 6; i++) await publish(i);
+    const server = await getJson(base, '/views/notes');
+    check(server.cursor !== cursor, 'the server produced events after close');
+    await sleep(500);
+    check(JSON.stringify(fired) === counts, () => `no listener fired after close: ${counts} → ${JSON.stringify(fired)}`);
+    check(view.cursor === cursor && view.status === 'closed', `nothing applied after close: ${view.cursor}`);
+    check(timers.pending.size === 0, () => `still no client timer: ${[...timers.pending.values()]} ms`);
+  } finally {
+    timers.restore();
+    page.restore();
+  }
 });
 
 test('a producer waits out a 503 with Retry-After and sends the same seq again', async () => {
