@@ -10,7 +10,8 @@
  *
  * ## Reconnection
  * Every connection resumes from the cursor (`?cursor=`). Delays between failed attempts are
- * full-jitter exponential (`minDelay`..`maxDelay`), at least a `Retry-After`; a token that
+ * full-jitter exponential (`minDelay`..`maxDelay`), at least a `Retry-After`, and after a
+ * stream that sent `retry:`, at least its last hint (for that one reconnection); a token that
  * expires (`reauth`) is renewed and the stream reopened at once. A connection counts as healthy
  * once it has applied a live event or stayed up for a while; until then failures add up, and a
  * run of connections that end at once (a proxy, a reset loop) raises `fast_retry_loop` and backs
@@ -114,6 +115,7 @@ export class View {
   #error: ViewError | undefined;
   #listeners = new Map<keyof ViewEvents, Set<Listener<never>>>();
   #token: string | undefined;
+  /** The last `retry:` of the current (or just ended) stream, in ms; used once, then cleared. */
   #retryHint = 0;
   #resetPending = false;
   #closed = false;
@@ -226,10 +228,11 @@ export class View {
           this.#fail(new ViewError('fast_retry_loop', `${FAST_LOOP_RUN} connections in a row ended without progress; backing off harder`));
         }
         this.#setStatus('reconnecting');
-        const delay = this.#backoff.next(
-          Math.max(outcome.floor, this.#retryHint),
-          this.#unhealthyRun >= FAST_LOOP_RUN,
-        );
+        // A stream's `retry:` is a floor for the reconnection right after it, once: attempts
+        // that fail before any stream (refused, unreachable) back off from `minDelay` again.
+        const hint = this.#retryHint;
+        this.#retryHint = 0;
+        const delay = this.#backoff.next(Math.max(outcome.floor, hint), this.#unhealthyRun >= FAST_LOOP_RUN);
         await this.#sleep.wait(delay);
       }
     } finally {
@@ -248,6 +251,7 @@ export class View {
 
     const controller = new AbortController();
     this.#connection = controller;
+    this.#retryHint = 0; // a hint belongs to the stream that sent it
     const resumeFrom = this.#resetPending ? undefined : this.#cursor;
     const headers: Record<string, string> = { Accept: 'text/event-stream' };
     if (token !== undefined) {

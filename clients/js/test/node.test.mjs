@@ -291,6 +291,31 @@ test('close(): the server keeps producing and no listener fires, no client timer
   }
 });
 
+test("a stream's retry: hint is the floor of the reconnection right after it, and of no later one", async () => {
+  const proxy = await new FaultProxy(new URL(base).host).listen();
+  // maxDelay 400: without a hint, no attempt waits more than 0.4 s.
+  const view = openView(proxy.url, 'notes', { minDelay: 100, maxDelay: 400 });
+  const record = recordChanges(view);
+  await within(view.synced(), WAIT, 'synced()');
+  await until(() => proxy.retryHints.length > 0, 5000, 'the stream\'s retry: hint');
+  const hint = proxy.retryHints.at(-1).ms;
+  check(hint >= 1500, `the server hints ${hint} ms (its default [server] retry is 2 s); this test needs ≥ 1.5 s`);
+  // The stream is cut; then three answers that are no stream (a login page, no hint), then one.
+  proxy.plan = ['html', 'html', 'html', 'pass'];
+  const cut = Date.now();
+  proxy.dropAll();
+  await until(() => proxy.requests.length === 5, WAIT, 'four reconnections');
+  await within(view.synced(), WAIT, 'synced()');
+  const at = proxy.requests.map(r => r.at);
+  check(at[1] - cut >= hint - 20, `the first reconnection waited for the hint: ${at[1] - cut} ms < ${hint} ms`);
+  const gaps = [at[2] - at[1], at[3] - at[2], at[4] - at[3]];
+  check(gaps.every(g => g < hint - 500), () => `the hint was used once: later attempts back off from minDelay (≤ 0.4 s): ${gaps} ms`);
+  check(record.errors.filter(e => e.code === 'bad_content_type').length === 3, () => `three login pages: ${record.errors.map(e => e.code)}`);
+  log(`retry: ${hint} ms honoured once (${at[1] - cut} ms), then ${gaps.join(', ')} ms`);
+  await view.close();
+  await proxy.close();
+});
+
 test('a producer waits out a 503 with Retry-After and sends the same seq again', async () => {
   let refusals = 1;
   const sent = [];

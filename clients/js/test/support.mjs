@@ -17,7 +17,8 @@ import { check, getJson, until } from '../../common.mjs';
  *    framing stays valid), as a proxy that mangles SSE would;
  *  - `cut`: passes bytes until the response carries an `event: update`, forwards half of that
  *    frame and closes both sides: a connection cut mid-frame.
- * `requests` records each connection's request line and the time it arrived.
+ * `requests` records each connection's request line and the time it arrived; `retryHints`, each
+ * `retry:` value a passed-through stream carried, with its connection's index in `requests`.
  */
 export class FaultProxy {
   constructor(target) {
@@ -28,6 +29,7 @@ export class FaultProxy {
     this.plan = [];
     this.retryAfter = 1;
     this.requests = [];
+    this.retryHints = [];
     this.sockets = new Set();
     this.server = createServer(socket => this.#accept(socket));
   }
@@ -74,12 +76,12 @@ export class FaultProxy {
       const line = head.subarray(0, head.indexOf('\r\n')).toString();
       const mode = this.plan.length ? this.plan.shift() : this.mode;
       this.requests.push({ line, mode, at: Date.now() });
-      this.#serve(client, head, mode);
+      this.#serve(client, head, mode, this.requests.length - 1);
     };
     client.on('data', onData);
   }
 
-  #serve(client, head, mode) {
+  #serve(client, head, mode, index) {
     if (mode === '503' || mode === 'html') {
       const body = mode === '503' ? '{"error":"unavailable","message":"try later"}' : '<html>please log in</html>';
       const type = mode === '503' ? 'application/json' : 'text/html';
@@ -97,6 +99,9 @@ export class FaultProxy {
     client.resume();
     let sawHead = false;
     upstream.on('data', chunk => {
+      for (const [, ms] of chunk.toString('latin1').matchAll(/(?:^|\n)retry: ?(\d+)\r?\n/g)) {
+        this.retryHints.push({ connection: index, ms: Number(ms) });
+      }
       if (mode === 'pass') return void client.write(chunk);
       if (mode === 'strip-ids') {
         return void client.write(Buffer.from(chunk.toString('latin1').replace(/(^|\n)id:/g, '$1ix:'), 'latin1'));

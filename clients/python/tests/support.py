@@ -4,6 +4,7 @@ server's ``GET /views/{name}``, recording a view's events, and a fault-injecting
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any
 
@@ -51,12 +52,16 @@ class Record:
         assert len(cursors) == len(set(cursors)), "a cursor applied twice"
 
 
+_RETRY = re.compile(rb"(?:^|\n)retry: ?(\d+)\r?\n")
+
+
 class CuttingProxy:
     """A TCP proxy; each new connection takes the next fault from `plan` (else `pass`): `503`
     (Retry-After: 1), `cut` (cut in the middle of its first `event: update` frame), `strip-ids`
     (every `id:` field renamed `ix:`, same length, as a proxy that mangles SSE would), `buffer`
     (the response head, then nothing), `html` (a `200 text/html` login page of its own). Each
-    request's time and mode go to `requests`, its request line to `lines`."""
+    request's time and mode go to `requests`, its request line to `lines`; each `retry:` hint a
+    passed-through stream carried goes to `hints` as (its connection's index, ms)."""
 
     def __init__(self, target: str) -> None:
         self.host, port = target.split(":")
@@ -64,6 +69,7 @@ class CuttingProxy:
         self.plan: list[str] = []
         self.requests: list[tuple[float, str]] = []
         self.lines: list[str] = []
+        self.hints: list[tuple[int, int]] = []
         self.writers: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> str:
@@ -84,6 +90,7 @@ class CuttingProxy:
         self.writers.add(writer)
         mode = self.plan.pop(0) if self.plan else "pass"
         head = await reader.readuntil(b"\r\n\r\n")
+        index = len(self.requests)
         self.requests.append((time.monotonic(), mode))
         self.lines.append(head.split(b"\r\n", 1)[0].decode("latin-1"))
         if mode == "html":
@@ -126,6 +133,7 @@ class CuttingProxy:
                     writer.transport.abort()
                     up_writer.transport.abort()
                     return
+                self.hints += [(index, int(ms)) for ms in _RETRY.findall(data)]
                 if mode == "strip-ids":
                     data = data.replace(b"\nid:", b"\nix:")
                 writer.write(data)

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,31 @@ async def test_through_a_faulty_proxy() -> None:
         assert record.resets == []
         record.applied_once()
         assert record.batches() == list(range(11))
+    proxy.server.close()
+
+
+
+async def test_a_retry_hint_is_the_floor_of_the_next_reconnection_only() -> None:
+    proxy = CuttingProxy(BASE.removeprefix("http://"))
+    url = await proxy.start()
+    # max_delay 0.4: without a hint, no attempt waits more than 0.4 s.
+    async with viewtape.View(url, "notes", min_delay=0.1, max_delay=0.4) as view:
+        record = Record(view)
+        await asyncio.wait_for(view.synced(), 30)
+        await until(lambda: bool(proxy.hints), "the stream's retry: hint")
+        hint = proxy.hints[-1][1] / 1000
+        assert hint >= 1.5, f"the server hints {hint} s (its default [server] retry is 2 s); this test needs >= 1.5 s"
+        # The stream is cut; then three answers that are no stream (no hint), then a stream.
+        proxy.plan = ["html", "html", "html", "pass"]
+        cut = time.monotonic()
+        proxy.drop_all()
+        await until(lambda: len(proxy.requests) >= 5, "four reconnections")
+        await asyncio.wait_for(view.synced(), 30)
+        at = [t for t, _ in proxy.requests]
+        assert at[1] - cut >= hint - 0.02, f"the first reconnection waited {at[1] - cut:.3f} s < the hint {hint} s"
+        gaps = [at[i] - at[i - 1] for i in range(2, 5)]
+        assert all(g < hint - 0.5 for g in gaps), f"the hint was used once; later gaps {gaps}"
+        assert sum(e.code == "bad_content_type" for e in record.errors) == 3
     proxy.server.close()
 
 

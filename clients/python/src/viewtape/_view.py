@@ -6,7 +6,8 @@ and swapped in at ``synced``; a ``reset`` restages (the old dict and cursor stay
 cursor moves before anyone hears of the change.
 
 Reconnection resumes from the cursor with full-jitter backoff (``min_delay``..``max_delay``), at
-least a ``Retry-After``; ``401``/``403`` and ``reauth`` call the ``token`` callback again. A run of
+least a ``Retry-After``, and after a stream that sent ``retry:``, at least its last hint (for that
+one reconnection); ``401``/``403`` and ``reauth`` call the ``token`` callback again. A run of
 connections that end without progress raises ``fast_retry_loop`` and backs off harder.
 """
 
@@ -217,7 +218,10 @@ class View:
                 if self._unhealthy_run == _FAST_LOOP_RUN:
                     self._fail(ViewError("fast_retry_loop", f"{_FAST_LOOP_RUN} connections in a row ended without progress"))
             self._set_status("reconnecting")
-            delay = self._backoff.next(max(floor, self._retry_hint), self._unhealthy_run >= _FAST_LOOP_RUN)
+            # A stream's ``retry:`` is a floor for the reconnection right after it, once: attempts
+            # that fail before any stream (refused, unreachable) back off from ``min_delay`` again.
+            hint, self._retry_hint = self._retry_hint, 0.0
+            delay = self._backoff.next(max(floor, hint), self._unhealthy_run >= _FAST_LOOP_RUN)
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), delay)
@@ -231,6 +235,7 @@ class View:
         token = await self._current_token()
         if self._token_source is not None and token is None:
             return 0.0
+        self._retry_hint = 0.0  # a hint belongs to the stream that sent it
         resume = None if self._reset_pending else self._cursor
         headers = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
         if token is not None:
