@@ -6,7 +6,10 @@
 //     applies nothing while hidden, and when shown again resumes from its cursor: every event
 //     once, no reset, the map equal to `GET /views/prices`;
 //  2. a reload resumes from the cursor and state kept in localStorage: no state transfer, no
-//     reset, and the events ingested while the page was away arrive once;
+//     reset, and the events ingested while the page was away arrive once; and the same with
+//     `indexedDbStore`: IndexedDB holds the cursor and state at close, and after the reload the
+//     stored state is back before any connection, the one connection asks from the stored
+//     cursor, and the server's metrics count a resumed stream and no state transfer;
 //  3. `useView` (React 19, bundled for the test with esbuild, in StrictMode): two components on
 //     one view share one stream, both render the server's state at its cursor, and the stream
 //     is closed once both unmount.
@@ -50,16 +53,32 @@ window.client = client;
 window.hidden = false;
 Object.defineProperty(document, 'visibilityState', { configurable: true, get: () => window.hidden ? 'hidden' : 'visible' });
 window.setHidden = hidden => { window.hidden = hidden; document.dispatchEvent(new Event('visibilitychange')); };
-window.open = () => {
-  const view = client.openView(location.origin, 'prices', { cursorStore: client.localStorageStore(), releaseWhenHiddenAfter: 1000, minDelay: 100, maxDelay: 1000, saveInterval: 100 });
+window.open = (store = 'localStorage') => {
+  const cursorStore = store === 'indexedDB' ? client.indexedDbStore(IDB) : client.localStorageStore();
+  const view = client.openView(location.origin, 'prices', { cursorStore, releaseWhenHiddenAfter: 1000, minDelay: 100, maxDelay: 1000, saveInterval: 100 });
   window.view = view;
-  window.record = { live: [], swaps: 0, resets: 0, statuses: [] };
-  view.on('change', c => { if (!c.fromState) window.record.live.push({ cursor: c.cursor, seq: c.value?.seq }); });
+  window.record = { live: [], swaps: 0, resets: 0, statuses: [], connected: [], restored: 0 };
+  view.on('connected', ({ url }) => window.record.connected.push(url));
+  view.on('change', c => {
+    if (!c.fromState) window.record.live.push({ cursor: c.cursor, seq: c.value?.seq });
+    else if (window.record.connected.length === 0) window.record.restored += 1;
+  });
   view.on('synced', () => { window.record.swaps += 1; });
   view.on('reset', () => { window.record.resets += 1; });
   view.on('status', s => window.record.statuses.push(s));
   return view.synced().then(() => true);
 };
+const IDB = 'viewtape-browser-test';
+window.readIdb = key => new Promise((resolve, reject) => {
+  const open = indexedDB.open(IDB);
+  open.onerror = () => reject(open.error);
+  open.onsuccess = () => {
+    const db = open.result;
+    const get = db.transaction('kv', 'readonly').objectStore('kv').get(key);
+    get.onsuccess = () => { db.close(); resolve(get.result ?? null); };
+    get.onerror = () => { db.close(); reject(get.error); };
+  };
+});
 window.snapshot = () => ({ cursor: window.view.cursor, state: Object.fromEntries(window.view.state), status: window.view.status, record: window.record });
 window.ready = true;
 </script>`;
@@ -97,20 +116,26 @@ await context.route(`${base}/__client/**`, route => {
   return route.fulfill({ contentType: 'text/javascript', body: readFileSync(file) });
 });
 
-async function openPage() {
+async function openPage(store = 'localStorage') {
   const page = await context.newPage();
   page.on('pageerror', e => log(`[page error] ${e}`));
   await page.goto(`${base}/__client/test.html`, { timeout: WAIT });
   await page.waitForFunction(() => window.ready === true, undefined, { timeout: WAIT });
-  await page.evaluate(() => window.open());
+  await page.evaluate(store => window.open(store), store);
   return page;
 }
 
-async function sseConnections() {
-  const text = await (await fetch(`${base}/metrics`)).text();
-  const line = text.split('\n').find(l => l.startsWith('viewtape_sse_connections '));
-  return Number(line?.split(' ')[1]);
+async function metric(pattern) {
+  const text = await (await fetch(`${base}/metrics`, { signal: AbortSignal.timeout(10000) })).text();
+  const line = text.split('\n').find(l => pattern.test(l));
+  check(line, `${pattern} on /metrics`);
+  return Number(line.split(' ').at(-1));
 }
+
+const sseConnections = () => metric(/^viewtape_sse_connections /);
+/** Streams the server opened with a state transfer, and from a cursor. */
+const stateStarts = () => metric(/^viewtape_streams_total\{outcome="state"\} /);
+const resumes = () => metric(/^viewtape_streams_total\{outcome="resumed"\} /);
 
 /** The page's map equals GET /views/prices at the same cursor; each cursor applied once. */
 async function checkPage(page) {
@@ -172,6 +197,37 @@ test('a reload resumes from the cursor and state kept in localStorage', async ()
   check(after.record.swaps === 0, 'no state transfer after the reload');
   check(after.record.live.length === 3 && after.record.live[0].seq === Object.values(before.state).reduce((m, v) => Math.max(m, v.seq), 0) + 1,
     () => `the 3 ticks ingested while away, once: ${JSON.stringify(after.record.live)}`);
+  await page.close();
+});
+
+test('a reload resumes from the cursor and state kept in IndexedDB: the server transfers no state', async () => {
+  await ingest(base, 'demo', feed.batch(4));
+  const page = await openPage('indexedDB');
+  const before = await checkPage(page);
+  check(Object.keys(before.state).length === 4, () => `four symbols to keep: ${JSON.stringify(before.state)}`);
+  check(before.record.swaps === 1 && before.record.connected.length === 1 && !before.record.connected[0].includes('cursor='),
+    () => `a fresh IndexedDB store: one state transfer first: ${JSON.stringify(before.record)}`);
+  await page.evaluate(() => window.view.close());
+  const stored = await page.evaluate(() => window.readIdb('prices'));
+  check(stored?.cursor === before.cursor, () => `IndexedDB holds the cursor at close: ${stored?.cursor} vs ${before.cursor}`);
+  check(JSON.stringify(Object.fromEntries(stored.entries)) === JSON.stringify(before.state), 'IndexedDB holds the state at that cursor');
+  await ingest(base, 'demo', feed.batch(3));
+  const [states, resumed] = [await stateStarts(), await resumes()];
+  await page.reload();
+  await page.waitForFunction(() => window.ready === true, undefined, { timeout: WAIT });
+  await page.evaluate(() => window.open('indexedDB'));
+  const after = await checkPage(page);
+  check(after.record.restored === Object.keys(before.state).length, () => `the stored state came back before any connection: ${after.record.restored} keys`);
+  check(after.record.connected.length === 1 && after.record.connected[0].includes(`cursor=${encodeURIComponent(before.cursor)}`),
+    () => `one connection, from the stored cursor: ${after.record.connected}`);
+  check(after.record.swaps === 0, 'no state transfer after the reload');
+  const [statesAfter, resumedAfter] = [await stateStarts(), await resumes()];
+  check(statesAfter === states && resumedAfter === resumed + 1,
+    `the server resumed one stream and started none from state: state ${states} → ${statesAfter}, resumed ${resumed} → ${resumedAfter}`);
+  const lastSeq = Object.values(before.state).reduce((m, v) => Math.max(m, v.seq), 0);
+  check(after.record.live.length === 3 && after.record.live.every((c, i) => c.seq === lastSeq + 1 + i),
+    () => `the 3 ticks ingested while away, once: ${JSON.stringify(after.record.live)}`);
+  log(`IndexedDB: reload resumed at ${before.cursor} with ${after.record.restored} stored keys, 3 ticks applied once, no state transfer`);
   await page.close();
 });
 
