@@ -4,7 +4,11 @@ export type ViewErrorCode =
   | 'unauthorized'
   /** 403: the token does not grant this view. */
   | 'forbidden'
-  /** 404: the server has no such view. */
+  /** 400 (or another 4xx that asking again cannot change: not 401/403/404/408/429): the server
+   * refuses the request itself, e.g. `keys`/`prefix` on a server that does not narrow streams.
+   * Fatal: the view closes instead of retrying. */
+  | 'bad_request'
+  /** 404: the server has no such view (retried: a deploy may add it). */
   | 'not_found'
   /** Another HTTP status (a 503 past the server's connection limit, a proxy's error page). */
   | 'http_status'

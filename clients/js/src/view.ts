@@ -40,9 +40,10 @@ export interface ViewOptions {
   cursorStore?: CursorStore;
   /** The key under which `cursorStore` keeps this view (default: the view's name). */
   storeKey?: string;
-  /** Only these keys (`?keys=`). */
+  /** Only these keys (`?keys=`). The server of this version does not narrow streams yet and
+   * refuses it with `400`: the view closes with a fatal `bad_request`. */
   keys?: readonly string[];
-  /** Only keys with this prefix (`?prefix=`). */
+  /** Only keys with this prefix (`?prefix=`). Refused with `400` like `keys`, for now. */
   prefix?: string;
   /** Aborting closes the view. */
   signal?: AbortSignal;
@@ -102,6 +103,9 @@ type Outcome =
   | { readonly kind: 'closed' };
 
 const SAFE_STATUSES = new Set([502, 503, 504, 429, 408]);
+/** A 4xx that asking again cannot change (not 401/403, which a new token may change, not 404,
+ * which a deploy may change, not 408/429, which time changes): the view closes. */
+const FATAL_STATUS = (status: number): boolean => status >= 400 && status < 500 && ![401, 403, 404, 408, 429].includes(status);
 const FAST_LOOP_RUN = 5;
 const HEALTHY_AFTER_MS = 10_000;
 
@@ -274,10 +278,7 @@ export class View {
       return { kind: 'failed', floor: 0 };
     }
 
-    if (response.status !== 200) {
-      await response.body?.cancel().catch(() => {});
-      return this.#refused(response);
-    }
+    if (response.status !== 200) return this.#refused(response);
     const type = response.headers.get('content-type') ?? '';
     if (!type.toLowerCase().startsWith('text/event-stream')) {
       await response.body?.cancel().catch(() => {});
@@ -372,9 +373,23 @@ export class View {
     return { kind: 'failed', floor: 0 };
   }
 
-  /** A non-200 answer: renew the token, or say why and back off. */
+  /** A non-200 answer: renew the token, give up on a request the server will never take, or
+   * say why and back off. */
   async #refused(response: Response): Promise<Outcome> {
     const status = response.status;
+    const said = await serverMessage(response, this.options.firstByteTimeout ?? 10_000);
+    if (FATAL_STATUS(status)) {
+      // The same request gets the same answer: retrying cannot help, so the view closes.
+      const narrowed = this.options.keys !== undefined || this.options.prefix !== undefined;
+      const why = narrowed ? ' (a server that does not narrow streams yet refuses keys and prefix)' : '';
+      const error = new ViewError('bad_request', `the server refused the stream (${status})${said}; not retrying${why}`, {
+        status,
+        fatal: true,
+      });
+      this.#fail(error);
+      this.#closed = true;
+      return { kind: 'closed' };
+    }
     if (status === 401 || status === 403) {
       const code = status === 401 ? 'unauthorized' : 'forbidden';
       if (typeof this.options.token !== 'function') {
@@ -390,7 +405,7 @@ export class View {
     const floor = retryAfterMs(response.headers.get('retry-after'));
     const code = status === 404 ? 'not_found' : 'http_status';
     const transient = SAFE_STATUSES.has(status) ? ' (transient)' : '';
-    this.#fail(new ViewError(code, `the stream answered ${status}${transient}`, { status }));
+    this.#fail(new ViewError(code, `the stream answered ${status}${transient}${said}`, { status }));
     return { kind: 'failed', floor };
   }
 
@@ -671,6 +686,46 @@ function decode(message: EventSourceMessage): { key: string; value: unknown } | 
   } catch {
     return new ViewError('bad_event', `a ${message.event} whose data is not {"key": …}: ${message.data.slice(0, 80)}`);
   }
+}
+
+/** `: <message>` from the server's JSON error body (`{"error", "message"}`), or the body's
+ * first bytes; reads at most 4 KiB for at most `ms`, then cancels the body. */
+async function serverMessage(response: Response, ms: number): Promise<string> {
+  const body = response.body;
+  if (!body) return '';
+  const reader = body.getReader();
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const timeout = new Promise<undefined>(resolve => (timer = setTimeout(() => resolve(undefined), ms)));
+  try {
+    while (size < 4096) {
+      const read = await Promise.race([reader.read(), timeout]);
+      if (!read || read.done) break;
+      chunks.push(read.value);
+      size += read.value.byteLength;
+    }
+  } catch {
+    // cut or aborted: say what came
+  } finally {
+    clearTimeout(timer);
+    void reader.cancel().catch(() => {});
+  }
+  const bytes = new Uint8Array(size);
+  let at = 0;
+  for (const chunk of chunks) {
+    bytes.set(chunk, at);
+    at += chunk.byteLength;
+  }
+  const text = new TextDecoder().decode(bytes);
+  let message: unknown = text;
+  try {
+    message = (JSON.parse(text) as { message?: unknown }).message ?? text;
+  } catch {
+    // not JSON: a proxy's page
+  }
+  const said = String(message).trim().slice(0, 300);
+  return said ? `: ${said}` : '';
 }
 
 function missingId(message: EventSourceMessage): ViewError {

@@ -331,13 +331,23 @@ test('a producer waits out a 503 with Retry-After and sends the same seq again',
   check(sent[1].at - sent[0].at >= 1000, `Retry-After honoured: ${sent[1].at - sent[0].at} ms`);
 });
 
-test('keys and prefix go to the server as ?keys= and ?prefix=', async () => {
+test('keys and prefix go as ?keys= and ?prefix=; this server refuses them with 400, and the view closes with a fatal error instead of retrying', async () => {
   const proxy = await new FaultProxy(new URL(base).host).listen();
-  // Only the request is checked: this server does not narrow streams yet, and refuses
-  // parameters it does not know.
   const view = openView(proxy.url, 'notes', { keys: ['k1', 'k2'], prefix: 'k', ...fast });
-  await until(() => proxy.requests.length > 0, 5000, 'the view to connect');
-  check(proxy.requests[0].line === 'GET /views/notes/events?keys=k1%2Ck2&prefix=k HTTP/1.1', proxy.requests[0].line);
-  await view.close();
-  await proxy.close();
+  try {
+    const record = recordChanges(view);
+    const refused = await within(view.synced().then(() => undefined, e => e), 10000, 'synced() to settle');
+    check(proxy.requests[0].line === 'GET /views/notes/events?keys=k1%2Ck2&prefix=k HTTP/1.1', proxy.requests[0].line);
+    check(refused?.code === 'bad_request' && refused.status === 400 && refused.fatal, `synced() rejects with a fatal bad_request 400: ${refused}`);
+    check(/keys/.test(refused.message), `the error says what was refused: ${refused.message}`);
+    check(view.status === 'closed' && view.error === refused, `closed with the error: ${view.status}`);
+    check(record.errors.length === 1, () => `one error: ${record.errors.map(e => e.code)}`);
+    // minDelay 100: a view that retried would have asked several times by now.
+    await sleep(1500);
+    check(proxy.requests.length === 1, `no retry after a 400: ${proxy.requests.length} requests`);
+    log(`keys/prefix: ${refused.message}`);
+  } finally {
+    await within(view.close(), 5000, 'close()');
+    await proxy.close();
+  }
 });

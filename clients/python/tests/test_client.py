@@ -165,7 +165,6 @@ async def test_through_a_faulty_proxy() -> None:
     proxy.server.close()
 
 
-
 async def test_a_retry_hint_is_the_floor_of_the_next_reconnection_only() -> None:
     proxy = CuttingProxy(BASE.removeprefix("http://"))
     url = await proxy.start()
@@ -187,6 +186,22 @@ async def test_a_retry_hint_is_the_floor_of_the_next_reconnection_only() -> None
         gaps = [at[i] - at[i - 1] for i in range(2, 5)]
         assert all(g < hint - 0.5 for g in gaps), f"the hint was used once; later gaps {gaps}"
         assert sum(e.code == "bad_content_type" for e in record.errors) == 3
+    proxy.server.close()
+
+
+async def test_keys_and_prefix_refused_with_400_close_the_view_without_retrying() -> None:
+    proxy = CuttingProxy(BASE.removeprefix("http://"))
+    url = await proxy.start()
+    async with viewtape.View(url, "notes", keys=["k1", "k2"], prefix="k", **FAST) as view:
+        with pytest.raises(viewtape.ViewError) as refused:
+            await asyncio.wait_for(view.synced(), 10)
+        assert proxy.lines[0] == "GET /views/notes/events?keys=k1%2Ck2&prefix=k HTTP/1.1", proxy.lines[0]
+        error = refused.value
+        assert (error.code, error.status, error.fatal) == ("bad_request", 400, True), error
+        assert "keys" in str(error), error
+        assert view.status == "closed"
+        await asyncio.sleep(1.5)  # min_delay 0.1: a view that retried would have asked again by now
+        assert len(proxy.requests) == 1, proxy.lines
     proxy.server.close()
 
 

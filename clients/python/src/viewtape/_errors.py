@@ -4,10 +4,11 @@ from __future__ import annotations
 
 
 class ViewError(Exception):
-    """An error of a view. ``code`` is one of ``unauthorized``, ``forbidden``, ``not_found``,
-    ``http_status``, ``bad_content_type``, ``stream_buffered``, ``missing_id``, ``bad_event``,
-    ``stalled``, ``network``, ``fast_retry_loop``, ``token``, ``store``, ``listener``; a
-    ``fatal`` one closes the view."""
+    """An error of a view. ``code`` is one of ``unauthorized``, ``forbidden``, ``bad_request``,
+    ``not_found``, ``http_status``, ``bad_content_type``, ``stream_buffered``, ``missing_id``,
+    ``bad_event``, ``stalled``, ``network``, ``fast_retry_loop``, ``token``, ``store``,
+    ``listener``; a ``fatal`` one closes the view. ``bad_request`` (a 400, or another 4xx that
+    asking again cannot change) is always fatal."""
 
     def __init__(self, code: str, message: str, *, status: int | None = None, fatal: bool = False) -> None:
         super().__init__(message)

@@ -299,6 +299,15 @@ class View:
 
     async def _refused(self, response: httpx.Response) -> float:
         status = response.status_code
+        said = await _server_message(response)
+        if 400 <= status < 500 and status not in (401, 403, 404, 408, 429):
+            # The same request gets the same answer: retrying cannot help, so the view closes.
+            narrowed = self._keys is not None or self._prefix is not None
+            why = " (a server that does not narrow streams yet refuses keys and prefix)" if narrowed else ""
+            self._fail(ViewError("bad_request", f"the server refused the stream ({status}){said}; not retrying{why}",
+                                 status=status, fatal=True))
+            self._closed = True
+            return 0.0
         if status in (401, 403):
             code = "unauthorized" if status == 401 else "forbidden"
             if not callable(self._token_source):
@@ -309,7 +318,7 @@ class View:
             await self._renew_token()
             return 0.0
         code = "not_found" if status == 404 else "http_status"
-        self._fail(ViewError(code, f"the stream answered {status}", status=status))
+        self._fail(ViewError(code, f"the stream answered {status}{said}", status=status))
         return retry_after(response.headers.get("retry-after"))
 
     def _url(self, cursor: str | None) -> str:
@@ -510,6 +519,26 @@ class View:
         self._listeners.clear()
         if self._own_client and self._client is not None:
             await self._client.aclose()
+
+
+async def _server_message(response: httpx.Response) -> str:
+    """``: <message>`` from the server's JSON error body (``{"error", "message"}``), or the body's
+    first bytes; reads at most 4 KiB."""
+    body = b""
+    try:
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) >= 4096:
+                break
+    except httpx.HTTPError:
+        pass
+    text = body.decode("utf-8", "replace")
+    try:
+        message = json.loads(text).get("message", text)
+    except (ValueError, AttributeError):
+        message = text
+    said = str(message).strip()[:300]
+    return f": {said}" if said else ""
 
 
 def _decode(sse: ServerSentEvent) -> tuple[str, Any]:
