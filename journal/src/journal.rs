@@ -113,6 +113,15 @@ impl Inner {
     }
 }
 
+/// What [`EventJournal::frames_after_where`] found.
+#[derive(Debug, Default)]
+pub struct FramesWhere {
+    /// The frames taken, each with its offset, in offset order.
+    pub frames: Vec<(u64, Arc<Bytes>)>,
+    /// The offset of the last record looked at, taken or not (`None`: none was there).
+    pub through: Option<u64>,
+}
+
 impl EventJournal {
     /// A journal with a fresh random epoch and the real clock.
     pub fn new(config: JournalConfig) -> Self {
@@ -375,6 +384,40 @@ impl EventJournal {
             .range(start..end)
             .map(|slot| Arc::clone(&slot.frame))
             .collect())
+    }
+
+    /// [`EventJournal::frames_after`] for a subscriber that reads some keys only: among the
+    /// next `limit` records after `cursor`, the frames whose key `keep` takes, each with its
+    /// offset, and the offset of the last record looked at (`None`: none follows the cursor).
+    ///
+    /// # Errors
+    /// As [`EventJournal::replay_after`].
+    pub fn frames_after_where(
+        &self,
+        view_id: &str,
+        cursor: &Cursor,
+        limit: usize,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<FramesWhere, ReplayError> {
+        let now = self.now();
+        let mut inner = self.lock();
+        let start = inner.start_after(view_id, Some(cursor), &self.config, now)?;
+        let Some(tape) = inner.views.get(view_id) else {
+            return Ok(FramesWhere::default());
+        };
+        let end = tape.records.len().min(start.saturating_add(limit));
+        let offset = |index: usize| tape.first + index as u64;
+        let frames = tape
+            .records
+            .range(start..end)
+            .enumerate()
+            .filter(|(_, slot)| keep(&slot.key))
+            .map(|(i, slot)| (offset(start + i), Arc::clone(&slot.frame)))
+            .collect();
+        Ok(FramesWhere {
+            frames,
+            through: (end > start).then(|| offset(end - 1)),
+        })
     }
 
     /// Every view's records and offsets, with its epoch, for a snapshot.
@@ -714,6 +757,37 @@ mod tests {
             .frames_after("a", &Cursor::new(epoch, 5), 2)
             .unwrap()
             .is_empty());
+    }
+
+    #[tokio::test]
+    async fn frames_after_where_takes_some_keys_and_says_how_far_it_looked() {
+        let (journal, _) = journal_with(JournalConfig::default());
+        for key in ["x", "y", "x", "y", "y"] {
+            append(&journal, "a", key).await;
+        }
+        let epoch = journal.epoch().await;
+        let page = |after: u64, limit: usize| {
+            let found = journal
+                .frames_after_where("a", &Cursor::new(epoch, after), limit, |k| k == "x")
+                .unwrap();
+            let frames: Vec<(u64, Vec<u8>)> = found
+                .frames
+                .iter()
+                .map(|(offset, frame)| (*offset, frame.to_vec()))
+                .collect();
+            (frames, found.through)
+        };
+        assert_eq!(
+            page(0, 10),
+            (vec![(1, b"a:1".to_vec()), (3, b"a:3".to_vec())], Some(5))
+        );
+        assert_eq!(page(1, 2), (vec![(3, b"a:3".to_vec())], Some(3)));
+        assert_eq!(page(3, 10), (vec![], Some(5)));
+        assert_eq!(page(5, 10), (vec![], None));
+        assert!(matches!(
+            journal.frames_after_where("a", &Cursor::new(epoch, 9), 1, |_| true),
+            Err(ReplayError::Ahead { .. })
+        ));
     }
 
     #[tokio::test]

@@ -116,7 +116,7 @@ pub use config::JournalConfig;
 pub use cursor::{Cursor, CursorParseError};
 pub use epoch::{EpochParseError, JournalEpoch};
 pub use error::ReplayError;
-pub use journal::{EventJournal, JournalRecord, ReplayWindow};
+pub use journal::{EventJournal, FramesWhere, JournalRecord, ReplayWindow};
 pub use scope::{current, report_gap, GapReport};
 pub use snapshot::{JournalSnapshot, SnapshotInvalid, SnapshotRecord, SnapshotView};
 pub use stats::JournalStats;

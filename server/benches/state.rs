@@ -126,7 +126,11 @@ fn memory_per_key() {
         ..JournalConfig::default()
     }));
     let total = live_bytes(&region) as f64 / KEYS as f64;
-    let frame = hub.view("prices").expect("view").cut(hub.journal()).entries[0]
+    let frame = hub
+        .view("prices")
+        .expect("view")
+        .cut(hub.journal(), &viewtape_server::narrow::Narrow::All)
+        .entries[0]
         .bytes()
         .len();
     println!(

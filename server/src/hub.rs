@@ -29,6 +29,7 @@ use viewtape_journal::{CompactString, Cursor, EventJournal, JournalSnapshot};
 
 use crate::frame::{self, Frame};
 use crate::host::{EventKind, GuestBatch};
+use crate::narrow::Narrow;
 use crate::runtime::BatchSink;
 
 /// Cursorless frames a slow subscriber may fall behind by before it is reset.
@@ -40,7 +41,8 @@ pub struct View {
     name: String,
     state: Mutex<HashMap<CompactString, Frame>>,
     tick: watch::Sender<u64>,
-    live: broadcast::Sender<Bytes>,
+    /// Cursorless frames (the journal is sealed or off), with their key.
+    live: broadcast::Sender<(CompactString, Bytes)>,
     /// SSE subscribers open on it now.
     subscribers: AtomicU64,
 }
@@ -90,7 +92,7 @@ impl View {
 
     /// Cursorless frames published after the journal was sealed (or while it
     /// is disabled).
-    pub fn live(&self) -> broadcast::Receiver<Bytes> {
+    pub fn live(&self) -> broadcast::Receiver<(CompactString, Bytes)> {
         self.live.subscribe()
     }
 
@@ -98,13 +100,17 @@ impl View {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The state and the cursor it reflects, read atomically.
-    pub fn cut(&self, journal: &EventJournal) -> StateCut {
+    /// The state of the keys `narrow` takes and the cursor it reflects, read atomically.
+    pub fn cut(&self, journal: &EventJournal, narrow: &Narrow) -> StateCut {
         let state = self.lock();
         let window = journal.window_now(&self.name);
         StateCut {
             cursor: Cursor::new(window.epoch, window.next - 1),
-            entries: state.values().cloned().collect(),
+            entries: state
+                .iter()
+                .filter(|(key, _)| narrow.keeps(key))
+                .map(|(_, frame)| frame.clone())
+                .collect(),
         }
     }
 
@@ -216,7 +222,7 @@ impl Hub {
             (Ok(Some(_)), Some(frame)) => (frame, true),
             _ => (frame::event(None, kind, key, payload), false),
         };
-        let live = (!journaled).then(|| frame.bytes().clone());
+        let live = (!journaled).then(|| (CompactString::new(key), frame.bytes().clone()));
         match kind {
             EventKind::Update => {
                 state.insert(CompactString::new(key), frame);
@@ -323,10 +329,12 @@ mod tests {
         hub.commit("demo", batch, crate::log::unix_ms_now()).await;
         assert!(ticks.has_changed().unwrap());
         assert_eq!(*ticks.borrow_and_update(), 1);
-        let cut = view.cut(hub.journal());
+        let cut = view.cut(hub.journal(), &Narrow::All);
         assert_eq!(cut.cursor.offset(), 3);
         assert_eq!(cut.entries.len(), 1);
         assert_eq!(cut.entries[0].value_json().as_deref(), Some(&b"2"[..]));
+        let narrowed = view.cut(hub.journal(), &Narrow::Keys(["A".to_owned()].into()));
+        assert_eq!((narrowed.cursor, narrowed.entries.len()), (cut.cursor, 0));
     }
 
     #[tokio::test]
@@ -340,7 +348,8 @@ mod tests {
             gaps: vec![],
         };
         hub.commit("demo", batch, crate::log::unix_ms_now()).await;
-        let frame = live.recv().await.unwrap();
+        let (key, frame) = live.recv().await.unwrap();
+        assert_eq!(key, "A");
         assert!(frame.starts_with(b"event: update\n"), "no id after seal");
         assert_eq!(view.keys(), 1);
         assert_eq!(hub.stats().cursorless.load(Ordering::Relaxed), 1);

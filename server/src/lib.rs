@@ -13,7 +13,7 @@
 //! | operations | [`snapshot`] — snapshot body, cut, write, restore; [`recovery`] — a snapshot and the local log at start-up; [`history`] — the data directory's identity, foreign files, the end of the log; [`cluster`] — replicas applying a JetStream stream as their log; [`deploy`] — a new module into a running runtime; [`demo`] — the demo feed |
 //! | streams | [`sse`] — one subscriber: replay or state, then live |
 //! | observation | [`metrics`] — Prometheus metrics, reading the counters of the layers below |
-//! | views | [`hub`] — views, their state, the commit path into the journal; [`registry`] — runtimes by name, the module store, the consistency cut |
+//! | views | [`hub`] — views, their state, the commit path into the journal; [`narrow`] — reads of some keys of a view; [`registry`] — runtimes by name, the module store, the consistency cut |
 //! | runtimes | [`runtime`] — the task owning one guest; [`log`] — log records, receipts, idempotent producers, commit order, the two backends (local segments, a cluster's stream); [`source`] — pull sources and their checkpoints |
 //! | foundation | [`host`] — the wasmtime host; [`frame`] — the SSE wire format; [`auth`] — tokens and grants; [`config`] — settings |
 #![deny(missing_docs)]
@@ -35,6 +35,7 @@ pub mod log;
 #[cfg(test)]
 mod log_props;
 pub mod metrics;
+pub mod narrow;
 pub mod recovery;
 pub mod registry;
 pub mod run;

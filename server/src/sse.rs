@@ -30,12 +30,13 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 use tokio::sync::{broadcast, watch, OwnedSemaphorePermit, Semaphore};
-use viewtape_journal::{Cursor, ReplayError};
+use viewtape_journal::{CompactString, Cursor, FramesWhere, ReplayError};
 
 use crate::config::ServerConfig;
 use crate::frame::{self, ResetReason};
 use crate::hub::{Hub, StateCut, View};
 use crate::metrics::Metrics;
+use crate::narrow::Narrow;
 
 /// Frames per chunk, and state entries per chunk during a state transfer.
 /// Tests use a tiny chunk so that disconnects land inside state transfers.
@@ -122,7 +123,7 @@ impl Streams {
         }
     }
 
-    /// A subscriber of `view`, starting as `start` says.
+    /// A subscriber of `view`, starting as `start` says, reading the keys `narrow` takes.
     ///
     /// The stream ends at `expires_at` (Unix seconds: the reader's token's `exp`) with a last
     /// `event: reauth` and no `id`; the client reconnects with a fresh token and its cursor.
@@ -133,6 +134,7 @@ impl Streams {
         self: &Arc<Self>,
         view: &str,
         start: Start,
+        narrow: Narrow,
         expires_at: Option<u64>,
     ) -> Result<Subscriber, OpenError> {
         let view = self.hub.view(view).ok_or(OpenError::NoSuchView)?;
@@ -142,8 +144,8 @@ impl Streams {
                 limit: self.max_connections,
             }
         })?;
-        tracing::debug!(view = view.name(), ?start, "subscribed");
-        let mut subscriber = Subscriber::new(Arc::clone(self), view, start, permit);
+        tracing::debug!(view = view.name(), ?start, ?narrow, "subscribed");
+        let mut subscriber = Subscriber::new(Arc::clone(self), view, start, narrow, permit);
         subscriber.deadline = expires_at.map(|exp| {
             let left = exp.saturating_sub(crate::log::unix_ms_now() / 1000);
             // Far-future `exp` (up to 2^64 - 1) must not overflow the clock: a century is forever.
@@ -180,8 +182,10 @@ pub struct Subscriber {
     view: Arc<View>,
     ticks: watch::Receiver<u64>,
     invalidations: watch::Receiver<u64>,
-    live: broadcast::Receiver<Bytes>,
+    live: broadcast::Receiver<(CompactString, Bytes)>,
     shutdown: watch::Receiver<bool>,
+    /// The keys it reads: it passes over the tape's other events.
+    narrow: Narrow,
     phase: Phase,
     /// Bytes to send before anything else (retry hint, reset).
     pending: BytesMut,
@@ -204,6 +208,7 @@ impl Subscriber {
         streams: Arc<Streams>,
         view: Arc<View>,
         start: Start,
+        narrow: Narrow,
         permit: OwnedSemaphorePermit,
     ) -> Self {
         let (hub, metrics) = (&streams.hub, &streams.metrics);
@@ -224,18 +229,24 @@ impl Subscriber {
                 Err(error) => reset_to_state(
                     hub,
                     &view,
+                    &narrow,
                     metrics,
                     ResetReason::Replay(&error),
                     &mut pending,
                 ),
             },
-            Start::Malformed => {
-                reset_to_state(hub, &view, metrics, ResetReason::Malformed, &mut pending)
-            }
+            Start::Malformed => reset_to_state(
+                hub,
+                &view,
+                &narrow,
+                metrics,
+                ResetReason::Malformed,
+                &mut pending,
+            ),
             Start::State => {
                 metrics.state_starts.inc();
                 Phase::State {
-                    cut: view.cut(journal),
+                    cut: view.cut(journal, &narrow),
                     sent: 0,
                 }
             }
@@ -263,6 +274,7 @@ impl Subscriber {
             invalidations,
             live,
             shutdown,
+            narrow,
             phase,
             pending,
             shared: None,
@@ -353,19 +365,25 @@ impl Subscriber {
                         }
                         continue;
                     }
-                    match self.streams.hub.journal().frames_after(
+                    let narrow = &self.narrow;
+                    match self.streams.hub.journal().frames_after_where(
                         self.view.name(),
                         &cursor,
                         MAX_FRAMES_PER_CHUNK,
+                        |key| narrow.keeps(key),
                     ) {
-                        Ok(frames) if !frames.is_empty() => {
+                        Ok(found) if !found.frames.is_empty() => {
                             let mut out = std::mem::take(&mut self.pending);
                             let mut taken = 0;
-                            for frame in &frames {
+                            // Past the last frame taken; past every record looked at when all
+                            // were taken (a narrowed stream passes over the others).
+                            let mut through = cursor.offset();
+                            for (offset, frame) in &found.frames {
                                 if frame.len() >= SHARED_FRAME_BYTES {
                                     if out.is_empty() {
                                         self.shared = Some(Bytes::clone(frame));
                                         taken += 1;
+                                        through = *offset;
                                     }
                                     break;
                                 }
@@ -374,10 +392,13 @@ impl Subscriber {
                                 }
                                 out.extend_from_slice(frame);
                                 taken += 1;
+                                through = *offset;
                             }
-                            self.streams.metrics.delivered.inc_by(taken);
-                            self.phase =
-                                Phase::Follow(Cursor::new(cursor.epoch(), cursor.offset() + taken));
+                            if taken == found.frames.len() {
+                                through = found.through.unwrap_or(through);
+                            }
+                            self.streams.metrics.delivered.inc_by(taken as u64);
+                            self.phase = Phase::Follow(Cursor::new(cursor.epoch(), through));
                             return match self.shared.take() {
                                 Some(frame) if out.is_empty() => Some(frame),
                                 shared => {
@@ -386,6 +407,11 @@ impl Subscriber {
                                 }
                             };
                         }
+                        // Records, none of them for this stream's keys: passed over.
+                        Ok(FramesWhere {
+                            through: Some(through),
+                            ..
+                        }) => self.phase = Phase::Follow(Cursor::new(cursor.epoch(), through)),
                         Ok(_) => {
                             if !self.pending.is_empty() {
                                 return Some(std::mem::take(&mut self.pending).freeze());
@@ -416,6 +442,7 @@ impl Subscriber {
         self.phase = reset_to_state(
             &self.streams.hub,
             &self.view,
+            &self.narrow,
             &self.streams.metrics,
             reason,
             &mut self.pending,
@@ -431,10 +458,11 @@ impl Subscriber {
             changed = self.invalidations.changed() => changed.is_err(),
             changed = self.shutdown.changed() => changed.is_err(),
             received = self.live.recv() => match received {
-                Ok(frame) => {
+                Ok((key, frame)) if self.narrow.keeps(&key) => {
                     self.streams.metrics.delivered.inc();
                     return Some(frame);
                 }
+                Ok(_) => false,
                 Err(broadcast::error::RecvError::Lagged(_)) => {
                     self.reset(ResetReason::Lagged);
                     false
@@ -466,6 +494,7 @@ async fn until(deadline: Option<tokio::time::Instant>) {
 fn reset_to_state(
     hub: &Hub,
     view: &View,
+    narrow: &Narrow,
     metrics: &Metrics,
     reason: ResetReason<'_>,
     pending: &mut BytesMut,
@@ -475,7 +504,7 @@ fn reset_to_state(
     pending.extend_from_slice(&frame::reset(reason, &window));
     metrics.count_reset(reason.as_str());
     Phase::State {
-        cut: view.cut(journal),
+        cut: view.cut(journal, narrow),
         sent: 0,
     }
 }
@@ -603,6 +632,7 @@ mod tests {
     fn connect(
         hub: &Arc<Hub>,
         client: &Client,
+        narrow: &Narrow,
         shutdown: &watch::Receiver<bool>,
     ) -> futures_util::stream::BoxStream<'static, Result<Bytes, std::convert::Infallible>> {
         let start = match client.last_id.as_str() {
@@ -625,7 +655,7 @@ mod tests {
             shutdown.clone(),
         ));
         streams
-            .open("v", start, None)
+            .open("v", start, narrow.clone(), None)
             .unwrap()
             .into_stream()
             .boxed()
@@ -668,7 +698,7 @@ mod tests {
         )
         .await;
         let (_shutdown_tx, shutdown) = watch::channel(false);
-        let mut stream = connect(&hub, &Client::default(), &shutdown);
+        let mut stream = connect(&hub, &Client::default(), &Narrow::All, &shutdown);
         let big_state = hub.view("v").unwrap().entries();
         let big_state = &big_state.iter().find(|(k, _)| k == "big").unwrap().1;
         let mut chunks = Vec::new();
@@ -723,15 +753,23 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
+        /// Full or narrowed (keys, a prefix), through disconnections, gaps and restores.
         #[test]
-        fn a_client_that_applies_the_stream_matches_the_state(ops in prop::collection::vec(op(), 1..40)) {
+        fn a_client_that_applies_the_stream_matches_the_state(
+            ops in prop::collection::vec(op(), 1..40),
+            narrow in prop_oneof![
+                Just(Narrow::All),
+                Just(Narrow::Keys(["k0".to_owned(), "k7".to_owned()].into())),
+                Just(Narrow::Prefix("k1".to_owned())),
+            ],
+        ) {
             let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
             rt.block_on(async {
                 let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(JournalConfig::default()))));
                 hub.declare("v");
                 let (_shutdown_tx, shutdown) = watch::channel(false);
                 let mut client = Client::default();
-                let mut stream = connect(&hub, &client, &shutdown);
+                let mut stream = connect(&hub, &client, &narrow, &shutdown);
                 for op in ops {
                     match op {
                         Op::Publish(events) => {
@@ -747,7 +785,7 @@ mod tests {
                         Op::Read(chunks) => read_ready(&mut stream, &mut client, chunks).await,
                         Op::Disconnect => {
                             client.incoming = None;
-                            stream = connect(&hub, &client, &shutdown);
+                            stream = connect(&hub, &client, &narrow, &shutdown);
                         }
                         Op::Gap => hub.journal().mark_gap().await,
                         Op::Restore => {
@@ -757,8 +795,10 @@ mod tests {
                     }
                 }
                 read_ready(&mut stream, &mut client, 10_000).await;
-                let cut = hub.view("v").unwrap().cut(hub.journal());
-                prop_assert_eq!(&client.last_id, &cut.cursor.to_string(), "the client reached the head");
+                let cut = hub.view("v").unwrap().cut(hub.journal(), &narrow);
+                if narrow.is_all() {
+                    prop_assert_eq!(&client.last_id, &cut.cursor.to_string(), "the client reached the head");
+                }
                 let mut member = BytesMut::from(&b"{"[..]);
                 for (i, frame) in cut.entries.iter().enumerate() {
                     if i > 0 {

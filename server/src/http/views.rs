@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 use super::access::Caller;
 use super::{ApiError, AppState};
+use crate::narrow::Narrow;
 use crate::sse::{OpenError, Start, MAX_FRAMES_PER_CHUNK};
 
 /// The bounded routes: list and state.
@@ -33,6 +34,20 @@ pub(super) fn stream_routes() -> Router<AppState> {
 #[serde(deny_unknown_fields)]
 struct TokenQuery {
     access_token: Option<String>,
+}
+
+/// The query of `GET /views/{view}`: a token, and the keys to read (`?keys=`/`?prefix=`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StateQuery {
+    access_token: Option<String>,
+    keys: Option<String>,
+    prefix: Option<String>,
+}
+
+/// `?keys=`/`?prefix=`, or a `400` saying what is wrong with them.
+fn narrow(keys: Option<&str>, prefix: Option<&str>) -> Result<Narrow, ApiError> {
+    Narrow::parse(keys, prefix).map_err(|error| ApiError::bad_request(error.to_string()))
 }
 
 /// `GET /views`: the views the caller may read.
@@ -68,23 +83,24 @@ async fn list_views(
     Ok(Json(serde_json::json!({ "views": views })))
 }
 
-/// `GET /views/{view}`: `{"cursor": C, "entries": {key: payload}}`, read in one critical
-/// section with the cursor, encoded lazily as the socket takes it: a large state never becomes
-/// one buffer.
+/// `GET /views/{view}`: `{"cursor": C, "entries": {key: payload}}` (the keys `?keys=` or
+/// `?prefix=` name, else every key), read in one critical section with the cursor, encoded
+/// lazily as the socket takes it: a large state never becomes one buffer.
 async fn view_state(
     State(state): State<AppState>,
     view: Result<Path<String>, PathRejection>,
-    query: Result<Query<TokenQuery>, QueryRejection>,
+    query: Result<Query<StateQuery>, QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let Path(view) = view?;
     let Query(query) = query?;
+    let narrow = narrow(query.keys.as_deref(), query.prefix.as_deref())?;
     Caller::of(&state, &headers, query.access_token.as_deref())?.read(&view)?;
     let view = state
         .hub
         .view(&view)
         .ok_or_else(|| ApiError::not_found(format!("no view named {view:?}")))?;
-    let cut = view.cut(state.hub.journal());
+    let cut = view.cut(state.hub.journal(), &narrow);
     let head = Bytes::from(format!("{{\"cursor\":\"{}\",\"entries\":{{", cut.cursor));
     let total = cut.entries.len();
     let entries = cut.entries;
@@ -125,6 +141,8 @@ struct EventsQuery {
     from: Option<FromQuery>,
     until: Option<String>,
     access_token: Option<String>,
+    keys: Option<String>,
+    prefix: Option<String>,
 }
 
 /// `?from=`.
@@ -144,7 +162,8 @@ const SSE_HEADERS: [(header::HeaderName, &str); 3] = [
 
 /// `GET /views/{view}/events`: 404 for an unknown view, 503 past the connection limit. The
 /// cursor comes from `Last-Event-ID`, else `?cursor=`; the header wins. `?until=head` ends the
-/// stream once it has delivered everything up to the view's head at open.
+/// stream once it has delivered everything up to the view's head at open. `?keys=`/`?prefix=`
+/// narrow it to those keys (see [`crate::narrow`]).
 async fn events(
     State(state): State<AppState>,
     view: Result<Path<String>, PathRejection>,
@@ -162,6 +181,7 @@ async fn events(
             )))
         }
     };
+    let narrow = narrow(query.keys.as_deref(), query.prefix.as_deref())?;
     let caller = Caller::of(&state, &headers, query.access_token.as_deref())?;
     caller.read(&view)?;
     let last_event_id = headers
@@ -180,7 +200,7 @@ async fn events(
     }
     let subscriber = state
         .streams
-        .open(&view, start, caller.expires_at())
+        .open(&view, start, narrow, caller.expires_at())
         .map_err(|error| match error {
             OpenError::NoSuchView => ApiError::not_found(format!("no view named {view:?}")),
             OpenError::Full { .. } => ApiError::unavailable(error.to_string()),
@@ -240,7 +260,10 @@ mod tests {
         }
         assert!(chunks >= 4, "streamed in chunks, got {chunks}");
         let state: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-        let cut = hub.view("v").unwrap().cut(hub.journal());
+        let cut = hub
+            .view("v")
+            .unwrap()
+            .cut(hub.journal(), &crate::narrow::Narrow::All);
         assert_eq!(state["cursor"], cut.cursor.to_string());
         let entries = state["entries"].as_object().unwrap();
         assert_eq!(entries.len(), 1_200);
