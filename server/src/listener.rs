@@ -523,7 +523,12 @@ impl Connection {
                 Next::Request(request) => request,
                 Next::Decline => return self.hand_to_hyper(stream, buf.freeze()).await,
                 Next::Close => return,
-                Next::Refuse(bad) => return bad.answer(stream, self.shared.limits).await,
+                Next::Refuse(bad) => {
+                    if first {
+                        self.shared.metrics.lean_connections.inc();
+                    }
+                    return bad.answer(stream, self.shared.limits).await;
+                }
             };
             if first {
                 self.shared.metrics.lean_connections.inc();
@@ -827,10 +832,41 @@ fn parse_head(buf: &[u8]) -> Parsed {
         Err(httparse::Error::TooManyHeaders) => return Parsed::Bad(BadHead::TooLarge),
         Err(_) => return Parsed::Bad(BadHead::Malformed),
     };
+    if !framing_is_valid(parsed.headers) {
+        return Parsed::Bad(BadHead::Malformed);
+    }
     match lean_request(&parsed) {
         Some(request) => Parsed::Request(Box::new(request), len),
         None => Parsed::Decline,
     }
+}
+
+/// Whether the head's body framing is one hyper would take: every `Content-Length` decimal
+/// digits and the same, and a `Transfer-Encoding` (HTTP/1.1) that ends with `chunked`.
+fn framing_is_valid(headers: &[httparse::Header<'_>]) -> bool {
+    let mut length = None;
+    for header in headers {
+        if header.name.eq_ignore_ascii_case("content-length") {
+            let value = header.value;
+            if value.is_empty()
+                || !value.iter().all(u8::is_ascii_digit)
+                || length.is_some_and(|seen| seen != value)
+            {
+                return false;
+            }
+            length = Some(value);
+        } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
+            let last = header
+                .value
+                .rsplit(|&b| b == b',')
+                .next()
+                .unwrap_or_default();
+            if !last.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// The `http::Request` for a head the lean transport serves: `GET`, HTTP/1.1,
@@ -988,7 +1024,6 @@ mod tests {
             "GET / HTTP/1.0\r\n\r\n",
             "GET http://h/ HTTP/1.1\r\n\r\n",
             "GET / HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
-            "GET / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
             "GET / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n",
             "GET / HTTP/1.1\r\nConnection: close\r\n\r\n",
             "GET / HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
@@ -1005,6 +1040,9 @@ mod tests {
             "GET / HTTP/1.1\r\nBad Header\r\n\r\n",
             "POST / HTTP/9.9\r\n\r\n",
             "\x16\x03\x01 not http\r\n\r\n",
+            "GET / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
         ] {
             assert!(
                 matches!(parse(malformed), Parsed::Bad(BadHead::Malformed)),
