@@ -40,10 +40,10 @@ export interface ViewOptions {
   cursorStore?: CursorStore;
   /** The key under which `cursorStore` keeps this view (default: the view's name). */
   storeKey?: string;
-  /** Only these keys (`?keys=`). The server of this version does not narrow streams yet and
-   * refuses it with `400`: the view closes with a fatal `bad_request`. */
+  /** Only these keys (`?keys=`, at most 100): the state and the events of the others are never
+   * sent. The cursor stays the view's: it moves with these keys' events only. Not with `prefix`. */
   keys?: readonly string[];
-  /** Only keys with this prefix (`?prefix=`). Refused with `400` like `keys`, for now. */
+  /** Only the keys that start with this (`?prefix=`). Not with `keys`. */
   prefix?: string;
   /** Aborting closes the view. */
   signal?: AbortSignal;
@@ -380,9 +380,7 @@ export class View {
     const said = await serverMessage(response, this.options.firstByteTimeout ?? 10_000);
     if (FATAL_STATUS(status)) {
       // The same request gets the same answer: retrying cannot help, so the view closes.
-      const narrowed = this.options.keys !== undefined || this.options.prefix !== undefined;
-      const why = narrowed ? ' (a server that does not narrow streams yet refuses keys and prefix)' : '';
-      const error = new ViewError('bad_request', `the server refused the stream (${status})${said}; not retrying${why}`, {
+      const error = new ViewError('bad_request', `the server refused the stream (${status})${said}; not retrying`, {
         status,
         fatal: true,
       });

@@ -331,7 +331,25 @@ test('a producer waits out a 503 with Retry-After and sends the same seq again',
   check(sent[1].at - sent[0].at >= 1000, `Retry-After honoured: ${sent[1].at - sent[0].at} ms`);
 });
 
-test('keys and prefix go as ?keys= and ?prefix=; this server refuses them with 400, and the view closes with a fatal error instead of retrying', async () => {
+test('keys narrow a view: only those keys are applied, and the map equals GET /views/notes?keys= at the same cursor', async () => {
+  const view = openView(base, 'notes', { keys: ['k1', 'k3'], ...fast });
+  const record = recordChanges(view);
+  const producer = openProducer(base, 'fixture', { id: 'node-k', ...fast });
+  try {
+    await within(view.synced(), 10000, 'synced()');
+    // Batches over k0..k4; the last one is k1's, so the narrowed cursor reaches the head.
+    for (let i = 0; i <= 11; i++) await producer.send(batch(i));
+    await checkMatchesServer(base, view, 'notes?keys=k1,k3');
+    const keys = new Set(record.live.map(c => c.key));
+    check(keys.size === 2 && keys.has('k1') && keys.has('k3'), `only k1 and k3 applied: ${[...keys]}`);
+    check([...view.state.keys()].every(k => k === 'k1' || k === 'k3'), `the map: ${[...view.state.keys()]}`);
+    checkAppliedOnce(record);
+  } finally {
+    await within(view.close(), 5000, 'close()');
+  }
+});
+
+test('keys and prefix together are refused with 400: the view closes with a fatal error instead of retrying', async () => {
   const proxy = await new FaultProxy(new URL(base).host).listen();
   const view = openView(proxy.url, 'notes', { keys: ['k1', 'k2'], prefix: 'k', ...fast });
   try {
