@@ -14,6 +14,19 @@ use viewtape_tests::{expect, http, EventStream, Feed, Response, Server};
 
 const TOKEN: &str = "test-admin-token-7f3a";
 
+/// `POST /admin/restore` of the snapshot file `name`, with the token.
+async fn restore(server: &Server, name: &str) -> anyhow::Result<Response> {
+    let body = serde_json::json!({ "name": name }).to_string();
+    admin(
+        server,
+        "POST",
+        "/admin/restore",
+        Some(TOKEN),
+        body.as_bytes(),
+    )
+    .await
+}
+
 /// The snapshot files in a data directory, oldest first.
 fn snapshot_files(data_dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let dir = data_dir.join("snapshots");
@@ -375,14 +388,7 @@ async fn admin_restore_resets_subscribers_to_the_restored_state() -> anyhow::Res
     let resp = admin(&server, "POST", "/admin/snapshot", Some(TOKEN), b"").await?;
     let bad = resp.json()?["name"].as_str().context("name")?.to_owned();
     corrupt(&server.data_dir().join("snapshots").join(&bad))?;
-    let resp = admin(
-        &server,
-        "POST",
-        "/admin/restore",
-        Some(TOKEN),
-        format!("{{\"name\":\"{bad}\"}}").as_bytes(),
-    )
-    .await?;
+    let resp = restore(&server, &bad).await?;
     ensure!(resp.status() == 422, "{} {}", resp.status(), resp.text());
     ensure!(
         resp.text().to_lowercase().contains("checksum"),
@@ -393,14 +399,7 @@ async fn admin_restore_resets_subscribers_to_the_restored_state() -> anyhow::Res
         "snap-0000000000000001-0000000001-periodic.vtsnap",
         "../etc/passwd",
     ] {
-        let resp = admin(
-            &server,
-            "POST",
-            "/admin/restore",
-            Some(TOKEN),
-            format!("{{\"name\":\"{missing}\"}}").as_bytes(),
-        )
-        .await?;
+        let resp = restore(&server, &missing).await?;
         ensure!(
             resp.status() == 404,
             "{missing}: {} {}",
@@ -427,14 +426,7 @@ async fn admin_restore_resets_subscribers_to_the_restored_state() -> anyhow::Res
     fresh.until_synced(100).await?;
     live.expect_silence(Duration::from_millis(200)).await?;
 
-    let resp = admin(
-        &server,
-        "POST",
-        "/admin/restore",
-        Some(TOKEN),
-        format!("{{\"name\":\"{name}\"}}").as_bytes(),
-    )
-    .await?;
+    let resp = restore(&server, &name).await?;
     ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
     let restored = resp.json()?;
     ensure!(
@@ -532,14 +524,7 @@ async fn a_restore_under_the_demo_feed_is_the_only_reset() -> anyhow::Result<()>
 
     let mut stream = server.sse("/views/prices/events", &[]).await?;
     stream.until_synced(100).await?;
-    let resp = admin(
-        &server,
-        "POST",
-        "/admin/restore",
-        Some(TOKEN),
-        format!("{{\"name\":\"{name}\"}}").as_bytes(),
-    )
-    .await?;
+    let resp = restore(&server, &name).await?;
     ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
     let reset = stream.next_except(&["update"]).await?;
     expect::reset(&reset, "stale_epoch")?;
