@@ -55,6 +55,22 @@ class Record:
 _RETRY = re.compile(rb"(?:^|\n)retry: ?(\d+)\r?\n")
 
 
+async def sse_connections(base: str) -> int:
+    """The server's count of open SSE streams (``viewtape_sse_connections`` on /metrics)."""
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"{base}/metrics", timeout=10)).text
+    line = next(line for line in text.splitlines() if line.startswith("viewtape_sse_connections "))
+    return int(float(line.split()[1]))
+
+
+async def until_server(base: str, predicate: Any, what: str, seconds: float = 10.0) -> None:
+    """Waits until ``predicate(sse_connections)`` holds, polling the server's metrics."""
+    deadline = time.monotonic() + seconds
+    while not predicate(count := await sse_connections(base)):
+        assert time.monotonic() < deadline, f"timed out waiting for {what} (the server counts {count} streams)"
+        await asyncio.sleep(0.05)
+
+
 class CuttingProxy:
     """A TCP proxy; each new connection takes the next fault from `plan` (else `pass`): `503`
     (Retry-After: 1), `cut` (cut in the middle of its first `event: update` frame), `strip-ids`

@@ -3,7 +3,10 @@
 fixture configured, a pinned port); the tests ask the driver to ``kill9-restart`` and
 ``kill9-wipe-restart`` the server by printing control lines. Batches go to ``fixture`` as
 ``publish notes k<i mod 5> {"batch": i}``, so the view's live changes name every batch published.
-After every scenario the view's dict equals ``GET /views/notes`` at the same cursor."""
+After every scenario the view's dict equals ``GET /views/notes`` at the same cursor. Then: leaving
+``async with`` ends the view's tasks and its stream (the server's ``viewtape_sse_connections``
+drops); a stream's ``retry:`` hint is the floor of the one reconnection after it; ``keys``/
+``prefix``, which this server refuses with 400, close the view with a fatal error, no retry."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import viewtape  # noqa: E402
-from support import CuttingProxy, Record, matches_server, until  # noqa: E402
+from support import CuttingProxy, Record, matches_server, until, until_server  # noqa: E402
 
 BASE = os.environ.get("VIEWTAPE_URL", "")
 FAST: dict[str, Any] = {"min_delay": 0.1, "max_delay": 1.0}
@@ -163,6 +166,66 @@ async def test_through_a_faulty_proxy() -> None:
         record.applied_once()
         assert record.batches() == list(range(11))
     proxy.server.close()
+
+
+async def ingest(i: int) -> None:
+    async with httpx.AsyncClient() as client:
+        response = await client.post(f"{BASE}/runtimes/fixture/ingest", content=batch(i), timeout=10)
+        assert response.status_code == 200, response.text
+
+
+async def server_cursor() -> str:
+    async with httpx.AsyncClient() as client:
+        return str((await client.get(f"{BASE}/views/notes", timeout=10)).json()["cursor"])
+
+
+async def test_closing_a_view_releases_its_connection_and_cancels_its_tasks() -> None:
+    await until_server(BASE, lambda n: n == 0, "no stream open before the test")
+    saves: list[str] = []
+
+    class Recording(viewtape.MemoryStore):
+        async def save(self, key: str, value: Any) -> None:
+            saves.append(value["cursor"])
+            await super().save(key, value)
+
+    before = asyncio.all_tasks()
+    fired: list[str] = []
+    seen: list[viewtape.Change] = []
+    # save_interval 60 s: at exit a write-behind task is still sleeping.
+    async with viewtape.View(BASE, "notes", cursor_store=Recording(), save_interval=60, **FAST) as view:
+        for event in ("change", "status", "error", "synced", "reset"):
+            view.on(event, lambda _, event=event: fired.append(event))
+
+        async def consume() -> None:
+            async for change in view.changes():
+                seen.append(change)
+
+        consumer = asyncio.create_task(consume())
+        await asyncio.wait_for(view.synced(), 30)
+        await ingest(0)
+        head = await server_cursor()
+        await until(lambda: view.cursor == head, "the batch applied")
+        await until_server(BASE, lambda n: n == 1, "the server to count the view's stream")
+        run, save = view._task, view._save_task
+        assert run is not None and not run.done(), "the connection task runs"
+        assert save is not None and not save.done(), "a write-behind is pending"
+        cursor = view.cursor
+    # The context has exited: the tasks are over, the last position written, the stream closed.
+    assert run.done() and save.done(), f"tasks left running: run {run}, save {save}"
+    await asyncio.wait_for(consumer, 2)  # changes() ended
+    left = asyncio.all_tasks() - before
+    assert not left, f"tasks left after the view closed: {left}"
+    assert view.status == "closed"
+    assert saves and saves[-1] == cursor, f"the last position written at close: {saves} vs {cursor}"
+    await until_server(BASE, lambda n: n == 0, "the server to count the stream closed", seconds=5)
+    # The server goes on; nothing reaches the closed view.
+    count, changes = len(fired), len(seen)
+    for i in range(1, 4):
+        await ingest(i)
+    assert await server_cursor() != cursor
+    await asyncio.sleep(0.5)
+    assert len(fired) == count and len(seen) == changes, f"fired after close: {fired[count:]}"
+    assert view.cursor == cursor
 
 
 async def test_a_retry_hint_is_the_floor_of_the_next_reconnection_only() -> None:

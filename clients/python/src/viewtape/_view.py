@@ -183,10 +183,16 @@ class View:
         """Frees the connection, the tasks and the listeners; saves the last position."""
         self._closed = True
         self._wake.set()
-        if self._task is not None:
-            self._task.cancel()
+        task = self._task
+        if task is not None:
+            # Cancelled until it ends: before Python 3.12, ``asyncio.wait_for`` can swallow a
+            # cancellation that arrives as its inner await completes, and the connection task
+            # would then go on reading a live stream.
+            while not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=0.5)
             try:
-                await self._task
+                task.result()
             except asyncio.CancelledError:
                 pass
         await self._shut_down()
@@ -285,6 +291,8 @@ class View:
                         "stream_buffered",
                         f"the stream sent headers but nothing within {self._first_byte_timeout} s: a proxy is buffering it",
                     ))
+                    return 0.0
+                if self._closed:
                     return 0.0
                 try:
                     last_id = self._handle(sse, last_id)
@@ -510,8 +518,13 @@ class View:
                     self._fail(ViewError("listener", f"a {event} listener raised {error!r}"))
 
     async def _shut_down(self) -> None:
-        if self._save_task is not None and not self._save_task.done():
-            self._save_task.cancel()
+        save, self._save_task = self._save_task, None
+        if save is not None and not save.done():
+            save.cancel()
+            try:
+                await save
+            except asyncio.CancelledError:
+                pass
         await self._save()
         self._set_status("closed")
         for queue in self._queues:
