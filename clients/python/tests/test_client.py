@@ -5,8 +5,9 @@ fixture configured, a pinned port); the tests ask the driver to ``kill9-restart`
 ``publish notes k<i mod 5> {"batch": i}``, so the view's live changes name every batch published.
 After every scenario the view's dict equals ``GET /views/notes`` at the same cursor. Then: leaving
 ``async with`` ends the view's tasks and its stream (the server's ``viewtape_sse_connections``
-drops); a stream's ``retry:`` hint is the floor of the one reconnection after it; ``keys``/
-``prefix``, which this server refuses with 400, close the view with a fatal error, no retry."""
+drops); a stream's ``retry:`` hint is the floor of the one reconnection after it; ``keys``
+narrow the view (its dict equals ``GET /views/notes?keys=`` at the same cursor), and ``keys``
+with ``prefix``, which the server refuses with 400, close it with a fatal error, no retry."""
 
 from __future__ import annotations
 
@@ -252,7 +253,21 @@ async def test_a_retry_hint_is_the_floor_of_the_next_reconnection_only() -> None
     proxy.server.close()
 
 
-async def test_keys_and_prefix_refused_with_400_close_the_view_without_retrying() -> None:
+async def test_keys_narrow_a_view_to_those_keys() -> None:
+    async with viewtape.View(BASE, "notes", keys=["k1", "k3"], **FAST) as view, \
+            viewtape.Producer(BASE, "fixture", producer_id="py-k", **FAST) as producer:
+        record = Record(view)
+        await asyncio.wait_for(view.synced(), 30)
+        # Batches over k0..k4; the last one is k1's, so the narrowed cursor reaches the head.
+        for i in range(12):
+            await producer.send(batch(i))
+        await matches_server(BASE, view, "notes?keys=k1,k3")
+        assert {c.key for c in record.live} == {"k1", "k3"}, [c.key for c in record.live]
+        assert set(view.state) <= {"k1", "k3"}, dict(view.state)
+        record.applied_once()
+
+
+async def test_keys_and_prefix_together_refused_with_400_close_the_view_without_retrying() -> None:
     proxy = CuttingProxy(BASE.removeprefix("http://"))
     url = await proxy.start()
     async with viewtape.View(url, "notes", keys=["k1", "k2"], prefix="k", **FAST) as view:

@@ -310,9 +310,7 @@ class View:
         said = await _server_message(response)
         if 400 <= status < 500 and status not in (401, 403, 404, 408, 429):
             # The same request gets the same answer: retrying cannot help, so the view closes.
-            narrowed = self._keys is not None or self._prefix is not None
-            why = " (a server that does not narrow streams yet refuses keys and prefix)" if narrowed else ""
-            self._fail(ViewError("bad_request", f"the server refused the stream ({status}){said}; not retrying{why}",
+            self._fail(ViewError("bad_request", f"the server refused the stream ({status}){said}; not retrying",
                                  status=status, fatal=True))
             self._closed = True
             return 0.0
