@@ -399,7 +399,7 @@ async fn admin_restore_resets_subscribers_to_the_restored_state() -> anyhow::Res
         "snap-0000000000000001-0000000001-periodic.vtsnap",
         "../etc/passwd",
     ] {
-        let resp = restore(&server, &missing).await?;
+        let resp = restore(&server, missing).await?;
         ensure!(
             resp.status() == 404,
             "{missing}: {} {}",
