@@ -132,7 +132,7 @@ pub struct OtherModule {
 #[non_exhaustive]
 pub enum SnapshotActionError {
     /// No snapshot file has that name.
-    #[error("no snapshot named {0:?}")]
+    #[error("{}", no_such_snapshot(.0))]
     NoSuchSnapshot(String),
     /// The snapshot cannot be restored: an invalid file, state of another module, or a guest
     /// that refused its state. Nothing was changed.
@@ -205,6 +205,16 @@ pub struct Snapshots {
     busy: tokio::sync::Mutex<()>,
     /// The last file written, with its log position: what a cluster shares.
     written: tokio::sync::watch::Sender<Option<(std::path::PathBuf, u64)>>,
+}
+
+/// What [`SnapshotActionError::NoSuchSnapshot`] says: the name, unless it is a path (the answer
+/// names no directory, not even one the client sent).
+fn no_such_snapshot(name: &str) -> String {
+    if name.contains(['/', '\\']) {
+        "no snapshot by that name: a snapshot is named by its file name alone, as GET /admin/snapshots lists it".to_owned()
+    } else {
+        format!("no snapshot named {name:?}")
+    }
 }
 
 impl Snapshots {
