@@ -372,18 +372,8 @@ impl EventJournal {
         cursor: &Cursor,
         limit: usize,
     ) -> Result<Vec<Arc<Bytes>>, ReplayError> {
-        let now = self.now();
-        let mut inner = self.lock();
-        let start = inner.start_after(view_id, Some(cursor), &self.config, now)?;
-        let Some(tape) = inner.views.get(view_id) else {
-            return Ok(Vec::new());
-        };
-        let end = tape.records.len().min(start.saturating_add(limit));
-        Ok(tape
-            .records
-            .range(start..end)
-            .map(|slot| Arc::clone(&slot.frame))
-            .collect())
+        let found = self.frames_after_where(view_id, cursor, limit, |_| true)?;
+        Ok(found.frames.into_iter().map(|(_, frame)| frame).collect())
     }
 
     /// [`EventJournal::frames_after`] for a subscriber that reads some keys only: among the
