@@ -380,7 +380,18 @@ impl Server {
         server.scheme = listening_scheme(&line);
         // Keep draining stdout so the server never blocks writing to it.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        server.start_logs_read().await;
         Ok(server)
+    }
+
+    /// Waits until stderr has been read up to the line the server logs once it serves, so
+    /// [`Server::logs`] holds every line of its start: stdout (the listening line) and stderr
+    /// are two pipes read apart. Bounded, and quiet when `RUST_LOG` filters that line out.
+    async fn start_logs_read(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !self.logs().contains("viewtape serving") && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// The address it listens on (loopback).
