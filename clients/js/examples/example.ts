@@ -2,6 +2,13 @@
 import { openProducer, openView, ViewError, type Change } from '@viewtape/client';
 import { fileStore } from '@viewtape/client/node';
 import { useView } from '@viewtape/client/react';
+import { typesFor, viewSchema, ViewTypesError } from '@viewtape/client/types';
+
+/** What `npx viewtape-types URL prices` writes, by hand here. */
+interface Tick {
+  symbol: string;
+  price: number;
+}
 
 export async function follow(baseUrl: string): Promise<void> {
   const view = openView(baseUrl, 'prices', {
@@ -27,4 +34,25 @@ export function usePrices(): number {
   const { state, status, cursor, error } = useView('prices', { baseUrl: 'http://localhost:8080' });
   if (error) console.warn(error.code);
   return status === 'live' && cursor !== undefined ? state.size : 0;
+}
+
+export async function typed(baseUrl: string): Promise<string> {
+  const view = openView<Tick>(baseUrl, 'prices');
+  view.on('change', change => {
+    if (!change.deleted) console.log(change.key, change.value.price.toFixed(2));
+  });
+  const tick: Tick | undefined = view.state.get('ACME');
+  console.log(tick?.symbol);
+  await view.close();
+  try {
+    return await typesFor(await viewSchema(baseUrl, 'prices', { token: 'a token' }), 'Tick');
+  } catch (error) {
+    if (error instanceof ViewTypesError && error.code === 'no_schema') return 'export type Tick = unknown;';
+    throw error;
+  }
+}
+
+export function useTicks(): number {
+  const { state } = useView<Tick>('prices', { baseUrl: 'http://localhost:8080' });
+  return [...state.values()].reduce((sum, tick) => sum + tick.price, 0);
 }

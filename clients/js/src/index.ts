@@ -4,7 +4,7 @@
  * the React hook in `@viewtape/client/react`.
  */
 export { openView, View } from './view.js';
-export type { Change, ResetInfo, Status, TokenSource, ViewEvents, ViewOptions } from './view.js';
+export type { Change, ChangeInfo, ResetInfo, Status, TokenSource, ViewEvents, ViewOptions } from './view.js';
 export { openProducer, Producer } from './producer.js';
 export type { Batch, ProducerOptions, Receipt } from './producer.js';
 export { ProducerError, ViewError } from './errors.js';

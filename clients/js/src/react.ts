@@ -13,8 +13,9 @@ export interface UseViewOptions extends Omit<ViewOptions, 'signal'> {
   baseUrl?: string;
 }
 
-export interface ViewSnapshot {
-  readonly state: ReadonlyMap<string, unknown>;
+/** What {@link useView} returns; `T` is the view's value type. */
+export interface ViewSnapshot<T = unknown> {
+  readonly state: ReadonlyMap<string, T>;
   readonly status: Status;
   readonly cursor: string | undefined;
   readonly error: ViewError | undefined;
@@ -85,9 +86,10 @@ const CLOSED: ViewSnapshot = { state: new Map(), status: 'connecting', cursor: u
  * The live state of view `name`: `{ state, status, cursor, error }`, re-rendered on every change.
  * `state` is a fresh `ReadonlyMap` per render that saw a change (copied at most once per render).
  * Options are read when the shared connection opens; a change of `baseUrl`, `name`, `keys` or
- * `prefix` opens another.
+ * `prefix` opens another. `T` is the type of one value, as for `openView<T>` (asserted, not
+ * checked; `npx viewtape-types` writes it from the view's schema).
  */
-export function useView(name: string, options: UseViewOptions = {}): ViewSnapshot {
+export function useView<T = unknown>(name: string, options: UseViewOptions = {}): ViewSnapshot<T> {
   const key = JSON.stringify([options.baseUrl ?? '', name, options.keys ?? null, options.prefix ?? null]);
   const store = useMemo(() => {
     let entry: Shared | undefined;
@@ -115,5 +117,6 @@ export function useView(name: string, options: UseViewOptions = {}): ViewSnapsho
     // eslint-disable-next-line react-hooks/exhaustive-deps
   }, [key]);
   const snapshot = useSyncExternalStore(store.subscribe, store.getSnapshot, () => CLOSED);
-  return snapshot;
+  // One connection per key whatever `T` each component asserts: the values are the same JSON.
+  return snapshot as ViewSnapshot<T>;
 }

@@ -62,11 +62,14 @@ export interface ViewOptions {
   saveInterval?: number;
 }
 
-/** One key's change. `value` is undefined when `deleted`. */
-export interface Change {
+/** One key's change: its new value, or `deleted` (`value` undefined). `T` is the view's value
+ * type (see {@link openView}); testing `deleted` narrows `value` to `T`. */
+export type Change<T = unknown> = ChangeInfo &
+  ({ readonly deleted: false; readonly value: T } | { readonly deleted: true; readonly value: undefined });
+
+/** What every {@link Change} carries besides its value. */
+export interface ChangeInfo {
   readonly key: string;
-  readonly value: unknown;
-  readonly deleted: boolean;
   /** The cursor of the event that made it (for a swap at `synced`: that cursor). */
   readonly cursor: string;
   /** Whether it came from a state transfer (a swap at `synced`) or the stored state. */
@@ -82,8 +85,8 @@ export interface ResetInfo {
   readonly [more: string]: unknown;
 }
 
-export interface ViewEvents {
-  change: Change;
+export interface ViewEvents<T = unknown> {
+  change: Change<T>;
   /** A stream opened (`200`), with the URL it was asked for (the cursor it resumes from). */
   connected: { readonly url: string };
   /** The token expired and the server ended the stream; a fresh one is asked for at once. */
@@ -109,15 +112,15 @@ const FATAL_STATUS = (status: number): boolean => status >= 400 && status < 500 
 const FAST_LOOP_RUN = 5;
 const HEALTHY_AFTER_MS = 10_000;
 
-/** A live, consistent copy of one view. Create with {@link openView}. */
-export class View {
-  #state = new Map<string, unknown>();
-  #staging: Map<string, unknown> | null = null;
+/** A live, consistent copy of one view, its values typed `T`. Create with {@link openView}. */
+export class View<T = unknown> {
+  #state = new Map<string, T>();
+  #staging: Map<string, T> | null = null;
   #cursor: string | undefined;
   #parsed: ParsedCursor | undefined;
   #status: Status = 'connecting';
   #error: ViewError | undefined;
-  #listeners = new Map<keyof ViewEvents, Set<Listener<never>>>();
+  #listeners = new Map<keyof ViewEvents<T>, Set<Listener<never>>>();
   #token: string | undefined;
   /** The last `retry:` of the current (or just ended) stream, in ms; used once, then cleared. */
   #retryHint = 0;
@@ -158,7 +161,7 @@ export class View {
   }
 
   /** The view's state, values JSON-decoded: a state the server had at `cursor`. */
-  get state(): ReadonlyMap<string, unknown> {
+  get state(): ReadonlyMap<string, T> {
     return this.#state;
   }
 
@@ -182,7 +185,7 @@ export class View {
   }
 
   /** Listens; returns the function that stops listening. */
-  on<E extends keyof ViewEvents>(event: E, listener: Listener<ViewEvents[E]>): () => void {
+  on<E extends keyof ViewEvents<T>>(event: E, listener: Listener<ViewEvents<T>[E]>): () => void {
     let set = this.#listeners.get(event);
     if (!set) this.#listeners.set(event, (set = new Set()));
     const entry = listener as Listener<never>;
@@ -436,19 +439,23 @@ export class View {
         }
         const data = decode(message);
         if (data instanceof ViewError) return data;
-        const deleted = message.event === 'delete';
-        if (deleted) this.#state.delete(data.key);
-        else this.#state.set(data.key, data.value);
-        this.#moveCursor(message.id!, id);
+        const cursor = message.id!;
+        const change: Change<T> =
+          message.event === 'delete'
+            ? { key: data.key, value: undefined, deleted: true, cursor, fromState: false }
+            : { key: data.key, value: data.value as T, deleted: false, cursor, fromState: false };
+        if (change.deleted) this.#state.delete(change.key);
+        else this.#state.set(change.key, change.value);
+        this.#moveCursor(cursor, id);
         this.#applied += 1;
         this.#liveApplied += 1;
-        this.#emit('change', { key: data.key, value: deleted ? undefined : data.value, deleted, cursor: message.id!, fromState: false });
+        this.#emit('change', change);
         return undefined;
       }
       case 'state': {
         const data = decode(message);
         if (data instanceof ViewError) return data;
-        (this.#staging ??= new Map()).set(data.key, data.value);
+        (this.#staging ??= new Map()).set(data.key, data.value as T);
         return undefined;
       }
       case 'synced': {
@@ -482,7 +489,7 @@ export class View {
   }
 
   /** Swaps the staged state in at `synced` and emits what changed. */
-  #swap(cursor: string, parsed: ParsedCursor, next: Map<string, unknown>): void {
+  #swap(cursor: string, parsed: ParsedCursor, next: Map<string, T>): void {
     const previous = this.#state;
     this.#state = next;
     this.#staging = null;
@@ -552,7 +559,7 @@ export class View {
     }
     const parsed = parseCursor(saved?.cursor);
     if (!saved || !parsed || this.#closed) return;
-    this.#state = new Map(saved.entries);
+    this.#state = new Map(saved.entries as ReadonlyArray<readonly [string, T]>);
     this.#cursor = saved.cursor;
     this.#parsed = parsed;
     for (const [key, value] of this.#state) {
@@ -646,12 +653,12 @@ export class View {
     this.#emit('error', error);
   }
 
-  #emit<E extends keyof ViewEvents>(event: E, value: ViewEvents[E]): void {
+  #emit<E extends keyof ViewEvents<T>>(event: E, value: ViewEvents<T>[E]): void {
     const set = this.#listeners.get(event);
     if (!set) return;
     for (const listener of [...set]) {
       try {
-        (listener as Listener<ViewEvents[E]>)(value);
+        (listener as Listener<ViewEvents<T>[E]>)(value);
       } catch (cause) {
         if (event !== 'error') this.#fail(new ViewError('listener', `a ${event} listener threw: ${describe(cause)}`, { cause }));
       }
@@ -671,9 +678,15 @@ export class View {
   }
 }
 
-/** Opens a view: connects at once, resuming from `cursorStore` if it has a position. */
-export function openView(baseUrl: string, view: string, options: ViewOptions = {}): View {
-  return new View(baseUrl, view, options);
+/**
+ * Opens a view: connects at once, resuming from `cursorStore` if it has a position.
+ *
+ * `T` is the type of one value (default `unknown`): `openView<Tick>(…).state` is a
+ * `ReadonlyMap<string, Tick>`. It is what the application asserts, not checked at run time;
+ * `npx viewtape-types URL VIEW` writes it from the view's JSON Schema (`@viewtape/client/types`).
+ */
+export function openView<T = unknown>(baseUrl: string, view: string, options: ViewOptions = {}): View<T> {
+  return new View<T>(baseUrl, view, options);
 }
 
 function decode(message: EventSourceMessage): { key: string; value: unknown } | ViewError {
