@@ -3,7 +3,7 @@
 //! ```text
 //! viewtape-bench durable [--compare | --peer viewtape|jetstream] [--workload all|acks|bulk|latency]
 //!     [--seconds 10] [--runs 3] [--rate 1000] [--max-batches 10000000] [--drain-seconds 10]
-//!     [--runtimes per-producer|shared] [--log fsync|fsync-nowatermark|os|off]
+//!     [--runtimes per-producer|shared] [--log fsync|fsync-nowatermark|os|off] [--wasm FILE]
 //!     [--producers N --events-per-batch K]   (override the defaults of one selected workload)
 //!     [--nats-server nats-server] [--nats-connections 1] [--pin]
 //!     [--addr 127.0.0.1:PORT [--pid PID] | --server-arg ARG ...]   (viewtape, as elsewhere)
@@ -45,6 +45,9 @@
 //!   (its latency runs from its first send). With many producers most sends are resends (seen:
 //!   4 to 8 per acked batch at 64 producers), so its figures measure the reordering more than
 //!   the log; it is there to show that.
+//!
+//! `--wasm FILE` runs the producer runtimes on that module instead of `builtin:ticker` (another
+//! build of the ticker: e.g. one that declares no schema, to see what checking values costs).
 //!
 //! `--log` sets the spawned server's `[log]` (per-producer mode): `fsync` (the default: synced
 //! before the 200), `fsync-nowatermark` (the same without the end-of-log watermark: what it
@@ -159,7 +162,7 @@ fn producer_runtime(i: usize) -> String {
 /// The spawned server's config for `--runtimes per-producer`: `n` producer runtimes, every
 /// one the built-in ticker into `prices` (no `demo`: the server's pool holds 64 guest
 /// instances, one per runtime).
-fn per_producer_config(n: usize, log: &str) -> String {
+fn per_producer_config(n: usize, log: &str, wasm: &str) -> String {
     let mut text = String::from("# written by viewtape-bench durable --runtimes per-producer\n");
     text.push_str(&match log {
         "off" => "\n[log]\nenabled = false\n".to_owned(),
@@ -171,7 +174,7 @@ fn per_producer_config(n: usize, log: &str) -> String {
     });
     for i in 0..n {
         text.push_str(&format!(
-            "\n[[runtime]]\nname = \"{}\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n",
+            "\n[[runtime]]\nname = \"{}\"\nwasm = {wasm:?}\nviews = [\"prices\"]\n",
             producer_runtime(i)
         ));
     }
@@ -214,6 +217,8 @@ pub struct Options {
     pin: bool,
     /// `[log]` of the spawned server: `fsync`, `os` or `off`.
     log: String,
+    /// The producer runtimes' module (`--wasm`).
+    wasm: String,
     addr: Option<SocketAddr>,
     pid: Option<u32>,
     server_args: Vec<String>,
@@ -312,6 +317,7 @@ impl Options {
                 log @ ("fsync" | "fsync-nowatermark" | "os" | "off") => log.to_owned(),
                 other => bail!("--log {other:?}: expected fsync, fsync-nowatermark, os or off"),
             },
+            wasm: args.get("wasm").unwrap_or("builtin:ticker").to_owned(),
             addr,
             pid,
             server_args,
@@ -640,8 +646,11 @@ impl Peers {
                                 .tempdir()
                                 .context("temp dir for the server config")?;
                             let path = dir.path().join("durable.toml");
-                            std::fs::write(&path, per_producer_config(most, &options.log))
-                                .with_context(|| format!("write {}", path.display()))?;
+                            std::fs::write(
+                                &path,
+                                per_producer_config(most, &options.log, &options.wasm),
+                            )
+                            .with_context(|| format!("write {}", path.display()))?;
                             args.extend(["--config".to_owned(), path.display().to_string()]);
                             Some(dir)
                         }
@@ -1196,7 +1205,7 @@ mod tests {
 
     #[test]
     fn per_producer_config_names_runtimes() {
-        let text = per_producer_config(2, "fsync");
+        let text = per_producer_config(2, "fsync", "builtin:ticker");
         assert!(
             text.contains("name = \"bench-p0\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]")
         );

@@ -94,6 +94,9 @@ pub fn init<R: Runtime>(slot: &RefCell<Option<R>>, len: i32) -> i32 {
     install_panic_hook();
     match with_input(len, R::init).and_then(|r| r) {
         Ok(runtime) => {
+            if let Some(declaration) = runtime.schemas().declaration() {
+                host_reply(&declaration);
+            }
             *slot.borrow_mut() = Some(runtime);
             crate::abi::STATUS_OK
         }

@@ -207,10 +207,14 @@
 pub mod abi;
 mod context;
 mod export;
+mod schemas;
 mod state;
 pub mod testing;
 
 pub use context::{Context, Level, Output};
+pub use schemas::Schemas;
+#[cfg(feature = "schema")]
+pub use schemars;
 
 /// The glue the [`export_runtime!`] macro expands to. Not a public API.
 #[doc(hidden)]
@@ -245,6 +249,30 @@ pub trait Runtime: Sized + 'static {
     /// # Errors
     /// State the runtime cannot read.
     fn restore(&mut self, state: &[u8]) -> Result<()>;
+
+    /// The JSON Schemas of the values this runtime publishes, per view (none by default: every
+    /// view untyped). The host asks once, right after [`Runtime::init`], validates every value
+    /// published to a typed view against its schema, and rejects a batch with a value that does
+    /// not fit, whole; it serves each schema at `GET /views/{view}/schema`.
+    ///
+    /// ```
+    /// # use viewtape_guest::{Context, Result, Runtime, Schemas};
+    /// # struct Prices;
+    /// impl Runtime for Prices {
+    ///     fn schemas(&self) -> Schemas {
+    ///         // With the `schema` feature: Schemas::new().view::<Price>("prices")
+    ///         Schemas::new().view_json("prices", r#"{"type":"object","required":["price"]}"#)
+    ///     }
+    ///     // …
+    /// #   fn init(_: &[u8]) -> Result<Self> { Ok(Prices) }
+    /// #   fn on_batch(&mut self, _: &[u8], _: &mut Context) -> Result<()> { Ok(()) }
+    /// #   fn save(&self) -> Vec<u8> { Vec::new() }
+    /// #   fn restore(&mut self, _: &[u8]) -> Result<()> { Ok(()) }
+    /// }
+    /// ```
+    fn schemas(&self) -> Schemas {
+        Schemas::new()
+    }
 
     /// The version of the format [`Runtime::save`] writes. Raise it when the format changes,
     /// and teach [`Runtime::migrate`] the older ones: a new build deployed with `viewtape

@@ -172,6 +172,13 @@ impl<R: Runtime> Harness<R> {
     pub fn runtime(&self) -> &R {
         &self.runtime
     }
+
+    /// The schemas the runtime declares, as the host reads them once it is made. The host
+    /// validates published values against them; `viewtape run GUEST INPUT` checks a guest's
+    /// output the same way, off the server.
+    pub fn schemas(&self) -> crate::Schemas {
+        self.runtime.schemas()
+    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,9 @@
 //!   `publish` command), to isolate the cost per published event.
 //! - `instantiate`: `GuestInstance::new` from the `InstancePre` (Store, instance, `init` call),
 //!   pooling vs on-demand.
+//! - `validation`: what checking a typed view's values costs per event — the ticker's declared
+//!   schema against its published ticks (parse to a JSON value, then validate), beside the
+//!   parse alone.
 //! - `output_design`: one host call per event vs one buffer per batch, 1,000 events of 90 bytes,
 //!   with hand-written WAT guests so only the boundary and the copying differ.
 
@@ -22,6 +25,7 @@ use viewtape_server::host::{
     Limits,
 };
 use viewtape_server::runtime::{BatchSink, RuntimeConfig, RuntimeHandle};
+use viewtape_server::schema::{ViewSchema, ViewSchemas, Violation};
 
 const BATCH: usize = 1000;
 
@@ -48,6 +52,11 @@ impl BatchSink for JournalSink {
                 })
                 .await;
         }
+    }
+
+    /// Keeps no state: the benchmarks deploy nothing.
+    fn misfit(&self, _view: &str, _schema: &ViewSchema) -> Option<Violation> {
+        None
     }
 }
 
@@ -157,6 +166,42 @@ fn publish_path(c: &mut Criterion) {
         b.iter(|| {
             rt.block_on(handle.ingest(input.clone(), None))
                 .expect("ingest")
+        })
+    });
+    g.finish();
+}
+
+/// The ticker's schema, as its `init` declares it, over the payloads it publishes for `ticks`.
+fn validation(c: &mut Criterion) {
+    let rt = tokio_rt();
+    let engine = GuestEngine::new(EngineConfig::default()).expect("engine");
+    let module = GuestModule::new(&engine, guests::TICKER_WASM).expect("ticker");
+    let (schemas, payloads) = rt.block_on(async {
+        let mut instance = GuestInstance::new(&module, "bench", &Limits::default(), b"", None)
+            .await
+            .expect("instance");
+        let schemas = ViewSchemas::declared(instance.declaration(), &Default::default(), None)
+            .expect("the ticker's declaration");
+        let batch = instance.on_batch(&ticks(1)).await.expect("batch");
+        let payloads: Vec<Bytes> = batch.events.into_iter().map(|e| e.payload).collect();
+        (schemas, payloads)
+    });
+    let schema = schemas.get("prices").expect("prices is typed");
+    eprintln!("ticker payload: {} bytes", payloads[0].len());
+    let mut g = c.benchmark_group("validation");
+    g.throughput(Throughput::Elements(payloads.len() as u64));
+    g.bench_function("ticker_check_1000", |b| {
+        b.iter(|| {
+            for payload in &payloads {
+                schema.check("prices", "k", payload).expect("fits");
+            }
+        })
+    });
+    g.bench_function("ticker_parse_only_1000", |b| {
+        b.iter(|| {
+            for payload in &payloads {
+                black_box(serde_json::from_slice::<serde_json::Value>(payload).expect("JSON"));
+            }
         })
     });
     g.finish();
@@ -348,6 +393,6 @@ criterion_group! {
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = ticker_end_to_end, publish_path, instantiate, output_design
+    targets = ticker_end_to_end, publish_path, validation, instantiate, output_design
 }
 criterion_main!(benches);

@@ -3,7 +3,8 @@
 //!
 //! Checked: the syntax; every key known, of its type and with a possible value
 //! ([`Config::load_source`]); every runtime's declared views; and every file the config names
-//! loads — each runtime's module (read, compiled, a guest of this ABI), the TLS certificate and
+//! loads — each runtime's module (read, compiled, a guest of this ABI) and schema files (read,
+//! compiled), the TLS certificate and
 //! key (and that they go together), the auth key file. Every refusal names the file, the line
 //! and the key.
 
@@ -44,6 +45,7 @@ pub fn check_files(config: &Config) -> Result<(), Problem> {
         GuestModule::new(&engine, &wasm).map_err(|error| {
             Problem::new(&key, format!("{} does not load: {error}", runtime.wasm))
         })?;
+        runtime.load_schemas(i)?;
     }
     if let (Some(cert), Some(key)) = (&config.server.tls_cert, &config.server.tls_key) {
         Tls::load(cert, key).map_err(|error| {

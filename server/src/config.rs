@@ -10,13 +10,15 @@ use serde::{Deserialize, Deserializer, Serialize};
 use viewtape_journal::{JournalConfig, ViewName};
 
 use crate::host::Limits;
+use crate::schema::{ConfiguredSchemas, ViewSchema};
 
 mod spans;
 
 /// The built-in guests, by the name a config uses after `builtin:`.
-pub const BUILTIN_GUESTS: [(&str, &[u8]); 2] = [
+pub const BUILTIN_GUESTS: [(&str, &[u8]); 3] = [
     ("ticker", crate::host::guests::TICKER_WASM),
     ("logstats", crate::host::guests::LOGSTATS_WASM),
+    ("json", crate::host::guests::JSON_WASM),
 ];
 
 /// Why a config file was refused. Every message names the file and, when the file has the key at
@@ -350,6 +352,10 @@ pub struct RuntimeSection {
     /// Bytes handed to the guest's `init`.
     #[serde(default)]
     pub config: String,
+    /// JSON Schema files that type some of its views (`{ prices = "prices.schema.json" }`),
+    /// over what the guest declares: every value published to such a view must fit.
+    #[serde(default)]
+    pub schemas: std::collections::BTreeMap<String, PathBuf>,
     /// Limits.
     #[serde(default)]
     pub limits: LimitsSection,
@@ -427,6 +433,7 @@ impl Default for Config {
                 wasm: "builtin:ticker".to_owned(),
                 views: vec!["prices".to_owned()],
                 config: String::new(),
+                schemas: Default::default(),
                 limits: LimitsSection::default(),
                 source: None,
             }],
@@ -524,13 +531,24 @@ impl Config {
                     )
                 })?;
             }
+            if let Some(view) = runtime.schemas.keys().find(|v| !runtime.views.contains(v)) {
+                return Err(Problem::new(
+                    format!("runtime[{i}].schemas.{view}"),
+                    format!(
+                        "runtime {:?}: a schema for view {view:?}, which it does not declare \
+                         (views = {:?})",
+                        runtime.name, runtime.views
+                    ),
+                ));
+            }
             if let Some(builtin) = runtime.wasm.strip_prefix("builtin:") {
                 if !BUILTIN_GUESTS.iter().any(|(name, _)| *name == builtin) {
                     return Err(Problem::new(
                         key("wasm"),
                         format!(
-                            "runtime {:?}: no built-in guest {builtin:?} (built-in: ticker, logstats)",
-                            runtime.name
+                            "runtime {:?}: no built-in guest {builtin:?} (built-in: {})",
+                            runtime.name,
+                            BUILTIN_GUESTS.map(|(name, _)| name).join(", ")
                         ),
                     ));
                 }
@@ -641,6 +659,41 @@ impl RuntimeSection {
                 .unwrap_or_default()),
             None => std::fs::read(&self.wasm),
         }
+    }
+
+    /// The bytes handed to the guest's `init`: `config`, but for a `builtin:json` runtime of one
+    /// view without one, `{"view": VIEW}`, so that lines may leave out the view.
+    pub fn guest_config(&self) -> Vec<u8> {
+        match (self.wasm.as_str(), self.views.as_slice()) {
+            ("builtin:json", [view]) if self.config.is_empty() => {
+                serde_json::json!({ "view": view }).to_string().into_bytes()
+            }
+            _ => self.config.clone().into_bytes(),
+        }
+    }
+
+    /// The schemas `schemas =` names, read and compiled; `i` is the runtime's index in the
+    /// file, for the key a problem names.
+    ///
+    /// # Errors
+    /// A file that cannot be read, is not JSON, or is not a schema the validator compiles.
+    pub fn load_schemas(&self, i: usize) -> Result<ConfiguredSchemas, Problem> {
+        let mut out = std::collections::BTreeMap::new();
+        for (view, path) in &self.schemas {
+            let problem = |message: String| {
+                Problem::new(
+                    format!("runtime[{i}].schemas.{view}"),
+                    format!("schema {}: {message}", path.display()),
+                )
+            };
+            let text = std::fs::read(path).map_err(|error| problem(error.to_string()))?;
+            let document = serde_json::from_slice(&text)
+                .map_err(|error| problem(format!("not JSON: {error}")))?;
+            let schema =
+                ViewSchema::new(view, document).map_err(|error| problem(error.to_string()))?;
+            out.insert(view.clone(), std::sync::Arc::new(schema));
+        }
+        Ok(std::sync::Arc::new(out))
     }
 }
 
@@ -858,6 +911,9 @@ mod tests {
         every.runtimes[0].source = Some(SourceSection {
             file: PathBuf::from("/var/log/app.log"),
         });
+        every.runtimes[0]
+            .schemas
+            .insert("prices".into(), PathBuf::from("prices.schema.json"));
         let mut defaults = BTreeMap::new();
         leaves(&serde_json::to_value(&every).unwrap(), "", &mut defaults);
         // The keys written in the block (parsing filled in the rest with defaults), without
@@ -873,7 +929,9 @@ mod tests {
         );
         // Shown values are the defaults, but for keys without one (shown as an example).
         for (key, default) in &defaults {
-            if default.is_null() || key == "runtime.source.file" {
+            if default.is_null()
+                || ["runtime.source.file", "runtime.schemas.prices"].contains(&key.as_str())
+            {
                 continue;
             }
             assert_eq!(

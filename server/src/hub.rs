@@ -31,6 +31,7 @@ use crate::frame::{self, Frame};
 use crate::host::{EventKind, GuestBatch};
 use crate::narrow::Narrow;
 use crate::runtime::BatchSink;
+use crate::schema::{ViewSchema, Violation};
 
 /// Cursorless frames a slow subscriber may fall behind by before it is reset.
 const LIVE_BACKLOG: usize = 1024;
@@ -295,6 +296,15 @@ impl BatchSink for Hub {
         for view in touched {
             view.tick.send_modify(|tick| *tick += 1);
         }
+    }
+
+    fn misfit(&self, view: &str, schema: &ViewSchema) -> Option<Violation> {
+        let view = self.view(view)?;
+        let state = view.lock();
+        state.iter().find_map(|(key, frame)| {
+            let value = frame.value_json()?;
+            schema.check(view.name(), key, &value).err()
+        })
     }
 }
 

@@ -15,7 +15,7 @@
 //! | observation | [`metrics`] — Prometheus metrics, reading the counters of the layers below |
 //! | views | [`hub`] — views, their state, the commit path into the journal; [`narrow`] — reads of some keys of a view; [`registry`] — runtimes by name, the module store, the consistency cut |
 //! | runtimes | [`runtime`] — the task owning one guest; [`log`] — log records, receipts, idempotent producers, commit order, the two backends (local segments, a cluster's stream); [`source`] — pull sources and their checkpoints |
-//! | foundation | [`host`] — the wasmtime host; [`frame`] — the SSE wire format; [`auth`] — tokens and grants; [`config`] — settings |
+//! | foundation | [`host`] — the wasmtime host; [`frame`] — the SSE wire format; [`auth`] — tokens and grants; [`config`] — settings; [`schema`] — typed views' schemas and the check of their values |
 #![deny(missing_docs)]
 
 pub mod auth;
@@ -41,6 +41,7 @@ pub mod registry;
 pub mod run;
 pub mod runtime;
 pub mod scaffold;
+pub mod schema;
 pub mod server;
 pub mod snapshot;
 #[cfg(test)]

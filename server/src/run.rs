@@ -25,7 +25,7 @@ use bytes::Bytes;
 
 use crate::frame;
 use crate::host::{EngineConfig, EventKind, GuestEngine, GuestModule, Limits};
-use crate::runtime::guest::{GuestSlot, SlotError};
+use crate::runtime::guest::{GuestSlot, SlotError, Typing};
 
 /// How to run.
 #[derive(Debug)]
@@ -63,6 +63,7 @@ pub async fn run(
         Arc::from("run"),
         options.limits,
         Bytes::from(options.config),
+        Typing::default(),
         Some(&last_good[..]),
         Arc::default(),
     )
@@ -84,7 +85,7 @@ pub async fn run(
             break;
         }
         batch_number += 1;
-        match slot.run(batch.as_bytes(), &mut last_good, None).await {
+        match slot.run(batch.as_bytes(), &mut last_good).await {
             Ok(output) => {
                 for reason in &output.gaps {
                     emit(

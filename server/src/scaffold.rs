@@ -100,7 +100,8 @@ crate-type = ["cdylib", "rlib"]
 
 [dependencies]
 # The viewtape SDK is not on crates.io: a path to viewtape's `runtime-guest` directory.
-viewtape-guest = { path = "{{sdk}}" }
+# Its `schema` feature derives the JSON Schema of a view's values from a Rust type.
+viewtape-guest = { path = "{{sdk}}", features = ["schema"] }
 serde = { version = "1", features = ["derive"] }
 serde_json = "1"
 
@@ -114,12 +115,14 @@ strip = true
 
 const LIB_RS: &str = r##"//! `{{name}}`: a viewtape ingestion runtime. Input is NDJSON, one entry per line:
 //! `{"key":"alice","amount":5}`. It keeps a running total per key and publishes
-//! `{"total":…}` under that key in the view `{{name}}`.
+//! `{"total":…}` under that key in the view `{{name}}`, a typed view: the server checks every
+//! value against the schema of [`Total`] and serves it at `GET /views/{{name}}/schema`.
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
-use viewtape_guest::{export_runtime, Context, Error, Level, Result, Runtime};
+use serde::{Deserialize, Serialize};
+use viewtape_guest::schemars::JsonSchema;
+use viewtape_guest::{export_runtime, Context, Error, Level, Result, Runtime, Schemas};
 
 /// The view it publishes to: declare it in the server's config (`views = ["{{name}}"]`).
 pub const VIEW: &str = "{{name}}";
@@ -129,6 +132,14 @@ pub const VIEW: &str = "{{name}}";
 struct Entry {
     key: String,
     amount: i64,
+}
+
+/// What it publishes under each key: its JSON Schema is the view's.
+#[derive(Serialize, JsonSchema)]
+#[schemars(crate = "viewtape_guest::schemars")]
+pub struct Total {
+    /// The sum of the key's amounts so far.
+    pub total: i64,
 }
 
 /// The running total of every key: the whole state, saved after every batch.
@@ -149,6 +160,10 @@ impl Runtime for Totals {
         Ok(Self::default())
     }
 
+    fn schemas(&self) -> Schemas {
+        Schemas::new().view::<Total>(VIEW)
+    }
+
     fn on_batch(&mut self, input: &[u8], ctx: &mut Context) -> Result<()> {
         for (index, line) in input.split(|&b| b == b'\n').enumerate() {
             if line.iter().all(u8::is_ascii_whitespace) {
@@ -160,8 +175,9 @@ impl Runtime for Totals {
             *total = total.checked_add(entry.amount).ok_or_else(|| {
                 Error::msg(format!("line {}: the total of {:?} overflows", index + 1, entry.key))
             })?;
-            let payload = serde_json::json!({ "total": *total }).to_string();
-            ctx.publish(VIEW, &entry.key, payload.as_bytes());
+            let total = Total { total: *total };
+            ctx.publish_with(VIEW, &entry.key, |buf| serde_json::to_writer(buf, &total))
+                .map_err(|e| Error::msg(format!("line {}: {e}", index + 1)))?;
         }
         ctx.log(Level::Debug, "batch done");
         Ok(())
@@ -210,6 +226,14 @@ mod tests {
     }
 
     #[test]
+    fn the_view_is_typed() {
+        let schema = harness().schemas().get(VIEW).map(str::to_owned).unwrap();
+        let schema: serde_json::Value = serde_json::from_str(&schema).unwrap();
+        assert_eq!(schema["required"], serde_json::json!(["total"]));
+        assert_eq!(schema["properties"]["total"]["type"], "integer");
+    }
+
+    #[test]
     fn a_bad_line_rejects_the_batch_and_keeps_the_state() {
         let mut h = harness();
         h.batch(b"{\"key\":\"a\",\"amount\":5}\n").unwrap();
@@ -232,7 +256,10 @@ mod tests {
 const README_MD: &str = r#"# {{name}}
 
 A viewtape ingestion runtime: NDJSON entries `{"key":"alice","amount":5}` in, a running total
-per key out, in the view `{{name}}`.
+per key out, in the view `{{name}}`. The view is typed: `Runtime::schemas` declares the JSON
+Schema of `Total`, the server refuses a batch publishing a value that does not fit (`422`, naming
+the view, the key and the failing JSON pointer) and serves the schema at
+`GET /views/{{name}}/schema`.
 
 ```sh
 cargo test                                              # unit tests, natively, on the SDK's harness

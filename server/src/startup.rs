@@ -98,7 +98,7 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         })?);
     let mut runtimes = Runtimes::default();
     let mut changed = BTreeMap::new();
-    for section in &config.runtimes {
+    for (i, section) in config.runtimes.iter().enumerate() {
         let planned = plan(section, &modules, &mut begun.dumps)?;
         for view in &section.views {
             hub.declare(view);
@@ -107,8 +107,11 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         let (module, restore, config_changed) =
             first_module(&planned, &modules, &engine, cluster.as_deref()).await?;
         let runtime_config = RuntimeConfig {
-            guest_config: Bytes::from(section.config.clone().into_bytes()),
+            guest_config: Bytes::from(section.guest_config()),
             limits: section.limits.to_limits(),
+            schemas: section
+                .load_schemas(i)
+                .map_err(|problem| anyhow::anyhow!("{}: {}", problem.key, problem.message))?,
             ..RuntimeConfig::new(section.name.clone(), section.views.iter().cloned())
         };
         let handle = RuntimeHandle::spawn(

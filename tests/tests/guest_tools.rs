@@ -200,8 +200,8 @@ async fn deploy_builds_into_a_running_server(crate_dir: &Path, built: &Path) -> 
     let source = crate_dir.join("src/lib.rs");
     let text = std::fs::read_to_string(&source)?;
     let build2 = text.replace(
-        "serde_json::json!({ \"total\": *total })",
-        "serde_json::json!({ \"total\": *total, \"build\": 2 })",
+        "serde_json::to_writer(buf, &total)",
+        "serde_json::to_writer(buf, &serde_json::json!({ \"total\": total.total, \"build\": 2 }))",
     );
     ensure!(build2 != text, "the scaffold's payload line moved");
     std::fs::write(&source, &build2)?;

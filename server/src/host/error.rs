@@ -124,6 +124,12 @@ pub enum GuestError {
         /// What the runtime declares.
         declared: Vec<String>,
     },
+    /// The guest published a value that does not fit its view's schema.
+    #[error("{0}")]
+    SchemaViolation(#[from] crate::schema::Violation),
+    /// The guest declared schemas the host cannot use.
+    #[error("{0}")]
+    Schema(#[from] crate::schema::SchemaError),
     /// The batch is over the size limit; the guest never saw it.
     #[error("batch of {size} bytes exceeds the limit of {} ([runtime.limits] max_batch)", human_bytes(*limit))]
     BatchTooLarge {
@@ -163,12 +169,13 @@ fn human_bytes(bytes: usize) -> String {
 }
 
 impl GuestError {
-    /// Whether the input itself was refused (the guest rejected it, or it is too large), as
-    /// opposed to the guest failing.
+    /// Whether the input itself was refused (the guest rejected it, it is too large, or it made
+    /// the guest publish a value its view's schema does not allow), as opposed to the guest
+    /// failing.
     pub fn is_input_error(&self) -> bool {
         matches!(
             self,
-            Self::GuestRejected { .. } | Self::BatchTooLarge { .. }
+            Self::GuestRejected { .. } | Self::BatchTooLarge { .. } | Self::SchemaViolation(_)
         )
     }
 }

@@ -9,6 +9,9 @@ pub const TICKER_WASM: &[u8] = include_bytes!("../../guests/ticker.wasm");
 /// `logstats`: log lines → per-service counts by level in view `log-levels`.
 pub const LOGSTATS_WASM: &[u8] = include_bytes!("../../guests/logstats.wasm");
 
+/// `json`: NDJSON `{"view","key","value"}` lines published as they are (`builtin:json`).
+pub const JSON_WASM: &[u8] = include_bytes!("../../guests/json.wasm");
+
 /// `misbehave`: the host's test fixture (commands that publish, fail, trap, loop, exhaust
 /// memory). Not for production use.
 pub const MISBEHAVE_WASM: &[u8] = include_bytes!("../../guests/misbehave.wasm");

@@ -30,6 +30,8 @@ pub struct GuestInstance {
     input_buf: (usize, usize),
     views: ViewNames,
     limits: Limits,
+    /// What `init` replied: the guest's declaration (`ABI.md`), if it made one.
+    declaration: Option<Bytes>,
 }
 
 impl std::fmt::Debug for GuestInstance {
@@ -127,11 +129,13 @@ impl GuestInstance {
             input_buf: (0, 0),
             views: ViewNames::default(),
             limits,
+            declaration: None,
         };
         let len = this.write_input(config).await?;
         this.call(init, len)
             .await
             .map_err(|e| refused("config", e))?;
+        this.declaration = this.store.data_mut().reply.take();
         if let Some(state) = state {
             let len = this.write_input(state).await?;
             let f = this.restore.clone();
@@ -145,6 +149,11 @@ impl GuestInstance {
     /// The runtime's name.
     pub fn runtime(&self) -> &str {
         &self.store.data().runtime
+    }
+
+    /// The declaration its `init` replied with (`ABI.md`, "The declaration"), if any.
+    pub fn declaration(&self) -> Option<&[u8]> {
+        self.declaration.as_deref()
     }
 
     /// The limits it runs under.

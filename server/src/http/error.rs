@@ -16,6 +16,9 @@ pub struct ApiError {
     message: String,
     /// Headers that say more (e.g. the `Producer-Expected-Seq` of a 409).
     headers: Vec<(HeaderName, HeaderValue)>,
+    /// Fields of the body beside `error` and `message` that say where (a schema violation's
+    /// `view`, `key` and `pointer`).
+    fields: serde_json::Map<String, serde_json::Value>,
     /// Its detail was logged when it was made.
     logged: bool,
 }
@@ -27,6 +30,7 @@ impl ApiError {
             code,
             message: message.into(),
             headers: Vec::new(),
+            fields: serde_json::Map::new(),
             logged: false,
         }
     }
@@ -37,9 +41,20 @@ impl ApiError {
         self
     }
 
+    /// The same error, with `name: value` in the body beside `error` and `message`.
+    pub fn with_field(mut self, name: &str, value: impl Into<serde_json::Value>) -> Self {
+        self.fields.insert(name.to_owned(), value.into());
+        self
+    }
+
     /// `404 not_found`: no such route, view or runtime.
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// `404` with another code than `not_found`: the thing exists, without what was asked of it.
+    pub fn not_found_as(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, code, message)
     }
 
     /// `400 bad_request`.
@@ -132,7 +147,9 @@ impl IntoResponse for ApiError {
         } else {
             tracing::debug!(status = self.status.as_u16(), error = %self.message, "request refused");
         }
-        let body = serde_json::json!({ "error": self.code, "message": self.message });
+        let mut body = self.fields;
+        body.insert("error".into(), self.code.into());
+        body.insert("message".into(), self.message.into());
         let mut response = (self.status, Json(body)).into_response();
         response.headers_mut().extend(self.headers);
         if self.status == StatusCode::UNAUTHORIZED {

@@ -14,6 +14,7 @@ use axum::{Json, Router};
 
 use super::access::Caller;
 use super::{ApiError, AppState};
+use crate::host::GuestError;
 use crate::log::producer::{ProducerStamp, MAX_PRODUCER_ID};
 use crate::runtime::IngestError;
 
@@ -89,6 +90,15 @@ fn body_refusal(error: &axum::Error, limit: usize) -> ApiError {
 /// The answer to a batch that was not committed.
 fn refusal(error: IngestError) -> ApiError {
     let unavailable = match error {
+        IngestError::Guest {
+            source: GuestError::SchemaViolation(ref violation),
+            ..
+        } => {
+            return ApiError::unprocessable("schema_violation", error.to_string())
+                .with_field("view", violation.view.as_str())
+                .with_field("key", violation.key.as_str())
+                .with_field("pointer", violation.pointer.as_str())
+        }
         IngestError::Guest { .. } => {
             return ApiError::unprocessable("batch_rejected", error.to_string())
         }

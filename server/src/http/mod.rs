@@ -22,6 +22,7 @@ mod ingest;
 pub mod openapi;
 #[cfg(test)]
 mod props;
+mod schema;
 mod views;
 
 use std::sync::Arc;
@@ -128,6 +129,7 @@ pub fn app(state: AppState, admin: Option<Arc<admin::Admin>>) -> Router {
             get(move |state, extensions, headers| metrics(state, extensions, headers, operator)),
         )
         .merge(views::routes())
+        .merge(schema::routes())
         .merge(ingest::routes())
         .merge(openapi::routes())
         .with_state(state.clone())

@@ -9,6 +9,15 @@ use super::task::Task;
 use super::{BatchSink, DeployError, Deployed};
 use crate::host::{GuestError, GuestInstance, GuestModule};
 use crate::log::{unix_ms_now, DeployEntry, Entry};
+use crate::schema::ViewSchemas;
+
+/// A module made ready to take over.
+struct Prepared {
+    instance: GuestInstance,
+    /// The state, in the module's own format.
+    state: Bytes,
+    schemas: Arc<ViewSchemas>,
+}
 
 impl<S: BatchSink> Task<S> {
     /// Swaps `module` in, carrying the state over, and logs it; with `fresh_if_refused`, a
@@ -28,15 +37,15 @@ impl<S: BatchSink> Task<S> {
                 fresh: false,
             });
         }
-        let (instance, state, fresh) = match self.prepare(&module, false).await {
-            Ok((instance, state)) => (instance, state, false),
+        let (prepared, fresh) = match self.prepare(&module, false).await {
+            Ok(prepared) => (prepared, false),
             Err(error) if fresh_if_refused => {
                 tracing::warn!(%error, module = %next, "the new module refuses the saved state: it starts fresh, with a gap on this runtime's views");
-                let (instance, state) = self
+                let prepared = self
                     .prepare(&module, true)
                     .await
                     .map_err(|source| self.refused(source))?;
-                (instance, state, true)
+                (prepared, true)
             }
             Err(error) => return Err(self.refused(error)),
         };
@@ -59,7 +68,7 @@ impl<S: BatchSink> Task<S> {
             })?;
         let log = Arc::clone(&self.log);
         let turn = log.turn(position, 1).await;
-        let deployed = self.install(module, instance, state, fresh, position);
+        let deployed = self.install(module, prepared, fresh, position);
         drop(turn);
         tracing::info!(module = %next, %previous, fresh, "module deployed");
         Ok(deployed)
@@ -77,42 +86,57 @@ impl<S: BatchSink> Task<S> {
         let log = Arc::clone(&self.log);
         let turn = log.turn(position, 1).await;
         let deployed = match prepared {
-            Ok((instance, state)) => Ok(self.install(module, instance, state, fresh, position)),
+            Ok(prepared) => Ok(self.install(module, prepared, fresh, position)),
             Err(source) => Err(self.refused(source)),
         };
         drop(turn);
         deployed
     }
 
-    /// An instance of `module` from the saved state (or fresh), and that state in the new
-    /// module's own format.
-    async fn prepare(
-        &self,
-        module: &GuestModule,
-        fresh: bool,
-    ) -> Result<(GuestInstance, Bytes), GuestError> {
+    /// An instance of `module` from the saved state (or fresh), that state in the new module's
+    /// own format, and the schemas it holds the views to — each of which the views' values
+    /// already fit, where it changes.
+    async fn prepare(&self, module: &GuestModule, fresh: bool) -> Result<Prepared, GuestError> {
         let state = (!fresh).then_some(&self.last.state[..]);
         let mut instance = self.slot.instantiate(module, state).await?;
+        let schemas = self.slot.schemas_of(&instance)?;
+        for (view, schema) in self.slot.schemas().changed_in(&schemas) {
+            if let Some(violation) = self.sink.misfit(view, schema) {
+                return Err(violation.into());
+            }
+        }
         let state = instance.save().await?;
-        Ok((instance, state))
+        Ok(Prepared {
+            instance,
+            state,
+            schemas,
+        })
     }
 
     /// Makes `module` the running one, at its turn.
     fn install(
         &mut self,
         module: GuestModule,
-        instance: GuestInstance,
-        state: Bytes,
+        prepared: Prepared,
         fresh: bool,
         position: Option<u64>,
     ) -> Deployed {
+        let Prepared {
+            instance,
+            state,
+            schemas,
+        } = prepared;
         if fresh && !self.last.state.is_empty() {
             tracing::warn!("the guest starts fresh: its earlier state is gone");
             self.mark_gap();
         }
         let previous = self.slot.module().fingerprint().clone();
         let next = module.fingerprint().clone();
-        self.slot.install(module, instance);
+        *self
+            .schemas_now
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::clone(&schemas);
+        self.slot.install(module, instance, schemas);
         self.last.state = state;
         self.note_state();
         self.last.ran(&next);

@@ -9,8 +9,9 @@ use bytes::Bytes;
 
 use super::task::Task;
 use super::{BatchSink, FailureKind, IngestError, RuntimeStats};
-use crate::host::{GuestBatch, GuestError, GuestInstance, GuestModule, Limits};
+use crate::host::{EventKind, GuestBatch, GuestError, GuestInstance, GuestModule, Limits};
 use crate::log::BatchEntry;
+use crate::schema::{ConfiguredSchemas, ViewSchemas};
 
 /// Why a batch did not run through a [`GuestSlot`].
 #[derive(Debug)]
@@ -34,19 +35,37 @@ pub struct GuestSlot {
     /// `None` after a failed re-instantiation; made again on the next batch.
     instance: Option<GuestInstance>,
     stats: Arc<RuntimeStats>,
+    /// Where its events may go and what they must look like.
+    typing: Typing,
+    /// The schemas of the module it runs: its declaration over the configured ones.
+    schemas: Arc<ViewSchemas>,
+}
+
+/// What a slot's events must look like: the views they may go to (what the runtime declares;
+/// `None`: anywhere, as `viewtape run` has no config to say) and the schemas the config gives
+/// some of them.
+#[derive(Clone, Debug, Default)]
+pub struct Typing {
+    /// The declared views.
+    pub views: Option<Arc<[String]>>,
+    /// Schemas from the config, which win over the guest's for the views they name.
+    pub configured: ConfiguredSchemas,
 }
 
 impl GuestSlot {
     /// `module` instantiated from `state` (`None` or empty: the guest's `init` with `config`),
-    /// as runtime `name` with `limits`; failures and restarts are counted in `stats`.
+    /// as runtime `name` with `limits`, its events held to `typing`; failures and restarts are
+    /// counted in `stats`.
     ///
     /// # Errors
-    /// The guest's `init` or `restore` refused, or no instance could be made.
+    /// The guest's `init` or `restore` refused, no instance could be made, or the guest
+    /// declared schemas that cannot be used.
     pub async fn new(
         module: GuestModule,
         name: Arc<str>,
         limits: Limits,
         config: Bytes,
+        typing: Typing,
         state: Option<&[u8]>,
         stats: Arc<RuntimeStats>,
     ) -> Result<Self, GuestError> {
@@ -57,15 +76,38 @@ impl GuestSlot {
             config,
             instance: None,
             stats,
+            typing,
+            schemas: ViewSchemas::none(),
         };
         let module = slot.module.clone();
-        slot.instance = Some(slot.instantiate(&module, state).await?);
+        let instance = slot.instantiate(&module, state).await?;
+        slot.schemas = slot.schemas_of(&instance)?;
+        slot.instance = Some(instance);
         Ok(slot)
     }
 
     /// The module it runs.
     pub fn module(&self) -> &GuestModule {
         &self.module
+    }
+
+    /// The schemas its events are held to now.
+    pub fn schemas(&self) -> &Arc<ViewSchemas> {
+        &self.schemas
+    }
+
+    /// The schemas events are held to when `instance` (of this slot's module or another one)
+    /// runs: its declaration over the configured schemas.
+    ///
+    /// # Errors
+    /// [`GuestError::Schema`]: the declaration cannot be used.
+    pub fn schemas_of(&self, instance: &GuestInstance) -> Result<Arc<ViewSchemas>, GuestError> {
+        let schemas = ViewSchemas::declared(
+            instance.declaration(),
+            &self.typing.configured,
+            self.typing.views.as_deref(),
+        )?;
+        Ok(Arc::new(schemas))
     }
 
     /// A new instance of `module` from `state` (`None` or empty: `init`), with this slot's
@@ -90,10 +132,16 @@ impl GuestSlot {
         self.instance(&[]).await?.save().await
     }
 
-    /// Runs `module` from now on, as `instance`.
-    pub fn install(&mut self, module: GuestModule, instance: GuestInstance) {
+    /// Runs `module` from now on, as `instance`, its events held to `schemas`.
+    pub fn install(
+        &mut self,
+        module: GuestModule,
+        instance: GuestInstance,
+        schemas: Arc<ViewSchemas>,
+    ) {
         self.module = module;
         self.instance = Some(instance);
+        self.schemas = schemas;
     }
 
     /// Drops the instance: the next batch makes it again from the state it is handed.
@@ -101,19 +149,15 @@ impl GuestSlot {
         self.instance = None;
     }
 
-    /// Runs `input` through the guest; the events may go only to `views` (`None`: anywhere,
-    /// as `viewtape run` has no config to say). On success `state`
-    /// becomes the guest's new state; on failure the instance is made again from `state`, the
-    /// last good one.
+    /// Runs `input` through the guest; the events must go to the declared views and fit their
+    /// schemas. On success `state` becomes the guest's new state; on failure the instance is
+    /// made again from `state`, the last good one.
     ///
     /// # Errors
     /// [`SlotError`].
-    pub async fn run(
-        &mut self,
-        input: &[u8],
-        state: &mut Bytes,
-        views: Option<&[String]>,
-    ) -> Result<GuestBatch, SlotError> {
+    pub async fn run(&mut self, input: &[u8], state: &mut Bytes) -> Result<GuestBatch, SlotError> {
+        let views = self.typing.views.clone();
+        let schemas = Arc::clone(&self.schemas);
         let instance = match self.instance(state).await {
             Ok(instance) => instance,
             Err(error) => {
@@ -122,7 +166,7 @@ impl GuestSlot {
             }
         };
         let outcome = match instance.on_batch(input).await {
-            Ok(batch) => match declared(views, batch) {
+            Ok(batch) => match typed(views.as_deref(), &schemas, batch) {
                 Ok(batch) => instance.save().await.map(|saved| (batch, saved)),
                 Err(error) => Err(error),
             },
@@ -177,13 +221,8 @@ impl<S: BatchSink> Task<S> {
         if entry.input.is_empty() && entry.checkpoint.is_some() {
             return Ok(GuestBatch::default());
         }
-        let views = Arc::clone(&self.views);
         let runtime = self.name.to_string();
-        match self
-            .slot
-            .run(&entry.input, &mut self.last.state, Some(&views))
-            .await
-        {
+        match self.slot.run(&entry.input, &mut self.last.state).await {
             Ok(batch) => Ok(batch),
             Err(SlotError::Unavailable(source)) => {
                 tracing::error!(error = %source, "runtime unavailable: re-instantiation failed");
@@ -205,20 +244,29 @@ impl<S: BatchSink> Task<S> {
     }
 }
 
-/// `batch`, if it publishes only to `views` (what its runtime declares; `None`: anywhere).
-fn declared(views: Option<&[String]>, batch: GuestBatch) -> Result<GuestBatch, GuestError> {
-    let Some(views) = views else {
-        return Ok(batch);
-    };
-    match batch
-        .events
-        .iter()
-        .find(|event| !views.iter().any(|v| **v == *event.view))
-    {
-        Some(event) => Err(GuestError::UndeclaredView {
-            view: event.view.to_string(),
-            declared: views.to_vec(),
-        }),
-        None => Ok(batch),
+/// `batch`, if it publishes only to `views` (what its runtime declares; `None`: anywhere) and
+/// every update fits its view's schema.
+fn typed(
+    views: Option<&[String]>,
+    schemas: &ViewSchemas,
+    batch: GuestBatch,
+) -> Result<GuestBatch, GuestError> {
+    if let Some(views) = views {
+        if let Some(event) = batch
+            .events
+            .iter()
+            .find(|event| !views.iter().any(|v| **v == *event.view))
+        {
+            return Err(GuestError::UndeclaredView {
+                view: event.view.to_string(),
+                declared: views.to_vec(),
+            });
+        }
     }
+    if !schemas.is_empty() {
+        for event in batch.events.iter().filter(|e| e.kind == EventKind::Update) {
+            schemas.check(&event.view, &event.key, &event.payload)?;
+        }
+    }
+    Ok(batch)
 }

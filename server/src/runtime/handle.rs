@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 use viewtape_journal::EventJournal;
 
-use super::guest::GuestSlot;
+use super::guest::{GuestSlot, Typing};
 use super::publish::Verdicts;
 use super::task::Task;
 use super::{Accepted, BatchSink, Deployed, RuntimeConfig, RuntimeSnapshot, RuntimeStats};
@@ -20,6 +20,7 @@ use super::{ApplyError, DeployError, IngestError};
 use crate::host::{GuestError, GuestModule, ModuleFingerprint};
 use crate::log::producer::ProducerStamp;
 use crate::log::{unix_ms_now, BatchEntry, DeployEntry, Log, Outcome};
+use crate::schema::ViewSchemas;
 use crate::source::SourceCheckpoint;
 
 pub(super) type Reply = oneshot::Sender<Result<Accepted, IngestError>>;
@@ -144,7 +145,11 @@ pub struct RuntimeHandle {
     stats: Arc<RuntimeStats>,
     /// The module it runs now (a deploy changes it).
     module: Arc<Mutex<ModuleFingerprint>>,
-    /// CRC-32C of its guest config.
+    /// The schemas its views are held to now (a deploy changes them).
+    schemas: Arc<Mutex<Arc<ViewSchemas>>>,
+    /// The views it declares.
+    views: Arc<[String]>,
+    /// CRC-32C of its guest config and the schemas its config gives.
     guest_config: u32,
     /// The log it appends to: the local one, or a cluster's stream.
     pub(super) log: Arc<Log>,
@@ -171,11 +176,21 @@ impl RuntimeHandle {
         let name: Arc<str> = Arc::from(config.name.as_str());
         let stats = Arc::new(RuntimeStats::default());
         let fingerprint = module.fingerprint().clone();
+        let views: Arc<[String]> = Arc::from(config.views.as_slice());
+        let guest_config = ViewSchemas::fold_crc(
+            crc32c::crc32c(&config.guest_config),
+            &config.schemas,
+        );
+        let typing = Typing {
+            views: Some(Arc::clone(&views)),
+            configured: config.schemas,
+        };
         let slot = GuestSlot::new(
             module,
             Arc::clone(&name),
             config.limits,
             config.guest_config.clone(),
+            typing,
             Some(&last.state[..]),
             Arc::clone(&stats),
         )
@@ -186,7 +201,9 @@ impl RuntimeHandle {
             tx,
             stats,
             module: Arc::new(Mutex::new(fingerprint)),
-            guest_config: crc32c::crc32c(&config.guest_config),
+            schemas: Arc::new(Mutex::new(Arc::clone(slot.schemas()))),
+            views: Arc::clone(&views),
+            guest_config,
             log: Arc::clone(&log),
             verdicts: Arc::default(),
         };
@@ -199,8 +216,9 @@ impl RuntimeHandle {
             sink,
             log,
             stats: Arc::clone(&handle.stats),
-            views: Arc::from(config.views.as_slice()),
+            views,
             module_now: Arc::clone(&handle.module),
+            schemas_now: Arc::clone(&handle.schemas),
             verdicts: Arc::clone(&handle.verdicts),
         };
         task.note_state();
@@ -227,7 +245,18 @@ impl RuntimeHandle {
             .clone()
     }
 
-    /// The CRC-32C of its guest config (`config =` of its `[[runtime]]`).
+    /// The views it declares (`views =` of its `[[runtime]]`).
+    pub fn views(&self) -> &[String] {
+        &self.views
+    }
+
+    /// The schemas its views are held to now.
+    pub fn schemas(&self) -> Arc<ViewSchemas> {
+        Arc::clone(&self.schemas.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The CRC-32C of its guest config (`config =` of its `[[runtime]]`) and the schemas the
+    /// config gives its views.
     pub fn guest_config_crc(&self) -> u32 {
         self.guest_config
     }

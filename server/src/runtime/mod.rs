@@ -81,6 +81,7 @@ pub use handle::{PauseGuard, RuntimeHandle};
 use crate::host::{GuestBatch, GuestError, Limits, ModuleFingerprint};
 use crate::log::producer::ProducerTable;
 use crate::log::Receipt;
+use crate::schema::{ConfiguredSchemas, ViewSchema, Violation};
 use crate::source::SourceCheckpoint;
 
 #[cfg(doc)]
@@ -103,6 +104,8 @@ pub struct RuntimeConfig {
     /// The views it may publish to (`views =` in the config). A batch that publishes anywhere
     /// else is rejected; a gap it reports affects these views only.
     pub views: Vec<String>,
+    /// Schemas the config gives some of its views (`schemas =`), over the guest's own.
+    pub schemas: ConfiguredSchemas,
 }
 
 impl RuntimeConfig {
@@ -118,6 +121,7 @@ impl RuntimeConfig {
             limits: Limits::default(),
             queue_depth: 64,
             views: views.into_iter().map(Into::into).collect(),
+            schemas: ConfiguredSchemas::default(),
         }
     }
 }
@@ -160,6 +164,10 @@ pub trait BatchSink: Send + Sync + 'static {
         batch: GuestBatch,
         at_ms: u64,
     ) -> impl Future<Output = ()> + Send;
+
+    /// The first key of `view` whose value does not fit `schema` (a deploy that changes the
+    /// view's schema is refused then), if any.
+    fn misfit(&self, view: &str, schema: &ViewSchema) -> Option<Violation>;
 }
 
 /// A runtime's state and the source position it reflects: what a snapshot stores.

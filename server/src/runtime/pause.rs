@@ -26,7 +26,8 @@ impl<S: BatchSink> Task<S> {
                     let committed = match staged.take() {
                         Some((instance, mut snapshot)) => {
                             let module = self.slot.module().clone();
-                            self.slot.install(module, instance);
+                            let schemas = std::sync::Arc::clone(self.slot.schemas());
+                            self.slot.install(module, instance, schemas);
                             // The modules it ran stay this runtime's history.
                             for module in std::mem::take(&mut self.last.modules) {
                                 snapshot.ran(&module);

@@ -12,6 +12,7 @@ use super::publish::Verdicts;
 use super::{BatchSink, RuntimeSnapshot, RuntimeStats, MAX_GROUP};
 use crate::host::ModuleFingerprint;
 use crate::log::Log;
+use crate::schema::ViewSchemas;
 
 /// The task owning one runtime's guest.
 pub(super) struct Task<S> {
@@ -27,10 +28,12 @@ pub(super) struct Task<S> {
     pub sink: Arc<S>,
     pub log: Arc<Log>,
     pub stats: Arc<RuntimeStats>,
-    /// The views it may publish to, shared with each batch's check.
+    /// The views it declares: a gap it reports affects these.
     pub views: Arc<[String]>,
     /// The fingerprint of `module`, shared with the handles.
     pub module_now: Arc<Mutex<ModuleFingerprint>>,
+    /// The schemas of `module`, shared with the handles.
+    pub schemas_now: Arc<Mutex<Arc<ViewSchemas>>>,
     /// Verdicts on records published to a cluster's stream, for the handles waiting.
     pub verdicts: Arc<Mutex<Verdicts>>,
 }

@@ -40,6 +40,17 @@ impl BatchSink for TestSink {
                 .push((e.view.to_string(), e.key, payload));
         }
     }
+
+    fn misfit(&self, view: &str, schema: &ViewSchema) -> Option<Violation> {
+        let events = self.events.lock().unwrap();
+        let mut latest = std::collections::BTreeMap::new();
+        for (v, key, payload) in events.iter().filter(|(v, ..)| v == view) {
+            latest.insert(key.clone(), (v.clone(), payload.clone()));
+        }
+        latest
+            .iter()
+            .find_map(|(key, (v, payload))| schema.check(v, key, payload.as_bytes()).err())
+    }
 }
 
 fn engine() -> GuestEngine {

@@ -15,12 +15,37 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use viewtape_guest::{export_runtime, Context, Error, Result, Runtime};
+use viewtape_guest::schemars::JsonSchema;
+use viewtape_guest::{export_runtime, Context, Error, Result, Runtime, Schemas};
 
 /// The view this runtime publishes into.
 pub const VIEW: &str = "log-levels";
 
 const LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "other"];
+
+/// A service's totals, as published (written by hand, in this field order): the schema of the
+/// `log-levels` view's values.
+#[derive(JsonSchema)]
+#[schemars(crate = "viewtape_guest::schemars", deny_unknown_fields)]
+#[allow(dead_code)] // only its schema is used
+pub struct ServiceCounts {
+    /// The service.
+    service: String,
+    /// Lines at `error`.
+    error: u64,
+    /// Lines at `warn`.
+    warn: u64,
+    /// Lines at `info`.
+    info: u64,
+    /// Lines at `debug`.
+    debug: u64,
+    /// Lines at `trace`.
+    trace: u64,
+    /// Lines at any other level.
+    other: u64,
+    /// Every line.
+    total: u64,
+}
 
 /// The runtime: counts per service, by level (in the order of `LEVELS`).
 #[derive(Debug, Default)]
@@ -51,6 +76,10 @@ fn valid_service(s: &str) -> bool {
 impl Runtime for LogStats {
     fn init(_config: &[u8]) -> Result<Self> {
         Ok(Self::default())
+    }
+
+    fn schemas(&self) -> Schemas {
+        Schemas::new().view::<ServiceCounts>(VIEW)
     }
 
     fn on_batch(&mut self, input: &[u8], ctx: &mut Context) -> Result<()> {
@@ -168,6 +197,31 @@ mod tests {
         let state = h.save();
         h.restore(&state).unwrap();
         assert_eq!(h.runtime().counts("api"), Some([1, 0, 2, 0, 0, 0]));
+    }
+
+    #[test]
+    fn the_declared_schema_names_every_published_field() {
+        let mut h = Harness::<LogStats>::new(b"")
+            .unwrap()
+            .declare_views(&[VIEW]);
+        let schema: serde_json::Value =
+            serde_json::from_str(h.schemas().get(VIEW).unwrap()).unwrap();
+        let Output::Update { payload, .. } = &h.batch(b"api warn x\n").unwrap()[0] else {
+            panic!("an update");
+        };
+        let published: serde_json::Value = serde_json::from_slice(payload).unwrap();
+        let fields: Vec<&String> = published.as_object().unwrap().keys().collect();
+        let required: Vec<&str> = schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap())
+            .collect();
+        let mut sorted = required.clone();
+        sorted.sort_unstable();
+        assert_eq!(fields, sorted, "serde_json sorts keys");
+        assert_eq!(schema["additionalProperties"], false);
+        assert_eq!(schema["properties"]["total"]["type"], "integer");
     }
 
     #[test]

@@ -16,7 +16,8 @@
 use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
-use viewtape_guest::{export_runtime, Context, Error, Level, Result, Runtime};
+use viewtape_guest::schemars::JsonSchema;
+use viewtape_guest::{export_runtime, Context, Error, Level, Result, Runtime, Schemas};
 
 /// The view this runtime publishes into.
 pub const VIEW: &str = "prices";
@@ -24,11 +25,13 @@ pub const VIEW: &str = "prices";
 /// The largest `seq` jump accepted (a gap of up to a million ticks).
 pub const MAX_SEQ_JUMP: u64 = 1_000_000;
 
-/// One tick, as read and as published.
-#[derive(Debug, Deserialize, Serialize)]
+/// One tick, as read and as published: the schema of the `prices` view's values.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[schemars(crate = "viewtape_guest::schemars", deny_unknown_fields)]
 pub struct Tick<'a> {
     /// The instrument, e.g. `ACME`.
     #[serde(borrow)]
+    #[schemars(length(min = 1))]
     pub symbol: Cow<'a, str>,
     /// The price.
     pub price: f64,
@@ -52,6 +55,10 @@ impl Ticker {
 impl Runtime for Ticker {
     fn init(_config: &[u8]) -> Result<Self> {
         Ok(Self::default())
+    }
+
+    fn schemas(&self) -> Schemas {
+        Schemas::new().view::<Tick<'_>>(VIEW)
     }
 
     fn on_batch(&mut self, input: &[u8], ctx: &mut Context) -> Result<()> {
@@ -157,6 +164,22 @@ mod tests {
                 payload: br#"{"symbol":"ACME","price":12.5,"seq":1}"#.to_vec(),
             }]
         );
+    }
+
+    #[test]
+    fn declares_the_schema_of_a_tick() {
+        let h = Harness::<Ticker>::new(b"").unwrap();
+        let schemas = h.schemas();
+        let schema: serde_json::Value = serde_json::from_str(schemas.get(VIEW).unwrap()).unwrap();
+        assert_eq!(schema["type"], "object");
+        assert_eq!(schema["additionalProperties"], false);
+        assert_eq!(
+            schema["required"],
+            serde_json::json!(["symbol", "price", "seq"])
+        );
+        assert_eq!(schema["properties"]["symbol"]["minLength"], 1);
+        assert_eq!(schema["properties"]["price"]["type"], "number");
+        assert_eq!(schema["properties"]["seq"]["type"], "integer");
     }
 
     #[test]
