@@ -211,7 +211,8 @@ pub struct AuthSection {
     pub public_keys: Option<PathBuf>,
     /// The `aud` tokens must carry.
     pub audience: Option<String>,
-    /// Views anyone may read.
+    /// Views anyone may read: names, prefixes with a trailing `*`, each maybe narrowed to some
+    /// keys (`"prices?prefix=EU-"`; the rules are in the `auth` module).
     pub public_views: Vec<String>,
     /// Whether `?access_token=` is accepted.
     pub allow_query_token: bool,

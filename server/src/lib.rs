@@ -13,9 +13,9 @@
 //! | operations | [`snapshot`] — snapshot body, cut, write, restore; [`recovery`] — a snapshot and the local log at start-up; [`history`] — the data directory's identity, foreign files, the end of the log; [`cluster`] — replicas applying a JetStream stream as their log; [`deploy`] — a new module into a running runtime; [`demo`] — the demo feed |
 //! | streams | [`sse`] — one subscriber: replay or state, then live |
 //! | observation | [`metrics`] — Prometheus metrics, reading the counters of the layers below |
-//! | views | [`hub`] — views, their state, the commit path into the journal; [`narrow`] — reads of some keys of a view; [`registry`] — runtimes by name, the module store, the consistency cut |
+//! | views | [`hub`] — views, their state, the commit path into the journal; [`registry`] — runtimes by name, the module store, the consistency cut |
 //! | runtimes | [`runtime`] — the task owning one guest; [`log`] — log records, receipts, idempotent producers, commit order, the two backends (local segments, a cluster's stream); [`source`] — pull sources and their checkpoints |
-//! | foundation | [`host`] — the wasmtime host; [`frame`] — the SSE wire format; [`auth`] — tokens and grants; [`config`] — settings; [`schema`] — typed views' schemas and the check of their values |
+//! | foundation | [`host`] — the wasmtime host; [`frame`] — the SSE wire format; [`auth`] — tokens and grants; [`narrow`] — reads and grants of some keys of a view; [`config`] — settings; [`schema`] — typed views' schemas and the check of their values |
 #![deny(missing_docs)]
 
 pub mod auth;
