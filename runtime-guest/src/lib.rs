@@ -212,9 +212,9 @@ mod state;
 pub mod testing;
 
 pub use context::{Context, Level, Output};
-pub use schemas::Schemas;
 #[cfg(feature = "schema")]
 pub use schemars;
+pub use schemas::Schemas;
 
 /// The glue the [`export_runtime!`] macro expands to. Not a public API.
 #[doc(hidden)]

@@ -112,7 +112,10 @@ async fn a_value_that_breaks_its_schema_rejects_the_batch_whole() -> anyhow::Res
     // The subscriber's first event is the first committed one: nothing of the refused batches.
     ensure!(next_update(&mut stream).await? == ("f".to_owned(), json!({"n": 6})));
     let delete = stream.next_event().await?;
-    ensure!(delete.event == "delete" && delete.data.contains("zz"), "{delete:?}");
+    ensure!(
+        delete.event == "delete" && delete.data.contains("zz"),
+        "{delete:?}"
+    );
     stream.expect_silence(Duration::from_millis(200)).await?;
     ensure!(entries(&server, "public").await? == json!({"f": {"n": 6}}));
     ensure!(entries(&server, "loose").await? == json!({"y": "not-json"}));

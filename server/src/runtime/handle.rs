@@ -177,10 +177,8 @@ impl RuntimeHandle {
         let stats = Arc::new(RuntimeStats::default());
         let fingerprint = module.fingerprint().clone();
         let views: Arc<[String]> = Arc::from(config.views.as_slice());
-        let guest_config = ViewSchemas::fold_crc(
-            crc32c::crc32c(&config.guest_config),
-            &config.schemas,
-        );
+        let guest_config =
+            ViewSchemas::fold_crc(crc32c::crc32c(&config.guest_config), &config.schemas);
         let typing = Typing {
             views: Some(Arc::clone(&views)),
             configured: config.schemas,
