@@ -5,11 +5,19 @@
 //! browser's `EventSource` can send), else `?access_token=` where `[auth] allow_query_token` is
 //! on. Missing where one is needed, malformed, expired or badly signed: `401` with
 //! `WWW-Authenticate: Bearer`. Valid without the grant: `403`.
+//!
+//! A grant narrowed to some keys of a view (`prices?prefix=EU-`) lets its caller read only
+//! them: [`Caller::read`] is the one place that decides which keys a read of a view carries,
+//! for every route that reveals them.
 
 use axum::http::{header, HeaderMap};
 
 use super::{ApiError, AppState};
 use crate::auth::{Access, Auth};
+use crate::narrow::{Narrow, NotGranted};
+
+/// What a read without auth, or under a full grant, carries.
+static EVERY_KEY: Narrow = Narrow::All;
 
 /// The cookie a browser sends its token in.
 pub const TOKEN_COOKIE: &str = "viewtape_token";
@@ -70,29 +78,63 @@ impl<'a> Caller<'a> {
         })
     }
 
-    /// Whether the caller may read `view` (without an answer why).
-    pub(super) fn may_read(&self, view: &str) -> bool {
+    /// The narrowing of every grant that lets the caller read `view` (or some keys of it) — a
+    /// public view's, its token's — [`Narrow::All`] for a full one; empty when none does.
+    pub(super) fn grants<'s>(&'s self, view: &'s str) -> Vec<&'s Narrow> {
         let Some(auth) = self.auth else {
-            return true;
+            return vec![&EVERY_KEY];
         };
-        auth.public_views().allows(view)
-            || self.access.as_ref().is_some_and(|a| a.views.allows(view))
+        let mut grants: Vec<&Narrow> = auth.public_views().narrowings(view).collect();
+        if let Some(access) = &self.access {
+            grants.extend(access.views.narrowings(view));
+        }
+        grants
     }
 
-    /// `Ok` if the caller may read `view`.
+    /// The keys of `view` the caller reads when it asks for `asked` (`?keys=`/`?prefix=`, or
+    /// [`Narrow::All`]): `asked` itself when its grants cover it; without a narrowing of its
+    /// own, the one its grants give (see [`Narrow::granted`]).
     ///
     /// # Errors
-    /// `401` without a token, `403` with one that does not grant it.
-    pub(super) fn read(&self, view: &str) -> Result<(), ApiError> {
-        if self.may_read(view) {
-            return Ok(());
+    /// `401` without a token where one is needed; `403` with one that does not grant the view,
+    /// or grants it narrowed and `asked` reaches outside the grant, or asks for every key while
+    /// the grants are narrowed in ways one narrowing cannot join.
+    pub(super) fn read(&self, view: &str, asked: Narrow) -> Result<Narrow, ApiError> {
+        let grants = self.grants(view);
+        if grants.is_empty() {
+            return Err(match self.access {
+                None => ApiError::unauthorized(format!("view {view:?} needs a token")),
+                Some(_) => ApiError::forbidden(
+                    "forbidden",
+                    format!("the token does not grant view {view:?}"),
+                ),
+            });
         }
-        Err(match self.access {
-            None => ApiError::unauthorized(format!("view {view:?} needs a token")),
-            Some(_) => ApiError::forbidden(
-                "forbidden",
-                format!("the token does not grant view {view:?}"),
+        let listed = || {
+            grants
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(" or ")
+        };
+        let whose = match self.access {
+            None => "without a token, only",
+            Some(_) => "only",
+        };
+        let refusal = match asked.clone().granted(&grants) {
+            Ok(narrow) => return Ok(narrow),
+            Err(NotGranted::Outside) => format!(
+                "view {view:?} is granted {whose} with {}; {asked} reaches outside it: narrow the read within the grant",
+                listed()
             ),
+            Err(NotGranted::Unjoinable) => format!(
+                "view {view:?} is granted {whose} with {}, which one narrowing cannot join: narrow the read with ?keys= or ?prefix= within one of them",
+                listed()
+            ),
+        };
+        Err(match self.access {
+            None => ApiError::unauthorized(refusal),
+            Some(_) => ApiError::forbidden("forbidden", refusal),
         })
     }
 
@@ -176,7 +218,10 @@ mod tests {
             let state = state(allowed);
             for headers in [&bearer, &cookie] {
                 let caller = Caller::of(&state, headers, Some("garbage")).unwrap();
-                assert!(caller.read("prices").is_ok(), "allowed: {allowed}");
+                assert!(
+                    caller.read("prices", Narrow::All).is_ok(),
+                    "allowed: {allowed}"
+                );
             }
             let refused = Caller::of(&state, &HeaderMap::new(), Some("garbage")).err();
             assert_eq!(

@@ -11,9 +11,11 @@ use axum::routing::get;
 use axum::{Json, Router};
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::Deserialize;
+use viewtape_journal::EventJournal;
 
 use super::access::Caller;
 use super::{ApiError, AppState};
+use crate::hub::View;
 use crate::narrow::Narrow;
 use crate::sse::{OpenError, Start, MAX_FRAMES_PER_CHUNK};
 
@@ -32,8 +34,8 @@ pub(super) fn stream_routes() -> Router<AppState> {
 /// `?access_token=` on the reading routes; any other parameter is a `400`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct TokenQuery {
-    access_token: Option<String>,
+pub(super) struct TokenQuery {
+    pub(super) access_token: Option<String>,
 }
 
 /// The query of `GET /views/{view}`: a token, and the keys to read (`?keys=`/`?prefix=`).
@@ -50,7 +52,8 @@ fn narrow(keys: Option<&str>, prefix: Option<&str>) -> Result<Narrow, ApiError> 
     Narrow::parse(keys, prefix).map_err(|error| ApiError::bad_request(error.to_string()))
 }
 
-/// `GET /views`: the views the caller may read.
+/// `GET /views`: the views the caller may read (some keys of, under a narrowed grant: then
+/// `keys` counts only those; the tape's counts and window stay the view's, as its cursors do).
 async fn list_views(
     State(state): State<AppState>,
     query: Result<Query<TokenQuery>, QueryRejection>,
@@ -65,12 +68,16 @@ async fn list_views(
         .hub
         .views()
         .iter()
-        .filter(|view| caller.may_read(view.name()))
-        .map(|view| {
+        .filter_map(|view| {
+            // Listed with some keys granted; `keys` counts only those.
+            let grants = caller.grants(view.name());
+            (!grants.is_empty()).then(|| (view, granted_keys(view, journal, &grants)))
+        })
+        .map(|(view, keys)| {
             let window = journal.window_now(view.name());
             serde_json::json!({
                 "name": view.name(),
-                "keys": view.keys(),
+                "keys": keys,
                 "retained": counts.get(view.name()).copied().unwrap_or(0),
                 "bytes": bytes.get(view.name()).copied().unwrap_or(0),
                 "epoch": window.epoch.to_string(),
@@ -83,9 +90,24 @@ async fn list_views(
     Ok(Json(serde_json::json!({ "views": views })))
 }
 
+/// How many keys of `view` the narrowings of the caller's `grants` (at least one) let it read.
+fn granted_keys(view: &View, journal: &EventJournal, grants: &[&Narrow]) -> usize {
+    match Narrow::union(grants.iter().copied()) {
+        Some(Narrow::All) => view.keys(),
+        // One narrowing: counted in one pass under the view's lock, no key copied.
+        Some(joined) => view.cut(journal, &joined).entries.len(),
+        // Grants no one narrowing joins: each key against each grant.
+        None => view
+            .entries()
+            .iter()
+            .filter(|(key, _)| grants.iter().any(|g| g.keeps(key)))
+            .count(),
+    }
+}
+
 /// `GET /views/{view}`: `{"cursor": C, "entries": {key: payload}}` (the keys `?keys=` or
-/// `?prefix=` name, else every key), read in one critical section with the cursor, encoded
-/// lazily as the socket takes it: a large state never becomes one buffer.
+/// `?prefix=` name, else every key the caller's grants give), read in one critical section with
+/// the cursor, encoded lazily as the socket takes it: a large state never becomes one buffer.
 async fn view_state(
     State(state): State<AppState>,
     view: Result<Path<String>, PathRejection>,
@@ -94,8 +116,8 @@ async fn view_state(
 ) -> Result<Response, ApiError> {
     let Path(view) = view?;
     let Query(query) = query?;
-    let narrow = narrow(query.keys.as_deref(), query.prefix.as_deref())?;
-    Caller::of(&state, &headers, query.access_token.as_deref())?.read(&view)?;
+    let asked = narrow(query.keys.as_deref(), query.prefix.as_deref())?;
+    let narrow = Caller::of(&state, &headers, query.access_token.as_deref())?.read(&view, asked)?;
     let view = state
         .hub
         .view(&view)
@@ -163,7 +185,7 @@ const SSE_HEADERS: [(header::HeaderName, &str); 3] = [
 /// `GET /views/{view}/events`: 404 for an unknown view, 503 past the connection limit. The
 /// cursor comes from `Last-Event-ID`, else `?cursor=`; the header wins. `?until=head` ends the
 /// stream once it has delivered everything up to the view's head at open. `?keys=`/`?prefix=`
-/// narrow it to those keys (see [`crate::narrow`]).
+/// narrow it to those keys (see [`crate::narrow`]); a narrowed grant, to its keys.
 async fn events(
     State(state): State<AppState>,
     view: Result<Path<String>, PathRejection>,
@@ -181,9 +203,11 @@ async fn events(
             )))
         }
     };
-    let narrow = narrow(query.keys.as_deref(), query.prefix.as_deref())?;
+    let asked = narrow(query.keys.as_deref(), query.prefix.as_deref())?;
     let caller = Caller::of(&state, &headers, query.access_token.as_deref())?;
-    caller.read(&view)?;
+    // Under a narrowed grant, the grant's keys: for the state, the tape after a cursor, every
+    // reset and `?until=head` alike — the stream holds this one narrowing to its end.
+    let narrow = caller.read(&view, asked)?;
     let last_event_id = headers
         .get("last-event-id")
         .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
