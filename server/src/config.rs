@@ -570,6 +570,16 @@ impl Config {
                 ));
             }
         }
+        for entry in &self.auth.public_views {
+            if let Some((_, query)) = entry.split_once('?') {
+                crate::narrow::Narrow::from_query(query).map_err(|error| {
+                    Problem::new(
+                        "auth.public_views",
+                        format!("{entry:?} narrows in a way this server does not read: {error}"),
+                    )
+                })?;
+            }
+        }
         if self.server.max_connections == 0 {
             return Err(Problem::new("server.max_connections", "must be above zero"));
         }

@@ -410,6 +410,58 @@ async fn js_client_in_node_survives_kills_wipes_and_a_faulty_proxy() -> anyhow::
     run_client(&mut server, "node", "js/test/node.test.mjs", &[]).await
 }
 
+/// `npx viewtape-types URL VIEW` (the JS client's bin, `clients/js/dist/types-cli.js`) against
+/// the demo server: the TypeScript type of the ticker's values, from its served schema; an
+/// unknown view and an untyped one are one-line errors with a non-zero exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn viewtape_types_types_the_demo_view_from_the_running_server() -> anyhow::Result<()> {
+    require_js_client()?;
+    let config = config_file(
+        "[[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n\n\
+         [[runtime]]\nname = \"notes\"\nwasm = \"builtin:json\"\nviews = [\"notes\"]\n",
+    )?;
+    let path = config.path().display().to_string();
+    let server = Server::start(&["--config", &path]).await?;
+    let url = format!("http://{}", server.addr());
+    let cli = clients_dir().join("js").join("dist").join("types-cli.js");
+    let types = |view: &'static str| {
+        let (cli, url) = (cli.clone(), url.clone());
+        async move {
+            let out = tokio::time::timeout(
+                Duration::from_secs(60),
+                Command::new("node")
+                    .arg(&cli)
+                    .args([url.as_str(), view, "--name", "Price"])
+                    .output(),
+            )
+            .await??;
+            anyhow::Ok(out)
+        }
+    };
+    let out = types("prices").await?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(text.contains("export interface Price"), "{text}");
+    for field in ["symbol: string", "price: number", "seq: number"] {
+        ensure!(text.contains(field), "{field} in {text}");
+    }
+    for (view, needle) in [("nope", "not_found"), ("notes", "no_schema")] {
+        let out = types(view).await?;
+        let error = String::from_utf8_lossy(&out.stderr);
+        ensure!(!out.status.success(), "{view}: {error}");
+        ensure!(
+            error.contains(needle) || error.contains("untyped") || error.contains("no view"),
+            "{view}: {error}"
+        );
+        ensure!(error.trim().lines().count() == 1, "one line: {error}");
+    }
+    Ok(())
+}
+
 /// `viewtape-client` for Python (`clients/python/tests/test_client.py`, pytest): two kill -9
 /// restarts mid-stream with a producer whose answers are sometimes lost (every batch once, no
 /// reset, no duplicate); a restart of the process resumes from its file store; the data dir
