@@ -144,9 +144,18 @@ mod tests {
     use crate::host::guests;
 
     async fn ticker(input: &str, state: Option<Vec<u8>>) -> (Vec<serde_json::Value>, Bytes) {
+        run_lines(guests::TICKER_WASM, b"", input, state).await
+    }
+
+    async fn run_lines(
+        wasm: &[u8],
+        config: &[u8],
+        input: &str,
+        state: Option<Vec<u8>>,
+    ) -> (Vec<serde_json::Value>, Bytes) {
         let options = RunOptions {
-            wasm: guests::TICKER_WASM.to_vec(),
-            config: Vec::new(),
+            wasm: wasm.to_vec(),
+            config: config.to_vec(),
             state,
             batch_lines: 2,
             limits: Limits::default(),
@@ -189,5 +198,26 @@ mod tests {
         )
         .await;
         assert_eq!(lines, [serde_json::json!({ "state_bytes": state.len() })]);
+    }
+
+    #[tokio::test]
+    async fn values_are_checked_against_the_guests_schemas_as_the_server_checks_them() {
+        let config = br#"schema counts {"type":"integer","minimum":0}"#;
+        // Batches of two lines: the second publishes a value below the minimum.
+        let input = "publish counts a 1\npublish counts a 2\n\
+                     publish counts b 5\npublish counts b -1\n\
+                     publish counts c 3\n";
+        let lines = run_lines(guests::MISBEHAVE_WASM, config, input, None)
+            .await
+            .0;
+        assert_eq!(lines[1]["update"]["value"], 2);
+        assert_eq!(lines[2]["batch"], 2);
+        let error = lines[2]["error"].as_str().unwrap();
+        assert!(
+            error.contains("\"b\"") && error.contains("counts") && error.contains("minimum"),
+            "{error}"
+        );
+        // The refused batch published nothing (not even b = 5); the next one runs.
+        assert_eq!(lines[3]["update"]["key"], "c");
     }
 }

@@ -14,14 +14,17 @@
 //! | `loop` | loops forever |
 //! | `oom` | allocates until memory runs out |
 //!
-//! Config `fail` makes `init` fail.
+//! Config `fail` makes `init` fail; config `schema <view> <JSON Schema>` declares that schema
+//! for the view.
 
-use viewtape_guest::{export_runtime, Context, Error, Level, Result, Runtime};
+use viewtape_guest::{export_runtime, Context, Error, Level, Result, Runtime, Schemas};
 
 /// The fixture runtime; its state is one counter.
 #[derive(Debug, Default)]
 pub struct Misbehave {
     count: u64,
+    /// The view and schema its config declares.
+    schema: Option<(String, String)>,
 }
 
 impl Runtime for Misbehave {
@@ -29,7 +32,19 @@ impl Runtime for Misbehave {
         if config == b"fail" {
             return Err(Error::msg("config says fail"));
         }
-        Ok(Self::default())
+        let config = std::str::from_utf8(config).map_err(Error::msg)?;
+        let schema = config
+            .strip_prefix("schema ")
+            .and_then(|rest| rest.split_once(' '))
+            .map(|(view, schema)| (view.to_owned(), schema.to_owned()));
+        Ok(Self { count: 0, schema })
+    }
+
+    fn schemas(&self) -> Schemas {
+        match &self.schema {
+            Some((view, schema)) => Schemas::new().view_json(view, schema.as_str()),
+            None => Schemas::new(),
+        }
     }
 
     fn on_batch(&mut self, input: &[u8], ctx: &mut Context) -> Result<()> {
