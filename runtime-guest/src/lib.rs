@@ -178,6 +178,17 @@
 //! [`testing::Harness::restore`] takes stored state the same way, so a test can hand the new
 //! build what the old one saved ([`testing::Harness::save`]) and check the migration.
 //!
+//! ## Typed views
+//!
+//! [`Runtime::schemas`] declares the JSON Schema of each view's values; with this crate's
+//! `schema` feature, [`Schemas::view`] derives it from the Rust type you publish
+//! (`#[derive(JsonSchema)]` with `#[schemars(crate = "viewtape_guest::schemars")]`). The server
+//! checks every value published to a typed view and refuses a batch with one that does not fit,
+//! whole, naming the view, the key and the JSON pointer that fails. A build whose schema of a
+//! view changes is deployed only if every value the view holds fits the new schema: the values
+//! are what the guest published, and [`Runtime::migrate`] converts the guest's own state, not
+//! them. [`testing::Harness::schemas`] shows what a guest declares.
+//!
 //! ## Determinism
 //!
 //! The server may run a batch again — to rebuild its state after a restart, or on another node
