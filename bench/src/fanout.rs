@@ -4,20 +4,45 @@
 //! backlog: how many deliveries were still owed when publishing stopped, and how long they took
 //! to drain (bounded by `--drain-seconds`). Subscribers speak HTTP/1.1 over TCP, or with
 //! `--tls h1|h2` HTTP/1.1 or HTTP/2 over TLS ([`crate::transport`]).
+//!
+//! Keys: the publisher cycles its ticks over ten symbols, or with `--keys K` over `K` symbols
+//! `S00000`, `S00001`, … (then it first publishes one tick per key, so the view holds all `K`
+//! keys before anyone subscribes). Tick `seq` `s` carries key `(s - 1) mod K`.
+//!
+//! Narrowed subscribers: with `--narrow`, subscriber `i` follows
+//! `/views/prices/events?keys=<key i mod K>` instead of the whole view, so an event reaches only
+//! the subscribers of its key (with 1,000 subscribers and `--keys 5000`, a fifth of the events
+//! reach one subscriber each, the others none). Without it, every event reaches every subscriber.
+//!
+//! Lossless means: every subscriber received exactly the events of its keys published in the
+//! window, in order — each checks that the `seq`s it receives are the next ones due to it
+//! (`+1` on the full stream, `+K` on a narrowed one: a key's ticks are `K` apart), and the
+//! deliveries add up to what the window owed ([`Plan::expected_for`]); no subscriber failed.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context as _};
+use anyhow::{bail, ensure, Context as _};
 use viewtape_tests::feed::scan_seq;
 use viewtape_tests::Feed;
 
 use crate::args::Args;
 use crate::histogram::Histogram;
 use crate::publish::Publisher;
-use crate::target::{cpu_seconds, rss_kib, Target};
-use crate::transport::{connect_all, Subscription};
+use crate::target::{cpu_seconds, rss_kib, Peer, Target};
+use crate::transport::{connect_all, Subscription, Transport};
+
+/// The symbols the publisher cycles over without `--keys`.
+const DEFAULT_SYMBOLS: [&str; 10] = [
+    "ACME", "BOLT", "CORE", "DASH", "EXPO", "FIZZ", "GLOW", "HALO", "IRIS", "JADE",
+];
+
+/// Most keys `--keys` spreads the events over.
+const MAX_KEYS: usize = 100_000;
+
+/// Narrowed streams opened at once (as [`connect_all`] does for full ones).
+const CONNECT_CONCURRENCY: usize = 256;
 
 /// What to run.
 #[derive(Debug)]
@@ -28,6 +53,8 @@ pub struct Options {
     batch_ms: u64,
     drain_seconds: u64,
     publishers: usize,
+    keys: Option<usize>,
+    narrow: bool,
 }
 
 impl Options {
@@ -35,11 +62,17 @@ impl Options {
     /// `--seconds` (1..=600, default 10), `--batch-ms` publish tick (1..=1000, default 5),
     /// `--drain-seconds` (0..=600, default 10), `--publishers` keep-alive publish connections
     /// for nchan, which takes one message per request (1..=64, default 8; viewtape ingests
-    /// each tick's events as one NDJSON batch on one connection).
+    /// each tick's events as one NDJSON batch on one connection), `--keys` distinct keys the
+    /// events are spread over (1..=100k; default: ten symbols), `--narrow` (subscriber `i`
+    /// follows only key `i mod K`).
     ///
     /// # Errors
     /// On out-of-bounds values.
     pub fn from_args(args: &Args) -> anyhow::Result<Self> {
+        let keys = match args.get("keys") {
+            Some(_) => Some(args.num("keys", 1usize, 1, MAX_KEYS)?),
+            None => None,
+        };
         Ok(Self {
             subscribers: args.num("subscribers", 100usize, 1, 50_000)?,
             rate: args.num("rate", 50u64, 1, 10_000_000)?,
@@ -47,7 +80,158 @@ impl Options {
             batch_ms: args.num("batch-ms", 5u64, 1, 1000)?,
             drain_seconds: args.num("drain-seconds", 10u64, 0, 600)?,
             publishers: args.num("publishers", 8usize, 1, 64)?,
+            keys,
+            narrow: args.switch("narrow")?,
         })
+    }
+}
+
+/// Which key each tick carries and which ticks each subscriber is owed.
+#[derive(Debug, Clone)]
+struct Plan {
+    /// The keys in the order the feed cycles over them: `seq` `s` carries
+    /// `symbols[(s - 1) % K]` (as [`Feed::symbol_of`]).
+    symbols: Vec<String>,
+    /// Subscriber `i` follows `symbols[i % K]` only.
+    narrow: bool,
+}
+
+impl Plan {
+    /// The ten default symbols, or `keys` symbols `S00000`, `S00001`, ….
+    fn new(keys: Option<usize>, narrow: bool) -> Self {
+        let symbols = match keys {
+            None => DEFAULT_SYMBOLS.iter().map(|s| (*s).to_owned()).collect(),
+            Some(k) => (0..k.max(1)).map(|i| format!("S{i:05}")).collect(),
+        };
+        Self { symbols, narrow }
+    }
+
+    /// `K`, the number of keys.
+    fn keys(&self) -> u64 {
+        self.symbols.len().max(1) as u64
+    }
+
+    /// A feed cycling over the keys, starting at `seq` 1.
+    fn feed(&self) -> Feed {
+        let symbols: Vec<&str> = self.symbols.iter().map(String::as_str).collect();
+        Feed::new(&symbols)
+    }
+
+    /// The index of the key tick `seq` carries.
+    fn key_of_seq(&self, seq: u64) -> u64 {
+        seq.saturating_sub(1) % self.keys()
+    }
+
+    /// The index of the one key subscriber `index` follows; `None`: it follows every key.
+    fn key_of_subscriber(&self, index: usize) -> Option<u64> {
+        self.narrow.then(|| index as u64 % self.keys())
+    }
+
+    /// The SSE path subscriber `index` opens: `base`, narrowed to its key with `--narrow`.
+    fn path(&self, base: &str, index: usize) -> String {
+        match self.key_of_subscriber(index) {
+            None => base.to_owned(),
+            Some(key) => format!("{base}?keys={}", self.symbols[key as usize]),
+        }
+    }
+
+    /// How far apart the `seq`s a subscriber receives are: 1 on the full stream, `K` on a
+    /// narrowed one.
+    fn stride(&self) -> u64 {
+        if self.narrow {
+            self.keys()
+        } else {
+            1
+        }
+    }
+
+    /// The first `seq` at or after `first` that subscriber `index` receives.
+    fn first_seq_for(&self, index: usize, first: u64) -> u64 {
+        match self.key_of_subscriber(index) {
+            None => first,
+            Some(key) => {
+                let k = self.keys();
+                first + (key + k - self.key_of_seq(first)) % k
+            }
+        }
+    }
+
+    /// Of the `published` ticks from `seq` `first` on, how many subscriber `index` receives.
+    fn expected_for(&self, index: usize, first: u64, published: u64) -> u64 {
+        let offset = self.first_seq_for(index, first) - first;
+        if offset >= published {
+            0
+        } else {
+            (published - offset - 1) / self.stride() + 1
+        }
+    }
+
+    /// How many distinct keys `subscribers` follow (every key on full streams).
+    fn subscribed_keys(&self, subscribers: usize) -> u64 {
+        if self.narrow {
+            (subscribers as u64).min(self.keys())
+        } else {
+            self.keys()
+        }
+    }
+
+    /// Of the `published` ticks from `seq` `first` on, how many reach at least one of
+    /// `subscribers` (all of them on full streams).
+    fn events_reaching(&self, subscribers: usize, first: u64, published: u64) -> u64 {
+        if !self.narrow {
+            return if subscribers == 0 { 0 } else { published };
+        }
+        // Subscribers 0..K follow the distinct keys; the rest repeat them.
+        (0..subscribers.min(self.symbols.len()))
+            .map(|index| self.expected_for(index, first, published))
+            .sum()
+    }
+}
+
+/// One subscriber's check that it receives the `seq`s due to it, in order, none skipped.
+#[derive(Debug)]
+struct SeqCheck {
+    /// The `seq` it must receive next.
+    next: u64,
+    stride: u64,
+    /// Events that were not the one due.
+    violations: u64,
+    /// What the first of them was.
+    first_violation: Option<String>,
+}
+
+impl SeqCheck {
+    fn new(first: u64, stride: u64) -> Self {
+        Self {
+            next: first,
+            stride: stride.max(1),
+            violations: 0,
+            first_violation: None,
+        }
+    }
+
+    /// Checks one received event's `seq` (`None`: it had none). After a gap it expects what
+    /// follows the `seq` received, so one lost event counts once; a repeated or earlier `seq`
+    /// counts and leaves the expectation as it was.
+    fn see(&mut self, seq: Option<u64>) {
+        let problem = match seq {
+            Some(seq) if seq == self.next => {
+                self.next = seq + self.stride;
+                return;
+            }
+            Some(seq) if seq > self.next => {
+                let problem = format!("seq {seq} arrived, {} was due", self.next);
+                self.next = seq + self.stride;
+                problem
+            }
+            Some(seq) => format!(
+                "seq {seq} arrived again or out of order, {} was due",
+                self.next
+            ),
+            None => format!("an event without a seq, {} was due", self.next),
+        };
+        self.violations += 1;
+        self.first_violation.get_or_insert(problem);
     }
 }
 
@@ -58,24 +242,51 @@ struct Shared {
     sent_at: Vec<AtomicU64>,
     /// Per-subscriber delivery counts.
     received: Vec<AtomicU64>,
+    /// Events, over all subscribers, that were not the `seq` due ([`SeqCheck`]).
+    violations: AtomicU64,
     stop: AtomicBool,
     histograms: Mutex<Histogram>,
     errors: Mutex<Vec<String>>,
+    /// The first [`SeqCheck`] violation of each subscriber that had one.
+    order_errors: Mutex<Vec<String>>,
+}
+
+impl Shared {
+    fn delivered(&self) -> u64 {
+        self.received
+            .iter()
+            .map(|r| r.load(Ordering::Relaxed))
+            .sum()
+    }
 }
 
 /// Runs it and prints the figures.
 ///
 /// # Errors
-/// On server or connection errors.
+/// On server or connection errors, and `--narrow` against nchan or over HTTP/2.
 pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
+    let plan = Plan::new(options.keys, options.narrow);
+    if options.narrow {
+        ensure!(
+            target.peer == Peer::Viewtape,
+            "--narrow needs viewtape (nchan has no narrowed streams)"
+        );
+        ensure!(
+            target.transport() != Transport::TlsH2,
+            "--narrow opens a path per subscriber, HTTP/1.1 only: use --tls h1 or no --tls"
+        );
+    }
     let max_events = options.rate.saturating_mul(options.seconds) + 1;
     let mut publisher = Publisher::connect(target, options.publishers).await?;
-    let mut feed = Feed::new(&[
-        "ACME", "BOLT", "CORE", "DASH", "EXPO", "FIZZ", "GLOW", "HALO", "IRIS", "JADE",
-    ]);
-    // One warm-up event gives the head cursor subscribers resume from (so none of them
-    // starts with a state transfer or a replay).
-    publisher.publish(&mut feed, 1).await?;
+    let mut feed = plan.feed();
+    // Warm-up gives the head cursor subscribers resume from (so none of them starts with a
+    // state transfer or a replay): one event, or with `--keys` one per key so the view holds
+    // every key before anyone subscribes.
+    let warm_up = match options.keys {
+        Some(_) => plan.symbols.len(),
+        None => 1,
+    };
+    publisher.publish(&mut feed, warm_up).await?;
     let head = publisher.head_id(target).await?;
     let first_seq = feed.next_seq();
 
@@ -87,20 +298,26 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
         received: (0..options.subscribers)
             .map(|_| AtomicU64::new(0))
             .collect(),
+        violations: AtomicU64::new(0),
         stop: AtomicBool::new(false),
         histograms: Mutex::new(Histogram::default()),
         errors: Mutex::new(Vec::new()),
+        order_errors: Mutex::new(Vec::new()),
     });
 
     let rss_before = target.pid.map(rss_kib).transpose()?;
     let connecting = Instant::now();
-    let streams = connect_all(
-        &target.dialer,
-        target.events_path(),
-        options.subscribers,
-        &head,
-    )
-    .await?;
+    let streams = if options.narrow {
+        connect_narrowed(target, &plan, options.subscribers, &head).await?
+    } else {
+        connect_all(
+            &target.dialer,
+            target.events_path(),
+            options.subscribers,
+            &head,
+        )
+        .await?
+    };
     eprintln!(
         "{} subscribers connected in {:?}",
         options.subscribers,
@@ -112,7 +329,8 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     for (i, stream) in streams.into_iter().enumerate() {
         let shared = Arc::clone(&shared);
         let kind = target.event_type();
-        tasks.push(tokio::spawn(subscribe(i, stream, kind, shared)));
+        let check = SeqCheck::new(plan.first_seq_for(i, first_seq), plan.stride());
+        tasks.push(tokio::spawn(subscribe(i, stream, kind, check, shared)));
     }
 
     // Publish.
@@ -142,12 +360,12 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
         published += due;
     }
     let publish_took = publish_start.elapsed();
-    let expected = published * options.subscribers as u64;
-    let delivered_at_end: u64 = shared
-        .received
-        .iter()
-        .map(|r| r.load(Ordering::Relaxed))
+    // What the window owes: every subscriber, every tick of its keys.
+    let expected: u64 = (0..options.subscribers)
+        .map(|i| plan.expected_for(i, first_seq, published))
         .sum();
+    let reaching = plan.events_reaching(options.subscribers, first_seq, published);
+    let delivered_at_end = shared.delivered();
     let cpu = match (cpu_before, target.pid) {
         (Some(before), Some(pid)) => Some(cpu_seconds(pid)? - before),
         _ => None,
@@ -161,18 +379,27 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     let mut delivered = delivered_at_end;
     while delivered < expected && drain_start.elapsed() < drain_for {
         tokio::time::sleep(Duration::from_millis(20)).await;
-        delivered = shared
-            .received
-            .iter()
-            .map(|r| r.load(Ordering::Relaxed))
-            .sum();
+        delivered = shared.delivered();
     }
     let drained_in = drain_start.elapsed();
     shared.stop.store(true, Ordering::Relaxed);
     for task in tasks {
         task.await.context("subscriber task")?;
     }
+    // Each subscriber received exactly what it was owed (its last count, stored as it stopped).
+    let complete = shared
+        .received
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| r.load(Ordering::Relaxed) == plan.expected_for(*i, first_seq, published))
+        .count();
+    let violations = shared.violations.load(Ordering::Relaxed);
     let errors = shared.errors.lock().map(|e| e.clone()).unwrap_or_default();
+    let order_errors = shared
+        .order_errors
+        .lock()
+        .map(|e| e.clone())
+        .unwrap_or_default();
     let hist = shared
         .histograms
         .lock()
@@ -181,10 +408,13 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     let ms = |us: u64| us as f64 / 1000.0;
 
     println!(
-        "fanout peer={:?} transport={} subscribers={} rate={} seconds={} published={published} requests={requests} publish_rate_held={:.0}/s",
+        "fanout peer={:?} transport={} subscribers={} keys={} narrow={} subscribed_keys={} rate={} seconds={} published={published} requests={requests} publish_rate_held={:.0}/s",
         target.peer,
         target.transport().name(),
         options.subscribers,
+        plan.keys(),
+        options.narrow,
+        plan.subscribed_keys(options.subscribers),
         options.rate,
         options.seconds,
         published as f64 / publish_took.as_secs_f64()
@@ -196,7 +426,15 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
         delivered as f64 / (publish_took + drained_in).as_secs_f64(),
         expected.saturating_sub(delivered_at_end),
         drained_in.as_secs_f64() * 1000.0,
-        delivered == expected && errors.is_empty()
+        delivered == expected
+            && complete == options.subscribers
+            && violations == 0
+            && errors.is_empty()
+    );
+    println!(
+        "fanout events_reaching_subscribers={reaching} expected_per_event={:.3} subscribers_complete={complete}/{} seq_violations={violations}",
+        expected as f64 / published.max(1) as f64,
+        options.subscribers
     );
     println!(
         "fanout latency_ms p50={:.2} p90={:.2} p99={:.2} p999={:.2} max={:.2} samples={}",
@@ -214,11 +452,13 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
         );
     }
     if let Some(cpu) = cpu {
-        // The server's CPU over the publishing window, per delivery made in it.
+        // The server's CPU over the publishing window, per delivery made in it and per event
+        // published in it.
         println!(
-            "fanout server_cpu_s={cpu:.2} server_cpu_share={:.0}% server_cpu_us_per_delivery={:.2}",
+            "fanout server_cpu_s={cpu:.2} server_cpu_share={:.0}% server_cpu_us_per_delivery={:.2} server_cpu_us_per_event={:.2}",
             cpu / publish_took.as_secs_f64() * 100.0,
-            cpu * 1e6 / delivered_at_end.max(1) as f64
+            cpu * 1e6 / delivered_at_end.max(1) as f64,
+            cpu * 1e6 / published.max(1) as f64
         );
     }
     // The client shares the machine: when it is saturated, latency is the client's, not the
@@ -240,6 +480,12 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
             errors[0]
         );
     }
+    if let Some(first) = order_errors.first() {
+        println!(
+            "fanout subscribers_out_of_order={} first={first:?}",
+            order_errors.len()
+        );
+    }
     ensure!(
         errors.len() < options.subscribers,
         "every subscriber failed: {:?}",
@@ -248,8 +494,59 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One subscriber: counts deliveries and records latencies until told to stop.
-async fn subscribe(index: usize, mut stream: Subscription, kind: &str, shared: Arc<Shared>) {
+/// Opens subscriber `i`'s narrowed stream ([`Plan::path`]) for each `i` in `0..n`, resuming
+/// after `cursor`, at most [`CONNECT_CONCURRENCY`] at a time; returned in subscriber order.
+/// HTTP/1.1 only (a connection each).
+///
+/// # Errors
+/// When any stream cannot be opened.
+async fn connect_narrowed(
+    target: &Target,
+    plan: &Plan,
+    n: usize,
+    cursor: &str,
+) -> anyhow::Result<Vec<Subscription>> {
+    let mut streams: Vec<Option<Subscription>> = (0..n).map(|_| None).collect();
+    let mut pending = tokio::task::JoinSet::new();
+    let mut started = 0;
+    let mut opened = 0;
+    while opened < n {
+        while started < n && pending.len() < CONNECT_CONCURRENCY {
+            let dialer = target.dialer.clone();
+            let path = plan.path(target.events_path(), started);
+            let cursor = cursor.to_owned();
+            let index = started;
+            pending.spawn(async move {
+                let headers = [("Last-Event-ID", cursor.as_str())];
+                let stream = dialer.event_stream(&path, &headers).await;
+                (index, stream.with_context(|| format!("GET {path}")))
+            });
+            started += 1;
+        }
+        let Some(done) = pending.join_next().await else {
+            break;
+        };
+        let (index, stream) = done.context("connect task")?;
+        let stream = stream.with_context(|| format!("subscriber {} of {n}", index + 1))?;
+        streams[index] = Some(Subscription::H1(stream));
+        opened += 1;
+    }
+    let streams: Vec<Subscription> = streams.into_iter().flatten().collect();
+    if streams.len() != n {
+        bail!("opened {} of {n} narrowed streams", streams.len());
+    }
+    Ok(streams)
+}
+
+/// One subscriber: counts deliveries, checks their `seq`s and records latencies until told
+/// to stop.
+async fn subscribe(
+    index: usize,
+    mut stream: Subscription,
+    kind: &str,
+    mut check: SeqCheck,
+    shared: Arc<Shared>,
+) {
     let mut hist = Histogram::default();
     let mut count = 0u64;
     let mut error = None;
@@ -267,7 +564,9 @@ async fn subscribe(index: usize, mut stream: Subscription, kind: &str, shared: A
                     now = shared.origin.elapsed().as_nanos() as u64;
                 }
                 count += 1;
-                if let Some(sent) = scan_seq(event.data)
+                let seq = scan_seq(event.data);
+                check.see(seq);
+                if let Some(sent) = seq
                     .and_then(|seq| shared.sent_at.get(seq as usize))
                     .map(|t| t.load(Ordering::Relaxed))
                     .filter(|&t| t != 0)
@@ -297,9 +596,160 @@ async fn subscribe(index: usize, mut stream: Subscription, kind: &str, shared: A
     if let Ok(mut all) = shared.histograms.lock() {
         all.merge(&hist);
     }
+    shared
+        .violations
+        .fetch_add(check.violations, Ordering::Relaxed);
+    if let Some(problem) = check.first_violation {
+        if let Ok(mut all) = shared.order_errors.lock() {
+            all.push(format!("subscriber {index}: {problem}"));
+        }
+    }
     if let Some(error) = error {
         if let Ok(mut errors) = shared.errors.lock() {
             errors.push(error);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Args {
+        Args::parse(&s.split_whitespace().map(str::to_owned).collect::<Vec<_>>()).unwrap()
+    }
+
+    #[test]
+    fn parses_keys_and_narrow() {
+        let a = args("--subscribers 1000 --keys 5000 --narrow");
+        let o = Options::from_args(&a).unwrap();
+        a.finish().unwrap();
+        assert_eq!((o.subscribers, o.keys, o.narrow), (1000, Some(5000), true));
+        let o = Options::from_args(&args("--rate 5")).unwrap();
+        assert_eq!((o.keys, o.narrow), (None, false));
+        // A switch takes no value: the next flag stays a flag.
+        let o = Options::from_args(&args("--narrow --keys 5")).unwrap();
+        assert_eq!((o.keys, o.narrow), (Some(5), true));
+        assert!(Options::from_args(&args("--keys 0")).is_err());
+        assert!(Options::from_args(&args("--keys 100001")).is_err());
+        assert!(Options::from_args(&args("--keys many")).is_err());
+        assert!(Options::from_args(&args("--narrow=maybe")).is_err());
+    }
+
+    #[test]
+    fn keys_follow_the_feed() {
+        let default = Plan::new(None, false);
+        assert_eq!(default.symbols, DEFAULT_SYMBOLS);
+        let plan = Plan::new(Some(5000), true);
+        assert_eq!(plan.keys(), 5000);
+        assert_eq!(plan.symbols[0], "S00000");
+        assert_eq!(plan.symbols[4999], "S04999");
+        let feed = plan.feed();
+        for seq in [1, 2, 4999, 5000, 5001, 12_345] {
+            assert_eq!(
+                feed.symbol_of(seq),
+                plan.symbols[plan.key_of_seq(seq) as usize]
+            );
+        }
+        assert_eq!(
+            plan.path("/views/prices/events", 5001),
+            "/views/prices/events?keys=S00001"
+        );
+        assert_eq!(
+            Plan::new(Some(5000), false).path("/views/prices/events", 7),
+            "/views/prices/events"
+        );
+        assert_eq!(plan.subscribed_keys(1000), 1000);
+        assert_eq!(plan.subscribed_keys(7000), 5000);
+        assert_eq!(Plan::new(Some(5000), false).subscribed_keys(10), 5000);
+    }
+
+    /// [`Plan::expected_for`] and [`Plan::events_reaching`] against counting tick by tick.
+    #[test]
+    fn expected_deliveries_match_a_count() {
+        for (keys, narrow) in [
+            (Some(7), true),
+            (Some(7), false),
+            (None, true),
+            (Some(1), true),
+        ] {
+            let plan = Plan::new(keys, narrow);
+            for subscribers in [1, 3, 7, 10, 16] {
+                for first in [1, 2, 8, 11] {
+                    for published in [0, 1, 5, 7, 20, 23] {
+                        let seqs = first..first + published;
+                        let mut reaching = 0;
+                        for i in 0..subscribers {
+                            let mine: Vec<u64> = seqs
+                                .clone()
+                                .filter(|&s| {
+                                    plan.key_of_subscriber(i)
+                                        .is_none_or(|k| k == plan.key_of_seq(s))
+                                })
+                                .collect();
+                            assert_eq!(plan.expected_for(i, first, published), mine.len() as u64);
+                            if let Some(&s) = mine.first() {
+                                assert_eq!(plan.first_seq_for(i, first), s);
+                            }
+                            // Consecutive ticks of one subscriber are `stride` apart.
+                            assert!(mine.windows(2).all(|w| w[1] - w[0] == plan.stride()));
+                        }
+                        for s in seqs {
+                            reaching += u64::from((0..subscribers).any(|i| {
+                                plan.key_of_subscriber(i)
+                                    .is_none_or(|k| k == plan.key_of_seq(s))
+                            }));
+                        }
+                        assert_eq!(
+                            plan.events_reaching(subscribers, first, published),
+                            reaching,
+                            "{keys:?} {narrow} {subscribers} {first} {published}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn one_key_of_5000_gets_a_fifth() {
+        let plan = Plan::new(Some(5000), true);
+        let published = 50_000;
+        let expected: u64 = (0..1000)
+            .map(|i| plan.expected_for(i, 5001, published))
+            .sum();
+        assert_eq!(expected, 10_000);
+        assert_eq!(plan.events_reaching(1000, 5001, published), 10_000);
+        let full = Plan::new(Some(5000), false);
+        let expected: u64 = (0..1000)
+            .map(|i| full.expected_for(i, 5001, published))
+            .sum();
+        assert_eq!(expected, 50_000_000);
+    }
+
+    #[test]
+    fn seq_check_counts_gaps_repeats_and_missing_seqs() {
+        let mut check = SeqCheck::new(3, 5);
+        for seq in [3, 8, 13] {
+            check.see(Some(seq));
+        }
+        assert_eq!((check.violations, check.next), (0, 18));
+        // One lost tick counts once; the check follows on after it.
+        check.see(Some(23));
+        check.see(Some(28));
+        assert_eq!((check.violations, check.next), (1, 33));
+        assert_eq!(
+            check.first_violation.as_deref(),
+            Some("seq 23 arrived, 18 was due")
+        );
+        check.see(Some(28));
+        check.see(None);
+        check.see(Some(33));
+        assert_eq!((check.violations, check.next), (3, 38));
+        let mut full = SeqCheck::new(11, 1);
+        for seq in 11..100 {
+            full.see(Some(seq));
+        }
+        assert_eq!(full.violations, 0);
     }
 }

@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! viewtape-bench fanout --subscribers N --rate R --seconds S [--batch-ms 5] [--tls h1|h2] [--pin]
+//!                        [--keys K] [--narrow]   (events over K keys; --narrow: subscriber i
+//!                        follows only key i mod K, ?keys=; bench/src/fanout.rs)
 //! viewtape-bench replay --events 100000 [--runs 7] [--tls h1|h2]
 //! viewtape-bench idle   --connections 10000 [--hold-seconds 3] [--tls h1|h2] [--pin]
 //! viewtape-bench stalled --subscribers 30 [--keys 2000 --size 20000 --hold-seconds 1]
