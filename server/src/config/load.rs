@@ -1,0 +1,134 @@
+//! Reading a config file: its syntax, keys and types, each refusal with the line and the key.
+
+use std::path::Path;
+
+use super::{spans, Config, ConfigError, Source};
+
+impl Config {
+    /// Reads and validates a config file: its syntax, keys, types and values. What it names
+    /// (modules, certificates, keys) is checked by the `check` module, above this one.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the file, the line and the key.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::load_source(path).map(|(config, _)| config)
+    }
+
+    /// Like [`Config::load`], and the file's [`Source`] for naming the lines of later problems.
+    ///
+    /// # Errors
+    /// See [`Config::load`].
+    pub fn load_source(path: &Path) -> Result<(Self, Source), ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let source = Source {
+            path: path.to_owned(),
+            spans: spans::Spans::of(&text),
+        };
+        let config: Self = toml::from_str(&text).map_err(|error| {
+            let at = error.span().map(|span| span.start);
+            let line = at.map(|at| source.spans.line_at(at));
+            let message = error.message().trim_end().to_owned();
+            let mut key = at.and_then(|at| source.spans.key_at(at)).map(str::to_owned);
+            // A required key left out: the error is at its table; name the key itself.
+            if let (Some(table), Some(missing)) = (&key, missing_field(&message)) {
+                key = Some(format!("{table}.{missing}"));
+            }
+            let message = match (&key, line) {
+                // Not TOML: no key to name, so show the line.
+                (None, Some(line)) => match text.lines().nth(line - 1) {
+                    Some(shown) => format!("{message}: `{}`", shown.trim()),
+                    None => message,
+                },
+                _ => message,
+            };
+            ConfigError::Invalid {
+                path: path.to_owned(),
+                line,
+                key,
+                message,
+            }
+        })?;
+        config.validate().map_err(|problem| source.error(problem))?;
+        Ok((config, source))
+    }
+}
+
+/// The key serde's "missing field `key`" names.
+fn missing_field(message: &str) -> Option<&str> {
+    message.strip_prefix("missing field `")?.split('`').next()
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// `text`, written to a file and loaded.
+    pub(in crate::config) fn load(text: &str) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("viewtape.toml");
+        std::fs::write(&path, text).unwrap();
+        Config::load(&path)
+    }
+
+    #[test]
+    fn parses_a_full_file() {
+        let config = load(
+            r#"
+            [server]
+            max_body = "2MiB"
+            heartbeat = "5s"
+            [journal]
+            max_age = "10m"
+            max_bytes_per_view = 1000
+            [[runtime]]
+            name = "demo"
+            wasm = "builtin:ticker"
+            views = ["prices"]
+            [runtime.limits]
+            memory = "32MiB"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.server.max_body, 2 << 20);
+        assert_eq!(config.server.heartbeat, Duration::from_secs(5));
+        assert_eq!(config.journal.max_age, Duration::from_secs(600));
+        assert_eq!(config.journal.max_bytes_per_view, 1000);
+        assert_eq!(
+            config.runtimes[0].limits.to_limits().max_memory_bytes,
+            32 << 20
+        );
+    }
+
+    #[test]
+    fn syntax_errors_name_the_line_and_the_key() {
+        let error =
+            load("[journal]\nmax_age = \"1h\"\nmax_records_per_view = \"many\"\n").unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.contains("line 3, key journal.max_records_per_view: invalid type"),
+            "{message}"
+        );
+        let error = load("[server]\nnope = 1\n").unwrap_err().to_string();
+        assert!(
+            error.contains("line 2, key server.nope: unknown field"),
+            "{error}"
+        );
+        let error = load("\n[[runtime]]\nname = \"a\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("line 2, key runtime[0].wasm: missing field"),
+            "{error}"
+        );
+        let error = load("[server\n").unwrap_err().to_string();
+        assert!(
+            error.contains("line 1: ") && error.contains("`[server`"),
+            "{error}"
+        );
+    }
+}

@@ -1,0 +1,261 @@
+//! Values that parse but are impossible: every refusal names its key.
+//!
+//! The checks run in a fixed order (runtimes, `[auth]`, `[server]` limits, `[cluster]`, HTTPS
+//! and CORS), and the first problem found is the one reported.
+
+use std::collections::HashSet;
+
+use viewtape_journal::ViewName;
+
+use super::BUILTIN_GUESTS;
+use super::{AuthSection, ClusterSection, Config, Problem, RuntimeSection, ServerConfig};
+
+impl Config {
+    pub(super) fn validate(&self) -> Result<(), Problem> {
+        let mut names = HashSet::new();
+        for (i, runtime) in self.runtimes.iter().enumerate() {
+            validate_runtime(i, runtime, &mut names)?;
+        }
+        validate_public_views(&self.auth)?;
+        validate_connections(&self.server)?;
+        validate_cluster(&self.cluster)?;
+        validate_web(&self.server)
+    }
+
+    /// Checks a config that did not come from a file (the embedded default, or one changed by
+    /// command-line flags) as [`Config::load`] checks a file.
+    ///
+    /// # Errors
+    /// What is wrong, and where.
+    pub fn check_values(&self) -> Result<(), Problem> {
+        self.validate()
+    }
+}
+
+/// The `i`th `[[runtime]]`; `names` holds the names of the runtimes before it.
+fn validate_runtime<'a>(
+    i: usize,
+    runtime: &'a RuntimeSection,
+    names: &mut HashSet<&'a String>,
+) -> Result<(), Problem> {
+    let key = |name: &str| format!("runtime[{i}].{name}");
+    ViewName::new(&runtime.name).map_err(|_| {
+        Problem::new(
+            key("name"),
+            format!(
+                "runtime name {:?}: use 1-128 of A-Z a-z 0-9 . _ -",
+                runtime.name
+            ),
+        )
+    })?;
+    if !names.insert(&runtime.name) {
+        return Err(Problem::new(
+            key("name"),
+            format!("runtime {:?} is configured twice", runtime.name),
+        ));
+    }
+    if runtime.views.is_empty() {
+        return Err(Problem::new(
+            key("views"),
+            format!(
+                "runtime {:?}: declare the views it publishes to (views = [\"…\"])",
+                runtime.name
+            ),
+        ));
+    }
+    for view in &runtime.views {
+        ViewName::new(view).map_err(|_| {
+            Problem::new(
+                key("views"),
+                format!(
+                    "runtime {:?}: view name {view:?}: use 1-128 of A-Z a-z 0-9 . _ -",
+                    runtime.name
+                ),
+            )
+        })?;
+    }
+    if let Some(view) = runtime.schemas.keys().find(|v| !runtime.views.contains(v)) {
+        return Err(Problem::new(
+            format!("runtime[{i}].schemas.{view}"),
+            format!(
+                "runtime {:?}: a schema for view {view:?}, which it does not declare \
+                 (views = {:?})",
+                runtime.name, runtime.views
+            ),
+        ));
+    }
+    if let Some(builtin) = runtime.wasm.strip_prefix("builtin:") {
+        if !BUILTIN_GUESTS.iter().any(|(name, _)| *name == builtin) {
+            return Err(Problem::new(
+                key("wasm"),
+                format!(
+                    "runtime {:?}: no built-in guest {builtin:?} (built-in: {})",
+                    runtime.name,
+                    BUILTIN_GUESTS.map(|(name, _)| name).join(", ")
+                ),
+            ));
+        }
+    }
+    if runtime.limits.fuel == 0 {
+        return Err(Problem::new(
+            key("limits.fuel"),
+            format!("runtime {:?}: fuel must be above zero", runtime.name),
+        ));
+    }
+    if runtime.limits.batch_timeout.is_zero() {
+        return Err(Problem::new(
+            key("limits.batch_timeout"),
+            format!(
+                "runtime {:?}: batch_timeout must be above zero",
+                runtime.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `[auth] public_views`: every narrowing one that this server reads.
+fn validate_public_views(auth: &AuthSection) -> Result<(), Problem> {
+    for entry in &auth.public_views {
+        if let Some((_, query)) = entry.split_once('?') {
+            crate::narrow::Narrow::from_query(query).map_err(|error| {
+                Problem::new(
+                    "auth.public_views",
+                    format!("{entry:?} narrows in a way this server does not read: {error}"),
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// `[server]`: the connection caps and the timeouts.
+fn validate_connections(server: &ServerConfig) -> Result<(), Problem> {
+    if server.max_connections == 0 {
+        return Err(Problem::new("server.max_connections", "must be above zero"));
+    }
+    if server.http_connection_limit() < server.max_connections {
+        return Err(Problem::new(
+            "server.max_http_connections",
+            format!(
+                "{} must be at least server.max_connections ({}): every SSE stream is a connection",
+                server.http_connection_limit(),
+                server.max_connections
+            ),
+        ));
+    }
+    for (key, value) in [
+        ("header_timeout", server.header_timeout),
+        ("idle_timeout", server.idle_timeout),
+        ("write_timeout", server.write_timeout),
+    ] {
+        if value.is_zero() {
+            return Err(Problem::new(format!("server.{key}"), "must be above zero"));
+        }
+    }
+    Ok(())
+}
+
+/// `[cluster]`: the stream's and the bucket's names, the replicas.
+fn validate_cluster(cluster: &ClusterSection) -> Result<(), Problem> {
+    let stream_name = |name: &str| {
+        !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    for (key, value) in [
+        ("cluster.stream", &cluster.stream),
+        ("cluster.bucket", &cluster.bucket),
+    ] {
+        if !stream_name(value) {
+            return Err(Problem::new(
+                key,
+                format!("{value:?}: letters, digits, '-' and '_' only"),
+            ));
+        }
+    }
+    if cluster.replicas == 0 || cluster.replicas > 5 {
+        return Err(Problem::new("cluster.replicas", "must be 1 to 5"));
+    }
+    Ok(())
+}
+
+/// `[server]`: HTTPS and the cross-origin origins.
+fn validate_web(server: &ServerConfig) -> Result<(), Problem> {
+    if server.tls_cert.is_some() != server.tls_key.is_some() {
+        let key = match server.tls_cert {
+            Some(_) => "server.tls_cert",
+            None => "server.tls_key",
+        };
+        return Err(Problem::new(
+            key,
+            "server.tls_cert and server.tls_key go together: set both for HTTPS, or neither",
+        ));
+    }
+    for origin in &server.cors_origins {
+        if !is_origin(origin) {
+            return Err(Problem::new(
+                "server.cors_origins",
+                format!(
+                    "{origin:?} is not an origin; write scheme://host[:port], as a browser \
+                     sends it (no path, no trailing slash, no \"*\")"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `text` is an origin as browsers send it in `Origin`: `http(s)://host[:port]`.
+fn is_origin(text: &str) -> bool {
+    let Some((scheme, host)) = text.split_once("://") else {
+        return false;
+    };
+    matches!(scheme, "http" | "https")
+        && !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::load::tests::load;
+
+    #[test]
+    fn impossible_settings_are_refused() {
+        for (text, needle) in [
+            (
+                "[[runtime]]\nname = \"a b\"\nwasm = \"builtin:ticker\"\n",
+                "runtime name",
+            ),
+            (
+                "[[runtime]]\nname = \"a\"\nwasm = \"builtin:nope\"\nviews = [\"v\"]\n",
+                "no built-in guest",
+            ),
+            (
+                "[[runtime]]\nname = \"a\"\nwasm = \"builtin:ticker\"\n",
+                "declare the views",
+            ),
+            ("[server]\nmax_body = \"12 parsecs\"\n", "not a byte size"),
+            ("[server]\ncors_origins = [\"*\"]\n", "not an origin"),
+            ("[server]\ntls_cert = \"c.pem\"\n", "go together"),
+            (
+                "[server]\ncors_origins = [\"https://a.example/\"]\n",
+                "not an origin",
+            ),
+            (
+                "[server]\ncors_origins = [\"a.example\"]\n",
+                "not an origin",
+            ),
+        ] {
+            let error = load(text).unwrap_err().to_string();
+            assert!(error.contains(needle), "{text:?}: {error}");
+            assert!(
+                error.contains(", line ") && error.contains(", key "),
+                "{text:?}: {error}"
+            );
+        }
+    }
+}
