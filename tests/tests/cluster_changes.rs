@@ -1,7 +1,8 @@
 //! A cluster does everything one node does, end to end with a real `nats-server` and real
 //! `viewtape serve --nats` nodes: a deploy and a live restore sent to any node are records of
 //! the stream that every node applies at the same position; a node started on another build
-//! than the cluster acknowledges nothing and stops no one; a record a node cannot read stops
+//! than the cluster acknowledges nothing and stops no one, and nor does one with a runtime the
+//! others lack; a record a node cannot read stops
 //! it, saying why, and is never skipped.
 
 use std::time::{Duration, Instant};
@@ -333,6 +334,98 @@ async fn a_rogue_node_acknowledges_nothing_and_stops_no_one(
         !tape.iter().any(|(_, data)| data.contains("ROGUE")),
         "a rogue batch reached the tape"
     );
+    Ok(())
+}
+
+/// The cluster's `demo`, and `notes` (no guest) besides.
+const WITH_NOTES: &str =
+    "[[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n\n\
+     [[runtime]]\nname = \"notes\"\nwasm = \"builtin:json\"\nviews = [\"notes\"]\n";
+
+/// A node whose config has a runtime the others lack runs it, and its records stop no one:
+/// the others pass over them and stay ready; a node later configured with that runtime, on a
+/// state that holds none of its history, is not ready and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_an_extra_runtime_stops_no_one() -> anyhow::Result<()> {
+    let nats = NatsServer::start().await?;
+    let mut healthy = admin_nodes(&nats, 2).await?;
+    let mut feed = Feed::new(&["ACME", "BOLT"]);
+    ingest_all(&healthy, &mut feed, 3, 2).await?;
+
+    let config = config_file(WITH_NOTES)?;
+    let path = config.path().display().to_string();
+    let extra = Server::start(&["--nats", &nats.url(), "--config", &path]).await?;
+    extra.ready(CONVERGE).await?;
+    let mut last = 0;
+    for i in 0..20 {
+        let note = format!("{{\"view\":\"notes\",\"key\":\"n{i}\",\"value\":{i}}}\n");
+        let resp = extra.ingest("notes", &note).await?;
+        ensure!(resp.status() == 200, "{}", resp.text());
+        last = position(&healthy[i % 2].ingest_ok(&feed.batch(1)).await?)?;
+    }
+    for node in healthy.iter().chain([&extra]) {
+        applied(node, last).await?;
+        let readyz = node.get("/readyz").await?;
+        ensure!(readyz.status() == 200, "{}\n{}", readyz.text(), node.logs());
+    }
+    for node in &healthy {
+        let body = node.get("/readyz").await?.json()?;
+        ensure!(
+            body["passed_over"] == serde_json::json!(["notes"]),
+            "{body}"
+        );
+        ensure!(node.get("/views/notes").await?.status() == 404);
+    }
+    let n = 6 + 20;
+    let tape = frames(&healthy[0], n).await?;
+    ensure!(
+        frames(&healthy[1], n).await? == tape,
+        "healthy tapes differ"
+    );
+    ensure!(
+        frames(&extra, n).await? == tape,
+        "the extra node applies another history"
+    );
+    let notes = extra.get("/views/notes").await?.json()?;
+    ensure!(
+        notes["entries"].as_object().map(|e| e.len()) == Some(20),
+        "{notes}"
+    );
+
+    // A healthy node restarted with `notes` on its own snapshot, made while it passed over
+    // the records of `notes`. (Without a snapshot it would apply the stream from its
+    // beginning, `notes` and all.)
+    let resp = admin(&healthy[1], "POST", "/admin/snapshot", b"").await?;
+    ensure!(resp.status() == 200, "{}", resp.text());
+    let dir = healthy[1].data_dir().to_owned();
+    healthy[1].kill9().await?;
+    let late = Server::start_in(&dir, &["--nats", &nats.url(), "--config", &path]).await?;
+    let deadline = Instant::now() + CONVERGE;
+    let body = loop {
+        let body = late.get("/readyz").await?.json()?;
+        if body["refused"].is_string() || Instant::now() > deadline {
+            break body;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let refused = body["refused"].as_str().unwrap_or_default();
+    ensure!(
+        refused.contains("\"notes\"") && refused.contains("history"),
+        "{body}"
+    );
+    ensure!(late.get("/readyz").await?.status() == 503);
+    let resp = late.ingest("demo", &feed.batch(1)).await?;
+    ensure!(resp.status() != 200, "{}", resp.text());
+    // It put nothing on the stream: the others stay ready and go on.
+    let receipt = healthy[0].ingest_ok(&feed.batch(1)).await?;
+    for node in [&healthy[0], &extra] {
+        applied(node, position(&receipt)?).await?;
+        ensure!(
+            node.get("/readyz").await?.status() == 200,
+            "{}",
+            node.logs()
+        );
+    }
     Ok(())
 }
 

@@ -14,6 +14,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::{consumer, stream};
 use futures_util::StreamExt as _;
 use tokio::task::JoinHandle;
@@ -227,27 +228,28 @@ impl Cluster {
                 format!("sequence {sequence} is a record this viewtape cannot read (a kind of a newer viewtape?): {error}")
             })?,
         };
-        let (name, record) = match entry {
+        let (registered, record) = match entry {
             Entry::Batch(batch) => {
+                let Some(registered) = appliers.runtimes.get(&batch.runtime) else {
+                    return self.pass_over(log, batch.runtime, sequence).await;
+                };
                 kind("batch");
-                (batch.runtime.clone(), Record::Batch(batch))
+                (registered, Record::Batch(batch))
             }
             Entry::Deploy(deploy) => {
+                let Some(registered) = appliers.runtimes.get(&deploy.runtime) else {
+                    return self.pass_over(log, deploy.runtime, sequence).await;
+                };
                 kind("deploy");
                 let module = self.load_module(appliers, &deploy.module).await.map_err(|error| {
                     format!("sequence {sequence} deploys module {} to runtime {:?}, which this node cannot load: {error}", deploy.module, deploy.runtime)
                 })?;
-                (deploy.runtime.clone(), Record::Deploy(deploy, module))
+                (registered, Record::Deploy(deploy, module))
             }
             Entry::Restore(restore) => {
                 kind("restore");
                 return self.apply_restore(appliers, log, sequence, restore).await;
             }
-        };
-        let Some(registered) = appliers.runtimes.get(&name) else {
-            return Err(format!(
-                "sequence {sequence} is for runtime {name:?}, which this node does not run: every node needs the same runtimes"
-            ));
         };
         let mut attempt = 0;
         loop {
@@ -262,6 +264,25 @@ impl Cluster {
             }
         }
         debug_assert!(log.committed() >= sequence);
+        Ok(())
+    }
+
+    /// Passes over the record at `sequence`, of `runtime`, which this node does not run: another
+    /// node's config names it, and its records are that node's business. Passing over them
+    /// (alike on every node that lacks it) keeps one node's extra runtime from stopping the
+    /// others; this node serves none of its views, and a config that adds it later finds its
+    /// history missing ([`Cluster::settle_modules`]).
+    async fn pass_over(&self, log: &Log, runtime: String, sequence: u64) -> Result<(), String> {
+        log.metrics().counted_record("passed_over");
+        self.readiness.send_if_modified(|readiness| {
+            if readiness.passed_over.contains(&runtime) {
+                return false;
+            }
+            tracing::warn!(sequence, runtime, "cluster: the stream holds records of a runtime this node does not run; passing over them (another node's config names it)");
+            readiness.passed_over.insert(runtime);
+            true
+        });
+        drop(log.turn(Some(sequence), 1).await);
         Ok(())
     }
 
@@ -338,8 +359,14 @@ impl Cluster {
             // through (the node stays not ready and takes no ingest meanwhile).
             let mut attempt = 0u32;
             let saved = loop {
-                match self.declare(appliers, registered).await {
-                    Ok(saved) => break saved,
+                match self.declare(appliers, log, name, registered).await {
+                    Ok(Some(saved)) => break Some(saved),
+                    Ok(None) => {
+                        refused.push(format!(
+                            "runtime {name:?}: the stream holds its records from before this node's state, which holds nothing of it (the state was made by a node that does not run it): this node cannot know its history. To serve it, start this node with an empty data directory, so it joins from the stream's beginning or from a shared snapshot that holds the runtime"
+                        ));
+                        break None;
+                    }
                     Err(error) => {
                         if attempt.is_multiple_of(5) {
                             tracing::warn!(%error, runtime = name, "cluster: the runtime's module could not be declared on the stream yet; retrying");
@@ -349,6 +376,7 @@ impl Cluster {
                     }
                 }
             };
+            let Some(saved) = saved else { continue };
             if !saved.modules.contains(&registered.configured) {
                 refused.push(format!(
                     "runtime {name:?}: this node's config names module {}, which the cluster never ran; the cluster runs {}. Start this node on the cluster's module, or deploy yours through any node (PUT /admin/runtimes/{name}/module, or viewtape deploy)",
@@ -381,14 +409,27 @@ impl Cluster {
 
     /// Declares `registered`'s module (and guest config) on the stream if the stream has not
     /// decided it yet; returns the runtime's state then (the modules it has run on the stream,
-    /// the config the stream decided).
+    /// the config the stream decided), or `None` when the stream holds records of the runtime
+    /// from before this node's state, which has never applied its declaration: its history is
+    /// missing here.
     async fn declare(
         &self,
         appliers: &Appliers,
+        log: &Log,
+        name: &str,
         registered: &Registered,
-    ) -> Result<RuntimeSnapshot, String> {
+    ) -> Result<Option<RuntimeSnapshot>, String> {
         let saved = registered.handle.save().await.map_err(|e| e.to_string())?;
         if saved.modules.is_empty() {
+            let first = match log.stream() {
+                Some(stream) => self.first_record_on(stream.subject(name)).await?,
+                None => None,
+            };
+            if let Some(first) = first {
+                if first <= log.committed() {
+                    return Ok(None);
+                }
+            }
             let running = registered.handle.module();
             let wasm = appliers.modules.get(&running).map_err(|e| e.to_string())?;
             self.put_module(&wasm).await.map_err(|e| e.to_string())?;
@@ -398,7 +439,22 @@ impl Cluster {
                 .await
                 .map_err(|e| e.to_string())?;
         }
-        registered.handle.save().await.map_err(|e| e.to_string())
+        let saved = registered.handle.save().await.map_err(|e| e.to_string())?;
+        Ok(Some(saved))
+    }
+
+    /// The sequence of the first record on `subject` the stream holds, if it holds any.
+    async fn first_record_on(&self, subject: String) -> Result<Option<u64>, String> {
+        let stream = self
+            .js
+            .get_stream_no_info(&self.stream)
+            .await
+            .map_err(|e| e.to_string())?;
+        match stream.get_first_raw_message_by_subject(subject, 1).await {
+            Ok(message) => Ok(Some(message.sequence)),
+            Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(error) => Err(error.to_string()),
+        }
     }
 
     /// Stops applying for good: the node is not ready, takes no ingest, and says why.

@@ -30,6 +30,10 @@
 //!   node runs the stream's module (fetching it from the bucket), and a node whose config names
 //!   a module the stream never ran is not ready and refuses ingest, saying which module the
 //!   stream runs: nothing it does puts a record on the stream that stops the others.
+//! - **Runtimes a node does not run** are another node's business: their records are passed
+//!   over (alike on every node that lacks them), so one node's extra runtime stops no one. A
+//!   node whose state holds nothing of a runtime the stream has records of from before that
+//!   state is not ready: it cannot know that runtime's history.
 //! - **Not ready** (`/readyz` 503) until the node has applied what the stream held when it
 //!   joined and its runtimes' modules are settled, and for good after a break, which says why.
 //! - **A cursor ahead** of this node (another node issued it) waits up to `ahead_wait` for
@@ -43,6 +47,7 @@ mod bucket;
 mod lease;
 mod restore;
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,6 +119,9 @@ pub struct Readiness {
     /// Why the node takes no ingest although it applies (its config names another build than
     /// the cluster runs), if it does not.
     pub refused: Option<String>,
+    /// Runtimes with records on the stream that this node does not run: it passes over their
+    /// records (another node's config names them) and serves none of their views.
+    pub passed_over: BTreeSet<String>,
 }
 
 /// A node's place in its cluster.
@@ -285,6 +293,7 @@ impl Cluster {
                 stream_last: info.state.last_sequence,
                 broken: None,
                 refused: None,
+                passed_over: BTreeSet::new(),
             }),
         }))
     }

@@ -72,8 +72,9 @@ impl From<Durability> for DurabilityName {
     }
 }
 
-/// The kinds of records a cluster's node counts.
-pub const RECORD_KINDS: [&str; 4] = ["batch", "deploy", "restore", "foreign"];
+/// The kinds of records a cluster's node counts; `passed_over` are records of a runtime this
+/// node does not run.
+pub const RECORD_KINDS: [&str; 5] = ["batch", "deploy", "restore", "foreign", "passed_over"];
 
 /// The log's metrics, kept up to date by the log; `/metrics` renders them.
 #[derive(Clone, Debug)]

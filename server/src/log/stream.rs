@@ -91,6 +91,11 @@ pub struct StreamLog {
 }
 
 impl StreamLog {
+    /// The subject `runtime`'s records are published on.
+    pub fn subject(&self, runtime: &str) -> String {
+        format!("{}{}", self.subjects, subject_token(runtime))
+    }
+
     /// Publishes to `stream` (whose history is `epoch`) through `client` (connected to `url`),
     /// waiting at most `timeout`.
     pub fn new(
@@ -200,7 +205,7 @@ impl StreamLog {
             .payload(Bytes::from(payload))
             .header(RECORD_HEADER, RECORD_VERSION)
             .message_id(id);
-        let subject = format!("{}{}", self.subjects, subject_token(runtime));
+        let subject = self.subject(runtime);
         let published = async {
             loop {
                 let sent = async {
