@@ -1,0 +1,90 @@
+//! What a snapshot file holds: the journal dump, every view's state, and each runtime's guest
+//! state with the module that saved it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use viewtape_journal::{JournalEpoch, JournalSnapshot};
+
+use crate::hub::{Hub, ViewStateDump};
+use crate::registry::ModuleFingerprint;
+use crate::runtime::RuntimeSnapshot;
+
+/// What a snapshot file holds.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SnapshotBody {
+    /// The journal dump.
+    pub journal: JournalSnapshot,
+    /// Every view's state.
+    pub views: Vec<ViewStateDump>,
+    /// Every runtime's state.
+    pub runtimes: Vec<RuntimeDump>,
+    /// The last log position it reflects (`None`: taken with the log off).
+    #[serde(default)]
+    pub log_position: Option<u64>,
+    /// On a cluster: the epoch of the stream whose history it is part of (the journal's own
+    /// epoch differs from it after a live restore). `None`: a single node's.
+    #[serde(default)]
+    pub stream: Option<JournalEpoch>,
+}
+
+impl SnapshotBody {
+    /// Restores the journal and the views' state into `hub` (keeping the journal's epoch when
+    /// `keep_epoch`), and hands back each runtime's record by name, for its task to start from:
+    /// the one way every start-up puts a snapshot in place.
+    pub async fn restore_into(self, hub: &Hub, keep_epoch: bool) -> BTreeMap<String, RuntimeDump> {
+        hub.restore(self.journal, keep_epoch, self.views).await;
+        self.runtimes
+            .into_iter()
+            .map(|r| (r.name.clone(), r))
+            .collect()
+    }
+}
+
+/// One runtime in a snapshot.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RuntimeDump {
+    /// The runtime's name.
+    pub name: String,
+    /// The module the state belongs to: the one the runtime ran.
+    pub module: ModuleFingerprint,
+    /// The module the runtime's config named then (`None` in snapshots from before deploys:
+    /// the same as `module`). A start whose config names this one still runs `module`.
+    #[serde(default)]
+    pub configured: Option<ModuleFingerprint>,
+    /// The guest's state and the source position it reflects.
+    pub saved: RuntimeSnapshot,
+}
+
+impl RuntimeDump {
+    /// The saved state and checkpoint, when they belong to `module`: a guest's state means
+    /// something only to the module that saved it.
+    ///
+    /// # Errors
+    /// [`OtherModule`] when another module saved them.
+    pub fn saved_for(self, module: &ModuleFingerprint) -> Result<RuntimeSnapshot, OtherModule> {
+        if self.module == *module {
+            Ok(self.saved)
+        } else {
+            Err(OtherModule {
+                runtime: self.name,
+                saved_by: self.module,
+                running: module.clone(),
+            })
+        }
+    }
+}
+
+/// A runtime's state in a snapshot was saved by another module than the one that runs now.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "runtime {runtime:?}: the state was saved by module {saved_by}, but module {running} runs now"
+)]
+pub struct OtherModule {
+    /// The runtime.
+    pub runtime: String,
+    /// The module that saved the state.
+    pub saved_by: ModuleFingerprint,
+    /// The module that runs now.
+    pub running: ModuleFingerprint,
+}
