@@ -626,8 +626,7 @@ impl Connection {
         TokioIo::new(HyperIo {
             read,
             inner: stream,
-            write_timeout: self.shared.limits.write_timeout,
-            stalled: None,
+            stall: Stall::new(self.shared.limits.write_timeout),
         })
     }
 
@@ -898,38 +897,48 @@ fn lean_request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
     request.body(Body::empty()).ok()
 }
 
-/// Writes all of `parts`, vectored; fails when the client accepts no bytes for `timeout`.
+/// Writes all of `parts`, vectored; fails when the client accepts no bytes for `timeout`. A
+/// client that keeps up costs no timer: one runs only while a write is blocked.
 async fn write_all<S: AsyncWrite + Unpin>(
     stream: &mut S,
     mut parts: &mut [IoSlice<'_>],
     timeout: Duration,
 ) -> std::io::Result<()> {
+    let mut stall = Stall::new(timeout);
     while !parts.is_empty() {
-        let written = tokio::time::timeout(timeout, stream.write_vectored(parts))
-            .await
-            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+        let written = std::future::poll_fn(|cx| {
+            let poll = Pin::new(&mut *stream).poll_write_vectored(cx, parts);
+            stall.timed(cx, poll)
+        })
+        .await?;
         if written == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
         IoSlice::advance_slices(&mut parts, written);
     }
     // TLS holds written bytes until flushed; for TCP this is nothing.
-    tokio::time::timeout(timeout, stream.flush())
-        .await
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
+    std::future::poll_fn(|cx| {
+        let poll = Pin::new(&mut *stream).poll_flush(cx);
+        stall.timed(cx, poll)
+    })
+    .await
 }
 
-/// The socket as hyper sees it: first the bytes the lean transport already took from it, and
-/// writes that fail when the client accepts nothing for the write timeout.
-struct HyperIo<S> {
-    read: Bytes,
-    inner: S,
-    write_timeout: Duration,
+/// How long writes have been blocked: they fail once no bytes were accepted for the timeout.
+struct Stall {
+    timeout: Duration,
     /// Running while writes are blocked.
     stalled: Option<Pin<Box<Sleep>>>,
 }
 
-impl<S> HyperIo<S> {
+impl Stall {
+    fn new(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            stalled: None,
+        }
+    }
+
     /// Passes a write's outcome through, failing it once writes have been blocked too long.
     fn timed<T>(
         &mut self,
@@ -940,7 +949,7 @@ impl<S> HyperIo<S> {
             self.stalled = None;
             return poll;
         }
-        let timeout = self.write_timeout;
+        let timeout = self.timeout;
         let stalled = self
             .stalled
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
@@ -949,6 +958,14 @@ impl<S> HyperIo<S> {
             Poll::Pending => Poll::Pending,
         }
     }
+}
+
+/// The socket as hyper sees it: first the bytes the lean transport already took from it, and
+/// writes that fail when the client accepts nothing for the write timeout.
+struct HyperIo<S> {
+    read: Bytes,
+    inner: S,
+    stall: Stall,
 }
 
 impl<S: Io> AsyncRead for HyperIo<S> {
@@ -974,7 +991,7 @@ impl<S: Io> AsyncWrite for HyperIo<S> {
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let poll = Pin::new(&mut self.inner).poll_write(cx, data);
-        self.timed(cx, poll)
+        self.stall.timed(cx, poll)
     }
 
     fn poll_write_vectored(
@@ -983,7 +1000,7 @@ impl<S: Io> AsyncWrite for HyperIo<S> {
         data: &[IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let poll = Pin::new(&mut self.inner).poll_write_vectored(cx, data);
-        self.timed(cx, poll)
+        self.stall.timed(cx, poll)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -992,7 +1009,7 @@ impl<S: Io> AsyncWrite for HyperIo<S> {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let poll = Pin::new(&mut self.inner).poll_flush(cx);
-        self.timed(cx, poll)
+        self.stall.timed(cx, poll)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {

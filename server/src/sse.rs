@@ -9,7 +9,7 @@
 //! or, with `?from=tape`, the whole retained tape; with a cursor the journal
 //! refuses it receives `event: reset` and then the state. Following means
 //! reading frames after its cursor from the shared tape whenever the view
-//! ticks. A subscriber that falls out of the window, or whose epoch is
+//! ticks (a narrowed subscriber: whenever a commit touches one of its keys). A subscriber that falls out of the window, or whose epoch is
 //! replaced by a restore, is reset the same way: never a silent skip.
 //!
 //! ## Coalescing, and what a stalled client costs
@@ -23,6 +23,7 @@
 //! costs at most [`MAX_CHUNK_BYTES`] beyond the frames it shares, until the
 //! transport's write timeout drops it.
 
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,11 +31,12 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 use tokio::sync::{broadcast, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
 use viewtape_journal::{CompactString, Cursor, FramesWhere, ReplayError};
 
 use crate::config::ServerConfig;
 use crate::frame::{self, ResetReason};
-use crate::hub::{Hub, StateCut, View};
+use crate::hub::{Hub, KeyWake, StateCut, View};
 use crate::metrics::Metrics;
 use crate::narrow::Narrow;
 
@@ -146,10 +148,12 @@ impl Streams {
         })?;
         tracing::debug!(view = view.name(), ?start, ?narrow, "subscribed");
         let mut subscriber = Subscriber::new(Arc::clone(self), view, start, narrow, permit);
-        subscriber.deadline = expires_at.map(|exp| {
+        subscriber.expiry = expires_at.map(|exp| {
             let left = exp.saturating_sub(crate::log::unix_ms_now() / 1000);
             // Far-future `exp` (up to 2^64 - 1) must not overflow the clock: a century is forever.
-            tokio::time::Instant::now() + Duration::from_secs(left.min(100 * 365 * 86_400))
+            Box::pin(tokio::time::sleep(Duration::from_secs(
+                left.min(100 * 365 * 86_400),
+            )))
         });
         Ok(subscriber)
     }
@@ -180,7 +184,7 @@ fn spread_point(n: u64, window: Duration) -> Duration {
 pub struct Subscriber {
     streams: Arc<Streams>,
     view: Arc<View>,
-    ticks: watch::Receiver<u64>,
+    wake: Wake,
     invalidations: watch::Receiver<u64>,
     live: broadcast::Receiver<(CompactString, Bytes)>,
     shutdown: watch::Receiver<bool>,
@@ -192,7 +196,12 @@ pub struct Subscriber {
     /// A large frame to send, shared, right after the chunk being sent.
     shared: Option<Bytes>,
     /// When the reader's token expires: the stream ends with `event: reauth`.
-    deadline: Option<tokio::time::Instant>,
+    expiry: Option<Pin<Box<Sleep>>>,
+    /// Due when nothing was sent for a heartbeat's time; armed once, moved on lazily (a busy
+    /// stream touches no timer per chunk).
+    heartbeat: Pin<Box<Sleep>>,
+    /// When the last chunk was sent.
+    sent_at: tokio::time::Instant,
     /// `?until=head`: the view's window at open; the stream ends once it has delivered
     /// everything before its `next`.
     until: Option<viewtape_journal::ReplayWindow>,
@@ -212,8 +221,15 @@ impl Subscriber {
         permit: OwnedSemaphorePermit,
     ) -> Self {
         let (hub, metrics) = (&streams.hub, &streams.metrics);
-        let mut ticks = view.ticks();
-        ticks.borrow_and_update();
+        // Registered before the tape is first read: nothing committed after that read is missed.
+        let wake = match narrow.is_all() {
+            true => {
+                let mut ticks = view.ticks();
+                ticks.borrow_and_update();
+                Wake::View(ticks)
+            }
+            false => Wake::Keys(view.key_wake(&narrow)),
+        };
         let mut invalidations = hub.journal().invalidations();
         invalidations.borrow_and_update();
         let live = view.live();
@@ -267,10 +283,11 @@ impl Subscriber {
         metrics.connections.inc();
         view.count_subscriber(true);
         let shutdown = streams.shutdown.clone();
+        let heartbeat = Box::pin(tokio::time::sleep(streams.heartbeat));
         Self {
             streams,
             view,
-            ticks,
+            wake,
             invalidations,
             live,
             shutdown,
@@ -278,7 +295,9 @@ impl Subscriber {
             phase,
             pending,
             shared: None,
-            deadline: None,
+            expiry: None,
+            heartbeat,
+            sent_at: tokio::time::Instant::now(),
             until: None,
             _permit: permit,
         }
@@ -304,6 +323,7 @@ impl Subscriber {
     pub fn into_stream(self) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
         futures_util::stream::unfold(self, |mut subscriber| async move {
             let chunk = subscriber.next_chunk().await?;
+            subscriber.sent_at = tokio::time::Instant::now();
             Some((Ok(chunk), subscriber))
         })
     }
@@ -322,8 +342,9 @@ impl Subscriber {
                 return Some(frame);
             }
             if self
-                .deadline
-                .is_some_and(|d| d <= tokio::time::Instant::now())
+                .expiry
+                .as_ref()
+                .is_some_and(|expiry| expiry.deadline() <= tokio::time::Instant::now())
                 && !matches!(self.phase, Phase::Done)
             {
                 self.phase = Phase::Done;
@@ -454,7 +475,7 @@ impl Subscriber {
     async fn wait(&mut self) -> Option<Bytes> {
         // A closed channel means the hub or the server is going away.
         let closed = tokio::select! {
-            changed = self.ticks.changed() => changed.is_err(),
+            closed = self.wake.changed() => closed,
             changed = self.invalidations.changed() => changed.is_err(),
             changed = self.shutdown.changed() => changed.is_err(),
             received = self.live.recv() => match received {
@@ -469,10 +490,18 @@ impl Subscriber {
                 }
                 Err(broadcast::error::RecvError::Closed) => true,
             },
-            () = tokio::time::sleep(self.streams.heartbeat) => {
-                return Some(Bytes::from_static(b": heartbeat\n\n"));
+            () = self.heartbeat.as_mut() => {
+                let now = tokio::time::Instant::now();
+                let due = self.sent_at + self.streams.heartbeat;
+                if due > now {
+                    self.heartbeat.as_mut().reset(due);
+                    false
+                } else {
+                    self.heartbeat.as_mut().reset(now + self.streams.heartbeat);
+                    return Some(Bytes::from_static(b": heartbeat\n\n"));
+                }
             }
-            () = until(self.deadline) => false,
+            () = fired(&mut self.expiry) => false,
         };
         if closed {
             self.phase = Phase::Done;
@@ -481,10 +510,31 @@ impl Subscriber {
     }
 }
 
-/// Waits until `deadline`; forever without one.
-async fn until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
+/// What wakes a subscriber to read the tape again.
+enum Wake {
+    /// Every commit to the view.
+    View(watch::Receiver<u64>),
+    /// Commits that touch the keys it reads.
+    Keys(KeyWake),
+}
+
+impl Wake {
+    /// Resolves at the next wake-up; `true` when the view is gone.
+    async fn changed(&mut self) -> bool {
+        match self {
+            Self::View(ticks) => ticks.changed().await.is_err(),
+            Self::Keys(keys) => {
+                keys.changed().await;
+                false
+            }
+        }
+    }
+}
+
+/// Waits until `timer` fires; forever without one.
+async fn fired(timer: &mut Option<Pin<Box<Sleep>>>) {
+    match timer {
+        Some(timer) => timer.as_mut().await,
         None => std::future::pending().await,
     }
 }

@@ -4,10 +4,11 @@
 //! ## Views
 //!
 //! A [`View`] holds the view's *state* — per key, the frame of its latest
-//! update — plus two ways to wake subscribers: a `watch` ticked after
-//! journaled appends (subscribers then read the tape from their cursor), and
-//! a bounded `broadcast` of cursorless frames (journal sealed or disabled).
-//! Subscribers are cursors over the shared tape, never queues of copies.
+//! update — plus the ways to wake subscribers: a `watch` ticked after
+//! journaled appends (subscribers then read the tape from their cursor), the
+//! same for narrowed subscribers by key ([`wake`]), and a bounded `broadcast`
+//! of cursorless frames (journal sealed or disabled). Subscribers are cursors
+//! over the shared tape, never queues of copies.
 //!
 //! ## Consistency
 //!
@@ -25,13 +26,18 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
-use viewtape_journal::{CompactString, Cursor, EventJournal, JournalSnapshot};
+use viewtape_journal::{CompactString, Cursor, EventJournal, JournalConfig, JournalSnapshot};
 
 use crate::frame::{self, Frame};
 use crate::host::{EventKind, GuestBatch};
 use crate::narrow::Narrow;
 use crate::runtime::BatchSink;
 use crate::schema::{ViewSchema, Violation};
+
+pub mod wake;
+
+pub use wake::KeyWake;
+use wake::KeyedWakers;
 
 /// Cursorless frames a slow subscriber may fall behind by before it is reset.
 const LIVE_BACKLOG: usize = 1024;
@@ -42,6 +48,8 @@ pub struct View {
     name: String,
     state: Mutex<HashMap<CompactString, Frame>>,
     tick: watch::Sender<u64>,
+    /// Narrowed subscribers, woken by the commits that touch their keys.
+    keyed: Arc<KeyedWakers>,
     /// Cursorless frames (the journal is sealed or off), with their key.
     live: broadcast::Sender<(CompactString, Bytes)>,
     /// SSE subscribers open on it now.
@@ -58,11 +66,15 @@ pub struct StateCut {
 }
 
 impl View {
-    fn new(name: &str) -> Self {
+    fn new(name: &str, tape: &JournalConfig) -> Self {
         Self {
             name: name.to_owned(),
             state: Mutex::new(HashMap::new()),
             tick: watch::Sender::new(0),
+            keyed: Arc::new(KeyedWakers::new(
+                tape.max_records_per_view,
+                tape.max_bytes_per_view,
+            )),
             live: broadcast::Sender::new(LIVE_BACKLOG),
             subscribers: AtomicU64::new(0),
         }
@@ -89,6 +101,18 @@ impl View {
     /// Wakes on every journaled append (and on restores).
     pub fn ticks(&self) -> watch::Receiver<u64> {
         self.tick.subscribe()
+    }
+
+    /// Wakes on every journaled append that touches a key `narrow` takes (and on restores),
+    /// for a narrowed subscriber; until dropped.
+    pub fn key_wake(&self, narrow: &Narrow) -> KeyWake {
+        self.keyed.register(narrow)
+    }
+
+    /// Wakes every subscriber, so each re-checks its cursor.
+    fn wake_all(&self) {
+        self.tick.send_modify(|tick| *tick += 1);
+        self.keyed.wake_all();
     }
 
     /// Cursorless frames published after the journal was sealed (or while it
@@ -204,7 +228,7 @@ impl Hub {
         Arc::clone(
             views
                 .entry(name.to_owned())
-                .or_insert_with(|| Arc::new(View::new(name))),
+                .or_insert_with(|| Arc::new(View::new(name, self.journal.config()))),
         )
     }
 
@@ -245,7 +269,7 @@ impl Hub {
     /// Wakes every subscriber of every view, so each re-checks its cursor.
     pub fn wake_all(&self) {
         for view in self.views() {
-            view.tick.send_modify(|tick| *tick += 1);
+            view.wake_all();
         }
     }
 
@@ -292,9 +316,17 @@ impl BatchSink for Hub {
             };
             self.publish(&view, event.kind, &event.key, &event.payload, at_ms);
         }
-        // One wake-up per view per batch, after every lock is released.
+        // One wake-up per view per batch, after every lock is released; narrowed subscribers
+        // only for their keys.
         for view in touched {
             view.tick.send_modify(|tick| *tick += 1);
+            view.keyed.wake(
+                batch
+                    .events
+                    .iter()
+                    .filter(|event| *event.view == *view.name)
+                    .map(|event| (event.key.as_str(), event.key.len() + event.payload.len())),
+            );
         }
     }
 
