@@ -728,6 +728,55 @@ mod tests {
         }
     }
 
+    /// A narrowed subscriber is woken only by its keys, yet never falls off a tape that rolls
+    /// over under the other keys' records: it gets its key's next update, not a reset.
+    #[tokio::test]
+    async fn a_narrowed_subscriber_sleeps_through_other_keys_and_the_tape_rolling_over() {
+        let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(JournalConfig {
+            max_records_per_view: 40,
+            ..JournalConfig::default()
+        }))));
+        hub.declare("v");
+        let commit = |keys: Vec<String>| {
+            let hub = Arc::clone(&hub);
+            async move {
+                let events = keys
+                    .into_iter()
+                    .map(|key| GuestEvent {
+                        view: Arc::from("v"),
+                        key,
+                        kind: EventKind::Update,
+                        payload: Bytes::from_static(b"1"),
+                    })
+                    .collect();
+                let now = crate::log::unix_ms_now();
+                hub.commit("test", GuestBatch::of_events(events), now).await;
+            }
+        };
+        commit(vec!["A".into()]).await;
+        let (_shutdown_tx, shutdown) = watch::channel(false);
+        let mut client = Client::default();
+        let narrow = Narrow::Keys(["A".to_owned()].into());
+        let mut stream = connect(&hub, &client, &narrow, &shutdown);
+        read_ready(&mut stream, &mut client, 10).await;
+        assert_eq!(client.state.len(), 1);
+        // 400 records of other keys, ten tapes' worth, one at a time: nothing for it to send
+        // (polled after each, as its task would be run when woken).
+        for i in 0..400 {
+            commit(vec![format!("B{i}")]).await;
+            let idle = tokio::time::timeout(Duration::from_millis(1), stream.next()).await;
+            assert!(idle.is_err(), "woken with something to send: {idle:?}");
+        }
+        commit(vec!["A".into(), "C".into()]).await;
+        read_ready(&mut stream, &mut client, 10).await;
+        assert_eq!(client.resets, 0, "reset although it never fell behind");
+        let window = hub.journal().window_now("v");
+        assert_eq!(
+            client.last_id,
+            Cursor::new(window.epoch, window.next - 2).to_string()
+        );
+    }
+
     #[tokio::test]
     async fn large_frames_go_out_shared_and_small_ones_coalesce_within_the_cap() {
         let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
