@@ -54,6 +54,41 @@ fn validate_runtime<'a>(
             format!("runtime {:?} is configured twice", runtime.name),
         ));
     }
+    validate_views(i, runtime)?;
+    if let Some(builtin) = runtime.wasm.strip_prefix("builtin:") {
+        if !BUILTIN_GUESTS.iter().any(|(name, _)| *name == builtin) {
+            return Err(Problem::new(
+                key("wasm"),
+                format!(
+                    "runtime {:?}: no built-in guest {builtin:?} (built-in: {})",
+                    runtime.name,
+                    BUILTIN_GUESTS.map(|(name, _)| name).join(", ")
+                ),
+            ));
+        }
+    }
+    if runtime.limits.fuel == 0 {
+        return Err(Problem::new(
+            key("limits.fuel"),
+            format!("runtime {:?}: fuel must be above zero", runtime.name),
+        ));
+    }
+    if runtime.limits.batch_timeout.is_zero() {
+        return Err(Problem::new(
+            key("limits.batch_timeout"),
+            format!(
+                "runtime {:?}: batch_timeout must be above zero",
+                runtime.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The `i`th `[[runtime]]`'s views: some declared, each name valid, a schema only for one of
+/// them.
+fn validate_views(i: usize, runtime: &RuntimeSection) -> Result<(), Problem> {
+    let key = |name: &str| format!("runtime[{i}].{name}");
     if runtime.views.is_empty() {
         return Err(Problem::new(
             key("views"),
@@ -81,33 +116,6 @@ fn validate_runtime<'a>(
                 "runtime {:?}: a schema for view {view:?}, which it does not declare \
                  (views = {:?})",
                 runtime.name, runtime.views
-            ),
-        ));
-    }
-    if let Some(builtin) = runtime.wasm.strip_prefix("builtin:") {
-        if !BUILTIN_GUESTS.iter().any(|(name, _)| *name == builtin) {
-            return Err(Problem::new(
-                key("wasm"),
-                format!(
-                    "runtime {:?}: no built-in guest {builtin:?} (built-in: {})",
-                    runtime.name,
-                    BUILTIN_GUESTS.map(|(name, _)| name).join(", ")
-                ),
-            ));
-        }
-    }
-    if runtime.limits.fuel == 0 {
-        return Err(Problem::new(
-            key("limits.fuel"),
-            format!("runtime {:?}: fuel must be above zero", runtime.name),
-        ));
-    }
-    if runtime.limits.batch_timeout.is_zero() {
-        return Err(Problem::new(
-            key("limits.batch_timeout"),
-            format!(
-                "runtime {:?}: batch_timeout must be above zero",
-                runtime.name
             ),
         ));
     }
