@@ -19,8 +19,12 @@
 //! start begins from the new history.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
+
+use futures_util::stream::{FuturesOrdered, StreamExt as _};
 
 use viewtape_snapshots::log::{Durability, LogDamageKind, LogDir, LogError, LogScan};
 use viewtape_snapshots::{SnapshotDir, SnapshotError};
@@ -344,9 +348,16 @@ pub async fn replay(
         .as_ref()
         .is_none_or(|(cause, _)| *cause == Break::Boot)
     {
-        broken = replay_records(&plan, runtimes, modules, engine, &mut replayed.records)
-            .await?
-            .or(broken);
+        broken = replay_records(
+            &plan,
+            &log,
+            runtimes,
+            modules,
+            engine,
+            &mut replayed.records,
+        )
+        .await?
+        .or(broken);
     }
     if broken.is_none() && plan.no_snapshot && replayed.records > 0 {
         broken = Some((
@@ -434,16 +445,21 @@ async fn replay_deploy(
         .map_err(|error| (error.cause(), error.to_string()))
 }
 
+/// Records a replay has handed to their runtimes and not yet settled: the runtimes run ahead
+/// of each other, on every core, and commit in position order.
+const REPLAY_AHEAD: usize = 64;
+
 /// Replays every intact record after `plan.from`. Returns the break that stopped it, if any.
 async fn replay_records(
     plan: &Plan,
+    log: &Log,
     runtimes: &Runtimes,
     modules: &ModuleStore,
     engine: &GuestEngine,
     count: &mut u64,
 ) -> Result<Option<(Break, String)>, RecoveryError> {
     // Records are read on a blocking thread and handed over one at a time.
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Vec<u8>)>(64);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Vec<u8>)>(REPLAY_AHEAD);
     let dir = LogDir::open_existing(plan.dir.path())?;
     let from = plan.from;
     let reader = tokio::task::spawn_blocking(move || {
@@ -452,6 +468,11 @@ async fn replay_records(
                 .map_err(|_| LogError::Stopped)
         })
     });
+    let mut ahead = Ahead {
+        log,
+        applying: FuturesOrdered::new(),
+        count,
+    };
     let mut expected = plan.from + 1;
     let mut broken = None;
     while let Some((position, payload)) = rx.recv().await {
@@ -465,6 +486,7 @@ async fn replay_records(
             ));
             break;
         }
+        expected += 1;
         let entry = match Entry::decode(&payload) {
             Ok(entry) => entry,
             Err(error) => {
@@ -492,28 +514,75 @@ async fn replay_records(
                 break;
             }
         };
-        let replayed = match entry {
-            Entry::Batch(batch) => runtime
-                .handle
-                .apply(Record::Batch(batch), position)
-                .await
-                .map_err(|error| (error.cause(), error.to_string())),
-            Entry::Deploy(deploy) => {
-                replay_deploy(&runtime.handle, deploy, position, modules, engine).await
+        let settled = match entry {
+            Entry::Batch(batch) => {
+                // Handed over here, in position order; settled below, in the same order.
+                let applied = runtime
+                    .handle
+                    .hand_over(Record::Batch(batch), position)
+                    .await;
+                ahead.applying.push_back(Box::pin(async move {
+                    (
+                        position,
+                        applied.await.map_err(|e| (e.cause(), e.to_string())),
+                    )
+                }));
+                ahead.settle(REPLAY_AHEAD - 1).await
             }
+            // A deploy switches its runtime's module: everything before it first.
+            Entry::Deploy(deploy) => match ahead.settle(0).await {
+                Ok(()) => replay_deploy(&runtime.handle, deploy, position, modules, engine)
+                    .await
+                    .map(|()| *ahead.count += 1)
+                    .map_err(|(cause, error)| (cause, format!("log position {position}: {error}"))),
+                broke => broke,
+            },
             // Refused above: a restore belongs to no runtime.
             Entry::Restore(_) => Ok(()),
         };
-        if let Err((cause, error)) = replayed {
-            broken = Some((cause, format!("log position {position}: {error}")));
+        if let Err(error) = settled {
+            broken = Some(error);
             break;
         }
-        *count += 1;
-        expected += 1;
+    }
+    // An earlier record's break comes first: what is still in flight is settled before a
+    // break found here is reported.
+    if let Err(error) = ahead.settle(0).await {
+        broken = Some(error);
     }
     drop(rx);
     match reader.await? {
         Ok(()) | Err(LogError::Stopped) => Ok(broken),
         Err(error) => Err(error.into()),
+    }
+}
+
+/// Records handed to their runtimes, settled in position order.
+struct Ahead<'a> {
+    log: &'a Log,
+    applying: FuturesOrdered<Applying>,
+    count: &'a mut u64,
+}
+
+/// A record being applied: its position, and how it ended.
+type Applying = Pin<Box<dyn Future<Output = (u64, Result<(), (Break, String)>)> + Send>>;
+
+impl Ahead<'_> {
+    /// Settles records, in order, until at most `left` are in flight. The first that failed
+    /// abandons those behind it (their runtimes undo them) and is returned.
+    async fn settle(&mut self, left: usize) -> Result<(), (Break, String)> {
+        while self.applying.len() > left {
+            let Some((position, applied)) = self.applying.next().await else {
+                break;
+            };
+            if let Err((cause, error)) = applied {
+                self.log.abandon_turns(true);
+                while self.applying.next().await.is_some() {}
+                self.log.abandon_turns(false);
+                return Err((cause, format!("log position {position}: {error}")));
+            }
+            *self.count += 1;
+        }
+        Ok(())
     }
 }

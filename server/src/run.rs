@@ -25,7 +25,7 @@ use bytes::Bytes;
 
 use crate::frame;
 use crate::host::{EngineConfig, EventKind, GuestEngine, GuestModule, Limits};
-use crate::runtime::guest::{GuestSlot, SlotError, Typing};
+use crate::runtime::guest::{Fit, GuestSlot, SlotError, Typing};
 
 /// How to run.
 #[derive(Debug)]
@@ -85,7 +85,7 @@ pub async fn run(
             break;
         }
         batch_number += 1;
-        match slot.run(batch.as_bytes(), &mut last_good).await {
+        match slot.run(batch.as_bytes(), &mut last_good, Fit::Check).await {
             Ok(output) => {
                 for reason in &output.gaps {
                     emit(

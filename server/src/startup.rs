@@ -16,7 +16,7 @@
 //!    its own runtime's views. On a cluster the stream decides which module runs instead (see
 //!    [`crate::cluster`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -98,14 +98,22 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         })?);
     let mut runtimes = Runtimes::default();
     let mut changed = BTreeMap::new();
+    // Runtimes on the same module (the built-in ticker, say) share one compilation.
+    let mut compiled = HashMap::new();
     for (i, section) in config.runtimes.iter().enumerate() {
         let planned = plan(section, &modules, &mut begun.dumps)?;
         for view in &section.views {
             hub.declare(view);
         }
         let configured = planned.configured.clone();
-        let (module, restore, config_changed) =
-            first_module(&planned, &modules, &engine, cluster.as_deref()).await?;
+        let (module, restore, config_changed) = first_module(
+            &planned,
+            &modules,
+            &engine,
+            &mut compiled,
+            cluster.as_deref(),
+        )
+        .await?;
         let runtime_config = RuntimeConfig {
             guest_config: Bytes::from(section.guest_config()),
             limits: section.limits.to_limits(),
@@ -203,11 +211,19 @@ async fn first_module(
     planned: &Planned<'_>,
     modules: &ModuleStore,
     engine: &GuestEngine,
+    compiled: &mut HashMap<ModuleFingerprint, GuestModule>,
     cluster: Option<&Cluster>,
 ) -> anyhow::Result<(GuestModule, Option<crate::runtime::RuntimeSnapshot>, bool)> {
     let name = &planned.section.name;
-    let compile = |wasm: &[u8]| {
-        GuestModule::new(engine, wasm).map_err(|error| anyhow::anyhow!("runtime {name:?}: {error}"))
+    let mut compile = |wasm: &[u8]| -> anyhow::Result<GuestModule> {
+        let fingerprint = ModuleFingerprint::of(wasm);
+        if let Some(module) = compiled.get(&fingerprint) {
+            return Ok(module.clone());
+        }
+        let module = GuestModule::new(engine, wasm)
+            .map_err(|error| anyhow::anyhow!("runtime {name:?}: {error}"))?;
+        compiled.insert(fingerprint, module.clone());
+        Ok(module)
     };
     let Some(dump) = &planned.dump else {
         return Ok((compile(&planned.configured_wasm)?, None, false));

@@ -253,6 +253,9 @@ pub struct Log {
     durability: Durability,
     /// The last position committed to the journal.
     committed: watch::Sender<u64>,
+    /// Set while a replay that broke off drains the records it had in flight: their turns
+    /// will never come, and [`Log::turn_unless_abandoned`] says so.
+    abandoned: watch::Sender<bool>,
     /// The last position made durable.
     durable: AtomicU64,
     /// A reopen is under way.
@@ -274,6 +277,7 @@ impl Log {
             stream: None,
             durability,
             committed: watch::Sender::new(committed),
+            abandoned: watch::Sender::new(false),
             durable: AtomicU64::new(committed),
             reopening: AtomicBool::new(false),
             lineage: Mutex::new((Lineage::default(), true)),
@@ -497,6 +501,23 @@ impl Log {
             log: self,
             last: Some(first + count.saturating_sub(1)),
         }
+    }
+
+    /// As [`Log::turn`], or `None` once the turns waited for are abandoned
+    /// ([`Log::abandon_turns`]): a replay broke off before them.
+    pub async fn turn_unless_abandoned(&self, first: Option<u64>, count: u64) -> Option<Turn<'_>> {
+        let mut abandoned = self.abandoned.subscribe();
+        tokio::select! {
+            biased;
+            _ = abandoned.wait_for(|abandoned| *abandoned) => None,
+            turn = self.turn(first, count) => Some(turn),
+        }
+    }
+
+    /// Abandons (`true`) the turns waited for through [`Log::turn_unless_abandoned`], or ends
+    /// that (`false`).
+    pub fn abandon_turns(&self, abandon: bool) {
+        self.abandoned.send_replace(abandon);
     }
 
     /// Marks `position` as applied without a commit (start-up, before the runtimes run).

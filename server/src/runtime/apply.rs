@@ -27,6 +27,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::group::Staging;
+use super::guest::Fit;
 use super::handle::Record;
 use super::publish::Verdict;
 use super::task::Task;
@@ -142,12 +143,12 @@ impl<S: BatchSink> Task<S> {
             runtime: runtime.to_owned(),
             detail,
         };
+        let before = self.last.state.clone();
         let batch = match &entry.outcome {
             Outcome::Lost | Outcome::Pending => None,
             Outcome::Committed(logged) => {
-                let before = self.last.state.clone();
                 let batch = self
-                    .run_guest(&entry)
+                    .run_guest(&entry, Fit::Known)
                     .await
                     .map_err(|error| diverged(&self.name, format!("it failed: {error}")))?;
                 let digest = Digest::of(&batch);
@@ -165,14 +166,25 @@ impl<S: BatchSink> Task<S> {
                 Some(batch)
             }
         };
+        // Replays of several runtimes run ahead of each other and commit in turn; a replay that
+        // broke off before this record abandons its turn, and the guest goes back to the state
+        // before it.
+        let log = Arc::clone(&self.log);
+        let Some(turn) = log.turn_unless_abandoned(Some(position), 1).await else {
+            if batch.is_some() {
+                self.last.state = before;
+                self.slot.reset();
+            }
+            return Err(ApplyError::Abandoned {
+                runtime: self.name.to_string(),
+            });
+        };
         if entry.checkpoint.is_some() {
             self.last.checkpoint = entry.checkpoint;
         }
         if let Some(stamp) = &entry.producer {
             self.last.producers.stage(stamp);
         }
-        let log = Arc::clone(&self.log);
-        let turn = log.turn(Some(position), 1).await;
         self.commit(&entry, batch, Some(position)).await;
         drop(turn);
         self.log.metrics().replayed.inc();

@@ -189,6 +189,13 @@ pub enum ApplyError {
         /// The runtime.
         runtime: String,
     },
+    /// A replay broke off at an earlier record: this one was not applied, and the runtime is
+    /// as it was before it.
+    #[error("runtime `{runtime}`: the replay broke off before this record")]
+    Abandoned {
+        /// The runtime.
+        runtime: String,
+    },
 }
 
 impl ApplyError {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::guest::Fit;
 use super::handle::{Ingest, Reply};
 use super::task::Task;
 use super::{Accepted, BatchSink, IngestError};
@@ -144,7 +145,7 @@ impl<S: BatchSink> Task<S> {
                 }
             }
         }
-        let (batch, error) = match self.run_guest(&entry).await {
+        let (batch, error) = match self.run_guest(&entry, Fit::Check).await {
             Ok(batch) => {
                 entry.outcome = Outcome::Committed(Digest::of(&batch));
                 (Some(batch), None)

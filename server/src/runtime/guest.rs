@@ -150,14 +150,22 @@ impl GuestSlot {
     }
 
     /// Runs `input` through the guest; the events must go to the declared views and fit their
-    /// schemas. On success `state` becomes the guest's new state; on failure the instance is
-    /// made again from `state`, the last good one.
+    /// schemas (unless `fit` says they are known to). On success `state` becomes the guest's
+    /// new state; on failure the instance is made again from `state`, the last good one.
     ///
     /// # Errors
     /// [`SlotError`].
-    pub async fn run(&mut self, input: &[u8], state: &mut Bytes) -> Result<GuestBatch, SlotError> {
+    pub async fn run(
+        &mut self,
+        input: &[u8],
+        state: &mut Bytes,
+        fit: Fit,
+    ) -> Result<GuestBatch, SlotError> {
         let views = self.typing.views.clone();
-        let schemas = Arc::clone(&self.schemas);
+        let schemas = match fit {
+            Fit::Check => Some(Arc::clone(&self.schemas)),
+            Fit::Known => None,
+        };
         let instance = match self.instance(state).await {
             Ok(instance) => instance,
             Err(error) => {
@@ -166,7 +174,7 @@ impl GuestSlot {
             }
         };
         let outcome = match instance.on_batch(input).await {
-            Ok(batch) => match typed(views.as_deref(), &schemas, batch) {
+            Ok(batch) => match typed(views.as_deref(), schemas.as_deref(), batch) {
                 Ok(batch) => instance.save().await.map(|saved| (batch, saved)),
                 Err(error) => Err(error),
             },
@@ -217,12 +225,13 @@ impl<S: BatchSink> Task<S> {
     pub(super) async fn run_guest(
         &mut self,
         entry: &BatchEntry,
+        fit: Fit,
     ) -> Result<GuestBatch, IngestError> {
         if entry.input.is_empty() && entry.checkpoint.is_some() {
             return Ok(GuestBatch::default());
         }
         let runtime = self.name.to_string();
-        match self.slot.run(&entry.input, &mut self.last.state).await {
+        match self.slot.run(&entry.input, &mut self.last.state, fit).await {
             Ok(batch) => Ok(batch),
             Err(SlotError::Unavailable(source)) => {
                 tracing::error!(error = %source, "runtime unavailable: re-instantiation failed");
@@ -244,11 +253,21 @@ impl<S: BatchSink> Task<S> {
     }
 }
 
+/// Whether a run checks its events against the views' schemas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fit {
+    /// New input: every update must fit its view's schema.
+    Check,
+    /// A logged batch run again: its events are checked against what the log says it
+    /// produced (a digest), which fitted when it committed.
+    Known,
+}
+
 /// `batch`, if it publishes only to `views` (what its runtime declares; `None`: anywhere) and
 /// every update fits its view's schema.
 fn typed(
     views: Option<&[String]>,
-    schemas: &ViewSchemas,
+    schemas: Option<&ViewSchemas>,
     batch: GuestBatch,
 ) -> Result<GuestBatch, GuestError> {
     if let Some(views) = views {
@@ -263,7 +282,7 @@ fn typed(
             });
         }
     }
-    if !schemas.is_empty() {
+    if let Some(schemas) = schemas.filter(|schemas| !schemas.is_empty()) {
         for event in batch.events.iter().filter(|e| e.kind == EventKind::Update) {
             schemas.check(&event.view, &event.key, &event.payload)?;
         }

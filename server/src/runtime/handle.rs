@@ -34,6 +34,10 @@ pub(super) struct Ingest {
     pub reply: Reply,
 }
 
+/// A record's outcome to come ([`RuntimeHandle::hand_over`]).
+pub type Applied =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ApplyError>> + Send>>;
+
 /// A logged record, ready to apply.
 #[derive(Clone, Debug)]
 pub enum Record {
@@ -335,16 +339,28 @@ impl RuntimeHandle {
     /// [`ApplyError`]: the record is not this runtime's history (or, for
     /// [`ApplyError::Unavailable`], cannot be applied now; nothing changed).
     pub async fn apply(&self, record: Record, position: u64) -> Result<(), ApplyError> {
-        self.ask(|reply| Command::Apply {
+        self.hand_over(record, position).await.await
+    }
+
+    /// Hands `record` at `position` to the task (records reach it in the order of calls) and
+    /// returns its outcome to come: a replay applies records of several runtimes side by side
+    /// this way, each runtime committing in turn.
+    pub async fn hand_over(&self, record: Record, position: u64) -> Applied {
+        let (reply, rx) = oneshot::channel();
+        let command = Command::Apply {
             record,
             position,
             reply,
-        })
-        .await
-        .unwrap_or_else(|| {
-            Err(ApplyError::Stopped {
-                runtime: self.name.to_string(),
-            })
+        };
+        let sent = self.tx.send(command).await.is_ok();
+        let stopped = ApplyError::Stopped {
+            runtime: self.name.to_string(),
+        };
+        Box::pin(async move {
+            match sent {
+                true => rx.await.unwrap_or(Err(stopped)),
+                false => Err(stopped),
+            }
         })
     }
 

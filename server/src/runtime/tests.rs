@@ -316,3 +316,72 @@ async fn file_tail_feeds_the_runtime_and_truncation_marks_a_gap() {
     assert!(matches!(snap.checkpoint, Some(SourceCheckpoint::FileTail(cp)) if cp.offset > 0));
     task.abort();
 }
+
+/// A replayed record waits for its turn after running its guest; when the replay breaks off
+/// before it, the turn is abandoned, and the runtime is left as it was: no commit, the guest's
+/// state before the record, and the record applies again later.
+#[tokio::test]
+async fn a_replayed_record_whose_turn_is_abandoned_is_undone() {
+    use crate::host::{EventKind, GuestEvent};
+    use crate::log::{BatchEntry, Digest, Log, Outcome};
+    use handle::Record;
+
+    let module = GuestModule::new(&engine(), guests::MISBEHAVE_WASM).unwrap();
+    let sink = Arc::new(TestSink::default());
+    let log = Arc::new(Log::new(
+        true,
+        viewtape_snapshots::log::Durability::Fsync,
+        0,
+    ));
+    let handle = RuntimeHandle::spawn(
+        module.clone(),
+        RuntimeConfig::new("t", ["v", "state"]),
+        None,
+        Arc::new(EventJournal::new(JournalConfig::default())),
+        Arc::clone(&sink),
+        Arc::clone(&log),
+    )
+    .await
+    .unwrap();
+    let event = |view: &str, key: &str, payload: &'static [u8]| GuestEvent {
+        view: Arc::from(view),
+        key: key.to_owned(),
+        kind: EventKind::Update,
+        payload: Bytes::from_static(payload),
+    };
+    let produced =
+        GuestBatch::of_events(vec![event("v", "k", b"1"), event("state", "count", b"1")]);
+    let entry = BatchEntry {
+        runtime: "t".into(),
+        module: module.fingerprint().clone(),
+        guest_config: handle.guest_config_crc(),
+        at_ms: crate::log::unix_ms_now(),
+        input: Bytes::from_static(b"publish v k 1\ncount\n"),
+        producer: None,
+        checkpoint: None,
+        source_gap: None,
+        outcome: Outcome::Committed(Digest::of(&produced)),
+    };
+    let before = handle.save().await.unwrap();
+
+    // At position 2 it runs the guest, then waits for position 1, which never commits.
+    let applied = handle.hand_over(Record::Batch(entry.clone()), 2).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    log.abandon_turns(true);
+    let outcome = tokio::time::timeout(Duration::from_secs(5), applied)
+        .await
+        .expect("an abandoned turn ends the wait");
+    assert!(
+        matches!(outcome, Err(ApplyError::Abandoned { .. })),
+        "{outcome:?}"
+    );
+    log.abandon_turns(false);
+    assert_eq!(handle.save().await.unwrap().state, before.state);
+    assert!(sink.events.lock().unwrap().is_empty());
+    assert_eq!(log.committed(), 0);
+
+    // The same record, in its turn, applies from the state before it: the same digest.
+    handle.apply(Record::Batch(entry), 1).await.unwrap();
+    assert_eq!(log.committed(), 1);
+    assert_eq!(sink.events.lock().unwrap().len(), 2);
+}
