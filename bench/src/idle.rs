@@ -57,6 +57,7 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let before = rss_kib(pid)?;
+    let socket_pages_before = tcp_memory_pages()?;
     let start = Instant::now();
     let streams = connect_all(&target.dialer, path, options.connections, &head)
         .await
@@ -64,6 +65,7 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     let opened_in = start.elapsed();
     tokio::time::sleep(Duration::from_secs(options.hold_seconds)).await;
     let after = rss_kib(pid)?;
+    let socket_pages = tcp_memory_pages()?.saturating_sub(socket_pages_before);
     let per = (after.saturating_sub(before)) as f64 * 1024.0 / options.connections as f64;
     let connections = match target.transport() {
         Transport::TlsH2 => options.connections.div_ceil(H2_STREAMS_PER_CONNECTION),
@@ -77,6 +79,12 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
         opened_in.as_secs_f64() * 1000.0,
         per / 1000.0
     );
+    // The kernel's TCP buffer memory (`/proc/net/sockstat`, both ends of every loopback
+    // connection, in pages of 4 KiB), beside the server's own.
+    println!(
+        "idle kernel_tcp_mem_pages_added={socket_pages} per_connection_bytes={:.0}",
+        socket_pages as f64 * 4096.0 / options.connections as f64
+    );
     // Every connection is still open and healthy.
     let closed = streams.iter().filter(|s| s.is_closed()).count();
     if closed > 0 {
@@ -84,4 +92,23 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     }
     drop(streams);
     Ok(())
+}
+
+/// The pages of memory TCP sockets hold now, machine-wide (`mem` of the `TCP:` line of
+/// `/proc/net/sockstat`).
+fn tcp_memory_pages() -> anyhow::Result<u64> {
+    let sockstat = std::fs::read_to_string("/proc/net/sockstat").context("/proc/net/sockstat")?;
+    sockstat
+        .lines()
+        .find_map(|line| {
+            let fields = line.strip_prefix("TCP:")?;
+            let mut words = fields.split_whitespace();
+            while let Some(word) = words.next() {
+                if word == "mem" {
+                    return words.next()?.parse().ok();
+                }
+            }
+            None
+        })
+        .context("no TCP mem in /proc/net/sockstat")
 }
