@@ -37,7 +37,9 @@ impl BadHead {
         };
         tracing::debug!(?self, "request head refused");
         answer_and_close(&mut stream, status, "", &body, limits).await;
-        let mut sink = [0u8; 8192];
+        // On the heap: an array here would size every connection's task, which holds this
+        // future's state whether or not it ever answers a bad head.
+        let mut sink = vec![0u8; 8192];
         let drain = async {
             let mut read = 0;
             while read < 1 << 20 {
