@@ -1,0 +1,291 @@
+//! Step 3 of start-up: every intact record after the snapshot, replayed through the runtimes
+//! (side by side, committing in log order), then the writer started after the last one.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures_util::stream::{FuturesOrdered, StreamExt as _};
+use viewtape_snapshots::log::{LogDamageKind, LogDir, LogError};
+
+use super::{Begun, Plan, RecoveryError};
+use crate::host::{GuestEngine, GuestModule};
+use crate::hub::Hub;
+use crate::log::{Break, DeployEntry, Entry, Log};
+use crate::registry::{ModuleStore, Runtimes};
+use crate::runtime::handle::Record;
+use crate::runtime::RuntimeHandle;
+
+/// How [`replay`] ended.
+#[derive(Debug, Default)]
+pub struct Replayed {
+    /// Records replayed.
+    pub records: u64,
+    /// Set when continuity broke: the cause (the metric's label) and where the files went.
+    pub failed_closed: Option<(Break, Vec<PathBuf>)>,
+    /// The next start needs a snapshot at the log's new beginning: write one now.
+    pub needs_snapshot: bool,
+}
+
+/// Replays the log after the snapshot through `runtimes` and starts the writer; see the module
+/// docs.
+///
+/// # Errors
+/// The log cannot be read (an I/O error, not damage), set aside, or started.
+pub async fn replay(
+    begun: &mut Begun,
+    hub: &Hub,
+    runtimes: &Runtimes,
+    modules: &ModuleStore,
+    engine: &GuestEngine,
+) -> Result<Replayed, RecoveryError> {
+    let Some(plan) = begun.plan.take() else {
+        return Ok(Replayed::default());
+    };
+    let log = Arc::clone(&begun.log);
+    let started = std::time::Instant::now();
+    let mut replayed = Replayed::default();
+    let mut broken = plan.broken_before.clone();
+    if broken
+        .as_ref()
+        .is_none_or(|(cause, _)| *cause == Break::Boot)
+    {
+        broken = replay_records(
+            &plan,
+            &log,
+            runtimes,
+            modules,
+            engine,
+            &mut replayed.records,
+        )
+        .await?
+        .or(broken);
+    }
+    if broken.is_none() && plan.no_snapshot && replayed.records > 0 {
+        broken = Some((
+            Break::Missing,
+            "no snapshot holds the epoch of the logged history".to_owned(),
+        ));
+    }
+    if broken.is_none() {
+        if let Some(damage) = plan.scan.first_damage() {
+            let cause = match damage.kind {
+                LogDamageKind::Missing { .. } => Break::Missing,
+                _ => Break::Corrupt,
+            };
+            broken = Some((cause, format!("{}: {damage}", damage.path.display())));
+        }
+    }
+    let mut next = plan.scan.next().max(plan.from + 1);
+    if let Some((cause, what)) = broken {
+        let kept = plan.dir.set_aside_all()?;
+        hub.journal()
+            .hydrate(hub.journal().dump().await, false)
+            .await;
+        hub.wake_all();
+        // Positions are never reused, not even those of set-aside records.
+        next = next.max(log.committed() + 1);
+        log.metrics().failed_closed(cause);
+        tracing::error!(
+            %cause,
+            problem = %what,
+            proven_through = log.committed(),
+            kept = ?kept,
+            epoch = %hub.journal().epoch().await,
+            "log continuity is broken: taking a fresh epoch from here (clients get a reset); the log starts over, its files are kept"
+        );
+        replayed.failed_closed = Some((cause, kept));
+    } else if replayed.records > 0 {
+        tracing::info!(
+            records = replayed.records,
+            through = next - 1,
+            seconds = started.elapsed().as_secs_f64(),
+            "log replayed"
+        );
+    }
+    // The epoch lives in snapshots: the first life writes one before it issues an offset.
+    replayed.needs_snapshot =
+        replayed.failed_closed.is_some() || plan.unpositioned || plan.no_snapshot;
+    log.skip_to(next - 1);
+    let lineage = viewtape_snapshots::log::Lineage {
+        history: plan.history,
+        epoch: hub.journal().epoch().await.to_bits(),
+    };
+    log.set_lineage(lineage, plan.watermark);
+    log.start_writer(&plan.dir, next, plan.segment_bytes)?;
+    Ok(replayed)
+}
+
+/// Switches `runtime` to the module a logged deploy installed, from the store.
+async fn replay_deploy(
+    runtime: &RuntimeHandle,
+    deploy: DeployEntry,
+    position: u64,
+    modules: &ModuleStore,
+    engine: &GuestEngine,
+) -> Result<(), (Break, String)> {
+    let wasm = modules.get(&deploy.module).map_err(|error| {
+        let path = modules.path(&deploy.module);
+        (
+            Break::Module,
+            format!(
+                "deployed module {}: {}: {error}",
+                deploy.module,
+                path.display()
+            ),
+        )
+    })?;
+    let module = GuestModule::new(engine, &wasm).map_err(|error| {
+        (
+            Break::Module,
+            format!("deployed module {}: {error}", deploy.module),
+        )
+    })?;
+    runtime
+        .apply(Record::Deploy(deploy, module), position)
+        .await
+        .map_err(|error| (error.cause(), error.to_string()))
+}
+
+/// Records a replay has handed to their runtimes and not yet settled: the runtimes run ahead
+/// of each other, on every core, and commit in position order.
+const REPLAY_AHEAD: usize = 64;
+
+/// Replays every intact record after `plan.from`. Returns the break that stopped it, if any.
+async fn replay_records(
+    plan: &Plan,
+    log: &Log,
+    runtimes: &Runtimes,
+    modules: &ModuleStore,
+    engine: &GuestEngine,
+    count: &mut u64,
+) -> Result<Option<(Break, String)>, RecoveryError> {
+    // Records are read on a blocking thread and handed over one at a time.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Vec<u8>)>(REPLAY_AHEAD);
+    let dir = LogDir::open_existing(plan.dir.path())?;
+    let from = plan.from;
+    let reader = tokio::task::spawn_blocking(move || {
+        dir.read_after(from, |record| {
+            tx.blocking_send((record.position, record.payload))
+                .map_err(|_| LogError::Stopped)
+        })
+    });
+    let mut ahead = Ahead {
+        log,
+        applying: FuturesOrdered::new(),
+        count,
+    };
+    let mut expected = plan.from + 1;
+    let mut broken = None;
+    while let Some((position, payload)) = rx.recv().await {
+        if position != expected {
+            broken = Some((
+                Break::Missing,
+                format!(
+                    "log position {position} follows {} (records are missing)",
+                    expected - 1
+                ),
+            ));
+            break;
+        }
+        expected += 1;
+        let entry = match Entry::decode(&payload) {
+            Ok(entry) => entry,
+            Err(error) => {
+                broken = Some((
+                    Break::Corrupt,
+                    format!("log position {position} does not decode: {error}"),
+                ));
+                break;
+            }
+        };
+        let runtime = match entry.runtime().map(|name| (name, runtimes.get(name))) {
+            Some((_, Some(runtime))) => runtime,
+            Some((name, None)) => {
+                broken = Some((
+                    Break::Module,
+                    format!("log position {position} belongs to runtime {name:?}, which is not configured"),
+                ));
+                break;
+            }
+            None => {
+                broken = Some((
+                    Break::Corrupt,
+                    format!("log position {position} holds a cluster's restore, which a local log never does"),
+                ));
+                break;
+            }
+        };
+        let settled = match entry {
+            Entry::Batch(batch) => {
+                // Handed over here, in position order; settled below, in the same order.
+                let applied = runtime
+                    .handle
+                    .hand_over(Record::Batch(batch), position)
+                    .await;
+                ahead.applying.push_back(Box::pin(async move {
+                    (
+                        position,
+                        applied.await.map_err(|e| (e.cause(), e.to_string())),
+                    )
+                }));
+                ahead.settle(REPLAY_AHEAD - 1).await
+            }
+            // A deploy switches its runtime's module: everything before it first.
+            Entry::Deploy(deploy) => match ahead.settle(0).await {
+                Ok(()) => replay_deploy(&runtime.handle, deploy, position, modules, engine)
+                    .await
+                    .map(|()| *ahead.count += 1)
+                    .map_err(|(cause, error)| (cause, format!("log position {position}: {error}"))),
+                broke => broke,
+            },
+            // Refused above: a restore belongs to no runtime.
+            Entry::Restore(_) => Ok(()),
+        };
+        if let Err(error) = settled {
+            broken = Some(error);
+            break;
+        }
+    }
+    // An earlier record's break comes first: what is still in flight is settled before a
+    // break found here is reported.
+    if let Err(error) = ahead.settle(0).await {
+        broken = Some(error);
+    }
+    drop(rx);
+    match reader.await? {
+        Ok(()) | Err(LogError::Stopped) => Ok(broken),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Records handed to their runtimes, settled in position order.
+struct Ahead<'a> {
+    log: &'a Log,
+    applying: FuturesOrdered<Applying>,
+    count: &'a mut u64,
+}
+
+/// A record being applied: its position, and how it ended.
+type Applying = Pin<Box<dyn Future<Output = (u64, Result<(), (Break, String)>)> + Send>>;
+
+impl Ahead<'_> {
+    /// Settles records, in order, until at most `left` are in flight. The first that failed
+    /// abandons those behind it (their runtimes undo them) and is returned.
+    async fn settle(&mut self, left: usize) -> Result<(), (Break, String)> {
+        while self.applying.len() > left {
+            let Some((position, applied)) = self.applying.next().await else {
+                break;
+            };
+            if let Err((cause, error)) = applied {
+                self.log.abandon_turns(true);
+                while self.applying.next().await.is_some() {}
+                self.log.abandon_turns(false);
+                return Err((cause, format!("log position {position}: {error}")));
+            }
+            *self.count += 1;
+        }
+        Ok(())
+    }
+}
