@@ -1,0 +1,219 @@
+use std::path::PathBuf;
+
+use super::scan::{Damage, SegmentScan};
+use super::{
+    LOG_MAGIC, LOG_VERSION, MAX_RECORD_BYTES, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN,
+    SEGMENT_HEADER_LEN_V1,
+};
+use crate::history::HistoryId;
+
+/// Checks one segment's bytes.
+pub(super) fn scan_segment(path: PathBuf, first: u64, bytes: &[u8]) -> SegmentScan {
+    let len = bytes.len() as u64;
+    let header = match parse_header(bytes, first) {
+        Ok(header) => header,
+        Err(reason) => {
+            // A new segment whose header never reached the disk whole holds no record yet.
+            let damage = if torn_header(bytes, first) {
+                Damage::TornTail { valid_len: 0 }
+            } else {
+                Damage::Corrupt { offset: 0, reason }
+            };
+            return SegmentScan {
+                path,
+                first,
+                records: 0,
+                len,
+                damage: Some(damage),
+                version: 0,
+                history: None,
+                epoch: None,
+            };
+        }
+    };
+    let mut at = header.len;
+    let mut records = 0;
+    while let Some((_, record_len)) = record_at(bytes, at, first + records) {
+        at += record_len;
+        records += 1;
+    }
+    let damage = (at != bytes.len()).then(|| tail_damage(bytes, at));
+    SegmentScan {
+        path,
+        first,
+        records,
+        len,
+        damage,
+        version: header.version,
+        history: header.history,
+        epoch: header.epoch,
+    }
+}
+
+/// What the bytes from `at` (after the last intact record) are: a torn tail only when the file
+/// ends inside a record or they are all zeros, and no intact record follows (module docs).
+pub(super) fn tail_damage(bytes: &[u8], at: usize) -> Damage {
+    let rest = &bytes[at..];
+    if (at + 1..bytes.len()).any(|from| frame_at(bytes, from).is_some()) {
+        return Damage::Corrupt {
+            offset: at as u64,
+            reason: "a bad record with intact records after it".to_owned(),
+        };
+    }
+    // Zeros at the very end are what a file system leaves where data never reached the disk.
+    let written = rest
+        .iter()
+        .rposition(|&b| b != 0)
+        .map_or(0, |last| last + 1);
+    let ends_inside = written < RECORD_HEADER_LEN || {
+        let announced = u32_at(rest, 0) as usize;
+        announced <= MAX_RECORD_BYTES && written < RECORD_HEADER_LEN + announced
+    };
+    if ends_inside {
+        return Damage::TornTail {
+            valid_len: at as u64,
+        };
+    }
+    Damage::Corrupt {
+        offset: at as u64,
+        reason: "a complete record fails its checksum or is out of sequence (damage, not a torn write: it was written whole)".to_owned(),
+    }
+}
+
+/// Whether `bytes`, shorter than a header, are what a crash while creating the segment leaves:
+/// zeros, or the start of the header this build writes for `first`.
+pub(super) fn torn_header(bytes: &[u8], first: u64) -> bool {
+    if bytes.len() >= SEGMENT_HEADER_LEN {
+        return false;
+    }
+    let known = segment_header(first, &Lineage::default());
+    let fixed = bytes.len().min(20); // magic, version, zero, first: what does not vary
+    bytes.iter().all(|&b| b == 0) || bytes[..fixed] == known[..fixed]
+}
+
+/// A parsed segment header.
+pub(super) struct Header {
+    pub(super) version: u16,
+    pub(super) history: Option<HistoryId>,
+    pub(super) epoch: Option<u64>,
+    /// Where its first record starts.
+    pub(super) len: usize,
+}
+
+/// Parses and checks a segment header: magic, version (1 or 2), length, checksum, and that it
+/// names `first`, as the file name does.
+pub(super) fn parse_header(bytes: &[u8], first: u64) -> Result<Header, String> {
+    let magic = bytes.len().min(LOG_MAGIC.len());
+    if bytes[..magic] != LOG_MAGIC[..magic] {
+        return Err("not a viewtape log segment (bad magic)".to_owned());
+    }
+    let Some(version) = bytes.get(8..10).map(|v| u16::from_le_bytes([v[0], v[1]])) else {
+        return Err("shorter than a segment header".to_owned());
+    };
+    let len = match version {
+        1 => SEGMENT_HEADER_LEN_V1,
+        LOG_VERSION => SEGMENT_HEADER_LEN,
+        _ => {
+            return Err(format!(
+                "segment format version {version}; this build reads 1 and {LOG_VERSION}"
+            ))
+        }
+    };
+    let Some(header) = bytes.get(..len) else {
+        return Err("shorter than a segment header".to_owned());
+    };
+    if crc32c::crc32c(&header[..len - 4]) != u32_at(header, len - 4) {
+        return Err("segment header checksum mismatch".to_owned());
+    }
+    let named = u64_at(header, 12);
+    if named != first {
+        return Err(format!(
+            "header says first position {named}, the name says {first}"
+        ));
+    }
+    let (history, epoch) = match version {
+        1 => (None, None),
+        _ => {
+            let mut id = [0u8; 16];
+            id.copy_from_slice(&header[20..36]);
+            (HistoryId::from_bytes(id), Some(u64_at(header, 36)))
+        }
+    };
+    Ok(Header {
+        version,
+        history,
+        epoch,
+        len,
+    })
+}
+
+/// An intact record frame at `at`: its position, payload and length.
+pub(super) fn frame_at(bytes: &[u8], at: usize) -> Option<(u64, &[u8], usize)> {
+    let head = bytes.get(at..at.checked_add(RECORD_HEADER_LEN)?)?;
+    let payload_len = u32_at(head, 0) as usize;
+    if payload_len > MAX_RECORD_BYTES {
+        return None;
+    }
+    let end = at + RECORD_HEADER_LEN + payload_len;
+    let covered = bytes.get(at + 8..end)?;
+    (crc32c::crc32c(covered) == u32_at(head, 4)).then(|| {
+        (
+            u64_at(head, 8),
+            &bytes[at + RECORD_HEADER_LEN..end],
+            end - at,
+        )
+    })
+}
+
+/// The intact record at `at` if it has position `position`.
+pub(super) fn record_at(bytes: &[u8], at: usize, position: u64) -> Option<(&[u8], usize)> {
+    frame_at(bytes, at)
+        .filter(|(found, _, _)| *found == position)
+        .map(|(_, payload, len)| (payload, len))
+}
+
+pub(super) fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&bytes[at..at + 4]);
+    u32::from_le_bytes(b)
+}
+
+pub(super) fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(b)
+}
+
+/// Appends `position` and `payload` as one record frame to `out`.
+pub(super) fn put_record(out: &mut Vec<u8>, position: u64, payload: &[u8]) {
+    let start = out.len();
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&position.to_le_bytes());
+    out.extend_from_slice(payload);
+    let crc = crc32c::crc32c(&out[start + 8..]);
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// The header of the segment whose first record has position `first`.
+pub(super) fn segment_header(first: u64, lineage: &Lineage) -> Vec<u8> {
+    let mut header = Vec::with_capacity(SEGMENT_HEADER_LEN);
+    header.extend_from_slice(&LOG_MAGIC);
+    header.extend_from_slice(&LOG_VERSION.to_le_bytes());
+    header.extend_from_slice(&[0, 0]);
+    header.extend_from_slice(&first.to_le_bytes());
+    header.extend_from_slice(&HistoryId::bytes_of(lineage.history));
+    header.extend_from_slice(&lineage.epoch.to_le_bytes());
+    let crc = crc32c::crc32c(&header);
+    header.extend_from_slice(&crc.to_le_bytes());
+    header
+}
+
+/// What a segment header says about where its records come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lineage {
+    /// The data directory's history id.
+    pub history: Option<HistoryId>,
+    /// The journal epoch when the segment is made.
+    pub epoch: u64,
+}

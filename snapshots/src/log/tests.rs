@@ -1,0 +1,462 @@
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex};
+
+use super::segment::{frame_at, put_record};
+use super::*;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Appends every payload, one at a time (one record per group: segments rotate finely).
+pub(super) fn append_each(writer: &LogWriter, payloads: Vec<Vec<u8>>) -> Vec<(u64, Vec<u8>)> {
+    payloads
+        .into_iter()
+        .map(|payload| {
+            let (tx, rx) = mpsc::channel();
+            writer.append(
+                payload.clone(),
+                Box::new(move |result| {
+                    let _ = tx.send(result);
+                }),
+            );
+            (rx.recv().expect("completion").expect("appended"), payload)
+        })
+        .collect()
+}
+
+/// Appends every payload from four threads at once; returns the positions given.
+pub(super) fn append_all(writer: &LogWriter, payloads: Vec<Vec<u8>>) -> Vec<(u64, Vec<u8>)> {
+    let given = Arc::new(Mutex::new(Vec::new()));
+    let (done_tx, done_rx) = mpsc::channel();
+    let n = payloads.len();
+    std::thread::scope(|scope| {
+        for chunk in payloads.chunks(n.div_ceil(4).max(1)) {
+            let (given, done_tx) = (Arc::clone(&given), done_tx.clone());
+            scope.spawn(move || {
+                for payload in chunk {
+                    let (given, done_tx, copy) =
+                        (Arc::clone(&given), done_tx.clone(), payload.clone());
+                    writer.append(
+                        payload.clone(),
+                        Box::new(move |result| {
+                            let position = result.expect("appended");
+                            given.lock().expect("lock").push((position, copy));
+                            let _ = done_tx.send(());
+                        }),
+                    );
+                }
+            });
+        }
+    });
+    for _ in 0..n {
+        done_rx.recv().expect("completion");
+    }
+    let mut given = given.lock().expect("lock").clone();
+    given.sort();
+    given
+}
+
+pub(super) fn read_all(log: &LogDir, after: u64) -> Result<Vec<LogRecord>, LogError> {
+    let mut records = Vec::new();
+    log.read_after(after, |record| {
+        records.push(record);
+        Ok::<_, LogError>(())
+    })?;
+    Ok(records)
+}
+
+pub(super) fn payloads(n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| format!("batch {i}").repeat(i % 7 + 1).into_bytes())
+        .collect()
+}
+
+pub(super) fn small_segments() -> WriterOptions {
+    WriterOptions {
+        segment_bytes: 2_000,
+        ..WriterOptions::default()
+    }
+}
+
+#[test]
+fn concurrent_appends_get_dense_positions_and_read_back_in_order() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let log = LogDir::create(tmp.path())?;
+    let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+    let mut given = append_all(&writer, payloads(300));
+    given.extend(append_each(&writer, payloads(60)));
+    drop(writer);
+    let positions: Vec<u64> = given.iter().map(|(p, _)| *p).collect();
+    assert_eq!(positions, (1..=360).collect::<Vec<_>>());
+    let scan = log.scan()?;
+    assert!(scan.segments.len() >= 3, "rotated: {}", scan.segments.len());
+    assert_eq!(scan.corruption(), None);
+    assert_eq!(scan.next(), 361);
+    let read = read_all(&log, 0)?;
+    assert_eq!(read.len(), 360);
+    for (record, (position, payload)) in read.iter().zip(&given) {
+        assert_eq!((record.position, &record.payload), (*position, payload));
+    }
+    assert_eq!(read_all(&log, 250)?.first().map(|r| r.position), Some(251));
+    // A reopened writer continues the numbering.
+    let writer = LogWriter::start(&log, scan.next(), small_segments(), Box::new(|_| {}))?;
+    let more = append_all(&writer, payloads(5));
+    assert_eq!(more.first().map(|(p, _)| *p), Some(361));
+    Ok(())
+}
+
+#[test]
+fn a_multi_record_append_is_consecutive_and_observed() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let log = LogDir::create(tmp.path())?;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let observer = {
+        let seen = Arc::clone(&seen);
+        Box::new(move |group: GroupWritten| seen.lock().expect("lock").push(group))
+    };
+    let writer = LogWriter::start(&log, 7, WriterOptions::default(), observer)?;
+    let (tx, rx) = mpsc::channel();
+    writer.append_all(
+        vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()],
+        Box::new(move |result| {
+            let _ = tx.send(result);
+        }),
+    );
+    assert_eq!(rx.recv()?.map_err(|e| e.to_string())?, 7);
+    drop(writer);
+    let read = read_all(&log, 0)?;
+    let got: Vec<_> = read
+        .iter()
+        .map(|r| (r.position, r.payload.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(7, b"a".to_vec()), (8, b"b".to_vec()), (9, b"c".to_vec())]
+    );
+    let seen = seen.lock().expect("lock");
+    assert_eq!(seen.len(), 1);
+    assert_eq!((seen[0].records, seen[0].next), (3, 10));
+    assert!(seen[0].sync.is_some(), "fsync durability syncs");
+    Ok(())
+}
+
+#[test]
+fn truncate_after_leaves_exactly_the_records_up_to_a_position() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let log = LogDir::create(tmp.path())?;
+    let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+    append_each(&writer, payloads(200));
+    drop(writer);
+    assert!(log.scan()?.segments.len() >= 3);
+    // A write cut short after it, too.
+    let newest = log
+        .segment_files()?
+        .last()
+        .map(|(_, p)| p.clone())
+        .ok_or("none")?;
+    OpenOptions::new()
+        .append(true)
+        .open(&newest)?
+        .write_all(b"\x10\x00")?;
+    log.truncate_after(95)?;
+    let scan = log.scan()?;
+    assert_eq!((scan.next(), scan.corruption()), (96, None));
+    assert_eq!(read_all(&log, 0)?.len(), 95);
+    let writer = LogWriter::start(&log, 96, small_segments(), Box::new(|_| {}))?;
+    let more = append_each(&writer, payloads(3));
+    assert_eq!(more.first().map(|(p, _)| *p), Some(96));
+    drop(writer);
+    assert_eq!(log.scan()?.corruption(), None);
+    Ok(())
+}
+
+#[test]
+fn a_torn_tail_is_cut_and_the_log_continues() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let log = LogDir::create(tmp.path())?;
+    let writer = LogWriter::start(&log, 1, WriterOptions::default(), Box::new(|_| {}))?;
+    append_all(&writer, payloads(10));
+    drop(writer);
+    let newest = log
+        .scan()?
+        .segments
+        .last()
+        .ok_or("no segment")?
+        .path
+        .clone();
+    // Half a record, then zeros a crashed file system may leave.
+    let mut file = OpenOptions::new().append(true).open(&newest)?;
+    file.write_all(&[30, 0, 0, 0, 1, 2, 3, 4, 11, 0, 0])?;
+    file.write_all(&[0; 100])?;
+    let scan = log.scan()?;
+    assert_eq!(scan.corruption(), None);
+    assert!(matches!(
+        scan.segments.last().and_then(|s| s.damage.clone()),
+        Some(Damage::TornTail { .. })
+    ));
+    assert_eq!(scan.next(), 11);
+    assert_eq!(log.repair(&scan)?, 111);
+    assert_eq!(
+        log.scan()?.segments.last().and_then(|s| s.damage.clone()),
+        None
+    );
+    let writer = LogWriter::start(
+        &log,
+        scan.next(),
+        WriterOptions::default(),
+        Box::new(|_| {}),
+    )?;
+    append_all(&writer, payloads(1));
+    drop(writer);
+    assert_eq!(read_all(&log, 0)?.len(), 11);
+    Ok(())
+}
+
+#[test]
+fn corruption_before_the_tail_and_missing_segments_are_never_repaired() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let log = LogDir::create(tmp.path())?;
+    let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+    append_each(&writer, payloads(100));
+    drop(writer);
+    let scan = log.scan()?;
+    let newest = scan.segments.last().ok_or("no segment")?;
+    // A flipped byte inside the newest segment's first record.
+    let mut bytes = fs::read(&newest.path)?;
+    bytes[SEGMENT_HEADER_LEN + 20] ^= 0x40;
+    fs::write(&newest.path, &bytes)?;
+    let (path, reason) = log.scan()?.corruption().ok_or("not detected")?;
+    assert_eq!(path, newest.path);
+    assert!(reason.contains("intact records after it"), "{reason}");
+    // Reading stops at the damage: nothing after it is served.
+    assert_eq!(read_all(&log, 0)?.len() as u64, newest.first - 1);
+
+    // A missing middle segment.
+    let tmp = tempfile::tempdir()?;
+    let log = LogDir::create(tmp.path())?;
+    let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+    append_each(&writer, payloads(100));
+    drop(writer);
+    let middle = log.scan()?.segments[1].path.clone();
+    fs::remove_file(&middle)?;
+    let (_, reason) = log.scan()?.corruption().ok_or("not detected")?;
+    assert!(reason.contains("missing"), "{reason}");
+    let kept = log.set_aside(&log.scan()?.segments[1].path)?;
+    assert!(kept.exists());
+    Ok(())
+}
+
+#[test]
+fn old_segments_are_deleted_once_no_snapshot_needs_them() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let log = LogDir::create(tmp.path())?;
+    let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+    append_each(&writer, payloads(100));
+    drop(writer);
+    let before = log.scan()?.segments;
+    let keep_from = before[2].first; // a snapshot at position keep_from - 1
+    assert_eq!(log.delete_before(keep_from - 1)?, 2);
+    let after = log.scan()?;
+    assert_eq!(after.segments.first().map(|s| s.first), Some(keep_from));
+    assert_eq!(after.corruption(), None);
+    assert_eq!(read_all(&log, keep_from - 1)?.len() as u64, 101 - keep_from);
+    Ok(())
+}
+
+pub(super) fn segment_paths(log: &LogDir) -> Vec<PathBuf> {
+    log.segment_files()
+        .expect("list")
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect()
+}
+
+fn watermark(log: &LogDir) -> Watermark {
+    log.read_watermark()
+        .expect("read")
+        .expect("a watermark")
+        .expect("valid")
+}
+
+#[test]
+fn a_complete_last_record_that_fails_its_checksum_is_damage_not_a_torn_write() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let log = LogDir::create(tmp.path())?;
+    let writer = LogWriter::start(&log, 1, WriterOptions::default(), Box::new(|_| {}))?;
+    append_each(&writer, payloads(5));
+    drop(writer);
+    let path = segment_paths(&log).pop().ok_or("no segment")?;
+    let bytes = fs::read(&path)?;
+    let last_len = RECORD_HEADER_LEN + payloads(5)[4].len();
+    let at = bytes.len() - last_len;
+    // Every byte but the length field: the record is whole on disk, so it is damage.
+    for i in at + 4..bytes.len() {
+        let mut bad = bytes.clone();
+        bad[i] ^= 0x10;
+        fs::write(&path, &bad)?;
+        let scan = log.scan()?;
+        let (_, reason) = scan.corruption().ok_or(format!("byte {i}: not detected"))?;
+        assert!(reason.contains("complete record"), "{reason}");
+    }
+    // The length field: announcing more than the file holds looks torn, and the watermark
+    // says the log ends too early.
+    let mut bad = bytes.clone();
+    bad[at + 2] ^= 0x01;
+    fs::write(&path, &bad)?;
+    let scan = log.scan()?;
+    assert_eq!(scan.corruption(), None);
+    assert!(scan.end_problem(&watermark(&log)).is_some());
+    // A zero-filled tail, and a partial record ending in zeros, are torn.
+    for tail in [
+        vec![0u8; 300],
+        [&bytes[at..at + 9], &[0u8; 200][..]].concat(),
+    ] {
+        fs::write(&path, [&bytes[..], &tail].concat())?;
+        let scan = log.scan()?;
+        assert_eq!(scan.corruption(), None);
+        assert_eq!(scan.next(), 6);
+        assert_eq!(scan.end_problem(&watermark(&log)), None);
+    }
+    Ok(())
+}
+
+#[test]
+fn a_segment_header_of_an_unknown_version_is_damage_and_nothing_of_it_is_read() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let log = LogDir::create(tmp.path())?;
+    let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+    append_each(&writer, payloads(100));
+    drop(writer);
+    let newest = log.scan()?.segments.last().ok_or("none")?.clone();
+    let mut bytes = fs::read(&newest.path)?;
+    bytes[8] = 9;
+    let crc = crc32c::crc32c(&bytes[..44]);
+    bytes[44..48].copy_from_slice(&crc.to_le_bytes());
+    fs::write(&newest.path, &bytes)?;
+    let (_, reason) = log.scan()?.corruption().ok_or("not detected")?;
+    assert!(reason.contains("version 9"), "{reason}");
+    assert_eq!(read_all(&log, 0)?.len() as u64, newest.first - 1);
+    Ok(())
+}
+
+#[test]
+fn segments_carry_their_history_and_epoch_and_version_1_is_still_read() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let log = LogDir::create(tmp.path())?;
+    // A version-1 segment, as builds before history ids wrote it.
+    let mut v1 = LOG_MAGIC.to_vec();
+    v1.extend_from_slice(&1u16.to_le_bytes());
+    v1.extend_from_slice(&[0, 0]);
+    v1.extend_from_slice(&1u64.to_le_bytes());
+    let crc = crc32c::crc32c(&v1);
+    v1.extend_from_slice(&crc.to_le_bytes());
+    for (i, payload) in payloads(3).iter().enumerate() {
+        put_record(&mut v1, i as u64 + 1, payload);
+    }
+    fs::write(log.segment_path(1), &v1)?;
+    let scan = log.scan()?;
+    assert_eq!((scan.next(), scan.corruption()), (4, None));
+    assert_eq!(
+        (scan.segments[0].version, scan.segments[0].history),
+        (1, None)
+    );
+    assert_eq!(read_all(&log, 0)?.len(), 3);
+
+    let history = crate::history::DataHistory::new(crate::history::Legacy {
+        log_through: Some(1),
+        snapshot_seq: None,
+    });
+    assert_eq!(
+        scan.foreign(&history).count(),
+        0,
+        "held when the id was made"
+    );
+    let stranger = crate::history::DataHistory::new(crate::history::Legacy::default());
+    assert_eq!(scan.foreign(&stranger).count(), 1);
+
+    // The writer does not append to it: a new segment, of this history and epoch.
+    let options = WriterOptions {
+        lineage: Lineage {
+            history: Some(history.id),
+            epoch: 77,
+        },
+        ..WriterOptions::default()
+    };
+    let writer = LogWriter::start(&log, 4, options, Box::new(|_| {}))?;
+    append_each(&writer, payloads(2));
+    drop(writer);
+    let scan = log.scan()?;
+    assert_eq!(scan.segments.len(), 2);
+    let newest = &scan.segments[1];
+    assert_eq!(
+        (newest.first, newest.version, newest.history, newest.epoch),
+        (4, 2, Some(history.id), Some(77))
+    );
+    assert_eq!(scan.foreign(&history).count(), 0);
+    assert_eq!(scan.foreign(&stranger).count(), 2);
+    assert_eq!(read_all(&log, 0)?.len(), 5);
+    let mark = watermark(&log);
+    assert_eq!(
+        (mark.history, mark.rolled_at, mark.through),
+        (Some(history.id), 4, 5)
+    );
+    Ok(())
+}
+
+#[test]
+fn the_watermark_notices_every_way_the_end_of_the_log_goes_missing() -> TestResult {
+    let written = |tmp: &Path| -> Result<(LogDir, Vec<PathBuf>), Box<dyn std::error::Error>> {
+        let log = LogDir::create(tmp)?;
+        let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+        append_each(&writer, payloads(100));
+        drop(writer);
+        let paths = segment_paths(&log);
+        assert!(paths.len() >= 3);
+        assert_eq!(watermark(&log).through, 100);
+        assert_eq!(log.scan()?.end_problem(&watermark(&log)), None);
+        Ok((log, paths))
+    };
+    type Damage = fn(&Path, &[u8]) -> std::io::Result<()>;
+    let ways: [(&str, Damage); 4] = [
+        ("deleted", |p, _| fs::remove_file(p)),
+        ("emptied", |p, _| fs::write(p, b"")),
+        ("header only", |p, b| fs::write(p, &b[..SEGMENT_HEADER_LEN])),
+        ("cut at a record boundary", |p, b| {
+            let mut at = SEGMENT_HEADER_LEN;
+            let mut boundaries = vec![];
+            while let Some((_, _, len)) = frame_at(b, at) {
+                at += len;
+                boundaries.push(at);
+            }
+            fs::write(p, &b[..boundaries[boundaries.len() - 2]])
+        }),
+    ];
+    for (name, damage) in ways {
+        let tmp = tempfile::tempdir()?;
+        let (log, paths) = written(tmp.path())?;
+        let newest = paths.last().ok_or("none")?;
+        damage(newest, &fs::read(newest)?)?;
+        let scan = log.scan()?;
+        assert_eq!(scan.corruption(), None, "{name}: the log scans clean");
+        assert!(
+            scan.end_problem(&watermark(&log)).is_some(),
+            "{name}: not noticed"
+        );
+    }
+    // Cutting never-acknowledged records after a failure moves the watermark with them.
+    let tmp = tempfile::tempdir()?;
+    let (log, _) = written(tmp.path())?;
+    log.truncate_after(60)?;
+    assert_eq!(watermark(&log).through, 60);
+    assert_eq!(log.scan()?.end_problem(&watermark(&log)), None);
+    Ok(())
+}
+
+#[test]
+fn inspection_creates_nothing() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let missing = tmp.path().join("log");
+    assert!(LogDir::open_existing(&missing).is_err());
+    assert!(!missing.exists());
+}

@@ -1,0 +1,66 @@
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use super::segment::{u32_at, u64_at};
+use super::{LogError, WATERMARK_LEN, WATERMARK_MAGIC};
+use crate::history::HistoryId;
+
+/// The end of the log as the writer last recorded it, outside the segments (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Watermark {
+    /// The history id of the log that wrote it.
+    pub history: Option<HistoryId>,
+    /// The first position of the newest segment.
+    pub rolled_at: u64,
+    /// The last position made durable (0: none yet).
+    pub through: u64,
+}
+
+impl Watermark {
+    pub(super) fn to_bytes(self) -> [u8; WATERMARK_LEN] {
+        let mut out = [0u8; WATERMARK_LEN];
+        out[..8].copy_from_slice(&WATERMARK_MAGIC);
+        out[8..10].copy_from_slice(&1u16.to_le_bytes());
+        out[12..28].copy_from_slice(&HistoryId::bytes_of(self.history));
+        out[28..36].copy_from_slice(&self.rolled_at.to_le_bytes());
+        out[36..44].copy_from_slice(&self.through.to_le_bytes());
+        let crc = crc32c::crc32c(&out[..44]);
+        out[44..].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    pub(super) fn parse(bytes: &[u8]) -> Result<Self, String> {
+        if bytes.len() != WATERMARK_LEN || bytes[..8] != WATERMARK_MAGIC {
+            return Err("not a viewtape log watermark".to_owned());
+        }
+        if u16::from_le_bytes([bytes[8], bytes[9]]) != 1 {
+            return Err("unknown watermark version".to_owned());
+        }
+        if crc32c::crc32c(&bytes[..44]) != u32_at(bytes, 44) {
+            return Err("watermark checksum mismatch".to_owned());
+        }
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&bytes[12..28]);
+        Ok(Self {
+            history: HistoryId::from_bytes(id),
+            rolled_at: u64_at(bytes, 28),
+            through: u64_at(bytes, 36),
+        })
+    }
+
+    /// Writes it to `path` and syncs it.
+    pub(super) fn write(self, path: &Path) -> Result<(), LogError> {
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .and_then(|file| {
+                file.write_all_at(&self.to_bytes(), 0)?;
+                file.set_len(WATERMARK_LEN as u64)?;
+                file.sync_all()
+            })
+            .map_err(|e| LogError::io("write", path, e))
+    }
+}
