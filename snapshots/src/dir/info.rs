@@ -38,7 +38,7 @@ impl SnapshotInfo {
 
     /// `true` when this snapshot's epoch and offsets may be adopted: its name says exact (not
     /// consumed) and its header carries the exact flag. Adopt only after
-    /// [`SnapshotDir::consume_exact`] succeeded.
+    /// [`SnapshotDir::consume_exact`](super::SnapshotDir::consume_exact) succeeded.
     pub fn is_exact(&self) -> bool {
         self.name.kind == SnapshotKind::Exact && self.header.is_exact()
     }
@@ -59,7 +59,7 @@ impl SnapshotInfo {
     }
 }
 
-/// One snapshot file found by [`SnapshotDir::list`], valid or not.
+/// One snapshot file found by [`SnapshotDir::list`](super::SnapshotDir::list), valid or not.
 #[derive(Debug)]
 pub struct SnapshotEntry {
     /// The file's full path.
@@ -109,7 +109,8 @@ pub struct Loaded<T> {
     pub body: T,
 }
 
-/// A snapshot file that [`SnapshotDir::load_newest_valid`] passed over, and why.
+/// A snapshot file that [`SnapshotDir::load_newest_valid`](super::SnapshotDir::load_newest_valid)
+/// passed over, and why.
 #[derive(Debug)]
 pub struct Skipped {
     /// The file.
@@ -131,7 +132,7 @@ impl Skipped {
     }
 }
 
-/// What [`SnapshotDir::load_newest_valid`] found.
+/// What [`SnapshotDir::load_newest_valid`](super::SnapshotDir::load_newest_valid) found.
 #[derive(Debug)]
 pub struct NewestValid<T> {
     /// The newest snapshot that validated and decoded, if any.
@@ -140,7 +141,7 @@ pub struct NewestValid<T> {
     pub skipped: Vec<Skipped>,
 }
 
-/// What [`SnapshotDir::load_for_start`] decided.
+/// What [`SnapshotDir::load_for_start`](super::SnapshotDir::load_for_start) decided.
 #[derive(Debug)]
 pub struct StartupRestore<T> {
     /// The newest valid snapshot, if any. When exact and adopted, it is now named `consumed`.
@@ -154,7 +155,7 @@ pub struct StartupRestore<T> {
     pub consume_error: Option<SnapshotError>,
 }
 
-/// What [`SnapshotDir::prune`] did.
+/// What [`SnapshotDir::prune`](super::SnapshotDir::prune) did.
 #[derive(Debug, Default)]
 pub struct PruneReport {
     /// Valid snapshots kept (the newest exact and the newest periodic ones).
