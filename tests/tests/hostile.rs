@@ -304,25 +304,32 @@ async fn a_stop_is_not_ready_at_once_ends_every_stream_with_a_spread_hint_and_wa
     Ok(())
 }
 
+/// `n` connections sending `request`, all open at once, each read to the start of its `200`;
+/// left open.
+async fn answered(server: &Server, request: &[u8], n: usize) -> anyhow::Result<Vec<TcpStream>> {
+    let mut open = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut stream = TcpStream::connect(server.addr()).await?;
+        stream.write_all(request).await?;
+        open.push(stream);
+    }
+    for stream in &mut open {
+        let mut buf = [0u8; 512];
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await??;
+        ensure!(
+            n > 0 && buf.starts_with(b"HTTP/1.1 200 "),
+            "{:?}",
+            &buf[..n]
+        );
+    }
+    Ok(open)
+}
+
 /// `rounds` rounds of 1,000 connections sending `request`, all open at once, each read to its
 /// response and closed.
 async fn rounds(server: &Server, request: &[u8], rounds: usize) -> anyhow::Result<()> {
     for _round in 0..rounds {
-        let mut open = Vec::with_capacity(1_000);
-        for _ in 0..1_000 {
-            let mut stream = TcpStream::connect(server.addr()).await?;
-            stream.write_all(request).await?;
-            open.push(stream);
-        }
-        for stream in &mut open {
-            let mut buf = [0u8; 512];
-            let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await??;
-            ensure!(
-                n > 0 && buf.starts_with(b"HTTP/1.1 200 "),
-                "{:?}",
-                &buf[..n]
-            );
-        }
+        drop(answered(server, request, 1_000).await?);
     }
     Ok(())
 }
@@ -356,23 +363,8 @@ async fn memory_returns_after_rounds_of_connections() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `n` SSE streams of the demo view, each past its response head, left idle.
-async fn idle_streams(server: &Server, n: usize) -> anyhow::Result<Vec<TcpStream>> {
-    let mut open = Vec::with_capacity(n);
-    for _ in 0..n {
-        let mut stream = TcpStream::connect(server.addr()).await?;
-        stream
-            .write_all(b"GET /views/prices/events HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await?;
-        open.push(stream);
-    }
-    for stream in &mut open {
-        let mut buf = [0u8; 512];
-        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await??;
-        ensure!(n > 0 && buf.starts_with(b"HTTP/1.1 200 "));
-    }
-    Ok(open)
-}
+/// A request for the demo view's SSE stream.
+const SSE_REQUEST: &[u8] = b"GET /views/prices/events HTTP/1.1\r\nHost: x\r\n\r\n";
 
 /// An idle SSE stream costs the server a few KiB: a connection's task is as large as the
 /// largest state of its future, so nothing large on its path (a refused head's drain buffer,
@@ -382,10 +374,10 @@ async fn an_idle_sse_stream_costs_a_few_kilobytes() -> anyhow::Result<()> {
     let server = Server::start(&["--demo-rate", "0"]).await?;
     // One-time allocations of the connection path first; then the memory of the closed ones
     // is handed back (within five seconds), so it cannot mask what the next ones take.
-    drop(idle_streams(&server, 200).await?);
+    drop(answered(&server, SSE_REQUEST, 200).await?);
     tokio::time::sleep(Duration::from_secs(6)).await;
     let before = rss(&server)?;
-    let streams = idle_streams(&server, 2_000).await?;
+    let streams = answered(&server, SSE_REQUEST, 2_000).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let per = rss(&server)?.saturating_sub(before) / 2_000;
     // Debug builds' futures are larger than release ones: 4 KiB here, about 2.5 in release.

@@ -1,12 +1,10 @@
 //! Step 3 of start-up: every intact record after the snapshot, replayed through the runtimes
 //! (side by side, committing in log order), then the writer started after the last one.
 
-use std::future::Future;
+use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
 
-use futures_util::stream::{FuturesOrdered, StreamExt as _};
 use viewtape_snapshots::log::{LogDamageKind, LogDir, LogError};
 
 use super::{Begun, Plan, RecoveryError};
@@ -14,7 +12,7 @@ use crate::host::{GuestEngine, GuestModule};
 use crate::hub::Hub;
 use crate::log::{Break, DeployEntry, Entry, Log};
 use crate::registry::{ModuleStore, Runtimes};
-use crate::runtime::handle::Record;
+use crate::runtime::handle::{Applied, Record};
 use crate::runtime::RuntimeHandle;
 
 /// How [`replay`] ended.
@@ -173,7 +171,7 @@ async fn replay_records(
     });
     let mut ahead = Ahead {
         log,
-        applying: FuturesOrdered::new(),
+        applying: VecDeque::new(),
         count,
     };
     let mut expected = plan.from + 1;
@@ -224,12 +222,7 @@ async fn replay_records(
                     .handle
                     .hand_over(Record::Batch(batch), position)
                     .await;
-                ahead.applying.push_back(Box::pin(async move {
-                    (
-                        position,
-                        applied.await.map_err(|e| (e.cause(), e.to_string())),
-                    )
-                }));
+                ahead.applying.push_back((position, applied));
                 ahead.settle(REPLAY_AHEAD - 1).await
             }
             // A deploy switches its runtime's module: everything before it first.
@@ -260,29 +253,29 @@ async fn replay_records(
     }
 }
 
-/// Records handed to their runtimes, settled in position order.
+/// Records handed to their runtimes (their tasks apply them without being polled), settled in
+/// position order.
 struct Ahead<'a> {
     log: &'a Log,
-    applying: FuturesOrdered<Applying>,
+    applying: VecDeque<(u64, Applied)>,
     count: &'a mut u64,
 }
-
-/// A record being applied: its position, and how it ended.
-type Applying = Pin<Box<dyn Future<Output = (u64, Result<(), (Break, String)>)> + Send>>;
 
 impl Ahead<'_> {
     /// Settles records, in order, until at most `left` are in flight. The first that failed
     /// abandons those behind it (their runtimes undo them) and is returned.
     async fn settle(&mut self, left: usize) -> Result<(), (Break, String)> {
         while self.applying.len() > left {
-            let Some((position, applied)) = self.applying.next().await else {
+            let Some((position, applied)) = self.applying.pop_front() else {
                 break;
             };
-            if let Err((cause, error)) = applied {
+            if let Err(error) = applied.await {
                 self.log.abandon_turns(true);
-                while self.applying.next().await.is_some() {}
+                for (_, behind) in self.applying.drain(..) {
+                    let _ = behind.await;
+                }
                 self.log.abandon_turns(false);
-                return Err((cause, format!("log position {position}: {error}")));
+                return Err((error.cause(), format!("log position {position}: {error}")));
             }
             *self.count += 1;
         }

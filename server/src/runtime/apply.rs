@@ -153,8 +153,7 @@ impl<S: BatchSink> Task<S> {
                     .map_err(|error| diverged(&self.name, format!("it failed: {error}")))?;
                 let digest = Digest::of(&batch);
                 if digest != *logged {
-                    self.last.state = before;
-                    self.slot.reset();
+                    self.rewind(before);
                     return Err(diverged(
                         &self.name,
                         format!(
@@ -172,8 +171,7 @@ impl<S: BatchSink> Task<S> {
         let log = Arc::clone(&self.log);
         let Some(turn) = log.turn_unless_abandoned(Some(position), 1).await else {
             if batch.is_some() {
-                self.last.state = before;
-                self.slot.reset();
+                self.rewind(before);
             }
             return Err(ApplyError::Abandoned {
                 runtime: self.name.to_string(),

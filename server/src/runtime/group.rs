@@ -84,9 +84,8 @@ impl<S: BatchSink> Task<S> {
             Ok(first) => first,
             Err(error) => {
                 tracing::error!(%error, "the log failed: the group is not committed, nor anything until the log is reopened");
-                self.last.state = before.0;
+                self.rewind(before.0);
                 self.last.checkpoint = before.1;
-                self.slot.reset();
                 for undo in undo.into_iter().rev() {
                     self.last.producers.undo(undo);
                 }

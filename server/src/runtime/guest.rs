@@ -245,6 +245,13 @@ impl<S: BatchSink> Task<S> {
         }
     }
 
+    /// Puts the guest back to `state`, an earlier good one: the next batch makes its instance
+    /// again from it.
+    pub(super) fn rewind(&mut self, state: Bytes) {
+        self.last.state = state;
+        self.slot.reset();
+    }
+
     /// Marks a gap on this runtime's views: the loss of its input touches nothing else.
     pub(super) fn mark_gap(&self) {
         self.stats.gaps.fetch_add(1, Ordering::Relaxed);
