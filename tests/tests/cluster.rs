@@ -592,3 +592,127 @@ async fn a_file_source_runs_once_per_cluster_and_moves_on_from_its_checkpoint() 
     }
     Ok(())
 }
+
+/// Config of the gathering test: `notes` alone, one record per key.
+const NOTES: &str = "[[runtime]]\nname = \"notes\"\nwasm = \"builtin:json\"\nviews = [\"notes\"]\n";
+
+/// Sends `note` to `notes` through `server`, as producer `id` with sequence `seq` if given.
+async fn note(
+    server: &Server,
+    producer: Option<(&str, u64)>,
+    note: &str,
+) -> anyhow::Result<Response> {
+    let seq = producer.map(|(_, seq)| seq.to_string());
+    let headers: Vec<(&str, &str)> = match (producer, &seq) {
+        (Some((id, _)), Some(seq)) => vec![("Producer-Id", id), ("Producer-Seq", seq)],
+        _ => Vec::new(),
+    };
+    viewtape_tests::http::request(
+        server.addr(),
+        "POST",
+        "/runtimes/notes/ingest",
+        &headers,
+        note.as_bytes(),
+    )
+    .await
+}
+
+/// Many producers at once through one node: the node gathers the batches that wait while a
+/// message is on its way into one message, and each batch is still judged alone — acked once,
+/// a producer's concurrent second copy a duplicate, a bad batch refused without costing its
+/// neighbours — with every node applying the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_batches_share_stream_messages_and_are_judged_alone() -> anyhow::Result<()> {
+    const PRODUCERS: u64 = 48;
+    const SEQS: u64 = 4;
+    let nats = NatsServer::start().await?;
+    let config = viewtape_tests::server::config_file(NOTES)?;
+    let path = config.path().display().to_string();
+    let mut nodes = Vec::new();
+    for _ in 0..2 {
+        let node = Server::start(&["--nats", &nats.url(), "--config", &path]).await?;
+        node.ready(CONVERGE).await?;
+        nodes.push(node);
+    }
+    let before = nodes[0].get("/readyz").await?.json()?["stream_last"]
+        .as_u64()
+        .context("stream_last")?;
+
+    let entry =
+        |p: u64, s: u64| format!("{{\"view\":\"notes\",\"key\":\"p{p}-{s}\",\"value\":{s}}}\n");
+    let producer = |p: u64| {
+        let (node, entry) = (&nodes[0], entry);
+        async move {
+            let id = format!("p{p}");
+            let mut duplicates = 0;
+            for s in 0..SEQS {
+                let body = entry(p, s);
+                // The second batch goes twice at once: one of the copies is a duplicate.
+                let copies = if s == 1 { 2 } else { 1 };
+                let answers = futures_util::future::join_all(
+                    (0..copies).map(|_| note(node, Some((&id, s)), &body)),
+                )
+                .await;
+                for answer in answers {
+                    let answer = answer?;
+                    ensure!(answer.status() == 200, "p{p} seq {s}: {}", answer.text());
+                    if answer.header("producer-duplicate") == Some("true") {
+                        duplicates += 1;
+                    }
+                }
+            }
+            anyhow::Ok(duplicates)
+        }
+    };
+    let bad = async {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        note(&nodes[0], None, "{\"view\":7}\n").await
+    };
+    let (answers, bad) = tokio::join!(
+        futures_util::future::join_all((0..PRODUCERS).map(producer)),
+        bad
+    );
+    for duplicates in answers {
+        ensure!(
+            duplicates? == 1,
+            "one copy of each doubled batch is a duplicate"
+        );
+    }
+    expect::json_error(&bad?, 422)?;
+
+    // Fewer messages than batches: they were gathered, and both nodes applied them alike.
+    let readyz = nodes[0].get("/readyz").await?.json()?;
+    let last = readyz["stream_last"].as_u64().context("stream_last")?;
+    let published = PRODUCERS * (SEQS + 1) + 1;
+    ensure!(
+        last - before < published,
+        "{published} batches took {} messages",
+        last - before
+    );
+    let keys = (PRODUCERS * SEQS) as usize;
+    let mut tapes = Vec::new();
+    for node in &nodes {
+        applied(node, last).await?;
+        ensure!(
+            node.metric("viewtape_cluster_records_total{kind=\"batches\"}")
+                .await?
+                >= 1.0
+        );
+        let tape = expect::tape(node, "notes", keys).await?;
+        tapes.push(
+            tape.iter()
+                .map(|event| (event.id.clone(), event.data.clone()))
+                .collect::<Vec<_>>(),
+        );
+    }
+    ensure!(tapes[0] == tapes[1], "the nodes' tapes differ");
+    let mut seen: Vec<String> = tapes[0].iter().map(|(_, data)| data.clone()).collect();
+    seen.sort();
+    seen.dedup();
+    ensure!(
+        seen.len() == keys,
+        "every batch once: {} distinct",
+        seen.len()
+    );
+    Ok(())
+}

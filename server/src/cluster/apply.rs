@@ -236,6 +236,19 @@ impl Cluster {
                 kind("batch");
                 (registered, Record::Batch(batch))
             }
+            Entry::Batches(batches) => {
+                let runtime = batches.first().map(|batch| batch.runtime.clone());
+                let Some(runtime) =
+                    runtime.filter(|runtime| batches.iter().all(|batch| batch.runtime == *runtime))
+                else {
+                    return Err(format!("sequence {sequence} gathers batches of no runtime or of several, which no node publishes"));
+                };
+                let Some(registered) = appliers.runtimes.get(&runtime) else {
+                    return self.pass_over(log, runtime, sequence).await;
+                };
+                kind("batches");
+                (registered, Record::Batches(batches))
+            }
             Entry::Deploy(deploy) => {
                 let Some(registered) = appliers.runtimes.get(&deploy.runtime) else {
                     return self.pass_over(log, deploy.runtime, sequence).await;

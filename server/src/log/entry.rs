@@ -23,6 +23,9 @@ pub enum Entry {
     Deploy(DeployEntry),
     /// A snapshot restored into every runtime and view of a cluster, under a new epoch.
     Restore(RestoreEntry),
+    /// Batches of one runtime published to a cluster's stream together, by a node that had
+    /// several waiting: one stream position, judged in order, each with its own verdict.
+    Batches(Vec<BatchEntry>),
 }
 
 /// A live restore on a cluster's stream: every node restores the same snapshot at this record's
@@ -71,6 +74,7 @@ impl Entry {
             Entry::Batch(batch) => Some(&batch.runtime),
             Entry::Deploy(deploy) => Some(&deploy.runtime),
             Entry::Restore(_) => None,
+            Entry::Batches(batches) => batches.first().map(|batch| batch.runtime.as_str()),
         }
     }
 
@@ -80,15 +84,22 @@ impl Entry {
         rmp_serde::to_vec(self).unwrap_or_default()
     }
 
-    /// The bytes of the record of `batch`, without copying it into an [`Entry`].
-    pub fn encode_batch(batch: &BatchEntry) -> Vec<u8> {
-        /// Encodes exactly as [`Entry`] does: same name, same variants, in the same order.
+    /// The bytes of the record of `batches`, without copying them into an [`Entry`]: one batch
+    /// is an [`Entry::Batch`], more an [`Entry::Batches`].
+    pub fn encode_batches(batches: &[&BatchEntry]) -> Vec<u8> {
+        /// Encodes as [`Entry`] does: the same name, variants by name.
         #[derive(Serialize)]
         #[serde(rename = "Entry")]
-        enum Borrowed<'a> {
+        enum Borrowed<'a, 'b> {
             Batch(&'a BatchEntry),
+            Batches(&'b [&'a BatchEntry]),
         }
-        rmp_serde::to_vec(&Borrowed::Batch(batch)).unwrap_or_default()
+        let borrowed = match batches {
+            [batch] => Borrowed::Batch(batch),
+            batches => Borrowed::Batches(batches),
+        };
+        // Plain fields always encode.
+        rmp_serde::to_vec(&borrowed).unwrap_or_default()
     }
 
     /// Reads a record's bytes.
@@ -237,7 +248,17 @@ mod tests {
             source_gap: None,
             outcome: Outcome::Committed(Digest::default()),
         };
-        let bytes = Entry::encode_batch(&entry);
+        let bytes = Entry::encode_batches(&[&entry]);
+        let other = BatchEntry {
+            producer: None,
+            outcome: Outcome::Pending,
+            ..entry.clone()
+        };
+        let group = Entry::encode_batches(&[&entry, &other]);
+        assert_eq!(
+            Entry::decode(&group).unwrap(),
+            Entry::Batches(vec![entry.clone(), other])
+        );
         let entry = Entry::Batch(entry);
         assert_eq!(bytes, entry.encode());
         assert_eq!(Entry::decode(&entry.encode()).unwrap(), entry);

@@ -8,9 +8,16 @@ use viewtape_snapshots::log::{GroupWritten, Observer};
 
 use super::{gauge, Break};
 
-/// The kinds of records a cluster's node counts; `passed_over` are records of a runtime this
-/// node does not run.
-pub const RECORD_KINDS: [&str; 5] = ["batch", "deploy", "restore", "foreign", "passed_over"];
+/// The kinds of records a cluster's node counts; `batches` are several batches a node gathered
+/// into one message, `passed_over` records of a runtime this node does not run.
+pub const RECORD_KINDS: [&str; 6] = [
+    "batch",
+    "batches",
+    "deploy",
+    "restore",
+    "foreign",
+    "passed_over",
+];
 
 /// The log's metrics, kept up to date by the log; `/metrics` renders them.
 #[derive(Clone, Debug)]

@@ -19,9 +19,11 @@
 //! | `entry` | what a record holds |
 //! | `producer` | idempotent producers |
 //! | `stream` | a cluster's stream as the log |
+//! | `gather` | a cluster's group commit: a runtime's waiting batches in one stream message |
 //! | `metrics` | what `/metrics` renders of the log and the stream |
 
 mod entry;
+mod gather;
 mod metrics;
 pub mod producer;
 pub mod stream;
@@ -36,6 +38,7 @@ use viewtape_snapshots::log::{Durability, LogDir, LogError, LogWriter};
 use viewtape_snapshots::log::{Lineage, WriterOptions};
 
 pub use entry::{BatchEntry, DeployEntry, Digest, Entry, Outcome, RestoreEntry};
+pub use gather::Placed;
 pub use metrics::{LogMetrics, RECORD_KINDS};
 pub use stream::{PublishError, Published, StreamDurability, StreamLog};
 

@@ -9,12 +9,15 @@
 //! again.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_nats::jetstream;
 use bytes::Bytes;
 use viewtape_journal::JournalEpoch;
+
+use super::gather::{Gathers, Placed};
+use super::BatchEntry;
 
 /// The header every record a node publishes carries, with the record format's version: a
 /// message without it was not published by a node.
@@ -72,22 +75,36 @@ pub enum StreamDurability {
 /// A node's way into its cluster's stream.
 #[derive(Debug)]
 pub struct StreamLog {
-    js: jetstream::Context,
-    client: async_nats::Client,
-    url: String,
+    publisher: Publisher,
     /// `<stream>.in.`: a runtime's messages go to `<stream>.in.<runtime>`.
     subjects: String,
     /// How long a publish may wait for its acknowledgement, and an ingest for its verdict.
     pub timeout: Duration,
     durability: StreamDurability,
-    /// This process's part of the message ids it makes, and how many it made.
-    nonce: u64,
-    published: AtomicU64,
     /// Why this node takes no records now, if it does not: until it has caught up and its
     /// runtimes' modules are settled ([`StreamLog::open`]), and for good once it refuses.
     refusing: Mutex<Refusing>,
     /// The epoch of the stream's history.
     epoch: JournalEpoch,
+    /// Each runtime's batches waiting to be published together.
+    gathers: Gathers,
+}
+
+/// What publishing needs, shared with the tasks that publish gathered batches.
+#[derive(Clone, Debug)]
+pub(super) struct Publisher {
+    js: jetstream::Context,
+    client: async_nats::Client,
+    url: Arc<str>,
+    timeout: Duration,
+    ids: Arc<Ids>,
+}
+
+/// This process's part of the message ids it makes, and how many it made.
+#[derive(Debug)]
+struct Ids {
+    nonce: u64,
+    published: AtomicU64,
 }
 
 impl StreamLog {
@@ -106,16 +123,22 @@ impl StreamLog {
         durability: StreamDurability,
     ) -> Self {
         Self {
-            js: jetstream::new(client.clone()),
-            client,
-            url: url.to_owned(),
+            publisher: Publisher {
+                js: jetstream::new(client.clone()),
+                client,
+                url: url.into(),
+                timeout,
+                ids: Arc::new(Ids {
+                    nonce: process_nonce(),
+                    published: AtomicU64::new(0),
+                }),
+            },
             subjects: format!("{stream}.in."),
             timeout,
             durability,
-            nonce: process_nonce(),
-            published: AtomicU64::new(0),
             refusing: Mutex::new(Refusing::Settling),
             epoch,
+            gathers: Gathers::default(),
         }
     }
 
@@ -158,11 +181,7 @@ impl StreamLog {
 
     /// A message id for a record without a producer stamp: unique to this process.
     pub fn own_id(&self) -> String {
-        format!(
-            "{:016x}-{}",
-            self.nonce,
-            self.published.fetch_add(1, Ordering::Relaxed)
-        )
+        self.publisher.own_id()
     }
 
     /// Publishes `payload` for `runtime` under the message id `id`, sending it again while its
@@ -179,7 +198,22 @@ impl StreamLog {
         if let Some(reason) = self.refusing() {
             return Err(PublishError::Refusing(reason));
         }
-        self.publish_settling(runtime, payload, id).await
+        self.publisher
+            .send(self.subject(runtime), payload, id)
+            .await
+    }
+
+    /// Publishes a batch for its runtime, together with the batches of that runtime waiting
+    /// beside it (see [`super::gather`]), and says where it was placed.
+    ///
+    /// # Errors
+    /// As [`StreamLog::publish`].
+    pub async fn publish_batch(&self, entry: BatchEntry) -> Result<Placed, PublishError> {
+        if let Some(reason) = self.refusing() {
+            return Err(PublishError::Refusing(reason));
+        }
+        let subject = self.subject(&entry.runtime);
+        self.gathers.publish(&self.publisher, subject, entry).await
     }
 
     /// [`StreamLog::publish`], also while the node settles its modules (it declares them so),
@@ -198,14 +232,42 @@ impl StreamLog {
         {
             return Err(PublishError::Refusing(reason.clone()));
         }
+        self.publisher
+            .send(self.subject(runtime), payload, id)
+            .await
+    }
+}
+
+impl Publisher {
+    /// A message id unique to this process.
+    pub(super) fn own_id(&self) -> String {
+        format!(
+            "{:016x}-{}",
+            self.ids.nonce,
+            self.ids.published.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// The largest message the NATS server takes.
+    pub(super) fn max_payload(&self) -> usize {
+        self.client.server_info().max_payload
+    }
+
+    /// Publishes `payload` on `subject` under the message id `id`, sending it again while its
+    /// acknowledgement is lost, for at most the publish timeout.
+    pub(super) async fn send(
+        &self,
+        subject: String,
+        payload: Vec<u8>,
+        id: String,
+    ) -> Result<Published, PublishError> {
         if self.client.connection_state() != async_nats::connection::State::Connected {
-            return Err(PublishError::Disconnected(self.url.clone()));
+            return Err(PublishError::Disconnected(self.url.to_string()));
         }
         let message = jetstream::message::PublishMessage::build()
             .payload(Bytes::from(payload))
             .header(RECORD_HEADER, RECORD_VERSION)
             .message_id(id);
-        let subject = self.subject(runtime);
         let published = async {
             loop {
                 let sent = async {

@@ -235,6 +235,10 @@ async fn replay_records(
             },
             // Refused above: a restore belongs to no runtime.
             Entry::Restore(_) => Ok(()),
+            Entry::Batches(_) => Err((
+                Break::Corrupt,
+                format!("log position {position} holds batches gathered for a cluster's stream, which a local log never does"),
+            )),
         };
         if let Err(error) = settled {
             broken = Some(error);

@@ -26,13 +26,14 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::group::Staging;
+use super::group::{Staged, Staging};
 use super::guest::Fit;
 use super::handle::Record;
-use super::publish::Verdict;
+use super::publish::{Place, Verdict};
 use super::task::Task;
 use super::{ApplyError, BatchSink, DeployError, Deployed, IngestError};
 use crate::host::GuestModule;
+use crate::log::producer::Undo;
 use crate::log::{BatchEntry, DeployEntry, Digest, Outcome};
 
 impl<S: BatchSink> Task<S> {
@@ -40,70 +41,51 @@ impl<S: BatchSink> Task<S> {
     pub(super) async fn apply(&mut self, record: Record, position: u64) -> Result<(), ApplyError> {
         match record {
             Record::Batch(entry) if entry.outcome == Outcome::Pending => {
-                self.judge_batch(entry, position).await
+                self.judge_batches(vec![entry], position).await
             }
+            Record::Batches(entries) => self.judge_batches(entries, position).await,
             Record::Batch(entry) => self.replay_batch(entry, position).await,
             Record::Deploy(entry, module) if entry.pending => {
                 let verdict = self.judge_deploy(&entry, module, position).await;
                 if let Err(error) = &verdict {
                     tracing::warn!(%error, position, module = %entry.module, "deploy refused here as on every node; nothing changed");
                 }
-                self.give(position, Verdict::Deploy(verdict));
+                self.give((position, 0), Verdict::Deploy(verdict));
                 Ok(())
             }
             Record::Deploy(entry, module) => self.replay_deploy(&entry, module, position).await,
         }
     }
 
-    /// Hands a verdict to the publisher waiting for `position`.
-    fn give(&self, position: u64, verdict: Verdict) {
+    /// Hands a verdict to the publisher waiting for `place`.
+    fn give(&self, place: Place, verdict: Verdict) {
         self.verdicts
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .give(position, verdict);
+            .give(place, verdict);
     }
 
-    /// Judges a batch published to a cluster's stream, commits it if it passes, and hands the
-    /// verdict on.
-    async fn judge_batch(&mut self, entry: BatchEntry, position: u64) -> Result<(), ApplyError> {
-        let running = self.slot.module().fingerprint().clone();
-        if entry.module != running && self.last.modules.is_empty() {
-            // Published before this runtime's first module was decided (by a viewtape that
-            // does not publish one): this node cannot reproduce what its publisher runs.
-            return Err(self.module_changed(&entry));
-        }
-        // A batch made for a module this runtime ran before the newest deploy was published by a
-        // node of the cluster just before that deploy reached it: it runs on the module of now.
-        // One made for a module the stream never ran came from a node on another build.
-        let foreign = entry.module != running && !self.last.modules.contains(&entry.module);
-        // Likewise a batch made with another guest config than the stream decided. A node whose
-        // own config is not the stream's cannot reproduce the others, and stops (itself alone).
-        let other_config = self.last.config.filter(|&c| c != entry.guest_config);
-        let verdict = if foreign {
-            drop(self.log.turn(Some(position), 1).await);
-            Err(IngestError::OtherModule {
-                runtime: self.name.to_string(),
-                published: entry.module,
-                running,
-            })
-        } else if let Some(decided) = other_config {
-            drop(self.log.turn(Some(position), 1).await);
-            Err(IngestError::OtherConfig {
-                runtime: self.name.to_string(),
-                published: entry.guest_config,
-                decided,
-            })
-        } else if entry.guest_config != self.guest_config_crc {
-            return Err(self.module_changed(&entry));
-        } else {
-            self.last.ran(&running);
-            self.last.config.get_or_insert(entry.guest_config);
-            let checkpoint = self.last.checkpoint;
-            let mut undo = Vec::new();
-            let Staging { staged, refused } = self.stage(entry, &mut undo).await;
+    /// Judges the batches published to a cluster's stream at `position` (one, or several a node
+    /// gathered into one message) in order, commits those that pass together, and hands each
+    /// its verdict.
+    async fn judge_batches(
+        &mut self,
+        entries: Vec<BatchEntry>,
+        position: u64,
+    ) -> Result<(), ApplyError> {
+        let (state, checkpoint) = (self.last.state.clone(), self.last.checkpoint);
+        let mut undo = Vec::new();
+        let mut judged: Vec<(u32, Option<Staged>, Option<IngestError>)> =
+            Vec::with_capacity(entries.len());
+        for (index, entry) in (0u32..).zip(entries) {
+            let Staging { staged, refused } = self.judge(entry, &mut undo).await?;
             if let Some(error @ IngestError::Unavailable { .. }) = &refused {
                 // A fault of this node (an instance that could not be made, the wall-clock
-                // backstop), not the batch's verdict: undone, and the position stays open.
+                // backstop), not the batch's verdict: the position's batches are undone, and it
+                // stays open.
+                if judged.iter().any(|(_, staged, _)| staged.is_some()) {
+                    self.rewind(state);
+                }
                 self.last.checkpoint = checkpoint;
                 for undo in undo.into_iter().rev() {
                     self.last.producers.undo(undo);
@@ -113,23 +95,78 @@ impl<S: BatchSink> Task<S> {
                     reason: error.to_string(),
                 });
             }
-            let log = Arc::clone(&self.log);
-            let turn = log.turn(Some(position), 1).await;
+            judged.push((index, staged, refused));
+        }
+        let log = Arc::clone(&self.log);
+        let turn = log.turn(Some(position), 1).await;
+        let mut verdicts = Vec::with_capacity(judged.len());
+        for (index, staged, refused) in judged {
             let accepted = match staged {
                 Some(staged) => Some(self.finish(staged, Some(position)).await),
                 None => None,
             };
-            drop(turn);
-            match (refused, accepted) {
+            let verdict = match (refused, accepted) {
                 (Some(error), _) => Err(error),
                 (None, Some(accepted)) => Ok(accepted),
                 (None, None) => Err(IngestError::Stopped {
                     runtime: self.name.to_string(),
                 }),
-            }
-        };
-        self.give(position, Verdict::Batch(verdict));
+            };
+            verdicts.push((index, verdict));
+        }
+        // Given before the position counts as applied: a copy waiting for that finds them.
+        for (index, verdict) in verdicts {
+            self.give((position, index), Verdict::Batch(verdict));
+        }
+        drop(turn);
         Ok(())
+    }
+
+    /// Judges one published batch: refused alike on every node when it was made for a module or
+    /// a guest config the stream never ran, else run through the guest ([`Task::stage`]). `Err`
+    /// when this node cannot reproduce what its publisher runs.
+    async fn judge(
+        &mut self,
+        entry: BatchEntry,
+        undo: &mut Vec<Undo>,
+    ) -> Result<Staging, ApplyError> {
+        let running = self.slot.module().fingerprint().clone();
+        if entry.module != running && self.last.modules.is_empty() {
+            // Published before this runtime's first module was decided (by a viewtape that
+            // does not publish one): this node cannot reproduce what its publisher runs.
+            return Err(self.module_changed(&entry));
+        }
+        let refused = |refused| {
+            Ok(Staging {
+                staged: None,
+                refused: Some(refused),
+            })
+        };
+        // A batch made for a module this runtime ran before the newest deploy was published by a
+        // node of the cluster just before that deploy reached it: it runs on the module of now.
+        // One made for a module the stream never ran came from a node on another build.
+        if entry.module != running && !self.last.modules.contains(&entry.module) {
+            return refused(IngestError::OtherModule {
+                runtime: self.name.to_string(),
+                published: entry.module,
+                running,
+            });
+        }
+        // Likewise a batch made with another guest config than the stream decided. A node whose
+        // own config is not the stream's cannot reproduce the others, and stops (itself alone).
+        if let Some(decided) = self.last.config.filter(|&c| c != entry.guest_config) {
+            return refused(IngestError::OtherConfig {
+                runtime: self.name.to_string(),
+                published: entry.guest_config,
+                decided,
+            });
+        }
+        if entry.guest_config != self.guest_config_crc {
+            return Err(self.module_changed(&entry));
+        }
+        self.last.ran(&running);
+        self.last.config.get_or_insert(entry.guest_config);
+        Ok(self.stage(entry, undo).await)
     }
 
     /// Runs a batch of the local log again: it must produce what its record says.

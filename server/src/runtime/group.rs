@@ -71,7 +71,7 @@ impl<S: BatchSink> Task<S> {
         let records: Vec<Vec<u8>> = staged
             .iter()
             .filter_map(|(s, _)| match s {
-                Staged::Batch { entry, .. } => Some(Entry::encode_batch(entry)),
+                Staged::Batch { entry, .. } => Some(Entry::encode_batches(&[entry])),
                 Staged::Duplicate(_) => None,
             })
             .collect();

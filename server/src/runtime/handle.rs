@@ -43,6 +43,8 @@ pub type Applied =
 pub enum Record {
     /// A batch.
     Batch(BatchEntry),
+    /// Batches a node gathered into one record of a cluster's stream, judged in order.
+    Batches(Vec<BatchEntry>),
     /// A deploy, with its module loaded.
     Deploy(DeployEntry, GuestModule),
 }

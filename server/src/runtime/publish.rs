@@ -8,7 +8,7 @@ use tokio::sync::oneshot;
 
 use super::{Accepted, DeployError, Deployed, IngestError, RuntimeHandle};
 use crate::host::ModuleFingerprint;
-use crate::log::{unix_ms_now, BatchEntry, DeployEntry, Entry, PublishError, Published};
+use crate::log::{unix_ms_now, BatchEntry, DeployEntry, Entry, PublishError};
 use crate::log::{Receipt, StreamLog};
 
 /// Verdicts of applied stream positions kept for the publisher that has not asked yet.
@@ -21,22 +21,39 @@ pub(crate) enum Verdict {
     Deploy(Result<Deployed, DeployError>),
 }
 
+/// A record's place on the stream: its position, and its index among the batches of that
+/// position (0 for a record alone).
+pub(crate) type Place = (u64, u32);
+
 /// Verdicts of recently applied stream positions, and the publishers waiting for theirs.
 #[derive(Debug, Default)]
 pub(crate) struct Verdicts {
-    done: BTreeMap<u64, Verdict>,
-    waiting: HashMap<u64, oneshot::Sender<Verdict>>,
+    done: BTreeMap<Place, Verdict>,
+    waiting: HashMap<Place, oneshot::Sender<Verdict>>,
 }
 
 impl Verdicts {
-    /// Hands the verdict on `position` to its publisher, or keeps it for one that will ask.
-    pub fn give(&mut self, position: u64, verdict: Verdict) {
-        match self.waiting.remove(&position) {
+    /// The verdict on `place`, if it was given and is still kept.
+    pub fn take(&mut self, place: Place) -> Option<Verdict> {
+        self.done.remove(&place)
+    }
+
+    /// The acceptance given on `place`, if it was accepted and is still kept.
+    pub fn accepted(&self, place: Place) -> Option<Verdict> {
+        match self.done.get(&place) {
+            Some(Verdict::Batch(Ok(accepted))) => Some(Verdict::Batch(Ok(accepted.clone()))),
+            _ => None,
+        }
+    }
+
+    /// Hands the verdict on `place` to its publisher, or keeps it for one that will ask.
+    pub fn give(&mut self, place: Place, verdict: Verdict) {
+        match self.waiting.remove(&place) {
             Some(waiter) => {
                 let _ = waiter.send(verdict);
             }
             None => {
-                self.done.insert(position, verdict);
+                self.done.insert(place, verdict);
                 while self.done.len() > VERDICTS_KEPT {
                     self.done.pop_first();
                 }
@@ -56,33 +73,28 @@ impl RuntimeHandle {
             runtime: self.name.to_string(),
             reason,
         };
-        let id = match &entry.producer {
-            Some(stamp) => format!(
-                "{}\u{1f}{}\u{1f}{}\u{1f}{}",
-                entry.runtime, stamp.id, stamp.epoch, stamp.seq
-            ),
-            None => stream.own_id(),
-        };
-        let has_producer = entry.producer.is_some();
-        let published = stream
-            .publish(&self.name, Entry::encode_batch(&entry), id)
+        let placed = stream
+            .publish_batch(entry)
             .await
             .map_err(|error| shared(error.to_string()))?;
-        // A copy of this node's own resend is no news to the producer.
-        let duplicate = published.duplicate && has_producer;
-        match self.verdict(stream, published).await.map_err(shared)? {
+        let place = (placed.sequence, placed.index);
+        match self
+            .verdict(stream, place, !placed.duplicate)
+            .await
+            .map_err(shared)?
+        {
             Some(Verdict::Batch(outcome)) => outcome.map(|accepted| Accepted {
-                duplicate: accepted.duplicate || duplicate,
+                duplicate: accepted.duplicate || placed.duplicate,
                 ..accepted
             }),
             Some(Verdict::Deploy(_)) => Err(shared(format!(
                 "sequence {} holds a deploy, not this batch",
-                published.sequence
+                placed.sequence
             ))),
-            // Applied long ago (a duplicate of an old batch): its verdict is gone.
+            // A duplicate of a batch applied long ago, or of one refused.
             None => Ok(Accepted {
                 receipt: Receipt {
-                    position: Some(published.sequence),
+                    position: Some(placed.sequence),
                     durability: self.log.durability(),
                     ..Receipt::default()
                 },
@@ -91,34 +103,61 @@ impl RuntimeHandle {
         }
     }
 
-    /// This node's verdict on what was published at `published.sequence`, once it has applied
-    /// it; `None` when it was applied so long ago that its verdict is no longer kept.
+    /// This node's verdict on what was published at `place`, once it has applied it; `None`
+    /// when it was applied so long ago that its verdict is no longer kept. The verdict goes to
+    /// the batch's first copy (`claim`); a copy JetStream knew already, perhaps sent while the
+    /// first waits, only reads the first's acceptance, if it was accepted.
     async fn verdict(
         &self,
         stream: &StreamLog,
-        published: Published,
+        place: Place,
+        claim: bool,
     ) -> Result<Option<Verdict>, String> {
-        let sequence = published.sequence;
+        let sequence = place.0;
         let waiting = {
             let mut verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(verdict) = verdicts.done.remove(&sequence) {
-                return Ok(Some(verdict));
+            let verdict = match claim {
+                true => verdicts.take(place),
+                false => verdicts.accepted(place),
+            };
+            if verdict.is_some() {
+                return Ok(verdict);
             }
             if self.log.committed() >= sequence {
                 return Ok(None);
             }
-            let (tx, rx) = oneshot::channel();
-            verdicts.waiting.insert(sequence, tx);
-            rx
+            claim.then(|| {
+                let (tx, rx) = oneshot::channel();
+                verdicts.waiting.insert(place, tx);
+                rx
+            })
         };
-        match tokio::time::timeout(stream.timeout, waiting).await {
-            Ok(Ok(verdict)) => Ok(Some(verdict)),
+        let mine = waiting.is_some();
+        let applied = async {
+            match waiting {
+                Some(verdict) => verdict.await.ok().map(Some),
+                None => {
+                    let mut committed = self.log.watch_committed();
+                    let applied = committed.wait_for(|c| *c >= sequence).await;
+                    applied.ok().map(|_| {
+                        let verdicts = self.verdicts.lock();
+                        verdicts
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .accepted(place)
+                    })
+                }
+            }
+        };
+        match tokio::time::timeout(stream.timeout, applied).await {
+            Ok(Some(verdict)) => Ok(verdict),
             _ => {
-                self.verdicts
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .waiting
-                    .remove(&sequence);
+                if mine {
+                    self.verdicts
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .waiting
+                        .remove(&place);
+                }
                 Err(format!(
                     "published at sequence {sequence}, not applied by this node within {:?}; send it again with its Producer-* headers to learn its outcome",
                     stream.timeout
@@ -155,7 +194,11 @@ impl RuntimeHandle {
             false => stream.publish(&self.name, payload, id).await,
         }
         .map_err(|error: PublishError| shared(error.to_string()))?;
-        match self.verdict(stream, published).await.map_err(shared)? {
+        match self
+            .verdict(stream, (published.sequence, 0), true)
+            .await
+            .map_err(shared)?
+        {
             Some(Verdict::Deploy(outcome)) => outcome,
             _ => Err(shared(format!(
                 "no verdict on the deploy at sequence {}",

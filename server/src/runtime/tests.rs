@@ -385,3 +385,86 @@ async fn a_replayed_record_whose_turn_is_abandoned_is_undone() {
     assert_eq!(log.committed(), 1);
     assert_eq!(sink.events.lock().unwrap().len(), 2);
 }
+
+/// Batches a cluster node gathered into one record are judged alone, in order, at one
+/// position: a refused one costs the others nothing, a producer's second copy is a duplicate
+/// answered with the first's receipt, and each verdict goes to its own place.
+#[tokio::test]
+async fn gathered_batches_are_judged_alone_at_one_position() {
+    use crate::log::producer::ProducerStamp;
+    use crate::log::{BatchEntry, Log, Outcome};
+    use handle::Record;
+    use publish::Verdict;
+
+    let module = GuestModule::new(&engine(), guests::MISBEHAVE_WASM).unwrap();
+    let sink = Arc::new(TestSink::default());
+    let log = Arc::new(Log::new(
+        true,
+        viewtape_snapshots::log::Durability::Fsync,
+        6,
+    ));
+    let handle = RuntimeHandle::spawn(
+        module.clone(),
+        RuntimeConfig::new("t", ["v", "state"]),
+        None,
+        Arc::new(EventJournal::new(JournalConfig::default())),
+        Arc::clone(&sink),
+        Arc::clone(&log),
+    )
+    .await
+    .unwrap();
+    let batch = |input: &'static [u8], seq: Option<u64>| BatchEntry {
+        runtime: "t".into(),
+        module: module.fingerprint().clone(),
+        guest_config: handle.guest_config_crc(),
+        at_ms: crate::log::unix_ms_now(),
+        input: Bytes::from_static(input),
+        producer: seq.map(|seq| ProducerStamp {
+            id: "p".into(),
+            epoch: 1,
+            seq,
+        }),
+        checkpoint: None,
+        source_gap: None,
+        outcome: Outcome::Pending,
+    };
+    let group = vec![
+        batch(b"count", Some(0)),
+        batch(b"count\nfail nope", None),
+        batch(b"count", Some(1)),
+        batch(b"count", Some(1)),
+        batch(b"count", Some(3)),
+    ];
+    handle.apply(Record::Batches(group), 7).await.unwrap();
+    assert_eq!(log.committed(), 7);
+
+    let mut verdicts = handle.verdicts.lock().unwrap();
+    let mut verdict = |index| match verdicts.take((7, index)) {
+        Some(Verdict::Batch(outcome)) => outcome,
+        other => panic!("no batch verdict at index {index}: {other:?}"),
+    };
+    let first = verdict(0).unwrap();
+    assert!(!first.duplicate);
+    assert_eq!(first.receipt.position, Some(7));
+    assert!(matches!(verdict(1), Err(IngestError::Guest { .. })));
+    let second = verdict(2).unwrap();
+    assert!(!second.duplicate);
+    let again = verdict(3).unwrap();
+    assert!(again.duplicate);
+    assert_eq!(again.receipt, second.receipt);
+    assert!(matches!(
+        verdict(4),
+        Err(IngestError::OutOfOrder { expected: 2, .. })
+    ));
+    assert!(verdicts.take((7, 5)).is_none());
+    drop(verdicts);
+    // The refused batch left the guest's state as it was: two counts committed, in order.
+    let counts: Vec<_> = sink
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, _, count)| count.clone())
+        .collect();
+    assert_eq!(counts, ["1", "2"]);
+}
