@@ -138,6 +138,8 @@ pub struct Cluster {
     /// When the stream was created (Unix nanoseconds): its identity, with its name.
     created_ns: i128,
     apply_timeout: Duration,
+    /// Most batches of one runtime in one stream message.
+    batches_per_message: usize,
     ahead_wait: Duration,
     durability: StreamDurability,
     /// The last sequence the stream held when this node joined.
@@ -279,6 +281,7 @@ impl Cluster {
             epoch,
             created_ns,
             apply_timeout: section.apply_timeout,
+            batches_per_message: section.batches_per_message,
             ahead_wait: section.ahead_wait,
             durability,
             joined_at: info.state.last_sequence,
@@ -311,6 +314,7 @@ impl Cluster {
             (&self.stream, self.epoch),
             self.apply_timeout,
             self.durability,
+            self.batches_per_message,
         );
         Arc::new(Log::on_stream(stream, position))
     }

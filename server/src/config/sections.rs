@@ -129,6 +129,9 @@ pub struct ClusterSection {
     /// (NATS's default) can lose recently acknowledged batches at a power loss; receipts then
     /// say `"durability": "stream_os"`.
     pub stream_synced: bool,
+    /// Most batches of one runtime a node gathers into one stream message; 1: every batch its
+    /// own message, which nodes of versions before gathering need while they are in the cluster.
+    pub batches_per_message: usize,
 }
 
 impl Default for ClusterSection {
@@ -142,6 +145,7 @@ impl Default for ClusterSection {
             ahead_wait: Duration::from_secs(2),
             apply_timeout: Duration::from_secs(5),
             stream_synced: false,
+            batches_per_message: 1024,
         }
     }
 }

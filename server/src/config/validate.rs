@@ -186,6 +186,12 @@ fn validate_cluster(cluster: &ClusterSection) -> Result<(), Problem> {
     if cluster.replicas == 0 || cluster.replicas > 5 {
         return Err(Problem::new("cluster.replicas", "must be 1 to 5"));
     }
+    if cluster.batches_per_message == 0 {
+        return Err(Problem::new(
+            "cluster.batches_per_message",
+            "must be above zero (1: every batch its own message)",
+        ));
+    }
     Ok(())
 }
 

@@ -16,8 +16,6 @@ use tracing::Instrument as _;
 use super::entry::{BatchEntry, Entry};
 use super::stream::{PublishError, Publisher};
 
-/// Most batches in one message.
-const MAX_BATCHES: usize = 1024;
 /// What a batch adds to a message beside its input, at most (its runtime's name aside).
 const BATCH_OVERHEAD: usize = 256;
 
@@ -33,9 +31,12 @@ pub struct Placed {
     pub duplicate: bool,
 }
 
-/// Each runtime's batches waiting to be published.
-#[derive(Debug, Default)]
-pub(super) struct Gathers(Mutex<HashMap<String, Arc<Gather>>>);
+/// Each runtime's batches waiting to be published, and how many may go in one message.
+#[derive(Debug)]
+pub(super) struct Gathers {
+    runtimes: Mutex<HashMap<String, Arc<Gather>>>,
+    most: usize,
+}
 
 /// One runtime's batches waiting, and whether a task is publishing them.
 #[derive(Debug, Default)]
@@ -54,6 +55,14 @@ struct Queued {
 }
 
 impl Gathers {
+    /// At most `most` batches (at least one) in a message.
+    pub(super) fn new(most: usize) -> Self {
+        Self {
+            runtimes: Mutex::default(),
+            most: most.max(1),
+        }
+    }
+
     /// Publishes `entry` on `subject` with the batches waiting beside it, and says where.
     pub(super) async fn publish(
         &self,
@@ -62,7 +71,7 @@ impl Gathers {
         entry: BatchEntry,
     ) -> Result<Placed, PublishError> {
         let gather = Arc::clone(
-            self.0
+            self.runtimes
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .entry(entry.runtime.clone())
@@ -77,7 +86,8 @@ impl Gathers {
         if lead {
             // A task of its own: a caller that goes away does not strand the batches behind it.
             let span = tracing::debug_span!("cluster_publish", %subject);
-            tokio::spawn(gather.lead(publisher.clone(), subject).instrument(span));
+            let lead = gather.lead(publisher.clone(), subject, self.most);
+            tokio::spawn(lead.instrument(span));
         }
         rx.await.unwrap_or_else(|_| {
             Err(PublishError::Refusing(
@@ -89,7 +99,7 @@ impl Gathers {
 
 impl Gather {
     /// Publishes the waiting batches, as many as fit in a message at a time, until none wait.
-    async fn lead(self: Arc<Self>, publisher: Publisher, subject: String) {
+    async fn lead(self: Arc<Self>, publisher: Publisher, subject: String, most: usize) {
         let budget = publisher.max_payload() / 2;
         loop {
             let group = {
@@ -98,7 +108,7 @@ impl Gather {
                 let mut take = 0;
                 for queued in &waiting.batches {
                     size += queued.entry.input.len() + queued.entry.runtime.len() + BATCH_OVERHEAD;
-                    if take == MAX_BATCHES || (take > 0 && size > budget) {
+                    if take == most || (take > 0 && size > budget) {
                         break;
                     }
                     take += 1;

@@ -114,13 +114,14 @@ impl StreamLog {
     }
 
     /// Publishes to `stream` (whose history is `epoch`) through `client` (connected to `url`),
-    /// waiting at most `timeout`.
+    /// waiting at most `timeout`, with at most `batches_per_message` batches in a message.
     pub fn new(
         client: async_nats::Client,
         url: &str,
         (stream, epoch): (&str, JournalEpoch),
         timeout: Duration,
         durability: StreamDurability,
+        batches_per_message: usize,
     ) -> Self {
         Self {
             publisher: Publisher {
@@ -138,7 +139,7 @@ impl StreamLog {
             durability,
             refusing: Mutex::new(Refusing::Settling),
             epoch,
-            gathers: Gathers::default(),
+            gathers: Gathers::new(batches_per_message),
         }
     }
 
