@@ -14,8 +14,11 @@
 //!
 //! ```text
 //! viewtape-bench cluster [--nodes 3] [--producers 16] [--seconds 10] [--rate 100]
-//!                        [--subscribers 600] [--nats-server nats-server]
+//!                        [--subscribers 600] [--nats-server nats-server] [--node-arg ARG ...]
 //! ```
+//!
+//! `--node-arg` passes an argument to every cluster node (e.g. `--config` a file whose
+//! `[cluster] batches_per_message = 1` publishes every batch as its own message).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,6 +43,7 @@ pub struct Options {
     rate: u64,
     subscribers: usize,
     nats_server: String,
+    node_args: Vec<String>,
 }
 
 impl Options {
@@ -58,6 +62,7 @@ impl Options {
                 .get("nats-server")
                 .unwrap_or(viewtape_tests::nats::DEFAULT_BIN)
                 .to_owned(),
+            node_args: args.all("node-arg").into_iter().map(str::to_owned).collect(),
         })
     }
 }
@@ -75,8 +80,11 @@ pub async fn run(options: &Options) -> anyhow::Result<()> {
     let nats = NatsServer::start_with(&options.nats_server, false).await?;
     nats.check_sync_always().await?;
     let mut nodes = Vec::new();
+    let url = nats.url();
     for _ in 0..options.nodes {
-        let node = Server::start(&["--nats", &nats.url(), "--demo-rate", "0"]).await?;
+        let mut args = vec!["--nats", &url, "--demo-rate", "0"];
+        args.extend(options.node_args.iter().map(String::as_str));
+        let node = Server::start(&args).await?;
         node.ready(Duration::from_secs(30)).await?;
         nodes.push(node);
     }
