@@ -62,7 +62,11 @@ impl Options {
                 .get("nats-server")
                 .unwrap_or(viewtape_tests::nats::DEFAULT_BIN)
                 .to_owned(),
-            node_args: args.all("node-arg").into_iter().map(str::to_owned).collect(),
+            node_args: args
+                .all("node-arg")
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
         })
     }
 }
