@@ -317,21 +317,22 @@ async fn file_tail_feeds_the_runtime_and_truncation_marks_a_gap() {
     task.abort();
 }
 
-/// A replayed record waits for its turn after running its guest; when the replay breaks off
-/// before it, the turn is abandoned, and the runtime is left as it was: no commit, the guest's
-/// state before the record, and the record applies again later.
-#[tokio::test]
-async fn a_replayed_record_whose_turn_is_abandoned_is_undone() {
-    use crate::host::{EventKind, GuestEvent};
-    use crate::log::{BatchEntry, Digest, Log, Outcome};
-    use handle::Record;
-
+/// The misbehaving guest as runtime `t` (views `v`, `state`) on a log committed through
+/// `committed`.
+async fn misbehave_on_log(
+    committed: u64,
+) -> (
+    GuestModule,
+    Arc<TestSink>,
+    Arc<crate::log::Log>,
+    RuntimeHandle,
+) {
     let module = GuestModule::new(&engine(), guests::MISBEHAVE_WASM).unwrap();
     let sink = Arc::new(TestSink::default());
-    let log = Arc::new(Log::new(
+    let log = Arc::new(crate::log::Log::new(
         true,
         viewtape_snapshots::log::Durability::Fsync,
-        0,
+        committed,
     ));
     let handle = RuntimeHandle::spawn(
         module.clone(),
@@ -343,6 +344,19 @@ async fn a_replayed_record_whose_turn_is_abandoned_is_undone() {
     )
     .await
     .unwrap();
+    (module, sink, log, handle)
+}
+
+/// A replayed record waits for its turn after running its guest; when the replay breaks off
+/// before it, the turn is abandoned, and the runtime is left as it was: no commit, the guest's
+/// state before the record, and the record applies again later.
+#[tokio::test]
+async fn a_replayed_record_whose_turn_is_abandoned_is_undone() {
+    use crate::host::{EventKind, GuestEvent};
+    use crate::log::{BatchEntry, Digest, Outcome};
+    use handle::Record;
+
+    let (module, sink, log, handle) = misbehave_on_log(0).await;
     let event = |view: &str, key: &str, payload: &'static [u8]| GuestEvent {
         view: Arc::from(view),
         key: key.to_owned(),
@@ -392,27 +406,11 @@ async fn a_replayed_record_whose_turn_is_abandoned_is_undone() {
 #[tokio::test]
 async fn gathered_batches_are_judged_alone_at_one_position() {
     use crate::log::producer::ProducerStamp;
-    use crate::log::{BatchEntry, Log, Outcome};
+    use crate::log::{BatchEntry, Outcome};
     use handle::Record;
     use publish::Verdict;
 
-    let module = GuestModule::new(&engine(), guests::MISBEHAVE_WASM).unwrap();
-    let sink = Arc::new(TestSink::default());
-    let log = Arc::new(Log::new(
-        true,
-        viewtape_snapshots::log::Durability::Fsync,
-        6,
-    ));
-    let handle = RuntimeHandle::spawn(
-        module.clone(),
-        RuntimeConfig::new("t", ["v", "state"]),
-        None,
-        Arc::new(EventJournal::new(JournalConfig::default())),
-        Arc::clone(&sink),
-        Arc::clone(&log),
-    )
-    .await
-    .unwrap();
+    let (module, sink, log, handle) = misbehave_on_log(6).await;
     let batch = |input: &'static [u8], seq: Option<u64>| BatchEntry {
         runtime: "t".into(),
         module: module.fingerprint().clone(),
