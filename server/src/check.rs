@@ -8,11 +8,12 @@
 //! key (and that they go together), the auth key file. Every refusal names the file, the line
 //! and the key.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use crate::auth::Auth;
 use crate::config::{Config, ConfigError, Problem};
-use crate::host::{EngineConfig, GuestEngine, GuestModule};
+use crate::host::{EngineConfig, GuestEngine, GuestModule, ModuleFingerprint};
 use crate::tls::{Tls, TlsError};
 
 /// Reads and checks the config file at `path`, with `adjust` (command-line flags) applied to it
@@ -37,14 +38,18 @@ pub fn check_file(path: &Path, adjust: impl FnOnce(&mut Config)) -> Result<Confi
 pub fn check_files(config: &Config) -> Result<(), Problem> {
     let engine = GuestEngine::new(EngineConfig::default())
         .map_err(|error| Problem::new("runtime", format!("no guest engine: {error}")))?;
+    // Runtimes on one module (the built-in ticker, say) have it compiled once.
+    let mut loaded = HashSet::new();
     for (i, runtime) in config.runtimes.iter().enumerate() {
         let key = format!("runtime[{i}].wasm");
         let wasm = runtime.wasm_bytes().map_err(|error| {
             Problem::new(&key, format!("cannot read {}: {error}", runtime.wasm))
         })?;
-        GuestModule::new(&engine, &wasm).map_err(|error| {
-            Problem::new(&key, format!("{} does not load: {error}", runtime.wasm))
-        })?;
+        if loaded.insert(ModuleFingerprint::of(&wasm)) {
+            GuestModule::new(&engine, &wasm).map_err(|error| {
+                Problem::new(&key, format!("{} does not load: {error}", runtime.wasm))
+            })?;
+        }
         runtime.load_schemas(i)?;
     }
     if let (Some(cert), Some(key)) = (&config.server.tls_cert, &config.server.tls_key) {

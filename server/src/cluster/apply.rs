@@ -299,12 +299,18 @@ impl Cluster {
         Ok(())
     }
 
-    /// The module `fingerprint`: from this node's store, else from the bucket (then kept).
+    /// The module `fingerprint`: the compilation a runtime of this node runs (a runtime
+    /// declaring its module, or many runtimes on one module, compile nothing), else compiled
+    /// from this node's store, else from the bucket (then kept).
     async fn load_module(
         &self,
         appliers: &Appliers,
         fingerprint: &ModuleFingerprint,
     ) -> Result<GuestModule, BoxError> {
+        let mut running = appliers.runtimes.iter().map(|(_, r)| r.handle.running());
+        if let Some(module) = running.find(|module| module.fingerprint() == fingerprint) {
+            return Ok(module);
+        }
         let wasm = match appliers.modules.get(fingerprint) {
             Ok(wasm) => wasm,
             Err(_) => {

@@ -136,14 +136,14 @@ impl<S: BatchSink> Task<S> {
             .schemas_now
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Arc::clone(&schemas);
+        *self
+            .module_now
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = module.clone();
         self.slot.install(module, instance, schemas);
         self.last.state = state;
         self.note_state();
         self.last.ran(&next);
-        *self
-            .module_now
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = next.clone();
         self.deployed();
         Deployed {
             previous,

@@ -150,7 +150,7 @@ pub struct RuntimeHandle {
     tx: mpsc::Sender<Command>,
     stats: Arc<RuntimeStats>,
     /// The module it runs now (a deploy changes it).
-    module: Arc<Mutex<ModuleFingerprint>>,
+    module: Arc<Mutex<GuestModule>>,
     /// The schemas its views are held to now (a deploy changes them).
     schemas: Arc<Mutex<Arc<ViewSchemas>>>,
     /// The views it declares.
@@ -181,7 +181,7 @@ impl RuntimeHandle {
         let last = restore.unwrap_or_default();
         let name: Arc<str> = Arc::from(config.name.as_str());
         let stats = Arc::new(RuntimeStats::default());
-        let fingerprint = module.fingerprint().clone();
+        let running = module.clone();
         let views: Arc<[String]> = Arc::from(config.views.as_slice());
         let guest_config =
             ViewSchemas::fold_crc(crc32c::crc32c(&config.guest_config), &config.schemas);
@@ -204,7 +204,7 @@ impl RuntimeHandle {
             name,
             tx,
             stats,
-            module: Arc::new(Mutex::new(fingerprint)),
+            module: Arc::new(Mutex::new(running)),
             schemas: Arc::new(Mutex::new(Arc::clone(slot.schemas()))),
             views: Arc::clone(&views),
             guest_config,
@@ -243,6 +243,11 @@ impl RuntimeHandle {
 
     /// The module it runs now.
     pub fn module(&self) -> ModuleFingerprint {
+        self.running().fingerprint().clone()
+    }
+
+    /// The compiled module it runs now.
+    pub fn running(&self) -> GuestModule {
         self.module
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

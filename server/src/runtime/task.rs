@@ -10,7 +10,7 @@ use super::guest::GuestSlot;
 use super::handle::Command;
 use super::publish::Verdicts;
 use super::{BatchSink, RuntimeSnapshot, RuntimeStats, MAX_GROUP};
-use crate::host::ModuleFingerprint;
+use crate::host::GuestModule;
 use crate::log::Log;
 use crate::schema::ViewSchemas;
 
@@ -30,8 +30,8 @@ pub(super) struct Task<S> {
     pub stats: Arc<RuntimeStats>,
     /// The views it declares: a gap it reports affects these.
     pub views: Arc<[String]>,
-    /// The fingerprint of `module`, shared with the handles.
-    pub module_now: Arc<Mutex<ModuleFingerprint>>,
+    /// The module it runs, shared with the handles.
+    pub module_now: Arc<Mutex<GuestModule>>,
     /// The schemas of `module`, shared with the handles.
     pub schemas_now: Arc<Mutex<Arc<ViewSchemas>>>,
     /// Verdicts on records published to a cluster's stream, for the handles waiting.
