@@ -61,13 +61,13 @@ impl Cluster {
         let sequence = published.sequence;
         let mut outcomes = self.restores.subscribe();
         let applied = tokio::time::timeout(
-            stream.timeout,
+            stream.timeout(),
             outcomes.wait_for(|outcomes| outcomes.contains_key(&sequence)),
         );
         if !matches!(applied.await, Ok(Ok(_))) {
             return Err(shared(format!(
                 "published at sequence {sequence}, not applied by this node within {:?}",
-                stream.timeout
+                stream.timeout()
             )));
         }
         let mut outcome = None;

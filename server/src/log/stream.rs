@@ -78,8 +78,6 @@ pub struct StreamLog {
     publisher: Publisher,
     /// `<stream>.in.`: a runtime's messages go to `<stream>.in.<runtime>`.
     subjects: String,
-    /// How long a publish may wait for its acknowledgement, and an ingest for its verdict.
-    pub timeout: Duration,
     durability: StreamDurability,
     /// Why this node takes no records now, if it does not: until it has caught up and its
     /// runtimes' modules are settled ([`StreamLog::open`]), and for good once it refuses.
@@ -96,6 +94,7 @@ pub(super) struct Publisher {
     js: jetstream::Context,
     client: async_nats::Client,
     url: Arc<str>,
+    /// How long a publish may wait for its acknowledgement, and an ingest for its verdict.
     timeout: Duration,
     ids: Arc<Ids>,
 }
@@ -108,6 +107,11 @@ struct Ids {
 }
 
 impl StreamLog {
+    /// How long a publish may wait for its acknowledgement, and an ingest for its verdict.
+    pub fn timeout(&self) -> Duration {
+        self.publisher.timeout
+    }
+
     /// The subject `runtime`'s records are published on.
     pub fn subject(&self, runtime: &str) -> String {
         format!("{}{}", self.subjects, subject_token(runtime))
@@ -135,7 +139,6 @@ impl StreamLog {
                 }),
             },
             subjects: format!("{stream}.in."),
-            timeout,
             durability,
             refusing: Mutex::new(Refusing::Settling),
             epoch,

@@ -75,15 +75,15 @@ impl<S: BatchSink> Task<S> {
     ) -> Result<(), ApplyError> {
         let (state, checkpoint) = (self.last.state.clone(), self.last.checkpoint);
         let mut undo = Vec::new();
-        let mut judged: Vec<(u32, Option<Staged>, Option<IngestError>)> =
+        let mut judged: Vec<(Option<Staged>, Option<IngestError>)> =
             Vec::with_capacity(entries.len());
-        for (index, entry) in (0u32..).zip(entries) {
+        for entry in entries {
             let Staging { staged, refused } = self.judge(entry, &mut undo).await?;
             if let Some(error @ IngestError::Unavailable { .. }) = &refused {
                 // A fault of this node (an instance that could not be made, the wall-clock
                 // backstop), not the batch's verdict: the position's batches are undone, and it
                 // stays open.
-                if judged.iter().any(|(_, staged, _)| staged.is_some()) {
+                if judged.iter().any(|(staged, _)| staged.is_some()) {
                     self.rewind(state);
                 }
                 self.last.checkpoint = checkpoint;
@@ -95,12 +95,11 @@ impl<S: BatchSink> Task<S> {
                     reason: error.to_string(),
                 });
             }
-            judged.push((index, staged, refused));
+            judged.push((staged, refused));
         }
         let log = Arc::clone(&self.log);
         let turn = log.turn(Some(position), 1).await;
-        let mut verdicts = Vec::with_capacity(judged.len());
-        for (index, staged, refused) in judged {
+        for (index, (staged, refused)) in (0u32..).zip(judged) {
             let accepted = match staged {
                 Some(staged) => Some(self.finish(staged, Some(position)).await),
                 None => None,
@@ -112,10 +111,7 @@ impl<S: BatchSink> Task<S> {
                     runtime: self.name.to_string(),
                 }),
             };
-            verdicts.push((index, verdict));
-        }
-        // Given before the position counts as applied: a copy waiting for that finds them.
-        for (index, verdict) in verdicts {
+            // Given before the position counts as applied: a copy waiting for that finds it.
             self.give((position, index), Verdict::Batch(verdict));
         }
         drop(turn);

@@ -148,7 +148,7 @@ impl RuntimeHandle {
                 }
             }
         };
-        match tokio::time::timeout(stream.timeout, applied).await {
+        match tokio::time::timeout(stream.timeout(), applied).await {
             Ok(Some(verdict)) => Ok(verdict),
             _ => {
                 if mine {
@@ -160,7 +160,7 @@ impl RuntimeHandle {
                 }
                 Err(format!(
                     "published at sequence {sequence}, not applied by this node within {:?}; send it again with its Producer-* headers to learn its outcome",
-                    stream.timeout
+                    stream.timeout()
                 ))
             }
         }
