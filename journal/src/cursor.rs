@@ -36,11 +36,62 @@ impl Cursor {
     pub fn offset(&self) -> u64 {
         self.offset
     }
+
+    /// The text form, on the stack: what [`Display`](fmt::Display) writes, for a frame built
+    /// per event without an allocation or the formatting machinery.
+    pub fn text(&self) -> CursorText {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut bytes = [0u8; CursorText::MAX];
+        let bits = self.epoch.to_bits();
+        for (i, digit) in bytes[..16].iter_mut().enumerate() {
+            *digit = HEX[((bits >> (60 - 4 * i)) & 0xf) as usize];
+        }
+        bytes[16] = b'-';
+        let mut digits = [0u8; 20];
+        let (mut offset, mut n) = (self.offset, 0);
+        loop {
+            digits[n] = b'0' + (offset % 10) as u8;
+            (offset, n) = (offset / 10, n + 1);
+            if offset == 0 {
+                break;
+            }
+        }
+        for (to, from) in bytes[17..17 + n].iter_mut().zip(digits[..n].iter().rev()) {
+            *to = *from;
+        }
+        CursorText {
+            bytes,
+            len: 17 + n as u8,
+        }
+    }
+}
+
+/// A cursor's text form, held on the stack ([`Cursor::text`]).
+#[derive(Clone, Copy, Debug)]
+pub struct CursorText {
+    bytes: [u8; Self::MAX],
+    len: u8,
+}
+
+impl CursorText {
+    /// The longest text: 16 hex digits, a dash, and the 20 digits of `u64::MAX`.
+    const MAX: usize = 37;
+
+    /// The text's bytes (ASCII).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        // Only ASCII digits, lowercase hex and a dash are ever written.
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
 }
 
 impl fmt::Display for Cursor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}-{}", self.epoch, self.offset)
+        f.write_str(self.text().as_str())
     }
 }
 
@@ -120,6 +171,13 @@ mod tests {
         fn round_trips(bits: u64, offset: u64) {
             let cursor = Cursor::new(JournalEpoch::from_bits(bits), offset);
             prop_assert_eq!(cursor.to_string().parse::<Cursor>(), Ok(cursor));
+        }
+
+        #[test]
+        fn text_is_hex_epoch_dash_decimal_offset(bits: u64, offset: u64) {
+            let cursor = Cursor::new(JournalEpoch::from_bits(bits), offset);
+            let text = cursor.text();
+            prop_assert_eq!(text.as_str(), format!("{bits:016x}-{offset}"));
         }
 
         #[test]

@@ -29,11 +29,10 @@
 use std::borrow::Cow;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use viewtape_journal::{Cursor, ReplayError, ReplayWindow};
 
-use crate::host::EventKind;
+use crate::host::{EventKind, GuestEvent};
 
 const DATA: &[u8] = b"data: ";
 const VALUE_SEPARATOR: &[u8] = b",\"value\":";
@@ -136,13 +135,14 @@ impl From<Frame> for (Bytes, u32, u32) {
 }
 
 /// Encodes one event.
-pub fn event(cursor: Option<Cursor>, kind: EventKind, key: &str, payload: &[u8]) -> Frame {
+pub fn event(cursor: Option<Cursor>, event: &GuestEvent) -> Frame {
+    let (kind, key, payload) = (event.kind, event.key.as_str(), &event.payload[..]);
     // id (≤ 42) + event (14) + envelope (27) + key + payload: one
     // allocation for the common case, no doubling slack held by the state.
     let mut out = BytesMut::with_capacity(88 + key.len() + payload.len());
     if let Some(cursor) = cursor {
         out.put_slice(b"id: ");
-        out.put_slice(cursor.to_string().as_bytes());
+        out.put_slice(cursor.text().as_bytes());
         out.put_u8(b'\n');
     }
     match kind {
@@ -156,7 +156,7 @@ pub fn event(cursor: Option<Cursor>, kind: EventKind, key: &str, payload: &[u8])
     if kind == EventKind::Update {
         out.put_slice(VALUE_SEPARATOR);
         value_at = out.len();
-        if serde_json::from_slice::<IgnoredAny>(payload).is_ok() {
+        if event.is_json() {
             put_lines(&mut out, payload);
         } else {
             put_json_string(&mut out, &String::from_utf8_lossy(payload));
@@ -260,6 +260,14 @@ mod tests {
         Cursor::new(JournalEpoch::from_bits(0xab), 7)
     }
 
+    fn encode(cursor: Option<Cursor>, kind: EventKind, key: &str, payload: &[u8]) -> Frame {
+        let payload = Bytes::copy_from_slice(payload);
+        event(
+            cursor,
+            &GuestEvent::new("v".into(), key.to_owned(), kind, payload),
+        )
+    }
+
     fn member(frame: &Frame) -> Vec<u8> {
         let mut out = BytesMut::new();
         frame.put_json_member(&mut out);
@@ -268,7 +276,7 @@ mod tests {
 
     #[test]
     fn update_frame_carries_cursor_kind_key_and_payload() {
-        let frame = event(Some(cursor()), EventKind::Update, "ACME", br#"{"price":1}"#);
+        let frame = encode(Some(cursor()), EventKind::Update, "ACME", br#"{"price":1}"#);
         assert_eq!(
             &frame.bytes()[..],
             b"id: 00000000000000ab-7\nevent: update\ndata: {\"key\":\"ACME\",\"value\":{\"price\":1}}\n\n"
@@ -279,7 +287,7 @@ mod tests {
 
     #[test]
     fn cursorless_delete_frame() {
-        let frame = event(None, EventKind::Delete, "a\"b", b"");
+        let frame = encode(None, EventKind::Delete, "a\"b", b"");
         assert_eq!(
             &frame.bytes()[..],
             b"event: delete\ndata: {\"key\":\"a\\\"b\"}\n\n"
@@ -290,7 +298,7 @@ mod tests {
 
     #[test]
     fn multi_line_payloads_split_into_data_lines() {
-        let frame = event(None, EventKind::Update, "k", b"{\r\n\"a\": 1,\r\"b\":\n2}");
+        let frame = encode(None, EventKind::Update, "k", b"{\r\n\"a\": 1,\r\"b\":\n2}");
         assert_eq!(
             &frame.bytes()[..],
             b"event: update\ndata: {\"key\":\"k\",\"value\":{\ndata: \"a\": 1,\ndata: \"b\":\ndata: 2}}\n\n"
@@ -300,7 +308,7 @@ mod tests {
 
     #[test]
     fn non_json_payloads_become_json_strings() {
-        let frame = event(None, EventKind::Update, "k", b"not json\nat all");
+        let frame = encode(None, EventKind::Update, "k", b"not json\nat all");
         assert_eq!(
             &frame.bytes()[..],
             b"event: update\ndata: {\"key\":\"k\",\"value\":\"not json\\nat all\"}\n\n"
@@ -309,7 +317,7 @@ mod tests {
 
     #[test]
     fn state_parts_share_the_frame_and_members_use_the_spans() {
-        let frame = event(Some(cursor()), EventKind::Update, "x,\"value\":", b"[1,2]");
+        let frame = encode(Some(cursor()), EventKind::Update, "x,\"value\":", b"[1,2]");
         let [head, data] = frame.state_parts();
         assert_eq!(&head[..], b"event: state\n");
         assert_eq!(
@@ -325,7 +333,7 @@ mod tests {
 
     #[test]
     fn frames_round_trip_through_snapshots_and_bad_spans_are_refused() {
-        let frame = event(Some(cursor()), EventKind::Update, "k", b"{\"a\":\n1}");
+        let frame = encode(Some(cursor()), EventKind::Update, "k", b"{\"a\":\n1}");
         let encoded = rmp_serde::to_vec(&frame).unwrap();
         let decoded: Frame = rmp_serde::from_slice(&encoded).unwrap();
         assert_eq!(decoded, frame);

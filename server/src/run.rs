@@ -24,7 +24,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::frame;
-use crate::host::{EngineConfig, EventKind, GuestEngine, GuestModule, Limits};
+use crate::host::{EngineConfig, EventKind, GuestEngine, GuestEvent, GuestModule, Limits};
 use crate::runtime::guest::{Fit, GuestSlot, SlotError, Typing};
 
 /// How to run.
@@ -98,7 +98,7 @@ pub async fn run(
                         EventKind::Update => serde_json::json!({ "batch": batch_number, "update": {
                             "view": &*event.view,
                             "key": event.key,
-                            "value": value(&event.key, &event.payload),
+                            "value": value(event),
                         }}),
                         EventKind::Delete => serde_json::json!({ "batch": batch_number, "delete": {
                             "view": &*event.view,
@@ -127,8 +127,8 @@ pub async fn run(
 }
 
 /// A payload as clients see it: the value of the frame the server would send.
-fn value(key: &str, payload: &[u8]) -> serde_json::Value {
-    frame::event(None, EventKind::Update, key, payload)
+fn value(event: &GuestEvent) -> serde_json::Value {
+    frame::event(None, event)
         .value_json()
         .and_then(|value| serde_json::from_slice(&value).ok())
         .unwrap_or_default()

@@ -138,12 +138,12 @@ impl World {
                 let events = (0..*n)
                     .map(|i| {
                         self.next_event += 1;
-                        GuestEvent {
-                            view: Arc::from(VIEWS[*view]),
-                            key: format!("k{}", i % 3),
-                            kind: EventKind::Update,
-                            payload: Bytes::from(format!("{{\"n\":{}}}", self.next_event)),
-                        }
+                        GuestEvent::new(
+                            Arc::from(VIEWS[*view]),
+                            format!("k{}", i % 3),
+                            EventKind::Update,
+                            Bytes::from(format!("{{\"n\":{}}}", self.next_event)),
+                        )
                     })
                     .collect();
                 self.hub

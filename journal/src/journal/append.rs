@@ -1,4 +1,4 @@
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 
 use bytes::Bytes;
 use compact_str::CompactString;
@@ -6,6 +6,60 @@ use compact_str::CompactString;
 use super::{EventJournal, Inner};
 use crate::cursor::Cursor;
 use crate::tape::{Slot, Tape};
+
+/// A run of appends to one view under one hold of the journal's lock
+/// ([`EventJournal::appender`]).
+pub struct Appender<'a> {
+    journal: &'a EventJournal,
+    inner: MutexGuard<'a, Inner>,
+    view_id: &'a str,
+    /// The clock when the run began.
+    now: i64,
+    /// The records' time on the journal's clock.
+    at: i64,
+}
+
+impl Appender<'_> {
+    /// Appends a record, building its frame from the cursor it takes: the result of
+    /// [`EventJournal::append_with_cursor`].
+    ///
+    /// # Errors
+    /// Whatever `build_frame` returns; no offset is consumed then.
+    pub fn append<E>(
+        &mut self,
+        key: &str,
+        build_frame: impl FnOnce(Cursor) -> Result<Arc<Bytes>, E>,
+    ) -> Result<Option<(Cursor, Arc<Bytes>)>, E> {
+        let config = &self.journal.config;
+        let inner = &mut *self.inner;
+        if !config.enabled {
+            inner.stats.cursorless_disabled += 1;
+            return Ok(None);
+        }
+        if inner.sealed {
+            inner.stats.cursorless_after_seal += 1;
+            return Ok(None);
+        }
+        let epoch = inner.epoch;
+        let Inner { views, stats, .. } = inner;
+        let tape = match views.get_mut(self.view_id) {
+            Some(tape) => tape,
+            None => views
+                .entry(self.view_id.to_owned())
+                .or_insert_with(|| Tape::new(1, 0)),
+        };
+        let cursor = Cursor::new(epoch, tape.next());
+        let frame = build_frame(cursor)?;
+        tape.push(Slot {
+            frame: Arc::clone(&frame),
+            key: CompactString::new(key),
+            at: self.at,
+        });
+        tape.prune(config, self.now, stats);
+        stats.appends += 1;
+        Ok(Some((cursor, frame)))
+    }
+}
 
 impl EventJournal {
     /// Appends a record to `view_id`, building its frame from the offset it
@@ -57,37 +111,25 @@ impl EventJournal {
         unix_ms: u64,
         build_frame: impl FnOnce(Cursor) -> Result<Arc<Bytes>, E>,
     ) -> Result<Option<(Cursor, Arc<Bytes>)>, E> {
+        self.appender(view_id, unix_ms).append(key, build_frame)
+    }
+
+    /// Holds the journal for a run of appends to `view_id`, all written at `unix_ms` (as
+    /// [`EventJournal::append_at`]): one lock and one clock reading for the run instead of one
+    /// per record. Every other reader and writer of the journal waits while it is held: keep
+    /// runs short (tens of records), and never hold one across an `.await`.
+    pub fn appender<'a>(&'a self, view_id: &'a str, unix_ms: u64) -> Appender<'a> {
         let now = self.now();
         let age_ms = self.clock.unix_ms().saturating_sub(unix_ms);
         let at =
             now.saturating_sub(i64::try_from(age_ms.saturating_mul(1_000_000)).unwrap_or(i64::MAX));
-        let mut inner = self.lock();
-        if !self.config.enabled {
-            inner.stats.cursorless_disabled += 1;
-            return Ok(None);
-        }
-        if inner.sealed {
-            inner.stats.cursorless_after_seal += 1;
-            return Ok(None);
-        }
-        let epoch = inner.epoch;
-        let Inner { views, stats, .. } = &mut *inner;
-        let tape = match views.get_mut(view_id) {
-            Some(tape) => tape,
-            None => views
-                .entry(view_id.to_owned())
-                .or_insert_with(|| Tape::new(1, 0)),
-        };
-        let cursor = Cursor::new(epoch, tape.next());
-        let frame = build_frame(cursor)?;
-        tape.push(Slot {
-            frame: Arc::clone(&frame),
-            key: CompactString::new(key),
+        Appender {
+            journal: self,
+            inner: self.lock(),
+            view_id,
+            now,
             at,
-        });
-        tape.prune(&self.config, now, stats);
-        stats.appends += 1;
-        Ok(Some((cursor, frame)))
+        }
     }
 
     /// Stops offset issuance, permanently and idempotently: later appends

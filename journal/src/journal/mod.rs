@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::watch;
 
+pub use append::Appender;
 pub use read::{FramesWhere, JournalRecord, ReplayWindow};
 
 use crate::clock::{Clock, SystemClock};

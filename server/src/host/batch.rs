@@ -27,6 +27,30 @@ pub struct GuestEvent {
     pub kind: EventKind,
     /// The payload: a zero-copy slice of the batch's output buffer. Empty for deletes.
     pub payload: Bytes,
+    /// Whether the payload is JSON text (an update's that is not is published as a JSON string
+    /// of its text). Decided here, where batches run side by side, not where they commit in
+    /// turn.
+    json: bool,
+}
+
+impl GuestEvent {
+    /// An event; an update's payload is checked for being JSON.
+    pub fn new(view: Arc<str>, key: String, kind: EventKind, payload: Bytes) -> Self {
+        let json = kind == EventKind::Update
+            && serde_json::from_slice::<serde::de::IgnoredAny>(&payload).is_ok();
+        Self {
+            view,
+            key,
+            kind,
+            payload,
+            json,
+        }
+    }
+
+    /// Whether the payload is JSON text.
+    pub fn is_json(&self) -> bool {
+        self.json
+    }
 }
 
 /// Everything one successful batch emitted.
@@ -131,12 +155,7 @@ pub(crate) fn decode(
                 } else {
                     (EventKind::Delete, Bytes::new())
                 };
-                batch.events.push(GuestEvent {
-                    view,
-                    key,
-                    kind,
-                    payload,
-                });
+                batch.events.push(GuestEvent::new(view, key, kind, payload));
             }
             abi::TAG_GAP => {
                 let reason = r.text("gap reason")?;

@@ -258,11 +258,13 @@ mod tests {
     async fn view_state_is_one_valid_json_document_across_chunks() {
         let (router, hub) = test_app();
         let events = (0..1_200)
-            .map(|i| GuestEvent {
-                view: Arc::from("v"),
-                key: format!("k{i}"),
-                kind: EventKind::Update,
-                payload: bytes::Bytes::from(format!("{{\"n\":{i}}}")),
+            .map(|i| {
+                GuestEvent::new(
+                    Arc::from("v"),
+                    format!("k{i}"),
+                    EventKind::Update,
+                    bytes::Bytes::from(format!("{{\"n\":{i}}}")),
+                )
             })
             .collect();
         hub.commit(

@@ -203,12 +203,12 @@ mod tests {
     use crate::host::GuestEvent;
 
     fn event(view: &str, key: &str, payload: &'static [u8]) -> GuestEvent {
-        GuestEvent {
-            view: Arc::from(view),
-            key: key.to_owned(),
-            kind: EventKind::Update,
-            payload: Bytes::from_static(payload),
-        }
+        GuestEvent::new(
+            Arc::from(view),
+            key.to_owned(),
+            EventKind::Update,
+            Bytes::from_static(payload),
+        )
     }
 
     #[test]

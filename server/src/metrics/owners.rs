@@ -228,11 +228,13 @@ mod tests {
             "{before}"
         );
         let events = (0..3)
-            .map(|i| GuestEvent {
-                view: Arc::from("v"),
-                key: format!("k{i}"),
-                kind: EventKind::Update,
-                payload: Bytes::from_static(b"{}"),
+            .map(|i| {
+                GuestEvent::new(
+                    Arc::from("v"),
+                    format!("k{i}"),
+                    EventKind::Update,
+                    Bytes::from_static(b"{}"),
+                )
             })
             .collect();
         hub.commit(

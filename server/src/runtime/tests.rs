@@ -357,11 +357,13 @@ async fn a_replayed_record_whose_turn_is_abandoned_is_undone() {
     use handle::Record;
 
     let (module, sink, log, handle) = misbehave_on_log(0).await;
-    let event = |view: &str, key: &str, payload: &'static [u8]| GuestEvent {
-        view: Arc::from(view),
-        key: key.to_owned(),
-        kind: EventKind::Update,
-        payload: Bytes::from_static(payload),
+    let event = |view: &str, key: &str, payload: &'static [u8]| {
+        GuestEvent::new(
+            Arc::from(view),
+            key.to_owned(),
+            EventKind::Update,
+            Bytes::from_static(payload),
+        )
     };
     let produced =
         GuestBatch::of_events(vec![event("v", "k", b"1"), event("state", "count", b"1")]);

@@ -169,11 +169,13 @@ async fn a_narrowed_subscriber_sleeps_through_other_keys_and_the_tape_rolling_ov
         async move {
             let events = keys
                 .into_iter()
-                .map(|key| GuestEvent {
-                    view: Arc::from("v"),
-                    key,
-                    kind: EventKind::Update,
-                    payload: Bytes::from_static(b"1"),
+                .map(|key| {
+                    GuestEvent::new(
+                        Arc::from("v"),
+                        key,
+                        EventKind::Update,
+                        Bytes::from_static(b"1"),
+                    )
                 })
                 .collect();
             let now = crate::log::unix_ms_now();
@@ -210,11 +212,9 @@ async fn large_frames_go_out_shared_and_small_ones_coalesce_within_the_cap() {
         JournalConfig::default(),
     ))));
     hub.declare("v");
-    let publish = |key: &str, size: usize| GuestEvent {
-        view: Arc::from("v"),
-        key: key.to_owned(),
-        kind: EventKind::Update,
-        payload: Bytes::from(format!("\"{}\"", "x".repeat(size))),
+    let publish = |key: &str, size: usize| {
+        let payload = Bytes::from(format!("\"{}\"", "x".repeat(size)));
+        GuestEvent::new(Arc::from("v"), key.to_owned(), EventKind::Update, payload)
     };
     let events = vec![publish("a", 10), publish("big", 20_000), publish("c", 10)];
     hub.commit(
@@ -299,12 +299,7 @@ proptest! {
             for op in ops {
                 match op {
                     Op::Publish(events) => {
-                        let events = events.into_iter().map(|(key, value)| GuestEvent {
-                            view: Arc::from("v"),
-                            key: format!("k{key}"),
-                            kind: if value.is_some() { EventKind::Update } else { EventKind::Delete },
-                            payload: value.map(|v| Bytes::from(format!("{{\"v\":{v}}}"))).unwrap_or_default(),
-                        }).collect();
+                        let events = events.into_iter().map(|(key, value)| GuestEvent::new(Arc::from("v"), format!("k{key}"), if value.is_some() { EventKind::Update } else { EventKind::Delete }, value.map(|v| Bytes::from(format!("{{\"v\":{v}}}"))).unwrap_or_default())).collect();
                         hub.commit("test", GuestBatch::of_events(events), crate::log::unix_ms_now())
         .await;
                     }

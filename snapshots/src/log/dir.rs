@@ -2,8 +2,9 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 
+use super::read::{scan_segment, SegmentReader};
 use super::scan::{Damage, LogRecord, LogScan};
-use super::segment::{parse_header, record_at, scan_segment};
+use super::segment::{parse_header, record_at};
 use super::watermark::Watermark;
 use super::{LogError, SEGMENT_PREFIX, SEGMENT_SUFFIX, WATERMARK_FILE};
 
@@ -53,8 +54,7 @@ impl LogDir {
     pub fn scan(&self) -> Result<LogScan, LogError> {
         let mut segments = Vec::new();
         for (first, path) in self.segment_files()? {
-            let bytes = fs::read(&path).map_err(|e| LogError::io("read", &path, e))?;
-            segments.push(scan_segment(path, first, &bytes));
+            segments.push(scan_segment(path, first)?);
         }
         Ok(LogScan { segments })
     }
@@ -237,23 +237,17 @@ impl LogDir {
             if next_first.is_some_and(|n| n <= after + 1) {
                 continue; // every record of this segment is at or before `after`
             }
-            let bytes = fs::read(path).map_err(|e| LogError::io("read", path, e))?;
-            let Ok(header) = parse_header(&bytes, *first) else {
+            let Ok((mut reader, _)) = SegmentReader::open(path, *first)? else {
                 return Ok(()); // a bad header: nothing in or after this segment is proven
             };
-            let mut at = header.len;
             let mut position = *first;
-            while let Some((payload, len)) = record_at(&bytes, at, position) {
+            while let Some(payload) = reader.next_record()? {
                 if position > after {
-                    visit(LogRecord {
-                        position,
-                        payload: payload.to_vec(),
-                    })?;
+                    visit(LogRecord { position, payload })?;
                 }
-                at += len;
                 position += 1;
             }
-            if at != bytes.len() {
+            if !reader.ended() {
                 return Ok(()); // damage: nothing after it is proven
             }
         }

@@ -9,7 +9,8 @@
 //! |---|---|
 //! | this one | the format's constants and the public names |
 //! | `error` | [`LogError`] |
-//! | `segment` | a segment's bytes: its header, record frames, and what a scan makes of them |
+//! | `segment` | a segment's bytes: its header, record frames, and what a scan makes of damage |
+//! | `read` | reading a segment's records front to back, and scanning it |
 //! | `scan` | what a scan reports: [`LogScan`], [`SegmentScan`], [`Damage`], [`LogDamage`] |
 //! | `dir` | the directory: [`LogDir`] lists, scans, repairs, reads, cuts and deletes segments |
 //! | `watermark` | the end-of-log [`Watermark`] and its file |
@@ -95,6 +96,7 @@
 
 mod dir;
 mod error;
+mod read;
 mod scan;
 mod segment;
 mod watermark;

@@ -1,62 +1,17 @@
-use std::path::PathBuf;
-
-use super::scan::{Damage, SegmentScan};
+use super::scan::Damage;
 use super::{
     LOG_MAGIC, LOG_VERSION, MAX_RECORD_BYTES, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN,
     SEGMENT_HEADER_LEN_V1,
 };
 use crate::history::HistoryId;
 
-/// Checks one segment's bytes.
-pub(super) fn scan_segment(path: PathBuf, first: u64, bytes: &[u8]) -> SegmentScan {
-    let len = bytes.len() as u64;
-    let header = match parse_header(bytes, first) {
-        Ok(header) => header,
-        Err(reason) => {
-            // A new segment whose header never reached the disk whole holds no record yet.
-            let damage = if torn_header(bytes, first) {
-                Damage::TornTail { valid_len: 0 }
-            } else {
-                Damage::Corrupt { offset: 0, reason }
-            };
-            return SegmentScan {
-                path,
-                first,
-                records: 0,
-                len,
-                damage: Some(damage),
-                version: 0,
-                history: None,
-                epoch: None,
-            };
-        }
-    };
-    let mut at = header.len;
-    let mut records = 0;
-    while let Some((_, record_len)) = record_at(bytes, at, first + records) {
-        at += record_len;
-        records += 1;
-    }
-    let damage = (at != bytes.len()).then(|| tail_damage(bytes, at));
-    SegmentScan {
-        path,
-        first,
-        records,
-        len,
-        damage,
-        version: header.version,
-        history: header.history,
-        epoch: header.epoch,
-    }
-}
-
-/// What the bytes from `at` (after the last intact record) are: a torn tail only when the file
-/// ends inside a record or they are all zeros, and no intact record follows (module docs).
-pub(super) fn tail_damage(bytes: &[u8], at: usize) -> Damage {
-    let rest = &bytes[at..];
-    if (at + 1..bytes.len()).any(|from| frame_at(bytes, from).is_some()) {
+/// What `rest`, the bytes from offset `at` (after the last intact record) to the end of the
+/// file, are: a torn tail only when the file ends inside a record or they are all zeros, and no
+/// intact record follows (module docs).
+pub(super) fn tail_damage(rest: &[u8], at: u64) -> Damage {
+    if (1..rest.len()).any(|from| frame_at(rest, from).is_some()) {
         return Damage::Corrupt {
-            offset: at as u64,
+            offset: at,
             reason: "a bad record with intact records after it".to_owned(),
         };
     }
@@ -70,12 +25,10 @@ pub(super) fn tail_damage(bytes: &[u8], at: usize) -> Damage {
         announced <= MAX_RECORD_BYTES && written < RECORD_HEADER_LEN + announced
     };
     if ends_inside {
-        return Damage::TornTail {
-            valid_len: at as u64,
-        };
+        return Damage::TornTail { valid_len: at };
     }
     Damage::Corrupt {
-        offset: at as u64,
+        offset: at,
         reason: "a complete record fails its checksum or is out of sequence (damage, not a torn write: it was written whole)".to_owned(),
     }
 }
