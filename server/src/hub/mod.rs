@@ -401,6 +401,61 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_long_batch_across_views_commits_in_order_run_by_run() {
+        let hub = Hub::new(Arc::new(EventJournal::new(JournalConfig::default())));
+        let on = |view: &str, i: usize| {
+            let payload = Bytes::from(format!("{i}"));
+            GuestEvent::new(
+                Arc::from(view),
+                format!("k{}", i % 10),
+                EventKind::Update,
+                payload,
+            )
+        };
+        // Longer than a run, with another view's event in the middle.
+        let n = PUBLISH_RUN * 2 + 7;
+        let mut events: Vec<GuestEvent> = (0..n).map(|i| on("a", i)).collect();
+        events.insert(PUBLISH_RUN + 3, on("b", 0));
+        events.push(GuestEvent::new(
+            Arc::from("a"),
+            "k0".to_owned(),
+            EventKind::Delete,
+            Bytes::new(),
+        ));
+        hub.commit(
+            "demo",
+            GuestBatch::of_events(events),
+            crate::log::unix_ms_now(),
+        )
+        .await;
+        let journal = hub.journal();
+        let epoch = journal.epoch().await;
+        let a = journal.replay_after("a", None).await.unwrap();
+        assert_eq!(a.len(), n + 1);
+        for (i, record) in a.iter().enumerate() {
+            assert_eq!(record.offset, i as u64 + 1);
+            let id = format!("id: {}\n", Cursor::new(epoch, record.offset));
+            assert!(record.frame.starts_with(id.as_bytes()), "record {i}");
+        }
+        assert_eq!(journal.replay_after("b", None).await.unwrap().len(), 1);
+        let view = hub.view("a").unwrap();
+        let cut = view.cut(journal, &Narrow::All);
+        assert_eq!(cut.cursor.offset(), n as u64 + 1);
+        assert_eq!(cut.entries.len(), 9, "k0 was deleted last");
+        let k9 = view
+            .entries()
+            .into_iter()
+            .find(|(key, _)| key == "k9")
+            .unwrap();
+        let last_k9 = (0..n).filter(|i| i % 10 == 9).max().unwrap();
+        assert_eq!(
+            k9.1.value_json().as_deref(),
+            Some(last_k9.to_string().as_bytes())
+        );
+        assert_eq!(hub.stats().published.load(Ordering::Relaxed), n as u64 + 2);
+    }
+
+    #[tokio::test]
     async fn sealed_journal_publishes_cursorless_frames_live() {
         let hub = Hub::new(Arc::new(EventJournal::new(JournalConfig::default())));
         let view = hub.declare("prices");
