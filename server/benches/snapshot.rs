@@ -53,12 +53,12 @@ fn filled(rt: &tokio::runtime::Runtime) -> Hub {
             let events = (0..BATCH)
                 .map(|i| {
                     let n = batch * BATCH + i;
-                    GuestEvent {
-                        view: Arc::clone(&view),
-                        key: format!("K{:04}", n % KEYS),
-                        kind: EventKind::Update,
-                        payload: Bytes::from(format!("{{\"p\":{:>10},\"q\":{:>6}}}", n, n % 977)),
-                    }
+                    GuestEvent::new(
+                        Arc::clone(&view),
+                        format!("K{:04}", n % KEYS),
+                        EventKind::Update,
+                        Bytes::from(format!("{{\"p\":{:>10},\"q\":{:>6}}}", n, n % 977)),
+                    )
                 })
                 .collect();
             hub.commit(

@@ -45,11 +45,13 @@ async fn filled(journal: JournalConfig) -> Arc<Hub> {
     for chunk in (0..KEYS).collect::<Vec<_>>().chunks(1000) {
         let events = chunk
             .iter()
-            .map(|&i| GuestEvent {
-                view: Arc::from("prices"),
-                key: format!("SYM{i:06}"),
-                kind: EventKind::Update,
-                payload: payload(i),
+            .map(|&i| {
+                GuestEvent::new(
+                    Arc::from("prices"),
+                    format!("SYM{i:06}"),
+                    EventKind::Update,
+                    payload(i),
+                )
             })
             .collect();
         hub.commit(
