@@ -1,0 +1,523 @@
+//! The fast path of a check: a schema of the shape most views have — an object of named
+//! properties, each a plain type (`string`, `number`, `integer`, `boolean`, `null`), with
+//! `required`, `additionalProperties: false`, string lengths and integer bounds — checked on the
+//! payload's bytes, without building a `serde_json::Value`.
+//!
+//! It only ever says "fits" for a value the full validator accepts; anything it is unsure of
+//! (a float where an integer is wanted, a bound it does not compare exactly, a nested value
+//! checked against a type) goes to the full validator, which also words every violation. A
+//! schema with any keyword outside this shape has no fast path at all.
+
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+use serde_json::{Map, Value};
+
+/// Keywords that only annotate: they never make a value fail.
+const ANNOTATIONS: [&str; 9] = [
+    "title",
+    "description",
+    "examples",
+    "default",
+    "$comment",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "$schema",
+];
+
+/// Most properties a flat schema may have (one bit each in the `required` mask).
+const MAX_PROPERTIES: usize = 64;
+
+/// A flat object schema, compiled for the fast path.
+#[derive(Debug)]
+pub(super) struct Flat {
+    properties: Vec<(String, Property)>,
+    /// One bit per property that must be present.
+    required: u64,
+    /// `additionalProperties: false`.
+    closed: bool,
+}
+
+/// What one property allows.
+#[derive(Debug, Default)]
+struct Property {
+    /// Allowed JSON types; empty: any value.
+    types: Vec<Kind>,
+    min_length: Option<u64>,
+    max_length: Option<u64>,
+    minimum: Option<i128>,
+    maximum: Option<i128>,
+}
+
+/// The JSON types a flat property can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    String,
+    Number,
+    Integer,
+    Boolean,
+    Null,
+}
+
+impl Kind {
+    fn parse(name: &Value) -> Option<Self> {
+        Some(match name.as_str()? {
+            "string" => Self::String,
+            "number" => Self::Number,
+            "integer" => Self::Integer,
+            "boolean" => Self::Boolean,
+            "null" => Self::Null,
+            _ => return None,
+        })
+    }
+}
+
+impl Flat {
+    /// The fast path of `document`, if it has the flat shape (module docs).
+    pub(super) fn compile(document: &Value) -> Option<Self> {
+        let top = document.as_object()?;
+        let mut flat = Flat {
+            properties: Vec::new(),
+            required: 0,
+            closed: false,
+        };
+        let mut required = &Vec::new();
+        for (keyword, value) in top {
+            match keyword.as_str() {
+                "type" if value == "object" => {}
+                "properties" => {
+                    for (name, schema) in value.as_object()? {
+                        flat.properties
+                            .push((name.clone(), Property::compile(schema)?));
+                    }
+                }
+                "required" => required = value.as_array()?,
+                "additionalProperties" => flat.closed = !value.as_bool()?,
+                other if ANNOTATIONS.contains(&other) => {}
+                _ => return None,
+            }
+        }
+        // An object is what the shape is about: without `"type": "object"`, anything else
+        // would fit too.
+        if top.get("type")? != "object" || flat.properties.len() > MAX_PROPERTIES {
+            return None;
+        }
+        for name in required {
+            let index = flat.index(name.as_str()?)?;
+            flat.required |= 1 << index;
+        }
+        Some(flat)
+    }
+
+    fn index(&self, name: &str) -> Option<usize> {
+        self.properties.iter().position(|(n, _)| n == name)
+    }
+
+    /// Whether `payload` certainly fits; `false` also when unsure.
+    pub(super) fn fits(&self, payload: &[u8]) -> bool {
+        let mut de = serde_json::Deserializer::from_slice(payload);
+        let fits = de::Deserializer::deserialize_any(&mut de, ObjectCheck(self)).unwrap_or(false);
+        fits && de.end().is_ok()
+    }
+}
+
+impl Property {
+    fn compile(schema: &Value) -> Option<Self> {
+        let mut property = Property::default();
+        let schema = schema.as_object()?;
+        for (keyword, value) in schema {
+            match keyword.as_str() {
+                "type" => {
+                    property.types = match value {
+                        Value::Array(names) => {
+                            names.iter().map(Kind::parse).collect::<Option<_>>()?
+                        }
+                        name => vec![Kind::parse(name)?],
+                    }
+                }
+                "minLength" => property.min_length = Some(value.as_u64()?),
+                "maxLength" => property.max_length = Some(value.as_u64()?),
+                "minimum" => property.minimum = Some(integer(value)?),
+                "maximum" => property.maximum = Some(integer(value)?),
+                // Formats check strings only: on any other type they are a no-op.
+                "format" if !property_takes_strings(schema) => {}
+                other if ANNOTATIONS.contains(&other) => {}
+                _ => return None,
+            }
+        }
+        Some(property)
+    }
+
+    /// Whether `value` certainly fits.
+    fn fits(&self, value: Scalar) -> bool {
+        let any = self.types.is_empty();
+        let has = |kind| self.types.contains(&kind);
+        match value {
+            Scalar::String(chars) => {
+                (any || has(Kind::String))
+                    && self.min_length.is_none_or(|min| chars >= min)
+                    && self.max_length.is_none_or(|max| chars <= max)
+            }
+            Scalar::Integer(n) => {
+                (any || has(Kind::Integer) || has(Kind::Number))
+                    && self.minimum.is_none_or(|min| n >= min)
+                    && self.maximum.is_none_or(|max| n <= max)
+            }
+            // A float is never an integer here (`1.0` is one in some drafts, not in others),
+            // and its bounds are not compared: the full validator decides.
+            Scalar::Float => {
+                (any || has(Kind::Number)) && self.minimum.is_none() && self.maximum.is_none()
+            }
+            Scalar::Boolean => any || has(Kind::Boolean),
+            Scalar::Null => any || has(Kind::Null),
+            Scalar::Nested => any,
+        }
+    }
+}
+
+/// Whether a property's schema lets strings through (then `format` would check them).
+fn property_takes_strings(schema: &Map<String, Value>) -> bool {
+    match schema.get("type") {
+        None => true,
+        Some(Value::Array(names)) => names.iter().any(|n| n == "string"),
+        Some(name) => name == "string",
+    }
+}
+
+/// A bound given as an integer, exactly.
+fn integer(value: &Value) -> Option<i128> {
+    let number = value.as_number()?;
+    number
+        .as_u64()
+        .map(i128::from)
+        .or_else(|| number.as_i64().map(i128::from))
+}
+
+/// What the fast path learns of one property's value.
+#[derive(Debug, Clone, Copy)]
+enum Scalar {
+    /// A string, by its length in characters (what `minLength` counts).
+    String(u64),
+    /// A number written without a fraction or an exponent.
+    Integer(i128),
+    Float,
+    Boolean,
+    Null,
+    /// An array or an object.
+    Nested,
+}
+
+/// Visits the payload's top-level object.
+struct ObjectCheck<'a>(&'a Flat);
+
+impl<'de> Visitor<'de> for ObjectCheck<'_> {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        let flat = self.0;
+        let mut seen = 0u64;
+        let mut fits = true;
+        while let Some(key) = map.next_key_seed(KeySeed(flat))? {
+            match key {
+                Some(index) => {
+                    let value = map.next_value_seed(ScalarSeed)?;
+                    fits &= flat.properties[index].1.fits(value);
+                    seen |= 1 << index;
+                }
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                    fits &= !flat.closed;
+                }
+            }
+        }
+        Ok(fits && seen & flat.required == flat.required)
+    }
+
+    // Any other top-level value: not an object, so unsure (the full validator words why).
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(false)
+    }
+}
+
+/// Reads a key as the index of its property (`None`: not one), without copying it.
+struct KeySeed<'a>(&'a Flat);
+
+impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
+    type Value = Option<usize>;
+
+    fn deserialize<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeySeed<'_> {
+    type Value = Option<usize>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a key")
+    }
+
+    fn visit_str<E: de::Error>(self, key: &str) -> Result<Self::Value, E> {
+        Ok(self.0.index(key))
+    }
+}
+
+/// Reads one property's value as a [`Scalar`].
+struct ScalarSeed;
+
+impl<'de> DeserializeSeed<'de> for ScalarSeed {
+    type Value = Scalar;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Scalar, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ScalarSeed {
+    type Value = Scalar;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Scalar, E> {
+        Ok(Scalar::Boolean)
+    }
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<Scalar, E> {
+        Ok(Scalar::Integer(i128::from(n)))
+    }
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<Scalar, E> {
+        Ok(Scalar::Integer(i128::from(n)))
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Scalar, E> {
+        Ok(Scalar::Float)
+    }
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Scalar, E> {
+        Ok(Scalar::String(text.chars().count() as u64))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Scalar, E> {
+        Ok(Scalar::Null)
+    }
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Scalar, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Scalar::Nested)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Scalar, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Scalar::Nested)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    /// What schemars makes of the built-in ticker's tick.
+    fn tick_schema() -> Value {
+        json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": "Tick",
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["symbol", "price", "seq"],
+            "properties": {
+                "price": {"description": "The price.", "format": "double", "type": "number"},
+                "seq": {"format": "uint64", "minimum": 0, "type": "integer"},
+                "symbol": {"minLength": 1, "type": "string"}
+            }
+        })
+    }
+
+    #[test]
+    fn a_tick_takes_the_fast_path_and_a_bad_one_does_not() {
+        let flat = Flat::compile(&tick_schema()).expect("a flat schema");
+        assert!(flat.fits(br#"{"symbol":"ACME","price":12.5,"seq":7}"#));
+        assert!(flat.fits(br#" {"seq":0,"price":-3,"symbol":"\u00e9"} "#));
+        for bad in [
+            &br#"{"symbol":"","price":1,"seq":1}"#[..],
+            br#"{"symbol":"A","price":1,"seq":-1}"#,
+            br#"{"symbol":"A","price":1,"seq":1.0}"#,
+            br#"{"symbol":"A","price":"1","seq":1}"#,
+            br#"{"symbol":"A","price":1}"#,
+            br#"{"symbol":"A","price":1,"seq":1,"x":0}"#,
+            br#"{"symbol":"A","price":1,"seq":1} x"#,
+            br#"[{"symbol":"A","price":1,"seq":1}]"#,
+            b"not json",
+        ] {
+            assert!(!flat.fits(bad), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn a_keyword_outside_the_shape_means_no_fast_path() {
+        let mut nested = tick_schema();
+        nested["properties"]["venue"] = json!({"type": "object"});
+        let mut formatted = tick_schema();
+        formatted["properties"]["symbol"]["format"] = json!("email");
+        let mut reffed = tick_schema();
+        reffed["$defs"] = json!({});
+        let mut exclusive = tick_schema();
+        exclusive["properties"]["seq"]["exclusiveMinimum"] = json!(0);
+        for schema in [
+            nested,
+            formatted,
+            reffed,
+            exclusive,
+            json!({"properties": {}}),
+            json!({"type": ["object", "null"]}),
+            json!({"type": "object", "required": ["undeclared"]}),
+            json!(true),
+        ] {
+            assert!(Flat::compile(&schema).is_none(), "{schema}");
+        }
+    }
+
+    /// A generated flat schema over properties `a`, `b`, `c`.
+    fn schemas() -> impl Strategy<Value = Value> {
+        let kinds = prop::sample::subsequence(
+            vec!["string", "number", "integer", "boolean", "null"],
+            0..=3,
+        );
+        let property = (
+            kinds,
+            prop::option::of(0u64..3),
+            prop::option::of(0u64..3),
+            prop::option::of(-2i64..3),
+            prop::option::of(-2i64..3),
+        )
+            .prop_map(|(kinds, min_len, max_len, min, max)| {
+                let mut p = Map::new();
+                match kinds.as_slice() {
+                    [] => {}
+                    [one] => drop(p.insert("type".into(), json!(one))),
+                    many => drop(p.insert("type".into(), json!(many))),
+                }
+                let mut put = |k: &str, v: Option<i64>| {
+                    if let Some(v) = v {
+                        p.insert(k.into(), json!(v));
+                    }
+                };
+                put("minLength", min_len.map(|n| n as i64));
+                put("maxLength", max_len.map(|n| n as i64));
+                put("minimum", min);
+                put("maximum", max);
+                Value::Object(p)
+            });
+        let drafts = prop::sample::select(vec![
+            "http://json-schema.org/draft-04/schema#",
+            "http://json-schema.org/draft-07/schema#",
+            "https://json-schema.org/draft/2020-12/schema",
+        ]);
+        (
+            prop::collection::btree_map(prop::sample::select(vec!["a", "b", "c"]), property, 0..=3),
+            prop::sample::subsequence(vec!["a", "b", "c"], 0..=2),
+            prop::option::of(any::<bool>()),
+            drafts,
+        )
+            .prop_map(|(properties, required, additional, draft)| {
+                let required: Vec<&str> = required
+                    .into_iter()
+                    .filter(|name| properties.contains_key(name))
+                    .collect();
+                let mut schema =
+                    json!({"$schema": draft, "type": "object", "properties": properties});
+                if !required.is_empty() {
+                    schema["required"] = json!(required);
+                }
+                if let Some(additional) = additional {
+                    schema["additionalProperties"] = json!(additional);
+                }
+                schema
+            })
+    }
+
+    /// A generated payload: mostly objects over `a`–`d` (keys may repeat), with values of every
+    /// kind and the numbers whose reading differs between drafts.
+    fn payloads() -> impl Strategy<Value = String> {
+        let value = prop::sample::select(vec![
+            "\"\"",
+            "\"x\"",
+            "\"xy\"",
+            "\"\\u00e9\\u00e9\"",
+            "0",
+            "1",
+            "-1",
+            "2",
+            "-3",
+            "1.0",
+            "1.5",
+            "-0",
+            "1e2",
+            "2.0e0",
+            "18446744073709551616",
+            "true",
+            "false",
+            "null",
+            "[]",
+            "[1]",
+            "{}",
+            "{\"a\":1}",
+        ]);
+        let object = prop::collection::vec(
+            (prop::sample::select(vec!["a", "b", "c", "d"]), value),
+            0..5,
+        )
+        .prop_map(|members| {
+            let members: Vec<String> = members
+                .iter()
+                .map(|(k, v)| format!("\"{k}\":{v}"))
+                .collect();
+            format!("{{{}}}", members.join(","))
+        });
+        prop_oneof![
+            8 => object,
+            1 => prop::sample::select(vec!["1", "\"a\"", "[]", "null", "{\"a\":1", "{} {}"])
+                .prop_map(str::to_owned),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        /// The fast path never lets through what the full validator refuses.
+        #[test]
+        fn what_fits_fast_is_valid(schema in schemas(), payload in payloads()) {
+            let flat = Flat::compile(&schema);
+            prop_assert!(flat.is_some(), "generated schemas are flat: {}", schema);
+            if flat.is_some_and(|flat| flat.fits(payload.as_bytes())) {
+                let validator = jsonschema::validator_for(&schema).unwrap();
+                let value: Value = serde_json::from_str(&payload).unwrap();
+                prop_assert!(validator.is_valid(&value), "{} against {}", payload, schema);
+            }
+        }
+    }
+}
