@@ -91,6 +91,7 @@
 //! |---|---|---|
 //! | publish an event | [`EventJournal::append_with_cursor`] | the frame embeds the whole cursor, read under the lock that issues the offset |
 //! | publish an event replayed from the log | [`EventJournal::append_at`] | the same, with the time it was first written |
+//! | publish a batch's events | [`EventJournal::appender`] | the same for a run of one view's events: one lock and one clock reading |
 //! | read a view's head with its state | [`EventJournal::window_now`] | under the view's own lock, so state and cursor agree |
 //! | follow the tape | [`EventJournal::frames_after`] | frames only, in pages, not counted as replays |
 //! | resume with keys | [`EventJournal::replay_after`] | records with offsets and keys |
