@@ -48,7 +48,7 @@ impl BatchSink for JournalSink {
                     f.put_slice(b"\nevent: update\ndata: ");
                     f.put_slice(&e.payload);
                     f.put_slice(b"\n\n");
-                    Ok::<_, ()>(Arc::new(f.freeze()))
+                    Ok::<_, ()>(f.freeze())
                 })
                 .await;
         }

@@ -1,5 +1,3 @@
-use std::sync::Arc;
-
 use bytes::Bytes;
 
 use super::{EventJournal, Inner};
@@ -30,14 +28,14 @@ pub struct JournalRecord {
     /// The entity the event is about.
     pub key: String,
     /// The encoded frame, shared with every subscriber.
-    pub frame: Arc<Bytes>,
+    pub frame: Bytes,
 }
 
 /// What [`EventJournal::frames_after_where`] found.
 #[derive(Debug, Default)]
 pub struct FramesWhere {
     /// The frames taken, each with its offset, in offset order.
-    pub frames: Vec<(u64, Arc<Bytes>)>,
+    pub frames: Vec<(u64, Bytes)>,
     /// The offset of the last record looked at, taken or not (`None`: none was there).
     pub through: Option<u64>,
 }
@@ -138,7 +136,7 @@ impl EventJournal {
             .map(|(i, slot)| JournalRecord {
                 offset: first + (start + i) as u64,
                 key: slot.key.to_string(),
-                frame: Arc::clone(&slot.frame),
+                frame: slot.frame.clone(),
             })
             .collect())
     }
@@ -155,7 +153,7 @@ impl EventJournal {
         view_id: &str,
         cursor: &Cursor,
         limit: usize,
-    ) -> Result<Vec<Arc<Bytes>>, ReplayError> {
+    ) -> Result<Vec<Bytes>, ReplayError> {
         let found = self.frames_after_where(view_id, cursor, limit, |_| true)?;
         Ok(found.frames.into_iter().map(|(_, frame)| frame).collect())
     }
@@ -186,7 +184,7 @@ impl EventJournal {
             .range(start..end)
             .enumerate()
             .filter(|(_, slot)| keep(&slot.key))
-            .map(|(i, slot)| (offset(start + i), Arc::clone(&slot.frame)))
+            .map(|(i, slot)| (offset(start + i), slot.frame.clone()))
             .collect();
         Ok(FramesWhere {
             frames,

@@ -1,5 +1,4 @@
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use super::{EventJournal, Inner};
 use crate::epoch::JournalEpoch;
@@ -34,7 +33,7 @@ impl EventJournal {
                             key: slot.key.clone(),
                             age_ms: u64::try_from(now.saturating_sub(slot.at) / 1_000_000)
                                 .unwrap_or(0),
-                            frame: Arc::clone(&slot.frame),
+                            frame: slot.frame.clone(),
                         })
                         .collect(),
                 }
@@ -119,6 +118,7 @@ impl EventJournal {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use super::super::tests::{append, frame, journal_with};
@@ -230,6 +230,6 @@ mod tests {
             .await
             .unwrap();
         let dump = journal.dump().await;
-        assert!(Arc::ptr_eq(&dump.views[0].records[0].frame, &shared));
+        assert_eq!(dump.views[0].records[0].frame.as_ptr(), shared.as_ptr());
     }
 }
