@@ -31,7 +31,8 @@ use crate::tape::{duration_nanos, Tape};
 /// The tapes of all views, their epoch, and their counters.
 ///
 /// Everything sits behind one `std::sync::Mutex`, held for a few hundred
-/// nanoseconds at most and never across an `.await`. One lock is what makes
+/// nanoseconds per record (an [`Appender`] holds it for a short run of them)
+/// and never across an `.await`. One lock is what makes
 /// an epoch change (a hydrate) unable to race an append: the cursor embedded
 /// in a frame is read and issued in the same critical section.
 #[derive(Debug)]
