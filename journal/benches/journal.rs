@@ -13,8 +13,8 @@ use viewtape_journal::{Cursor, EventJournal, JournalConfig};
 
 const FRAME_LEN: usize = 100;
 
-fn frame() -> Bytes {
-    Bytes::from(vec![b'x'; FRAME_LEN])
+fn frame() -> Arc<Bytes> {
+    Arc::new(Bytes::from(vec![b'x'; FRAME_LEN]))
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -49,7 +49,7 @@ fn append(c: &mut Criterion) {
 
     // The bound the issue compares against: a bare locked deque push,
     // recycling memory at the same retention bound.
-    let bare: Mutex<VecDeque<Bytes>> = Mutex::new(VecDeque::with_capacity(100_001));
+    let bare: Mutex<VecDeque<Arc<Bytes>>> = Mutex::new(VecDeque::with_capacity(100_001));
     group.bench_function("bare_mutex_vecdeque_push", |b| {
         b.iter(|| {
             let mut deque = bare.lock().expect("lock");

@@ -5,6 +5,7 @@
 //! appending 1,000,000 records of 100-byte frames with short keys.
 
 use std::alloc::System;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
@@ -33,10 +34,10 @@ fn main() {
     });
     let keys = ["ACME", "GLOBEX", "INITECH", "UMBRELLA", "HOOLI"];
     // Build the frames first so the measurement isolates what the journal
-    // adds: the frame allocation (the `Bytes` box and its bytes) is the
+    // adds: the frame allocation (the `Arc<Bytes>` box and its bytes) is the
     // caller's, shared with every subscriber.
-    let frames: Vec<Bytes> = (0..RECORDS)
-        .map(|_| Bytes::from(vec![b'x'; FRAME_LEN]))
+    let frames: Vec<Arc<Bytes>> = (0..RECORDS)
+        .map(|_| Arc::new(Bytes::from(vec![b'x'; FRAME_LEN])))
         .collect();
     let arc_box = std::mem::size_of::<Bytes>() + 2 * std::mem::size_of::<usize>();
     let region = Region::new(ALLOCATOR);
@@ -55,7 +56,7 @@ fn main() {
     println!("records: {RECORDS}, frame: {FRAME_LEN} B");
     println!("journal-owned heap per record (slot + key + deque slack): {per_record:.1} B");
     println!(
-        "including the frame's Bytes box ({arc_box} B, built by the caller): {:.1} B",
+        "including the frame's Arc<Bytes> box ({arc_box} B, built by the caller): {:.1} B",
         per_record + arc_box as f64
     );
     drop(frames);

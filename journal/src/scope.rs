@@ -62,7 +62,7 @@ mod tests {
     #[tokio::test]
     async fn report_gap_reaches_the_journal_in_scope_only() {
         let journal = Arc::new(EventJournal::new(JournalConfig::default()));
-        let frame = bytes::Bytes::from_static(b"x");
+        let frame = Arc::new(bytes::Bytes::from_static(b"x"));
         journal
             .append_with("v", "k", |_| Ok::<_, ()>(frame.clone()))
             .await

@@ -1,5 +1,7 @@
 //! The journal's durable form: what `dump` returns and `hydrate` takes.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
@@ -49,11 +51,11 @@ pub struct SnapshotRecord {
     /// Age at the time of the dump, in milliseconds.
     pub age_ms: u64,
     /// The encoded frame.
-    pub frame: Bytes,
+    pub frame: Arc<Bytes>,
 }
 
 #[derive(Serialize, Deserialize)]
-struct RecordTuple(CompactString, u64, Bytes);
+struct RecordTuple(CompactString, u64, #[serde(with = "arc_bytes")] Arc<Bytes>);
 
 impl From<RecordTuple> for SnapshotRecord {
     fn from(RecordTuple(key, age_ms, frame): RecordTuple) -> Self {
@@ -121,6 +123,27 @@ impl JournalSnapshot {
     }
 }
 
+mod arc_bytes {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(
+        frame: &Arc<Bytes>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(frame)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Arc<Bytes>, D::Error> {
+        let buf = serde_bytes::ByteBuf::deserialize(deserializer)?;
+        Ok(Arc::new(Bytes::from(buf.into_vec())))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,7 +155,7 @@ mod tests {
         for key in ["ACME", "a-key-longer-than-twenty-four-bytes"] {
             journal
                 .append_with("prices", key, |offset| {
-                    Ok::<_, ()>(Bytes::from(format!("frame {offset}")))
+                    Ok::<_, ()>(Arc::new(Bytes::from(format!("frame {offset}"))))
                 })
                 .await
                 .unwrap();

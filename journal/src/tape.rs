@@ -1,6 +1,7 @@
 //! One view's tape: its retained records and the offsets around them.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,7 +17,7 @@ use crate::stats::JournalStats;
 /// cost no allocation) and the append time.
 #[derive(Debug, Clone)]
 pub(crate) struct Slot {
-    pub(crate) frame: Bytes,
+    pub(crate) frame: Arc<Bytes>,
     pub(crate) key: CompactString,
     /// Append time in nanoseconds on the journal clock. Signed, because a
     /// hydrated record may predate the clock's base.
@@ -62,7 +63,7 @@ impl Tape {
     pub(crate) fn push_gap(&mut self, now: i64) {
         self.gap_floor = self.next();
         self.push(Slot {
-            frame: Bytes::new(),
+            frame: Arc::new(Bytes::new()),
             key: CompactString::default(),
             at: now,
         });

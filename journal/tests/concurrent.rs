@@ -24,7 +24,7 @@ async fn concurrent_appends_get_unique_dense_offsets() {
                 for i in 0..PER_TASK {
                     let (offset, _) = journal
                         .append_with("shared", &format!("t{task}"), |offset| {
-                            Ok::<_, ()>(Bytes::from(format!("{offset}:{task}:{i}")))
+                            Ok::<_, ()>(Arc::new(Bytes::from(format!("{offset}:{task}:{i}"))))
                         })
                         .await
                         .unwrap()
@@ -68,7 +68,9 @@ fn threads_appending_to_many_views_keep_each_view_dense() {
                 for i in 0..4_000 {
                     let view = format!("v{}", (i + t) % 8);
                     journal
-                        .append_with_cursor(&view, "k", |c| Ok::<_, ()>(Bytes::from(c.to_string())))
+                        .append_with_cursor(&view, "k", |c| {
+                            Ok::<_, ()>(Arc::new(Bytes::from(c.to_string())))
+                        })
                         .unwrap()
                         .unwrap();
                 }

@@ -143,7 +143,7 @@ fn check_replay(
         (Ok(expected), Ok(got)) => {
             let got: Vec<(u64, Bytes)> = got
                 .into_iter()
-                .map(|r| (r.offset, r.frame.clone()))
+                .map(|r| (r.offset, (*r.frame).clone()))
                 .collect();
             prop_assert_eq!(got, expected);
         }
@@ -181,7 +181,7 @@ proptest! {
                     serial += 1;
                     let body = format!("{serial:0>len$}");
                     let built = rt.block_on(journal.append_with(view, "k", |offset| {
-                        Ok::<_, ()>(Bytes::from(format!("{offset}/{body}")))
+                        Ok::<_, ()>(Arc::new(Bytes::from(format!("{offset}/{body}"))))
                     })).unwrap();
                     let now = model.now_ms;
                     let entry = model.views.entry(view).or_insert_with(|| ModelView::new(0));
@@ -193,10 +193,10 @@ proptest! {
                         let prefix = format!("{offset}/");
                         prop_assert!(frame.starts_with(prefix.as_bytes()));
                         let key = (model.epoch.to_bits(), view, offset);
-                        if let Some(previous) = issued.insert(key, frame.clone()) {
-                            prop_assert_eq!(previous, frame.clone(), "offset reused for another frame");
+                        if let Some(previous) = issued.insert(key, (*frame).clone()) {
+                            prop_assert_eq!(previous, (*frame).clone(), "offset reused for another frame");
                         }
-                        entry.records.push_back((offset, frame.clone(), now));
+                        entry.records.push_back((offset, (*frame).clone(), now));
                         entry.prune(&config(), now);
                     }
                 }

@@ -48,7 +48,7 @@ impl BatchSink for JournalSink {
                     f.put_slice(b"\nevent: update\ndata: ");
                     f.put_slice(&e.payload);
                     f.put_slice(b"\n\n");
-                    Ok::<_, ()>(f.freeze())
+                    Ok::<_, ()>(Arc::new(f.freeze()))
                 })
                 .await;
         }

@@ -226,7 +226,7 @@ impl World {
             }
         }
         for (cursor, frame) in present {
-            self.served.entry(cursor).or_insert(frame.clone());
+            self.served.entry(cursor).or_insert(frame.as_ref().clone());
         }
         Ok(())
     }

@@ -1,4 +1,4 @@
-use std::sync::MutexGuard;
+use std::sync::{Arc, MutexGuard};
 
 use bytes::Bytes;
 use compact_str::CompactString;
@@ -28,8 +28,8 @@ impl Appender<'_> {
     pub fn append<E>(
         &mut self,
         key: &str,
-        build_frame: impl FnOnce(Cursor) -> Result<Bytes, E>,
-    ) -> Result<Option<(Cursor, Bytes)>, E> {
+        build_frame: impl FnOnce(Cursor) -> Result<Arc<Bytes>, E>,
+    ) -> Result<Option<(Cursor, Arc<Bytes>)>, E> {
         let config = &self.journal.config;
         let inner = &mut *self.inner;
         if !config.enabled {
@@ -51,7 +51,7 @@ impl Appender<'_> {
         let cursor = Cursor::new(epoch, tape.next());
         let frame = build_frame(cursor)?;
         tape.push(Slot {
-            frame: frame.clone(),
+            frame: Arc::clone(&frame),
             key: CompactString::new(key),
             at: self.at,
         });
@@ -75,8 +75,8 @@ impl EventJournal {
         &self,
         view_id: &str,
         key: &str,
-        build_frame: impl FnOnce(u64) -> Result<Bytes, E>,
-    ) -> Result<Option<(u64, Bytes)>, E> {
+        build_frame: impl FnOnce(u64) -> Result<Arc<Bytes>, E>,
+    ) -> Result<Option<(u64, Arc<Bytes>)>, E> {
         let appended = self.append_with_cursor(view_id, key, |cursor| build_frame(cursor.offset()));
         Ok(appended?.map(|(cursor, frame)| (cursor.offset(), frame)))
     }
@@ -93,8 +93,8 @@ impl EventJournal {
         &self,
         view_id: &str,
         key: &str,
-        build_frame: impl FnOnce(Cursor) -> Result<Bytes, E>,
-    ) -> Result<Option<(Cursor, Bytes)>, E> {
+        build_frame: impl FnOnce(Cursor) -> Result<Arc<Bytes>, E>,
+    ) -> Result<Option<(Cursor, Arc<Bytes>)>, E> {
         self.append_at(view_id, key, self.clock.unix_ms(), build_frame)
     }
 
@@ -109,8 +109,8 @@ impl EventJournal {
         view_id: &str,
         key: &str,
         unix_ms: u64,
-        build_frame: impl FnOnce(Cursor) -> Result<Bytes, E>,
-    ) -> Result<Option<(Cursor, Bytes)>, E> {
+        build_frame: impl FnOnce(Cursor) -> Result<Arc<Bytes>, E>,
+    ) -> Result<Option<(Cursor, Arc<Bytes>)>, E> {
         self.appender(view_id, unix_ms).append(key, build_frame)
     }
 

@@ -1,3 +1,5 @@
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 use super::{EventJournal, Inner};
@@ -28,14 +30,14 @@ pub struct JournalRecord {
     /// The entity the event is about.
     pub key: String,
     /// The encoded frame, shared with every subscriber.
-    pub frame: Bytes,
+    pub frame: Arc<Bytes>,
 }
 
 /// What [`EventJournal::frames_after_where`] found.
 #[derive(Debug, Default)]
 pub struct FramesWhere {
     /// The frames taken, each with its offset, in offset order.
-    pub frames: Vec<(u64, Bytes)>,
+    pub frames: Vec<(u64, Arc<Bytes>)>,
     /// The offset of the last record looked at, taken or not (`None`: none was there).
     pub through: Option<u64>,
 }
@@ -136,7 +138,7 @@ impl EventJournal {
             .map(|(i, slot)| JournalRecord {
                 offset: first + (start + i) as u64,
                 key: slot.key.to_string(),
-                frame: slot.frame.clone(),
+                frame: Arc::clone(&slot.frame),
             })
             .collect())
     }
@@ -153,7 +155,7 @@ impl EventJournal {
         view_id: &str,
         cursor: &Cursor,
         limit: usize,
-    ) -> Result<Vec<Bytes>, ReplayError> {
+    ) -> Result<Vec<Arc<Bytes>>, ReplayError> {
         let found = self.frames_after_where(view_id, cursor, limit, |_| true)?;
         Ok(found.frames.into_iter().map(|(_, frame)| frame).collect())
     }
@@ -184,7 +186,7 @@ impl EventJournal {
             .range(start..end)
             .enumerate()
             .filter(|(_, slot)| keep(&slot.key))
-            .map(|(i, slot)| (offset(start + i), slot.frame.clone()))
+            .map(|(i, slot)| (offset(start + i), Arc::clone(&slot.frame)))
             .collect();
         Ok(FramesWhere {
             frames,

@@ -1,4 +1,5 @@
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::{EventJournal, Inner};
 use crate::epoch::JournalEpoch;
@@ -33,7 +34,7 @@ impl EventJournal {
                             key: slot.key.clone(),
                             age_ms: u64::try_from(now.saturating_sub(slot.at) / 1_000_000)
                                 .unwrap_or(0),
-                            frame: slot.frame.clone(),
+                            frame: Arc::clone(&slot.frame),
                         })
                         .collect(),
                 }
@@ -118,7 +119,6 @@ impl EventJournal {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::time::Duration;
 
     use super::super::tests::{append, frame, journal_with};
@@ -230,6 +230,6 @@ mod tests {
             .await
             .unwrap();
         let dump = journal.dump().await;
-        assert_eq!(dump.views[0].records[0].frame.as_ptr(), shared.as_ptr());
+        assert!(Arc::ptr_eq(&dump.views[0].records[0].frame, &shared));
     }
 }

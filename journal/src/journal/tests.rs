@@ -9,8 +9,8 @@ use crate::cursor::Cursor;
 use crate::error::ReplayError;
 use crate::ManualClock;
 
-pub(super) fn frame(text: &str) -> Bytes {
-    Bytes::copy_from_slice(text.as_bytes())
+pub(super) fn frame(text: &str) -> Arc<Bytes> {
+    Arc::new(Bytes::copy_from_slice(text.as_bytes()))
 }
 
 pub(super) fn journal_with(config: JournalConfig) -> (EventJournal, Arc<ManualClock>) {
@@ -77,7 +77,7 @@ async fn offsets_are_dense_per_view_and_frames_embed_them() {
 async fn a_failing_builder_consumes_no_offset() {
     let (journal, _) = journal_with(JournalConfig::default());
     let failed = journal
-        .append_with("a", "k", |_| Err::<Bytes, _>("boom"))
+        .append_with("a", "k", |_| Err::<Arc<Bytes>, _>("boom"))
         .await;
     assert_eq!(failed, Err("boom"));
     assert_eq!(append(&journal, "a", "k").await, Some(1));

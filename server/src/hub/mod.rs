@@ -248,7 +248,7 @@ impl Hub {
             let mut journaled = None;
             let appended = appender.append(key, |cursor| {
                 let frame = frame::event(Some(cursor), event);
-                let bytes = frame.bytes().clone();
+                let bytes = Arc::new(frame.bytes().clone());
                 journaled = Some(frame);
                 Ok::<_, Infallible>(bytes)
             });

@@ -24,7 +24,11 @@ impl BatchSink for TestSink {
     async fn commit(&self, _runtime: &str, batch: GuestBatch, _at_ms: u64) {
         let journal = viewtape_journal::current().unwrap();
         for e in batch.events {
-            let frame = Bytes::from(format!("{}={}", e.key, String::from_utf8_lossy(&e.payload)));
+            let frame = Arc::new(Bytes::from(format!(
+                "{}={}",
+                e.key,
+                String::from_utf8_lossy(&e.payload)
+            )));
             journal
                 .append_with(&e.view, &e.key, |_| Ok::<_, ()>(frame))
                 .await
