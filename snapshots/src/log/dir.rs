@@ -240,12 +240,10 @@ impl LogDir {
             let Ok((mut reader, _)) = SegmentReader::open(path, *first)? else {
                 return Ok(()); // a bad header: nothing in or after this segment is proven
             };
-            let mut position = *first;
-            while let Some(payload) = reader.next_record()? {
-                if position > after {
-                    visit(LogRecord { position, payload })?;
+            while let Some(record) = reader.next_record()? {
+                if record.position > after {
+                    visit(record)?;
                 }
-                position += 1;
             }
             if !reader.ended() {
                 return Ok(()); // damage: nothing after it is proven

@@ -6,9 +6,9 @@ use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use super::scan::{Damage, SegmentScan};
-use super::segment::{parse_header, tail_damage, torn_header, u32_at, u64_at, Header};
-use super::{LogError, MAX_RECORD_BYTES, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
+use super::scan::{Damage, LogRecord, SegmentScan};
+use super::segment::{intact, parse_header, payload_len, tail_damage, torn_header, u64_at, Header};
+use super::{LogError, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
 
 /// Read-ahead for records smaller than it; larger payloads are read straight into their own
 /// buffers.
@@ -71,13 +71,12 @@ impl SegmentReader {
         Ok(Ok((reader, header)))
     }
 
-    /// The next record's payload, `None` when no intact record with the next position starts
-    /// where the last one ended: the end of the segment, or damage ([`SegmentReader::ended`]
-    /// tells which).
+    /// The next record, `None` when no intact record with the next position starts where the
+    /// last one ended: the end of the segment, or damage ([`SegmentReader::ended`] tells which).
     ///
     /// # Errors
     /// The file cannot be read.
-    pub(super) fn next_record(&mut self) -> Result<Option<Vec<u8>>, LogError> {
+    pub(super) fn next_record(&mut self) -> Result<Option<LogRecord>, LogError> {
         let left = self.len - self.at;
         if left < RECORD_HEADER_LEN as u64 {
             return Ok(None);
@@ -89,9 +88,11 @@ impl SegmentReader {
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
             Err(e) => return Err(LogError::io("read", &self.path, e)),
         }
-        let payload_len = u32_at(&head, 0) as usize;
+        let Some(payload_len) = payload_len(&head) else {
+            return Ok(None);
+        };
         let frame_len = (RECORD_HEADER_LEN + payload_len) as u64;
-        if payload_len > MAX_RECORD_BYTES || frame_len > left {
+        if frame_len > left {
             return Ok(None);
         }
         let mut payload = Vec::with_capacity(payload_len);
@@ -104,13 +105,13 @@ impl SegmentReader {
             // The file shrank under us: what is not there is not intact.
             return Ok(None);
         }
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&head[8..]), &payload);
-        if crc != u32_at(&head, 4) || u64_at(&head, 8) != self.next {
+        let position = self.next;
+        if !intact(&head, &payload) || u64_at(&head, 8) != position {
             return Ok(None);
         }
         self.at += frame_len;
         self.next += 1;
-        Ok(Some(payload))
+        Ok(Some(LogRecord { position, payload }))
     }
 
     /// Whether the records read so far end exactly at the end of the file.

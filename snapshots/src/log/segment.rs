@@ -103,19 +103,21 @@ pub(super) fn parse_header(bytes: &[u8], first: u64) -> Result<Header, String> {
 /// An intact record frame at `at`: its position, payload and length.
 pub(super) fn frame_at(bytes: &[u8], at: usize) -> Option<(u64, &[u8], usize)> {
     let head = bytes.get(at..at.checked_add(RECORD_HEADER_LEN)?)?;
-    let payload_len = u32_at(head, 0) as usize;
-    if payload_len > MAX_RECORD_BYTES {
-        return None;
-    }
-    let end = at + RECORD_HEADER_LEN + payload_len;
-    let covered = bytes.get(at + 8..end)?;
-    (crc32c::crc32c(covered) == u32_at(head, 4)).then(|| {
-        (
-            u64_at(head, 8),
-            &bytes[at + RECORD_HEADER_LEN..end],
-            end - at,
-        )
-    })
+    let end = at + RECORD_HEADER_LEN + payload_len(head)?;
+    let payload = bytes.get(at + RECORD_HEADER_LEN..end)?;
+    intact(head, payload).then(|| (u64_at(head, 8), payload, end - at))
+}
+
+/// The payload length a record header announces, if it is within [`MAX_RECORD_BYTES`].
+pub(super) fn payload_len(head: &[u8]) -> Option<usize> {
+    let len = u32_at(head, 0) as usize;
+    (len <= MAX_RECORD_BYTES).then_some(len)
+}
+
+/// Whether a record's checksum holds over its position (in `head`) and `payload`.
+pub(super) fn intact(head: &[u8], payload: &[u8]) -> bool {
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&head[8..RECORD_HEADER_LEN]), payload);
+    crc == u32_at(head, 4)
 }
 
 /// The intact record at `at` if it has position `position`.
