@@ -136,11 +136,18 @@ async fn no_error_answer_carries_internal_detail() -> anyhow::Result<()> {
         "{}",
         failed.text()
     );
-    ensure!(
-        server.logs().contains("File too large") || server.logs().contains("os error"),
-        "the detail is in the server's log:\n{}",
-        server.logs()
-    );
+    // The log line is written by the server as it handles the failure, which may be just
+    // after the answer is read here: look for a while.
+    let logged = |logs: String| logs.contains("File too large") || logs.contains("os error");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !logged(server.logs()) {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the detail is in the server's log:\n{}",
+            server.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // Every body recorded by every test process so far.
     let mut problems = Vec::new();
