@@ -15,7 +15,7 @@
 //! | observation | [`metrics`] — Prometheus metrics, reading the counters of the layers below |
 //! | views | [`hub`] — views, their state, the commit path into the journal; [`registry`] — runtimes by name, the module store, the consistency cut |
 //! | runtimes | [`runtime`] — the task owning one guest; [`log`] — log records, receipts, idempotent producers, commit order, the two backends (local segments, a cluster's stream); [`source`] — pull sources and their checkpoints |
-//! | foundation | [`host`] — the wasmtime host; [`frame`] — the SSE wire format; [`auth`] — tokens and grants; [`narrow`] — reads and grants of some keys of a view; [`config`] — settings; [`schema`] — typed views' schemas and the check of their values |
+//! | foundation | [`host`] — the wasmtime host; [`frame`] — the SSE wire format; [`auth`] — tokens and grants; [`narrow`] — reads and grants of some keys of a view; [`socket`] — a TCP connection written by its transport and the fan-out pass in turn, HTTP/1.1 chunks; [`config`] — settings; [`schema`] — typed views' schemas and the check of their values |
 #![deny(missing_docs)]
 
 pub mod auth;
@@ -44,6 +44,7 @@ pub mod scaffold;
 pub mod schema;
 pub mod server;
 pub mod snapshot;
+pub mod socket;
 #[cfg(test)]
 mod snapshot_props;
 pub mod source;

@@ -8,7 +8,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::Deserialize;
 use viewtape_journal::EventJournal;
@@ -17,6 +17,7 @@ use super::access::Caller;
 use super::{ApiError, AppState};
 use crate::hub::View;
 use crate::narrow::Narrow;
+use crate::socket::SharedTcp;
 use crate::sse::{OpenError, Start, MAX_FRAMES_PER_CHUNK};
 
 /// The bounded routes: list and state.
@@ -191,6 +192,7 @@ async fn events(
     view: Result<Path<String>, PathRejection>,
     query: Result<Query<EventsQuery>, QueryRejection>,
     headers: HeaderMap,
+    socket: Option<Extension<SharedTcp>>,
 ) -> Result<Response, ApiError> {
     let Path(view) = view?;
     let Query(query) = query?;
@@ -232,6 +234,10 @@ async fn events(
     let subscriber = match until_head {
         true => subscriber.until_head(),
         false => subscriber,
+    };
+    let subscriber = match socket {
+        Some(Extension(socket)) => subscriber.direct(socket),
+        None => subscriber,
     };
     let mut response = Body::from_stream(subscriber.into_stream()).into_response();
     for (name, value) in SSE_HEADERS {

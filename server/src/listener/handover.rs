@@ -17,8 +17,8 @@ use tower::ServiceExt;
 
 use super::lean::read_some;
 use super::stop::{stopped, BodyGuard, Guarded};
-use super::write::Stall;
 use super::{Connection, Io, Shared, H2_MAX_STREAMS, H2_PREFACE, MAX_HEAD, MAX_HEADERS};
+use crate::socket::Stall;
 
 impl Connection {
     /// Serves the rest of the connection with hyper, starting with the bytes

@@ -7,6 +7,7 @@ use tokio::net::TcpStream;
 
 use super::write::answer_and_close;
 use super::{Connection, Limits};
+use crate::socket::SharedTcp;
 use crate::tls::Tls;
 
 /// Answers a plain HTTP request on the TLS port: `400` with a JSON error saying to use HTTPS,
@@ -22,7 +23,7 @@ impl Connection {
     /// ALPN), else plain HTTP/1.1.
     pub(super) async fn start(self, stream: TcpStream) {
         match self.shared.tls.clone() {
-            None => self.run(stream).await,
+            None => self.run(SharedTcp::new(stream)).await,
             // Boxed: the TLS path's futures are large, and a task is as large as its future,
             // so a plain connection's task would carry their size with it.
             Some(tls) => Box::pin(self.start_tls(tls, stream)).await,

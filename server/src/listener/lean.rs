@@ -13,8 +13,8 @@ use tower::ServiceExt;
 
 use super::head::{parse_head, BadHead, Parsed};
 use super::stop::stopped;
-use super::write::write_all;
 use super::{Connection, Io, Limits, MAX_HEAD, PROBE};
+use crate::socket::{chunk_head, write_all};
 
 /// What waiting for a request head gave.
 enum Next {
@@ -62,6 +62,11 @@ impl Connection {
             request
                 .extensions_mut()
                 .insert(axum::extract::ConnectInfo(self.peer));
+            if let Some(socket) = stream.direct() {
+                // A streamed response is written chunked, straight to this socket: others
+                // may write chunks to it in turn (see `crate::sse`).
+                request.extensions_mut().insert(socket);
+            }
             let response = match self.shared.router.clone().oneshot(request).await {
                 Ok(response) => response,
                 Err(infallible) => match infallible {},
@@ -157,9 +162,9 @@ async fn write_chunked<S: Io>(
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         if !data.is_empty() {
-                            let size = format!("{:x}\r\n", data.len());
+                            let head = chunk_head(data.len());
                             let mut parts = [
-                                IoSlice::new(size.as_bytes()),
+                                IoSlice::new(head.as_ref()),
                                 IoSlice::new(&data),
                                 IoSlice::new(b"\r\n"),
                             ];

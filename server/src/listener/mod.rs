@@ -54,7 +54,7 @@
 //! | `lean` | the lean HTTP/1.1 transport: request heads read, responses written |
 //! | `head` | request heads parsed: the lean transport's, hyper's, or refused |
 //! | `handover` | hyper: the rest of a declined connection, HTTP/2; its socket and service |
-//! | `write` | writes that fail when the client accepts nothing for the write timeout |
+//! | `write` | the one answer written on a connection whose request is not read |
 //! | `stop` | the drain when the server stops, and the requests with bodies it waits for |
 //! | `trim` | memory freed by closed connections handed back to the OS |
 
@@ -66,12 +66,13 @@ use std::time::Duration;
 
 use axum::Router;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
+use crate::socket::SharedTcp;
 use crate::tls::Tls;
 
 mod accept;
@@ -246,5 +247,19 @@ impl Drop for Connection {
 }
 
 /// A connection's byte stream: TCP, or TLS over it.
-trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
-impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for S {}
+trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// The plain TCP socket under it, which other tasks may write to in turn; `None` for TLS.
+    fn direct(&self) -> Option<SharedTcp>;
+}
+
+impl Io for SharedTcp {
+    fn direct(&self) -> Option<SharedTcp> {
+        Some(self.clone())
+    }
+}
+
+impl Io for tokio_rustls::server::TlsStream<TcpStream> {
+    fn direct(&self) -> Option<SharedTcp> {
+        None
+    }
+}

@@ -82,7 +82,10 @@ impl Subscriber {
                 self.phase = Phase::Follow(Cursor::new(cursor.epoch(), through));
                 None
             }
-            Ok(_) => self.pending_or_wait().await,
+            Ok(_) => match self.park(cursor) {
+                true => self.pending_or_wait().await,
+                false => None,
+            },
             Err(ReplayError::Disabled) => {
                 // No tape: live frames come only through the
                 // cursorless feed.

@@ -31,6 +31,7 @@
 //! | `wake` | waiting: the tape moves, a cursorless frame, a heartbeat, the token expires, a stop |
 //! | `tests` | a client that applies the stream ends equal to the view's state; chunk sizes |
 
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -45,13 +46,16 @@ use crate::config::ServerConfig;
 use crate::hub::{Hub, StateCut, View};
 use crate::metrics::Metrics;
 use crate::narrow::Narrow;
+use crate::socket::SharedTcp;
 
 mod chunk;
+mod direct;
 mod subscriber;
 #[cfg(test)]
 mod tests;
 mod wake;
 
+use direct::{Pass, Place};
 use wake::Wake;
 
 /// Frames per chunk, and state entries per chunk during a state transfer.
@@ -96,6 +100,10 @@ pub struct Streams {
     heartbeat: Duration,
     retry: Duration,
     reconnect_spread: Duration,
+    /// Time a client may accept no bytes of a chunk before its stream ends.
+    write_timeout: Duration,
+    /// Each view's parked subscribers and the task writing to them, once one has parked.
+    passes: std::sync::Mutex<HashMap<String, Arc<Pass>>>,
     /// Streams ended by the stop so far: the index of the next one's hint in the spread.
     stopped: AtomicU64,
     permits: Arc<Semaphore>,
@@ -133,6 +141,8 @@ impl Streams {
             heartbeat: config.heartbeat,
             retry: config.retry,
             reconnect_spread: config.reconnect_spread,
+            write_timeout: config.write_timeout,
+            passes: std::sync::Mutex::default(),
             stopped: AtomicU64::new(0),
             permits: Arc::new(Semaphore::new(config.max_connections)),
             max_connections: config.max_connections,
@@ -174,6 +184,22 @@ impl Streams {
 }
 
 impl Streams {
+    /// The pass of `view`'s parked subscribers.
+    fn pass(&self, view: &Arc<View>) -> Arc<Pass> {
+        let mut passes = self
+            .passes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let pass = passes.entry(view.name().to_owned()).or_insert_with(|| {
+            Arc::new(Pass::new(
+                Arc::clone(view),
+                Arc::clone(&self.hub),
+                Arc::clone(&self.metrics),
+            ))
+        });
+        Arc::clone(pass)
+    }
+
     /// The `retry:` hint that ends the `n`-th stream stopped: the `n`-th point of the golden-ratio
     /// sequence over `[0, reconnect_spread)`, so that any number of streams ended together come
     /// back evenly spread over the window, however many there are.
@@ -219,5 +245,10 @@ pub struct Subscriber {
     /// `?until=head`: the view's window at open; the stream ends once it has delivered
     /// everything before its `next`.
     until: Option<viewtape_journal::ReplayWindow>,
+    /// The socket of a stream the lean transport serves over plain TCP: the view's pass may
+    /// write to it while the subscriber is parked.
+    direct: Option<SharedTcp>,
+    /// Its place among the view's parked subscribers, while parked.
+    place: Option<Place>,
     _permit: OwnedSemaphorePermit,
 }

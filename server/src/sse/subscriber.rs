@@ -8,12 +8,14 @@ use futures_util::Stream;
 use tokio::sync::OwnedSemaphorePermit;
 use viewtape_journal::{Cursor, ReplayError};
 
+use super::direct::Pass;
 use super::wake::Wake;
 use super::{Phase, Start, Streams, Subscriber};
 use crate::frame::{self, ResetReason};
 use crate::hub::{Hub, View};
 use crate::metrics::Metrics;
 use crate::narrow::Narrow;
+use crate::socket::SharedTcp;
 
 impl Subscriber {
     pub(super) fn new(
@@ -51,6 +53,8 @@ impl Subscriber {
             heartbeat,
             sent_at: tokio::time::Instant::now(),
             until: None,
+            direct: None,
+            place: None,
             _permit: permit,
         }
     }
@@ -61,6 +65,14 @@ impl Subscriber {
     #[must_use]
     pub fn until_head(mut self) -> Self {
         self.until = Some(self.streams.hub.journal().window_now(self.view.name()));
+        self
+    }
+
+    /// Lets the view's pass write to `socket` while the subscriber waits at the head of the
+    /// tape: for a stream the lean transport serves over plain TCP, as HTTP/1.1 chunks.
+    #[must_use]
+    pub fn direct(mut self, socket: SharedTcp) -> Self {
+        self.direct = Some(socket);
         self
     }
 
@@ -167,6 +179,9 @@ fn reset_to_state(
 
 impl Drop for Subscriber {
     fn drop(&mut self) {
+        if let Some(place) = self.place.take() {
+            Pass::leave(place);
+        }
         self.streams.metrics.connections.dec();
         self.view.count_subscriber(false);
     }

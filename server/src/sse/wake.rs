@@ -6,50 +6,93 @@ use std::pin::Pin;
 use bytes::Bytes;
 use tokio::sync::{broadcast, watch};
 use tokio::time::Sleep;
+use viewtape_journal::CompactString;
 
+use super::direct::Place;
 use super::{Phase, Subscriber};
 use crate::frame::ResetReason;
 use crate::hub::{KeyWake, View};
 use crate::narrow::Narrow;
+
+/// What ended a wait.
+enum Woke {
+    /// The tape may have moved: read it again.
+    Look,
+    /// The view, the journal or the server is going away.
+    Closed,
+    /// A cursorless frame.
+    Live(Result<(CompactString, Bytes), broadcast::error::RecvError>),
+    /// The heartbeat's timer.
+    Heartbeat,
+}
 
 impl Subscriber {
     /// Waits for the tape to move, a cursorless frame, a heartbeat or
     /// shutdown. Returns a chunk to send, or `None` to re-check the tape.
     pub(super) async fn wait(&mut self) -> Option<Bytes> {
         // A closed channel means the hub or the server is going away.
-        let closed = tokio::select! {
-            closed = self.wake.changed() => closed,
-            changed = self.invalidations.changed() => changed.is_err(),
-            changed = self.shutdown.changed() => changed.is_err(),
-            received = self.live.recv() => match received {
-                Ok((key, frame)) if self.narrow.keeps(&key) => {
-                    self.streams.metrics.delivered.inc();
-                    return Some(frame);
-                }
-                Ok(_) => false,
-                Err(broadcast::error::RecvError::Lagged(_)) => {
-                    self.reset(ResetReason::Lagged);
-                    false
-                }
-                Err(broadcast::error::RecvError::Closed) => true,
+        let woke = tokio::select! {
+            closed = changed(&mut self.wake, self.place.as_ref()) => match closed {
+                true => Woke::Closed,
+                false => Woke::Look,
             },
-            () = self.heartbeat.as_mut() => {
+            changed = self.invalidations.changed() => match changed {
+                Ok(()) => Woke::Look,
+                Err(_) => Woke::Closed,
+            },
+            changed = self.shutdown.changed() => match changed {
+                Ok(()) => Woke::Look,
+                Err(_) => Woke::Closed,
+            },
+            received = self.live.recv() => Woke::Live(received),
+            () = self.heartbeat.as_mut() => Woke::Heartbeat,
+            () = fired(&mut self.expiry) => Woke::Look,
+        };
+        // Nothing is written, by the pass or here, until the subscriber is unparked.
+        self.unpark().await;
+        match woke {
+            Woke::Look => None,
+            Woke::Closed => {
+                self.phase = Phase::Done;
+                None
+            }
+            Woke::Live(Ok((key, frame))) if self.narrow.keeps(&key) => {
+                self.streams.metrics.delivered.inc();
+                Some(frame)
+            }
+            Woke::Live(Ok(_)) => None,
+            Woke::Live(Err(broadcast::error::RecvError::Lagged(_))) => {
+                self.reset(ResetReason::Lagged);
+                None
+            }
+            Woke::Live(Err(broadcast::error::RecvError::Closed)) => {
+                self.phase = Phase::Done;
+                None
+            }
+            Woke::Heartbeat => {
                 let now = tokio::time::Instant::now();
                 let due = self.sent_at + self.streams.heartbeat;
                 if due > now {
                     self.heartbeat.as_mut().reset(due);
-                    false
+                    None
                 } else {
                     self.heartbeat.as_mut().reset(now + self.streams.heartbeat);
-                    return Some(Bytes::from_static(b": heartbeat\n\n"));
+                    Some(Bytes::from_static(b": heartbeat\n\n"))
                 }
             }
-            () = fired(&mut self.expiry) => false,
-        };
-        if closed {
-            self.phase = Phase::Done;
         }
-        None
+    }
+}
+
+/// Resolves at the next wake-up: from the view's pass while parked, else from `wake`; `true`
+/// when the view is gone.
+async fn changed(wake: &mut Wake, place: Option<&Place>) -> bool {
+    match place {
+        Some(place) => {
+            place.woken().await;
+            false
+        }
+        None => wake.changed().await,
     }
 }
 
