@@ -44,9 +44,9 @@ pub mod scaffold;
 pub mod schema;
 pub mod server;
 pub mod snapshot;
-pub mod socket;
 #[cfg(test)]
 mod snapshot_props;
+pub mod socket;
 pub mod source;
 pub mod sse;
 pub mod startup;

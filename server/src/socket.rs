@@ -235,9 +235,13 @@ mod tests {
         let mut buf = [0u8; 4];
         shared.read_exact(&mut buf).await.unwrap();
         assert_eq!(&buf, b"ping");
-        write_all(&mut shared, &mut [IoSlice::new(b"po")], Duration::from_secs(1))
-            .await
-            .unwrap();
+        write_all(
+            &mut shared,
+            &mut [IoSlice::new(b"po")],
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
         assert_eq!(other.try_write(b"ng").unwrap(), 2);
         shared.shutdown().await.unwrap();
         let mut got = Vec::new();

@@ -36,6 +36,7 @@ mod server;
 
 use self::log::register_log;
 use owners::OwnerCounters;
+pub use server::PassOutcomes;
 use server::StreamStart;
 
 /// Server-level metrics, and the registry that encodes them with the counters read from their
@@ -48,6 +49,8 @@ pub struct Metrics {
     pub connections_refused: Counter,
     /// Frames written to subscribers.
     pub delivered: Counter,
+    /// What views' passes did for their parked subscribers.
+    pub pass: PassOutcomes,
     /// Streams that resumed from a valid cursor.
     pub resumes: Counter,
     /// Streams that started from the view's state (no cursor).
@@ -88,10 +91,12 @@ impl Metrics {
         let streams = Family::<StreamStart, Counter>::default();
         let ingest = Family::<[(&str, &str); 1], Counter>::default();
         let transports = Family::<[(&str, &str); 1], Counter>::default();
+        let passes = Family::<[(&str, &str); 1], Counter>::default();
         let mut metrics = Self {
             connections: Gauge::default(),
             connections_refused: Counter::default(),
             delivered: Counter::default(),
+            pass: PassOutcomes::new(&passes),
             // Created up front, so that they show 0 before the first stream or batch.
             resumes: streams.get_or_create_owned(&StreamStart::Resumed),
             state_starts: streams.get_or_create_owned(&StreamStart::State),
@@ -107,7 +112,7 @@ impl Metrics {
             streams,
             registry: Registry::default(),
         };
-        metrics.register_server(&ingest, &transports);
+        metrics.register_server(&ingest, &transports, &passes);
         metrics
             .registry
             .register_collector(Box::new(OwnerCounters { hub, runtimes }));

@@ -15,7 +15,12 @@ type Labelled = Family<[(&'static str, &'static str); 1], Counter>;
 impl Metrics {
     /// Registers the server-level metrics; `ingest` holds `ingest_accepted` and
     /// `ingest_rejected`, `transports` the connections by transport.
-    pub(super) fn register_server(&mut self, ingest: &Labelled, transports: &Labelled) {
+    pub(super) fn register_server(
+        &mut self,
+        ingest: &Labelled,
+        transports: &Labelled,
+        passes: &Labelled,
+    ) {
         self.registry.register(
             "viewtape_sse_connections",
             "Open SSE connections",
@@ -30,6 +35,11 @@ impl Metrics {
             "viewtape_events_delivered",
             "Frames written to SSE subscribers",
             self.delivered.clone(),
+        );
+        self.registry.register(
+            "viewtape_sse_pass_outcomes",
+            "Chunks a view's fan-out pass wrote whole to a parked subscriber's socket (written), and subscribers it handed back to their own task: the socket took part of the chunk (partial), none of it or failed (full), or more than one chunk was due (behind)",
+            passes.clone(),
         );
         self.registry.register(
             "viewtape_streams",
@@ -66,6 +76,32 @@ impl Metrics {
             "TLS handshakes that failed or did not finish within header_timeout",
             self.tls_failures.clone(),
         );
+    }
+}
+
+/// What a view's fan-out pass did for its parked subscribers (`viewtape_sse_pass_outcomes_total`).
+#[derive(Clone, Debug)]
+pub struct PassOutcomes {
+    /// A chunk written whole.
+    pub written: Counter,
+    /// Handed back with the rest of a chunk the socket took part of.
+    pub partial: Counter,
+    /// Handed back: the socket took none of the chunk, or failed.
+    pub full: Counter,
+    /// Handed back: more than one chunk was due, a frame sent shared, or a cursor refused.
+    pub behind: Counter,
+}
+
+impl PassOutcomes {
+    /// The four members of `family`, created up front so that they show 0.
+    pub(super) fn new(family: &Labelled) -> Self {
+        let member = |outcome| family.get_or_create_owned(&[("outcome", outcome)]);
+        Self {
+            written: member("written"),
+            partial: member("partial"),
+            full: member("full"),
+            behind: member("behind"),
+        }
     }
 }
 

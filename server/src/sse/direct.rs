@@ -205,6 +205,8 @@ impl Pass {
         let mut due: Vec<(Cursor, Due)> = Vec::new();
         let now = Instant::now();
         let mut delivered = 0;
+        // Written whole, partial, full, behind.
+        let mut outcomes = [0u64; 4];
         for one in parked {
             let mut slot = lock_slot(one);
             if slot.woken {
@@ -220,7 +222,10 @@ impl Pass {
             };
             match &due[index].1 {
                 Due::Nothing => {}
-                Due::Wake => wake(&mut slot, one),
+                Due::Wake => {
+                    outcomes[3] += 1;
+                    wake(&mut slot, one);
+                }
                 Due::Chunk {
                     bytes,
                     through,
@@ -231,16 +236,29 @@ impl Pass {
                         slot.cursor = *through;
                         slot.sent_at = now;
                         if written < bytes.len() {
+                            outcomes[1] += 1;
                             slot.rest = Some(bytes.slice(written..));
                             wake(&mut slot, one);
+                        } else {
+                            outcomes[0] += 1;
                         }
                     }
                     // Full, or failing: its task waits for the socket, or ends, as it would.
-                    Err(_) => wake(&mut slot, one),
+                    Err(_) => {
+                        outcomes[2] += 1;
+                        wake(&mut slot, one);
+                    }
                 },
             }
         }
         self.metrics.delivered.inc_by(delivered);
+        let pass = &self.metrics.pass;
+        for (counter, n) in [&pass.written, &pass.partial, &pass.full, &pass.behind]
+            .into_iter()
+            .zip(outcomes)
+        {
+            counter.inc_by(n);
+        }
     }
 
     /// What subscribers parked at `cursor` are due: the frames after it as one chunk, when they

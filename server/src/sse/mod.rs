@@ -12,6 +12,14 @@
 //! ticks (a narrowed subscriber: whenever a commit touches one of its keys). A subscriber that falls out of the window, or whose epoch is
 //! replaced by a restore, is reset the same way: never a silent skip.
 //!
+//! ## Parked at the head
+//!
+//! A subscriber of every key whose socket the lean transport shares with it (HTTP/1.1 over plain
+//! TCP) parks once it has caught up: it no longer wakes at each commit, and the view's pass writes
+//! the commit's frames, framed once, to every parked socket. Anything else — a socket that does
+//! not take the whole chunk, more than a chunk due, a heartbeat, a restore, the stop — hands it
+//! back to its own task, which goes on as below (see `direct`).
+//!
 //! ## Coalescing, and what a stalled client costs
 //!
 //! Small frames are copied together into one chunk of at most [`MAX_CHUNK_BYTES`]
@@ -29,6 +37,7 @@
 //! | `subscriber` | a subscriber's start (cursor, state or tape), `?until=head`, resets, its end |
 //! | `chunk` | the next chunk: the state's entries, then the tape's frames, copied or shared |
 //! | `wake` | waiting: the tape moves, a cursorless frame, a heartbeat, the token expires, a stop |
+//! | `direct` | parked at the head: the view's pass writes each commit's frames to the socket |
 //! | `tests` | a client that applies the stream ends equal to the view's state; chunk sizes |
 
 use std::collections::HashMap;
