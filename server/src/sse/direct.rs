@@ -342,7 +342,10 @@ impl Subscriber {
         };
         let mut socket = socket.clone();
         let timeout = self.streams.write_timeout;
-        if let Err(error) = write_all(&mut socket, &mut [IoSlice::new(&rest)], timeout).await {
+        // Boxed: rare, and an inline write would grow every subscriber's future, idle ones too.
+        let mut parts = [IoSlice::new(&rest)];
+        let written = Box::pin(write_all(&mut socket, &mut parts, timeout));
+        if let Err(error) = written.await {
             tracing::debug!(%error, "writing the rest of a chunk failed; the stream ends");
             // Half a chunk is out: nothing more may follow it on this connection.
             socket.shut_writes();

@@ -199,14 +199,16 @@ impl Streams {
             .passes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let pass = passes.entry(view.name().to_owned()).or_insert_with(|| {
-            Arc::new(Pass::new(
-                Arc::clone(view),
-                Arc::clone(&self.hub),
-                Arc::clone(&self.metrics),
-            ))
-        });
-        Arc::clone(pass)
+        if let Some(pass) = passes.get(view.name()) {
+            return Arc::clone(pass);
+        }
+        let pass = Arc::new(Pass::new(
+            Arc::clone(view),
+            Arc::clone(&self.hub),
+            Arc::clone(&self.metrics),
+        ));
+        passes.insert(view.name().to_owned(), Arc::clone(&pass));
+        pass
     }
 
     /// The `retry:` hint that ends the `n`-th stream stopped: the `n`-th point of the golden-ratio
