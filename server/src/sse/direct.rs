@@ -1,4 +1,4 @@
-//! Parked subscribers and their view's pass: after a commit, one task writes the new frames
+//! Parked subscribers and their view's passes: after a commit, a few tasks write the new frames
 //! straight to the socket of every subscriber waiting at the head of the tape, instead of
 //! waking a task per subscriber to read the tape, copy the frames and write them.
 //!
@@ -12,9 +12,11 @@
 //!
 //! ## The pass
 //!
-//! Woken by the view's tick, the pass reads the frames after each cursor it finds among the
-//! parked subscribers (nearly always one: the head before the commit) once, frames them as one
-//! HTTP/1.1 chunk once, and writes that chunk to each socket without waiting. A subscriber whose
+//! A view has one pass per worker thread, and parked subscribers join them in turn, so that the
+//! writes after a commit run on every core at once. Woken by the view's tick, a pass reads the
+//! frames after each cursor it finds among its parked subscribers (nearly always one: the head
+//! before the commit) once, frames them as one HTTP/1.1 chunk once, and writes that chunk to
+//! each socket without waiting. A subscriber whose
 //! socket took it all stays parked at the new cursor. Any other outcome wakes its task, which
 //! then does what it always does, with the stream's write timeout:
 //!

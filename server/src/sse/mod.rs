@@ -15,10 +15,11 @@
 //! ## Parked at the head
 //!
 //! A subscriber of every key whose socket the lean transport shares with it (HTTP/1.1 over plain
-//! TCP) parks once it has caught up: it no longer wakes at each commit, and the view's pass writes
-//! the commit's frames, framed once, to every parked socket. Anything else — a socket that does
-//! not take the whole chunk, more than a chunk due, a heartbeat, a restore, the stop — hands it
-//! back to its own task, which goes on as below (see `direct`).
+//! TCP) parks once it has caught up: it no longer wakes at each commit, and the view's passes
+//! (one per worker thread, each with its share of the parked) write the commit's frames, framed
+//! once, to every parked socket. Anything else — a socket that does not take the whole chunk,
+//! more than a chunk due, a heartbeat, a restore, the stop — hands it back to its own task,
+//! which goes on as below (see `direct`).
 //!
 //! ## Coalescing, and what a stalled client costs
 //!
@@ -42,7 +43,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,8 +112,11 @@ pub struct Streams {
     reconnect_spread: Duration,
     /// Time a client may accept no bytes of a chunk before its stream ends.
     write_timeout: Duration,
-    /// Each view's parked subscribers and the task writing to them, once one has parked.
-    passes: std::sync::Mutex<HashMap<String, Arc<Pass>>>,
+    /// Each view's passes, once a subscriber has parked: one per worker thread, each writing
+    /// to its share of the parked subscribers, so that a commit reaches them on every core.
+    passes: std::sync::Mutex<HashMap<String, Arc<[Arc<Pass>]>>>,
+    /// Parks so far: the next one's pass, round the view's passes.
+    parks: AtomicUsize,
     /// Streams ended by the stop so far: the index of the next one's hint in the spread.
     stopped: AtomicU64,
     permits: Arc<Semaphore>,
@@ -152,6 +156,7 @@ impl Streams {
             reconnect_spread: config.reconnect_spread,
             write_timeout: config.write_timeout,
             passes: std::sync::Mutex::default(),
+            parks: AtomicUsize::new(0),
             stopped: AtomicU64::new(0),
             permits: Arc::new(Semaphore::new(config.max_connections)),
             max_connections: config.max_connections,
@@ -193,22 +198,31 @@ impl Streams {
 }
 
 impl Streams {
-    /// The pass of `view`'s parked subscribers.
+    /// The pass of `view` the next subscriber to park joins.
     fn pass(&self, view: &Arc<View>) -> Arc<Pass> {
         let mut passes = self
             .passes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(pass) = passes.get(view.name()) {
-            return Arc::clone(pass);
-        }
-        let pass = Arc::new(Pass::new(
-            Arc::clone(view),
-            Arc::clone(&self.hub),
-            Arc::clone(&self.metrics),
-        ));
-        passes.insert(view.name().to_owned(), Arc::clone(&pass));
-        pass
+        let shares = match passes.get(view.name()) {
+            Some(shares) => shares,
+            None => {
+                let workers = tokio::runtime::Handle::try_current()
+                    .map_or(1, |runtime| runtime.metrics().num_workers());
+                let shares = (0..workers.max(1))
+                    .map(|_| {
+                        Arc::new(Pass::new(
+                            Arc::clone(view),
+                            Arc::clone(&self.hub),
+                            Arc::clone(&self.metrics),
+                        ))
+                    })
+                    .collect();
+                passes.entry(view.name().to_owned()).or_insert(shares)
+            }
+        };
+        let next = self.parks.fetch_add(1, Ordering::Relaxed);
+        Arc::clone(&shares[next % shares.len()])
     }
 
     /// The `retry:` hint that ends the `n`-th stream stopped: the `n`-th point of the golden-ratio
