@@ -125,6 +125,30 @@ pub async fn resumes(
     Ok(stream)
 }
 
+/// Reads `stream` until the event at offset `last`, requiring offsets to run exactly
+/// `after + 1 ..= last` (no duplicate, no loss) and each update to carry the tick whose `seq` is
+/// its offset (every tick published once, from offset 1).
+///
+/// # Errors
+/// On the first event out of line, or a read error.
+pub async fn contiguous(
+    stream: &mut crate::stream::EventStream,
+    after: u64,
+    last: u64,
+) -> anyhow::Result<()> {
+    for expected in after + 1..=last {
+        let event = stream.next_event().await?;
+        ensure!(event.event == "update", "after {}: {event:?}", expected - 1);
+        let offset = cursor_of(&event)?.offset();
+        ensure!(
+            offset == expected,
+            "expected offset {expected}, got {offset} (a duplicate or a loss)"
+        );
+        ensure!(event_seq(&event.json()?)? == offset, "{event:?}");
+    }
+    Ok(())
+}
+
 /// The first `n` events of the retained tape of `view` (`?from=tape`, no cursor).
 ///
 /// # Errors

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _};
-use viewtape_tests::{cursor_offset, expect, feed::event_seq, EventStream, Feed, Server};
+use viewtape_tests::{expect, EventStream, Feed, Server};
 
 const WRITTEN: &str = "viewtape_sse_pass_outcomes_total{outcome=\"written\"}";
 const PARTIAL: &str = "viewtape_sse_pass_outcomes_total{outcome=\"partial\"}";
@@ -14,22 +14,6 @@ const FULL: &str = "viewtape_sse_pass_outcomes_total{outcome=\"full\"}";
 const BEHIND: &str = "viewtape_sse_pass_outcomes_total{outcome=\"behind\"}";
 /// Time a subscriber is given to read the tape, find nothing more, and park.
 const SETTLE: Duration = Duration::from_millis(300);
-
-/// Reads `stream` until the event at offset `last`, checking that offsets run exactly
-/// `after + 1 ..= last` and that each update carries the tick with `seq == offset`.
-async fn contiguous(stream: &mut EventStream, after: u64, last: u64) -> anyhow::Result<()> {
-    for expected in after + 1..=last {
-        let event = stream.next_event().await?;
-        ensure!(event.event == "update", "after {}: {event:?}", expected - 1);
-        let offset = cursor_offset(event.id.as_deref().unwrap_or(""))?;
-        ensure!(
-            offset == expected,
-            "expected offset {expected}, got {offset}"
-        );
-        ensure!(event_seq(&event.json()?)? == offset, "{event:?}");
-    }
-    Ok(())
-}
 
 /// `n` streams of the whole tape, each past the first event (offset 1).
 async fn followers(server: &Server, n: usize) -> anyhow::Result<Vec<EventStream>> {
@@ -53,7 +37,7 @@ async fn all_contiguous(
         .into_iter()
         .map(|mut stream| {
             tokio::spawn(async move {
-                contiguous(&mut stream, after, last).await?;
+                expect::contiguous(&mut stream, after, last).await?;
                 anyhow::Ok(stream)
             })
         })
@@ -114,7 +98,7 @@ async fn a_subscriber_that_stalls_mid_pass_gets_the_rest_in_order_and_holds_no_o
 
     // The stalled client reads again: the rest of the chunk its socket did not take, then
     // everything after it.
-    contiguous(&mut stalled, 1, total).await?;
+    expect::contiguous(&mut stalled, 1, total).await?;
     stalled.expect_silence(Duration::from_millis(200)).await
 }
 

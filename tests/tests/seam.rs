@@ -15,24 +15,6 @@ const PUBLISH_FOR: Duration = Duration::from_secs(3);
 const MAX_BATCHES: u64 = 2_000;
 const CLIENTS: usize = 8;
 
-/// Reads `stream` until the event at offset `last`, checking that offsets run exactly
-/// `after + 1 ..= last` and that each update carries the tick with `seq == offset`.
-async fn contiguous(stream: &mut EventStream, after: u64, last: u64) -> anyhow::Result<()> {
-    let mut expected = after + 1;
-    while expected <= last {
-        let event = stream.next_event().await?;
-        ensure!(event.event == "update", "after {}: {event:?}", expected - 1);
-        let offset = cursor_offset(event.id.as_deref().unwrap_or(""))?;
-        ensure!(
-            offset == expected,
-            "expected offset {expected}, got {offset} (dup or loss at the seam)"
-        );
-        ensure!(event_seq(&event.json()?)? == offset, "{event:?}");
-        expected += 1;
-    }
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_connecting_while_publishing_see_no_dup_and_no_loss() -> anyhow::Result<()> {
     let server = Arc::new(Server::start(&[]).await?);
@@ -91,7 +73,7 @@ async fn clients_connecting_while_publishing_see_no_dup_and_no_loss() -> anyhow:
                 (stream, cursor_offset(&cursor)?)
             };
             let last = wait_last(&mut last_rx).await?;
-            contiguous(&mut stream, after, last).await?;
+            expect::contiguous(&mut stream, after, last).await?;
             stream.expect_silence(Duration::from_millis(200)).await?;
             anyhow::Ok(())
         }));
@@ -187,7 +169,7 @@ async fn a_slow_consumer_does_not_stall_a_fast_one() -> anyhow::Result<()> {
     let started = Instant::now();
     let total = 1 + BATCHES * PER_BATCH as u64;
     let reader = tokio::spawn(async move {
-        contiguous(&mut fast, 1, total).await?;
+        expect::contiguous(&mut fast, 1, total).await?;
         anyhow::Ok(started.elapsed())
     });
     for _ in 0..BATCHES {
@@ -206,5 +188,5 @@ async fn a_slow_consumer_does_not_stall_a_fast_one() -> anyhow::Result<()> {
         return Ok(());
     }
     expect::update(&first, 1, "ACME", 1)?;
-    contiguous(&mut slow, 1, total).await
+    expect::contiguous(&mut slow, 1, total).await
 }

@@ -275,10 +275,10 @@ impl Pass {
                 Ok(frames) => frames,
                 Err(_) => return Due::Wake,
             };
-        let len: usize = frames.iter().map(|frame| frame.len()).sum();
         if frames.is_empty() {
             return Due::Nothing;
         }
+        let len: usize = frames.iter().map(|frame| frame.len()).sum();
         if frames.len() == MAX_FRAMES_PER_CHUNK
             || len > MAX_CHUNK_BYTES
             || frames.iter().any(|frame| frame.len() >= SHARED_FRAME_BYTES)
