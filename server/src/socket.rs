@@ -3,8 +3,8 @@
 //!
 //! An SSE stream served by the lean HTTP/1.1 transport is written by its own task (the
 //! response head, chunks the subscriber builds, the last chunk) and, while the subscriber is
-//! parked at the head of its view's tape, by the view's pass (see [`crate::sse`]). Never both at
-//! once: the pass writes only while the subscriber is parked, and the subscriber unparks before
+//! parked at the head of its view's tape, by one of the view's fan-out passes. Never both at
+//! once: a pass writes only while the subscriber is parked, and the subscriber unparks before
 //! anything else is written. So the socket is shared ([`SharedTcp`]) and every writer frames its
 //! bytes the same way ([`chunk_head`]).
 

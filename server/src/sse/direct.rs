@@ -64,6 +64,9 @@ struct Registry {
 /// One parked subscriber, shared by its task and the pass.
 #[derive(Debug)]
 pub(super) struct Parked {
+    /// The pass it joined, and its key there.
+    pass: Arc<Pass>,
+    id: u64,
     socket: SharedTcp,
     slot: Mutex<Slot>,
     /// Wakes the subscriber's task.
@@ -84,17 +87,14 @@ pub(super) struct Slot {
 }
 
 /// A subscriber's place among the parked: held by its task, given back by [`Pass::leave`].
+/// One pointer, as every subscriber holds one while it waits.
 #[derive(Debug)]
-pub(super) struct Place {
-    pass: Arc<Pass>,
-    id: u64,
-    parked: Arc<Parked>,
-}
+pub(super) struct Place(Arc<Parked>);
 
 impl Place {
     /// Resolves when the pass wakes the subscriber.
     pub(super) async fn woken(&self) {
-        self.parked.woken.notified().await;
+        self.0.woken.notified().await;
     }
 }
 
@@ -144,6 +144,8 @@ impl Pass {
         let id = registry.next;
         registry.next += 1;
         let parked = Arc::new(Parked {
+            pass: Arc::clone(self),
+            id,
             socket: socket.clone(),
             slot: Mutex::new(Slot {
                 cursor,
@@ -159,17 +161,13 @@ impl Pass {
             let span = tracing::debug_span!("fanout_pass", view = self.view.name());
             tokio::spawn(Arc::clone(self).run(ticks).instrument(span));
         }
-        Some(Place {
-            pass: Arc::clone(self),
-            id,
-            parked,
-        })
+        Some(Place(parked))
     }
 
     /// Takes a subscriber out: the pass writes nothing more to it. Returns where it stands.
-    pub(super) fn leave(place: Place) -> Slot {
-        place.pass.lock().parked.remove(&place.id);
-        let mut slot = lock_slot(&place.parked);
+    pub(super) fn leave(Place(parked): Place) -> Slot {
+        parked.pass.lock().parked.remove(&parked.id);
+        let mut slot = lock_slot(&parked);
         slot.woken = true;
         Slot {
             cursor: slot.cursor,
@@ -344,13 +342,18 @@ impl Subscriber {
         };
         let mut socket = socket.clone();
         let timeout = self.streams.write_timeout;
-        // Boxed: rare, and an inline write would grow every subscriber's future, idle ones too.
-        let mut parts = [IoSlice::new(&rest)];
-        let written = Box::pin(write_all(&mut socket, &mut parts, timeout));
+        // Boxed, with all it holds: rare, and an inline write would grow every subscriber's
+        // future, idle ones too.
+        let written = Box::pin(async move {
+            let written = write_all(&mut socket, &mut [IoSlice::new(&rest)], timeout).await;
+            if written.is_err() {
+                // Half a chunk is out: nothing more may follow it on this connection.
+                socket.shut_writes();
+            }
+            written
+        });
         if let Err(error) = written.await {
             tracing::debug!(%error, "writing the rest of a chunk failed; the stream ends");
-            // Half a chunk is out: nothing more may follow it on this connection.
-            socket.shut_writes();
             self.phase = Phase::Done;
         }
     }

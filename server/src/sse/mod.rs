@@ -269,7 +269,8 @@ pub struct Subscriber {
     sent_at: tokio::time::Instant,
     /// `?until=head`: the view's window at open; the stream ends once it has delivered
     /// everything before its `next`.
-    until: Option<viewtape_journal::ReplayWindow>,
+    /// Boxed: few streams have one, and every stream's future carries the field.
+    until: Option<Box<viewtape_journal::ReplayWindow>>,
     /// The socket of a stream the lean transport serves over plain TCP: the view's pass may
     /// write to it while the subscriber is parked.
     direct: Option<SharedTcp>,

@@ -64,7 +64,9 @@ impl Subscriber {
     /// event for a cursor or the tape. A reset to another epoch ends it after that state.
     #[must_use]
     pub fn until_head(mut self) -> Self {
-        self.until = Some(self.streams.hub.journal().window_now(self.view.name()));
+        self.until = Some(Box::new(
+            self.streams.hub.journal().window_now(self.view.name()),
+        ));
         self
     }
 

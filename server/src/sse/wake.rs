@@ -4,9 +4,9 @@
 use std::pin::Pin;
 
 use bytes::Bytes;
+use futures_util::future::{Either, FutureExt};
 use tokio::sync::{broadcast, watch};
 use tokio::time::Sleep;
-use viewtape_journal::CompactString;
 
 use super::direct::Place;
 use super::{Phase, Subscriber};
@@ -20,8 +20,10 @@ enum Woke {
     Look,
     /// The view, the journal or the server is going away.
     Closed,
-    /// A cursorless frame.
-    Live(Result<(CompactString, Bytes), broadcast::error::RecvError>),
+    /// A cursorless frame of one of its keys.
+    Live(Bytes),
+    /// It fell too far behind the cursorless frames.
+    Lagged,
     /// The heartbeat's timer.
     Heartbeat,
 }
@@ -44,7 +46,12 @@ impl Subscriber {
                 Ok(()) => Woke::Look,
                 Err(_) => Woke::Closed,
             },
-            received = self.live.recv() => Woke::Live(received),
+            received = self.live.recv() => match received {
+                Ok((key, frame)) if self.narrow.keeps(&key) => Woke::Live(frame),
+                Ok(_) => Woke::Look,
+                Err(broadcast::error::RecvError::Lagged(_)) => Woke::Lagged,
+                Err(broadcast::error::RecvError::Closed) => Woke::Closed,
+            },
             () = self.heartbeat.as_mut() => Woke::Heartbeat,
             () = fired(&mut self.expiry) => Woke::Look,
         };
@@ -56,17 +63,12 @@ impl Subscriber {
                 self.phase = Phase::Done;
                 None
             }
-            Woke::Live(Ok((key, frame))) if self.narrow.keeps(&key) => {
+            Woke::Live(frame) => {
                 self.streams.metrics.delivered.inc();
                 Some(frame)
             }
-            Woke::Live(Ok(_)) => None,
-            Woke::Live(Err(broadcast::error::RecvError::Lagged(_))) => {
+            Woke::Lagged => {
                 self.reset(ResetReason::Lagged);
-                None
-            }
-            Woke::Live(Err(broadcast::error::RecvError::Closed)) => {
-                self.phase = Phase::Done;
                 None
             }
             Woke::Heartbeat => {
@@ -85,14 +87,14 @@ impl Subscriber {
 }
 
 /// Resolves at the next wake-up: from the view's pass while parked, else from `wake`; `true`
-/// when the view is gone.
-async fn changed(wake: &mut Wake, place: Option<&Place>) -> bool {
+/// when the view is gone. No future of its own: it is one of the two it picks.
+fn changed<'a>(
+    wake: &'a mut Wake,
+    place: Option<&'a Place>,
+) -> impl std::future::Future<Output = bool> + 'a {
     match place {
-        Some(place) => {
-            place.woken().await;
-            false
-        }
-        None => wake.changed().await,
+        Some(place) => Either::Left(place.woken().map(|()| false)),
+        None => Either::Right(wake.changed()),
     }
 }
 
