@@ -45,6 +45,24 @@ impl SharedTcp {
     }
 }
 
+impl SharedTcp {
+    /// Sends with `send` once the socket is writable; a `WouldBlock` clears the readiness and
+    /// waits again.
+    fn poll_send(
+        &self,
+        cx: &mut Context<'_>,
+        send: impl Fn(&TcpStream) -> std::io::Result<usize>,
+    ) -> Poll<std::io::Result<usize>> {
+        loop {
+            ready!(self.0.poll_write_ready(cx))?;
+            match send(&self.0) {
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+                written => return Poll::Ready(written),
+            }
+        }
+    }
+}
+
 impl AsyncRead for SharedTcp {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -72,13 +90,7 @@ impl AsyncWrite for SharedTcp {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        loop {
-            ready!(self.0.poll_write_ready(cx))?;
-            match self.0.try_write(data) {
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
-                written => return Poll::Ready(written),
-            }
-        }
+        self.poll_send(cx, |socket| socket.try_write(data))
     }
 
     fn poll_write_vectored(
@@ -86,13 +98,7 @@ impl AsyncWrite for SharedTcp {
         cx: &mut Context<'_>,
         data: &[IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        loop {
-            ready!(self.0.poll_write_ready(cx))?;
-            match self.0.try_write_vectored(data) {
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
-                written => return Poll::Ready(written),
-            }
-        }
+        self.poll_send(cx, |socket| socket.try_write_vectored(data))
     }
 
     fn is_write_vectored(&self) -> bool {
