@@ -1,7 +1,8 @@
 //! Runtime benchmarks. `cargo bench -p viewtape-server --bench runtimes`.
 //!
 //! - `ticker_end_to_end`: 100-byte NDJSON ticks, batches of 1,000, through `RuntimeHandle`
-//!   (queue, guest parse + publish, save, decode, journal append with an SSE frame).
+//!   (queue, guest parse + publish, save, decode, journal append with an SSE frame); and the
+//!   guest alone (`GuestInstance::on_batch`) on the durable benchmark's 45-byte ticks.
 //! - `publish_path`: the same path with a guest that does almost no parsing (`misbehave`'s
 //!   `publish` command), to isolate the cost per published event.
 //! - `instantiate`: `GuestInstance::new` from the `InstancePre` (Store, instance, `init` call),
@@ -78,6 +79,16 @@ fn ticks(first_seq: u64) -> Bytes {
     Bytes::from(out)
 }
 
+/// 1,000 ticks as the durable benchmark sends them, seq continuing from `first_seq`.
+fn short_ticks(first_seq: u64) -> Bytes {
+    let mut out = String::with_capacity(BATCH * 48);
+    for seq in first_seq..first_seq + BATCH as u64 {
+        let price = (seq % 10_000) as f64 / 4.0 + 1.0;
+        let _ = writeln!(out, "{{\"symbol\":\"P3\",\"price\":{price},\"seq\":{seq}}}");
+    }
+    Bytes::from(out)
+}
+
 fn tokio_rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -92,7 +103,7 @@ fn ticker_end_to_end(c: &mut Criterion) {
     let journal = Arc::new(EventJournal::new(JournalConfig::default()));
     let handle = rt
         .block_on(RuntimeHandle::spawn(
-            module,
+            module.clone(),
             RuntimeConfig::new("ticker", ["prices"]),
             None,
             journal,
@@ -115,6 +126,32 @@ fn ticker_end_to_end(c: &mut Criterion) {
                 let summary = rt.block_on(handle.ingest(input, None)).expect("ingest");
                 total += start.elapsed();
                 debug_assert_eq!(summary.receipt.events.get("prices"), Some(&(BATCH as u64)));
+            }
+            total
+        })
+    });
+    // The guest alone on the durable bench's ticks (`{"symbol":"P3","price":…,"seq":…}`, ~45
+    // bytes, already normalized): parse, check `seq`, write the payload, hand the buffer over.
+    let mut instance = rt
+        .block_on(GuestInstance::new(
+            &module,
+            "bench",
+            &Limits::default(),
+            b"",
+            None,
+        ))
+        .expect("instance");
+    let mut seq = 1;
+    g.bench_function("guest_only_1000x45B", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let input = short_ticks(seq);
+                seq += BATCH as u64;
+                let start = Instant::now();
+                let batch = rt.block_on(instance.on_batch(&input)).expect("batch");
+                total += start.elapsed();
+                debug_assert_eq!(batch.events.len(), BATCH);
             }
             total
         })

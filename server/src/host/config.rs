@@ -13,7 +13,7 @@ pub struct Limits {
     /// state always passes or always fails, which a replay relies on. Default 500 million.
     pub fuel: u64,
     /// Wall time one call may take: a backstop for what fuel does not count (host calls, a
-    /// starved machine). Hitting it is a fault of the server, not a verdict on the batch.
+    /// starved machine), checked each time a running guest yields. Hitting it is a fault of the server, not a verdict on the batch.
     /// Default 1 s.
     pub batch_timeout: Duration,
     /// Largest batch of input, in bytes; bigger batches are refused before the guest sees
@@ -49,9 +49,6 @@ pub struct EngineConfig {
     pub pooled_instances: u32,
     /// Largest linear memory any runtime may be given (the pool's slot size). Default 64 MiB.
     pub max_memory_bytes: usize,
-    /// Period of the epoch ticker: the granularity of time limits, and how often a running
-    /// guest yields to other tasks. Default 5 ms.
-    pub epoch_tick: Duration,
 }
 
 impl Default for EngineConfig {
@@ -59,7 +56,6 @@ impl Default for EngineConfig {
         Self {
             pooled_instances: 64,
             max_memory_bytes: 64 << 20,
-            epoch_tick: Duration::from_millis(5),
         }
     }
 }

@@ -1,7 +1,6 @@
-//! The shared wasmtime engine, its linker with the ABI's host functions, and the epoch ticker.
+//! The shared wasmtime engine and its linker with the ABI's host functions.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use viewtape_guest::abi;
@@ -16,10 +15,6 @@ use super::{EngineConfig, LoadError};
 const MAX_MESSAGE_BYTES: usize = 4096;
 
 /// The engine every guest of the server runs on. Cheap to clone.
-///
-/// Creating it starts one `std::thread` (not a tokio task, so a busy executor cannot starve
-/// it) that increments the engine's epoch every [`EngineConfig::epoch_tick`]; the thread ends
-/// by itself once the last clone is dropped.
 #[derive(Clone)]
 pub struct GuestEngine {
     inner: Arc<Inner>,
@@ -59,7 +54,6 @@ impl GuestEngine {
             },
         };
         let linker = linker(&engine).map_err(|e| LoadError::Engine(e.into_boxed_dyn_error()))?;
-        spawn_ticker(&engine, config.epoch_tick);
         Ok(Self {
             inner: Arc::new(Inner {
                 engine,
@@ -93,10 +87,11 @@ impl GuestEngine {
 fn build(config: &EngineConfig, pooled: bool) -> Result<Engine, LoadError> {
     let mut c = Config::new();
     c.cranelift_opt_level(OptLevel::Speed)
-        .epoch_interruption(true)
         // Determinism: a replay of the same input on the same state must produce the same
         // output. Fuel makes the CPU limit a count, not a time; NaNs get one bit pattern
-        // whatever the hardware; relaxed SIMD behaves the same on every machine.
+        // whatever the hardware; relaxed SIMD behaves the same on every machine. Fuel is also
+        // what makes a running guest yield (see `instance.rs`): one count instrumented into the
+        // guest's code, not two (epoch interruption would add its own check to every loop).
         .consume_fuel(true)
         .cranelift_nan_canonicalization(true)
         .relaxed_simd_deterministic(true)
@@ -118,24 +113,6 @@ fn build(config: &EngineConfig, pooled: bool) -> Result<Engine, LoadError> {
     Engine::new(&c).map_err(|e| LoadError::Engine(e.into_boxed_dyn_error()))
 }
 
-fn spawn_ticker(engine: &Engine, tick: Duration) {
-    let weak = engine.weak();
-    let spawned = std::thread::Builder::new()
-        .name("viewtape-epoch".into())
-        .spawn(move || loop {
-            std::thread::sleep(tick);
-            match weak.upgrade() {
-                Some(engine) => engine.increment_epoch(),
-                None => break,
-            }
-        });
-    if let Err(err) = spawned {
-        // Without a ticker no guest can be interrupted; deadlines then rely on the tokio
-        // timeout around each call (see `instance.rs`), which still cancels the call.
-        tracing::error!(error = %err, "failed to start the epoch ticker thread");
-    }
-}
-
 /// The data of every guest `Store`.
 pub(crate) struct HostState {
     pub(crate) runtime: Arc<str>,
@@ -146,8 +123,6 @@ pub(crate) struct HostState {
     pub(crate) reply: Option<Bytes>,
     /// What the guest reported with `error` during the current call.
     pub(crate) error: Option<String>,
-    /// When the current call must stop.
-    pub(crate) deadline: Instant,
 }
 
 /// The memory limiter; remembers that it refused growth, so the failure that follows (a Rust

@@ -1,19 +1,19 @@
 //! One running guest: a `Store` and its instance.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use viewtape_guest::abi;
-use wasmtime::{Store, Trap, TypedFunc, UpdateDeadline, WasmParams};
+use wasmtime::{Store, Trap, TypedFunc, WasmParams};
 
 use super::batch::{decode, ViewNames};
 use super::engine::{HostState, Limiter};
 use super::{GuestBatch, GuestError, GuestModule, Limits};
 
-/// Slack on top of [`Limits::batch_timeout`] before the tokio timeout cancels a call that the
-/// epoch deadline did not stop (it cannot stop a guest blocked in a host call).
-const CANCEL_GRACE: Duration = Duration::from_millis(250);
+/// Fuel between two yields of a running guest to tokio: about a millisecond of guest code (see
+/// [`super::DEFAULT_FUEL`]). A yield is where other tasks of its thread get to run and where
+/// [`Limits::batch_timeout`] can stop the call.
+const YIELD_FUEL: u64 = 5_000_000;
 
 /// A running guest. Owned by one task; every method takes `&mut self`.
 ///
@@ -73,24 +73,15 @@ impl GuestInstance {
                 memory: None,
                 reply: None,
                 error: None,
-                deadline: Instant::now(),
             },
         );
         store.limiter(|s| &mut s.limiter);
         store
             .set_fuel(limits.fuel)
             .map_err(|e| GuestError::Instantiate(e.into_boxed_dyn_error()))?;
-        store.epoch_deadline_callback(|ctx| {
-            if Instant::now() >= ctx.data().deadline {
-                Ok(UpdateDeadline::Interrupt)
-            } else {
-                Ok(UpdateDeadline::YieldCustom(
-                    1,
-                    Box::pin(tokio::task::yield_now()),
-                ))
-            }
-        });
-        store.set_epoch_deadline(1);
+        store
+            .fuel_async_yield_interval(Some(YIELD_FUEL))
+            .map_err(|e| GuestError::Instantiate(e.into_boxed_dyn_error()))?;
         let instance = module
             .pre()
             .instantiate_async(&mut store)
@@ -269,14 +260,10 @@ impl GuestInstance {
         let data = self.store.data_mut();
         data.error = None;
         data.reply = None;
-        data.deadline = Instant::now() + limit;
-        self.store.set_epoch_deadline(1);
         self.store
             .set_fuel(self.limits.fuel)
             .map_err(|e| GuestError::Instantiate(e.into_boxed_dyn_error()))?;
-        match tokio::time::timeout(limit + CANCEL_GRACE, f.call_async(&mut self.store, params))
-            .await
-        {
+        match tokio::time::timeout(limit, f.call_async(&mut self.store, params)).await {
             Err(_elapsed) => Err(GuestError::Timeout { limit }),
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => Err(classify(err, &mut self.store, &self.limits)),
@@ -301,9 +288,6 @@ fn classify(err: wasmtime::Error, store: &mut Store<HostState>, limits: &Limits)
         };
     }
     match err.downcast_ref::<Trap>() {
-        Some(Trap::Interrupt) => GuestError::Timeout {
-            limit: limits.batch_timeout,
-        },
         Some(Trap::OutOfFuel) => GuestError::FuelExhausted { fuel: limits.fuel },
         Some(trap) => GuestError::Trap {
             trap: trap.to_string(),

@@ -3,8 +3,8 @@
 //!
 //! ## Why the types are split
 //!
-//! - [`GuestEngine`] — one per server: the wasmtime `Engine` (epoch interruption, pooling
-//!   allocator), the `Linker` with the ABI's host functions, and the epoch ticker thread.
+//! - [`GuestEngine`] — one per server: the wasmtime `Engine` (fuel, pooling allocator) and the
+//!   `Linker` with the ABI's host functions.
 //! - [`GuestModule`] — one per guest binary: compiled once, checked once (ABI version, exports),
 //!   pre-linked into an `InstancePre` so instantiating is cheap. Cheap to clone.
 //! - [`GuestInstance`] — one per running runtime: a `Store` and its instance, owned by exactly
@@ -12,10 +12,10 @@
 //!
 //! ## Limits
 //!
-//! Every instance runs under [`Limits`]: linear memory (through a `ResourceLimiter`), wall time
-//! per call (through epoch interruption: the engine's ticker bumps the epoch every
-//! [`EngineConfig::epoch_tick`]; at each tick a running guest yields to tokio, and traps once its
-//! deadline has passed), batch size (checked before the guest sees the batch) and event payload
+//! Every instance runs under [`Limits`]: linear memory (through a `ResourceLimiter`), CPU per
+//! call (fuel, counted: the same call on the same state always passes or always fails), wall
+//! time per call (a running guest yields to tokio every few million units of fuel, and a call
+//! past its deadline is cancelled at its next yield), batch size (checked before the guest sees the batch) and event payload
 //! size (checked on the guest's output). Each failure is a typed [`GuestError`] naming the
 //! cause.
 //!

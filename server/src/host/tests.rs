@@ -1,6 +1,7 @@
 //! Host tests with the real compiled guests (`guests.rs`) and small WAT modules.
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::*;
@@ -233,6 +234,37 @@ async fn the_wall_clock_backstop_still_stops_a_guest_with_a_huge_budget() {
     assert!(
         took >= Duration::from_millis(200) && took < Duration::from_millis(450),
         "{took:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_running_guest_yields_to_the_other_tasks_of_its_thread() {
+    // `tokio::test` runs on one thread: the counting task below gets to run while the guest
+    // loops only when the guest yields.
+    let limits = Limits {
+        fuel: u64::MAX,
+        batch_timeout: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let mut g = instance(misbehave(), limits).await;
+    let ticks = Arc::new(AtomicU64::new(0));
+    let counter = tokio::spawn({
+        let ticks = Arc::clone(&ticks);
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                ticks.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    tokio::task::yield_now().await;
+    let err = g.on_batch(b"loop").await.unwrap_err();
+    counter.abort();
+    assert!(matches!(err, GuestError::Timeout { .. }), "{err}");
+    let ticks = ticks.load(Ordering::Relaxed);
+    assert!(
+        ticks >= 10,
+        "the other task ran {ticks} times in 300 ms of guest"
     );
 }
 
