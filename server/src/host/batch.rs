@@ -17,7 +17,7 @@ pub enum EventKind {
 }
 
 /// One event a guest emitted.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct GuestEvent {
     /// The view, validated (1–128 bytes of `[A-Za-z0-9._-]`) and interned per runtime.
     pub view: Arc<str>,
@@ -28,28 +28,59 @@ pub struct GuestEvent {
     /// The payload: a zero-copy slice of the batch's output buffer. Empty for deletes.
     pub payload: Bytes,
     /// Whether the payload is JSON text (an update's that is not is published as a JSON string
-    /// of its text). Decided here, where batches run side by side, not where they commit in
-    /// turn.
-    json: bool,
+    /// of its text); `None` until [`GuestEvent::settle_json`]. Settled where batches run side
+    /// by side, not where they commit in turn.
+    json: Option<bool>,
 }
+
+/// Equal events are the same data; whether the JSON verdict was taken yet does not count.
+impl PartialEq for GuestEvent {
+    fn eq(&self, other: &Self) -> bool {
+        self.view == other.view
+            && self.key == other.key
+            && self.kind == other.kind
+            && self.payload == other.payload
+    }
+}
+
+impl Eq for GuestEvent {}
 
 impl GuestEvent {
     /// An event; an update's payload is checked for being JSON.
     pub fn new(view: Arc<str>, key: String, kind: EventKind, payload: Bytes) -> Self {
-        let json = kind == EventKind::Update
-            && serde_json::from_slice::<serde::de::IgnoredAny>(&payload).is_ok();
+        let mut event = Self::unsettled(view, key, kind, payload);
+        event.settle_json(false);
+        event
+    }
+
+    /// An event whose JSON verdict is left to whoever checks it next (see
+    /// [`GuestEvent::settle_json`]): a typed view's schema check parses the payload anyway.
+    pub(crate) fn unsettled(view: Arc<str>, key: String, kind: EventKind, payload: Bytes) -> Self {
         Self {
             view,
             key,
             kind,
             payload,
-            json,
+            json: None,
+        }
+    }
+
+    /// Takes the JSON verdict if it is not taken yet: `known` says a check that parsed the
+    /// payload as JSON has passed (a typed view's schema); otherwise the payload is parsed here.
+    pub fn settle_json(&mut self, known: bool) {
+        if self.json.is_none() {
+            self.json = Some(known || self.looks_json());
         }
     }
 
     /// Whether the payload is JSON text.
     pub fn is_json(&self) -> bool {
-        self.json
+        self.json.unwrap_or_else(|| self.looks_json())
+    }
+
+    fn looks_json(&self) -> bool {
+        self.kind == EventKind::Update
+            && serde_json::from_slice::<serde::de::IgnoredAny>(&self.payload).is_ok()
     }
 }
 
@@ -155,7 +186,9 @@ pub(crate) fn decode(
                 } else {
                     (EventKind::Delete, Bytes::new())
                 };
-                batch.events.push(GuestEvent::new(view, key, kind, payload));
+                batch
+                    .events
+                    .push(GuestEvent::unsettled(view, key, kind, payload));
             }
             abi::TAG_GAP => {
                 let reason = r.text("gap reason")?;

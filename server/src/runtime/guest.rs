@@ -271,11 +271,11 @@ pub enum Fit {
 }
 
 /// `batch`, if it publishes only to `views` (what its runtime declares; `None`: anywhere) and
-/// every update fits its view's schema.
+/// every update fits its view's schema, with every event's JSON verdict settled.
 fn typed(
     views: Option<&[String]>,
     schemas: Option<&ViewSchemas>,
-    batch: GuestBatch,
+    mut batch: GuestBatch,
 ) -> Result<GuestBatch, GuestError> {
     if let Some(views) = views {
         if let Some(event) = batch
@@ -289,10 +289,64 @@ fn typed(
             });
         }
     }
-    if let Some(schemas) = schemas.filter(|schemas| !schemas.is_empty()) {
-        for event in batch.events.iter().filter(|e| e.kind == EventKind::Update) {
-            schemas.check(&event.view, &event.key, &event.payload)?;
+    let schemas = schemas.filter(|schemas| !schemas.is_empty());
+    for event in &mut batch.events {
+        let schema = schemas
+            .filter(|_| event.kind == EventKind::Update)
+            .and_then(|schemas| schemas.get(&event.view));
+        if let Some(schema) = schema {
+            schema.check(&event.view, &event.key, &event.payload)?;
         }
+        // A value that fitted its schema was parsed as JSON by the check: no second parse.
+        event.settle_json(schema.is_some());
     }
     Ok(batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use crate::host::GuestEvent;
+
+    use super::*;
+
+    fn update(view: &str, payload: &'static [u8]) -> GuestEvent {
+        GuestEvent::unsettled(
+            Arc::from(view),
+            "k".into(),
+            EventKind::Update,
+            Bytes::from_static(payload),
+        )
+    }
+
+    #[test]
+    fn every_event_leaves_with_its_json_verdict() {
+        let declaration =
+            serde_json::to_vec(&serde_json::json!({"schemas": {"typed": {"type": "object"}}}))
+                .unwrap();
+        let schemas = ViewSchemas::declared(Some(&declaration), &BTreeMap::new(), None).unwrap();
+        let batch = || {
+            GuestBatch::of_events(vec![
+                update("typed", br#"{"a":1}"#),
+                update("plain", br#"{"a":1}"#),
+                update("plain", b"not json"),
+            ])
+        };
+        for schemas in [Some(&schemas), None] {
+            let checked = typed(None, schemas, batch()).unwrap();
+            let verdicts: Vec<bool> = checked.events.iter().map(GuestEvent::is_json).collect();
+            assert_eq!(
+                verdicts,
+                [true, true, false],
+                "schemas: {}",
+                schemas.is_some()
+            );
+        }
+        let refused = GuestBatch::of_events(vec![update("typed", b"not json")]);
+        assert!(matches!(
+            typed(None, Some(&schemas), refused),
+            Err(GuestError::SchemaViolation(_))
+        ));
+    }
 }

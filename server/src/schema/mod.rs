@@ -150,17 +150,6 @@ impl ViewSchemas {
         self.views.is_empty()
     }
 
-    /// Checks an update of `key` in `view` (untyped views take anything).
-    ///
-    /// # Errors
-    /// The [`Violation`], if the value does not fit.
-    pub fn check(&self, view: &str, key: &str, payload: &[u8]) -> Result<(), Violation> {
-        match self.views.get(view) {
-            Some(schema) => schema.check(view, key, payload),
-            None => Ok(()),
-        }
-    }
-
     /// A CRC-32C of `configured` folded into `crc` (a runtime's guest config's): nodes of a
     /// cluster must agree on both.
     pub fn fold_crc(crc: u32, configured: &BTreeMap<String, Arc<ViewSchema>>) -> u32 {
@@ -284,15 +273,17 @@ mod tests {
             serde_json::to_vec(&json!({"schemas": {"prices": price()}, "later": 1})).unwrap();
         let schemas =
             ViewSchemas::declared(Some(&declaration), &BTreeMap::new(), Some(&views)).unwrap();
-        assert!(schemas.check("prices", "A", br#"{"price": "x"}"#).is_err());
-        assert!(schemas.check("other", "A", b"anything").is_ok());
+        let prices = schemas.get("prices").unwrap();
+        assert!(prices.check("prices", "A", br#"{"price": "x"}"#).is_err());
+        assert!(schemas.get("other").is_none(), "untyped");
 
         let configured = BTreeMap::from([(
             "prices".to_owned(),
             Arc::new(ViewSchema::new("prices", json!({"type": "string"})).unwrap()),
         )]);
         let schemas = ViewSchemas::declared(Some(&declaration), &configured, Some(&views)).unwrap();
-        assert!(schemas.check("prices", "A", br#""text""#).is_ok());
+        let prices = schemas.get("prices").unwrap();
+        assert!(prices.check("prices", "A", br#""text""#).is_ok());
 
         for bad in [&b"[1]"[..], b"{\"schemas\": {\"prices\": {\"type\": 7}}}"] {
             assert!(ViewSchemas::declared(Some(bad), &BTreeMap::new(), Some(&views)).is_err());
