@@ -89,6 +89,37 @@ fn short_ticks(first_seq: u64) -> Bytes {
     Bytes::from(out)
 }
 
+/// Runs `run` on `iters` fresh batches from `make` (ticks continuing from `seq`), timing only
+/// `run`.
+fn timed(
+    iters: u64,
+    seq: &mut u64,
+    make: fn(u64) -> Bytes,
+    mut run: impl FnMut(Bytes),
+) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let input = make(*seq);
+        *seq += BATCH as u64;
+        let start = Instant::now();
+        run(input);
+        total += start.elapsed();
+    }
+    total
+}
+
+/// A guest instance for the benchmarks: default limits, no state.
+fn bench_instance(rt: &tokio::runtime::Runtime, module: &GuestModule) -> GuestInstance {
+    rt.block_on(GuestInstance::new(
+        module,
+        "bench",
+        &Limits::default(),
+        b"",
+        None,
+    ))
+    .expect("instance")
+}
+
 fn tokio_rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -118,42 +149,22 @@ fn ticker_end_to_end(c: &mut Criterion) {
     g.throughput(Throughput::Elements(BATCH as u64));
     g.bench_function("batch_1000x100B", |b| {
         b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let input = ticks(seq);
-                seq += BATCH as u64;
-                let start = Instant::now();
+            timed(iters, &mut seq, ticks, |input| {
                 let summary = rt.block_on(handle.ingest(input, None)).expect("ingest");
-                total += start.elapsed();
                 debug_assert_eq!(summary.receipt.events.get("prices"), Some(&(BATCH as u64)));
-            }
-            total
+            })
         })
     });
     // The guest alone on the durable bench's ticks (`{"symbol":"P3","price":…,"seq":…}`, ~45
     // bytes, already normalized): parse, check `seq`, write the payload, hand the buffer over.
-    let mut instance = rt
-        .block_on(GuestInstance::new(
-            &module,
-            "bench",
-            &Limits::default(),
-            b"",
-            None,
-        ))
-        .expect("instance");
+    let mut instance = bench_instance(&rt, &module);
     let mut seq = 1;
     g.bench_function("guest_only_1000x45B", |b| {
         b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let input = short_ticks(seq);
-                seq += BATCH as u64;
-                let start = Instant::now();
+            timed(iters, &mut seq, short_ticks, |input| {
                 let batch = rt.block_on(instance.on_batch(&input)).expect("batch");
-                total += start.elapsed();
                 debug_assert_eq!(batch.events.len(), BATCH);
-            }
-            total
+            })
         })
     });
     g.finish();
@@ -175,15 +186,7 @@ fn publish_path(c: &mut Criterion) {
     let mut g = c.benchmark_group("publish_path");
     g.throughput(Throughput::Elements(BATCH as u64));
 
-    let mut instance = rt
-        .block_on(GuestInstance::new(
-            &module,
-            "bench",
-            &Limits::default(),
-            b"",
-            None,
-        ))
-        .expect("instance");
+    let mut instance = bench_instance(&rt, &module);
     g.bench_function("guest_and_decode", |b| {
         b.iter(|| rt.block_on(instance.on_batch(&input)).expect("batch"))
     });

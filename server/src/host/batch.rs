@@ -67,7 +67,7 @@ impl GuestEvent {
 
     /// Takes the JSON verdict if it is not taken yet: `known` says a check that parsed the
     /// payload as JSON has passed (a typed view's schema); otherwise the payload is parsed here.
-    pub fn settle_json(&mut self, known: bool) {
+    pub(crate) fn settle_json(&mut self, known: bool) {
         if self.json.is_none() {
             self.json = Some(known || self.looks_json());
         }

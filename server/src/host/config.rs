@@ -13,8 +13,8 @@ pub struct Limits {
     /// state always passes or always fails, which a replay relies on. Default 500 million.
     pub fuel: u64,
     /// Wall time one call may take: a backstop for what fuel does not count (host calls, a
-    /// starved machine), checked each time a running guest yields. Hitting it is a fault of the server, not a verdict on the batch.
-    /// Default 1 s.
+    /// starved machine), checked each time a running guest yields. Hitting it is a fault of the
+    /// server, not a verdict on the batch. Default 1 s.
     pub batch_timeout: Duration,
     /// Largest batch of input, in bytes; bigger batches are refused before the guest sees
     /// them. Default 4 MiB.

@@ -15,9 +15,9 @@
 //! Every instance runs under [`Limits`]: linear memory (through a `ResourceLimiter`), CPU per
 //! call (fuel, counted: the same call on the same state always passes or always fails), wall
 //! time per call (a running guest yields to tokio every few million units of fuel, and a call
-//! past its deadline is cancelled at its next yield), batch size (checked before the guest sees the batch) and event payload
-//! size (checked on the guest's output). Each failure is a typed [`GuestError`] naming the
-//! cause.
+//! past its deadline is cancelled at its next yield), batch size (checked before the guest sees
+//! the batch) and event payload size (checked on the guest's output). Each failure is a typed
+//! [`GuestError`] naming the cause.
 //!
 //! ## After a failure
 //!
