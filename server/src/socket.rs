@@ -43,9 +43,7 @@ impl SharedTcp {
         // Fails only when the socket is already gone.
         let _ = socket2::SockRef::from(&*self.0).shutdown(std::net::Shutdown::Write);
     }
-}
 
-impl SharedTcp {
     /// Sends with `send` once the socket is writable; a `WouldBlock` clears the readiness and
     /// waits again.
     fn poll_send(
