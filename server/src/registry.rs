@@ -14,10 +14,17 @@
 //! them stopped until the returned [`Cut`] is dropped. Inside it nothing commits, so the
 //! journal, the views and every guest's state agree. Every cut pauses in the same order, so two
 //! cuts never wait on each other's runtimes crosswise.
+//!
+//! A cluster's record can hold batches of several runtimes, applied by each at one position
+//! ([`Runtimes::hold_cuts`]): no cut starts while some have applied theirs and others not, and
+//! none at all once such a record was left half applied.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
 pub use crate::host::ModuleFingerprint;
 use crate::runtime::{IngestError, PauseGuard, RuntimeHandle, RuntimeSnapshot};
@@ -35,6 +42,32 @@ pub struct Registered {
 #[derive(Clone, Debug, Default)]
 pub struct Runtimes {
     by_name: BTreeMap<String, Registered>,
+    /// Held by a cut, and by whoever applies a record shared by several runtimes.
+    cuts: Arc<Mutex<Option<Torn>>>,
+}
+
+/// A record shared by several runtimes that was left half applied.
+#[derive(Clone, Debug)]
+struct Torn {
+    runtime: String,
+    reason: String,
+}
+
+/// Keeps cuts from starting while a record shared by several runtimes is applied
+/// ([`Runtimes::hold_cuts`]).
+#[derive(Debug)]
+pub struct CutsHeld(OwnedMutexGuard<Option<Torn>>);
+
+impl CutsHeld {
+    /// The record was left half applied: `runtime` could not apply its part, for `reason`.
+    /// No cut is taken from now on (it would hold some runtimes' part and not the others'),
+    /// and [`Runtimes::pause_all`] says why.
+    pub fn tear(&mut self, runtime: &str, reason: &str) {
+        *self.0 = Some(Torn {
+            runtime: runtime.to_owned(),
+            reason: reason.to_owned(),
+        });
+    }
 }
 
 impl Runtimes {
@@ -59,11 +92,25 @@ impl Runtimes {
         self.by_name.keys().map(String::as_str).collect()
     }
 
+    /// Keeps cuts from starting until the guard is dropped: held while applying a record of
+    /// several runtimes' batches at one position, so that a cut holds all of them or none.
+    pub async fn hold_cuts(&self) -> CutsHeld {
+        CutsHeld(Arc::clone(&self.cuts).lock_owned().await)
+    }
+
     /// Pauses every runtime between batches, in name order; see the module docs.
     ///
     /// # Errors
-    /// A runtime task has stopped; the runtimes paused so far are released.
+    /// A runtime task has stopped (the runtimes paused so far are released), or a record shared
+    /// by several runtimes was left half applied ([`CutsHeld::tear`]).
     pub async fn pause_all(&self) -> Result<Cut, IngestError> {
+        let held = self.hold_cuts().await;
+        if let Some(torn) = held.0.as_ref() {
+            return Err(IngestError::Shared {
+                runtime: torn.runtime.clone(),
+                reason: format!("no snapshot is cut: this node left a record of several runtimes half applied ({}); restart it, and it applies the record again from its last snapshot", torn.reason),
+            });
+        }
         let mut paused = Vec::with_capacity(self.by_name.len());
         for (name, registered) in &self.by_name {
             let (saved, guard) = registered.handle.pause().await?;
@@ -75,7 +122,10 @@ impl Runtimes {
                 guard,
             });
         }
-        Ok(Cut { paused })
+        Ok(Cut {
+            paused,
+            _held: held,
+        })
     }
 }
 
@@ -83,6 +133,7 @@ impl Runtimes {
 #[derive(Debug)]
 pub struct Cut {
     paused: Vec<Paused>,
+    _held: CutsHeld,
 }
 
 /// One runtime inside a [`Cut`].
@@ -171,5 +222,56 @@ impl ModuleStore {
     /// The store's directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use viewtape_journal::{EventJournal, JournalConfig};
+
+    use super::*;
+    use crate::host::{guests, EngineConfig, GuestEngine, GuestModule};
+    use crate::runtime::RuntimeConfig;
+
+    /// A cut waits while a shared record is applied, and none is taken once one was left half
+    /// applied.
+    #[tokio::test]
+    async fn cuts_wait_for_shared_records_and_stop_at_a_torn_one() {
+        let engine = GuestEngine::new(EngineConfig::default()).unwrap();
+        let module = GuestModule::new(&engine, guests::TICKER_WASM).unwrap();
+        let journal = Arc::new(EventJournal::new(JournalConfig::default()));
+        let hub = Arc::new(crate::hub::Hub::new(Arc::clone(&journal)));
+        let handle = RuntimeHandle::spawn(
+            module,
+            RuntimeConfig::new("demo", ["prices"]),
+            None,
+            journal,
+            hub,
+            Arc::default(),
+        )
+        .await
+        .unwrap();
+        let mut runtimes = Runtimes::default();
+        runtimes.insert(handle, ModuleFingerprint::of(guests::TICKER_WASM));
+
+        let held = runtimes.hold_cuts().await;
+        let cut = tokio::time::timeout(Duration::from_millis(200), runtimes.pause_all()).await;
+        assert!(cut.is_err(), "a cut waits while a shared record is applied");
+        drop(held);
+        let cut = runtimes.pause_all().await.unwrap();
+        assert_eq!(cut.runtimes().len(), 1);
+        drop(cut);
+
+        runtimes.hold_cuts().await.tear("demo", "the guest trapped");
+        match runtimes.pause_all().await {
+            Err(IngestError::Shared { runtime, reason }) => {
+                assert_eq!(runtime, "demo");
+                assert!(reason.contains("the guest trapped"), "{reason}");
+            }
+            other => panic!("a cut after a torn record: {other:?}"),
+        }
     }
 }

@@ -593,12 +593,13 @@ async fn a_file_source_runs_once_per_cluster_and_moves_on_from_its_checkpoint() 
     Ok(())
 }
 
-/// Config of the gathering test: `notes` alone, one record per key.
-const NOTES: &str = "[[runtime]]\nname = \"notes\"\nwasm = \"builtin:json\"\nviews = [\"notes\"]\n";
+/// Config of the gathering test: `notes` and `memos`, one record per key each.
+const NOTES: &str = "[[runtime]]\nname = \"notes\"\nwasm = \"builtin:json\"\nviews = [\"notes\"]\n\n[[runtime]]\nname = \"memos\"\nwasm = \"builtin:json\"\nviews = [\"memos\"]\n";
 
-/// Sends `note` to `notes` through `server`, as producer `id` with sequence `seq` if given.
+/// Sends `note` to `runtime` through `server`, as producer `id` with sequence `seq` if given.
 async fn note(
     server: &Server,
+    runtime: &str,
     producer: Option<(&str, u64)>,
     note: &str,
 ) -> anyhow::Result<Response> {
@@ -610,21 +611,22 @@ async fn note(
     viewtape_tests::http::request(
         server.addr(),
         "POST",
-        "/runtimes/notes/ingest",
+        &format!("/runtimes/{runtime}/ingest"),
         &headers,
         note.as_bytes(),
     )
     .await
 }
 
-/// Many producers at once through one node: the node gathers the batches that wait while a
-/// message is on its way into one message, and each batch is still judged alone — acked once,
-/// a producer's concurrent second copy a duplicate, a bad batch refused without costing its
-/// neighbours — with every node applying the same.
+/// Many producers of two runtimes at once through one node: the node gathers the batches that
+/// wait while a message is on its way into one message, both runtimes' alike, and each batch is
+/// still judged alone — acked once, a producer's concurrent second copy a duplicate, a bad batch
+/// refused without costing its neighbours — with every node applying the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_batches_share_stream_messages_and_are_judged_alone() -> anyhow::Result<()> {
     const PRODUCERS: u64 = 48;
     const SEQS: u64 = 4;
+    const RUNTIMES: [&str; 2] = ["notes", "memos"];
     let nats = NatsServer::start().await?;
     let config = viewtape_tests::server::config_file(NOTES)?;
     let path = config.path().display().to_string();
@@ -638,19 +640,24 @@ async fn concurrent_batches_share_stream_messages_and_are_judged_alone() -> anyh
         .as_u64()
         .context("stream_last")?;
 
-    let entry =
-        |p: u64, s: u64| format!("{{\"view\":\"notes\",\"key\":\"p{p}-{s}\",\"value\":{s}}}\n");
+    // Producer `p` writes to runtime `p % 2`, view of the same name.
+    let runtime = |p: u64| RUNTIMES[(p % 2) as usize];
+    let entry = |p: u64, s: u64| {
+        let view = runtime(p);
+        format!("{{\"view\":\"{view}\",\"key\":\"p{p}-{s}\",\"value\":{s}}}\n")
+    };
     let producer = |p: u64| {
         let (node, entry) = (&nodes[0], entry);
         async move {
             let id = format!("p{p}");
             let mut duplicates = 0;
+            let mut positions = Vec::new();
             for s in 0..SEQS {
                 let body = entry(p, s);
                 // The second batch goes twice at once: one of the copies is a duplicate.
                 let copies = if s == 1 { 2 } else { 1 };
                 let answers = futures_util::future::join_all(
-                    (0..copies).map(|_| note(node, Some((&id, s)), &body)),
+                    (0..copies).map(|_| note(node, runtime(p), Some((&id, s)), &body)),
                 )
                 .await;
                 for answer in answers {
@@ -658,27 +665,41 @@ async fn concurrent_batches_share_stream_messages_and_are_judged_alone() -> anyh
                     ensure!(answer.status() == 200, "p{p} seq {s}: {}", answer.text());
                     if answer.header("producer-duplicate") == Some("true") {
                         duplicates += 1;
+                    } else {
+                        let position = answer.json()?["position"].as_u64();
+                        positions.push(position.context("a receipt's position")?);
                     }
                 }
             }
-            anyhow::Ok(duplicates)
+            anyhow::Ok((duplicates, positions))
         }
     };
     let bad = async {
         tokio::time::sleep(Duration::from_millis(5)).await;
-        note(&nodes[0], None, "{\"view\":7}\n").await
+        note(&nodes[0], "notes", None, "{\"view\":7}\n").await
     };
     let (answers, bad) = tokio::join!(
         futures_util::future::join_all((0..PRODUCERS).map(producer)),
         bad
     );
-    for duplicates in answers {
+    let mut runtimes_at = std::collections::BTreeMap::<u64, Vec<&str>>::new();
+    for (p, answer) in (0..).zip(answers) {
+        let (duplicates, positions) = answer?;
         ensure!(
-            duplicates? == 1,
+            duplicates == 1,
             "one copy of each doubled batch is a duplicate"
         );
+        for position in positions {
+            runtimes_at.entry(position).or_default().push(runtime(p));
+        }
     }
     expect::json_error(&bad?, 422)?;
+    ensure!(
+        runtimes_at
+            .values()
+            .any(|runtimes| RUNTIMES.iter().all(|runtime| runtimes.contains(runtime))),
+        "no message gathered batches of both runtimes: {runtimes_at:?}"
+    );
 
     // Fewer messages than batches: they were gathered, and both nodes applied them alike.
     let readyz = nodes[0].get("/readyz").await?.json()?;
@@ -689,30 +710,32 @@ async fn concurrent_batches_share_stream_messages_and_are_judged_alone() -> anyh
         "{published} batches took {} messages",
         last - before
     );
-    let keys = (PRODUCERS * SEQS) as usize;
-    let mut tapes = Vec::new();
-    for node in &nodes {
-        applied(node, last).await?;
+    let keys = (PRODUCERS / 2 * SEQS) as usize;
+    for view in RUNTIMES {
+        let mut tapes = Vec::new();
+        for node in &nodes {
+            applied(node, last).await?;
+            ensure!(
+                node.metric("viewtape_cluster_records_total{kind=\"batches\"}")
+                    .await?
+                    >= 1.0
+            );
+            let tape = expect::tape(node, view, keys).await?;
+            tapes.push(
+                tape.iter()
+                    .map(|event| (event.id.clone(), event.data.clone()))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        ensure!(tapes[0] == tapes[1], "the nodes' {view} tapes differ");
+        let mut seen: Vec<String> = tapes[0].iter().map(|(_, data)| data.clone()).collect();
+        seen.sort();
+        seen.dedup();
         ensure!(
-            node.metric("viewtape_cluster_records_total{kind=\"batches\"}")
-                .await?
-                >= 1.0
-        );
-        let tape = expect::tape(node, "notes", keys).await?;
-        tapes.push(
-            tape.iter()
-                .map(|event| (event.id.clone(), event.data.clone()))
-                .collect::<Vec<_>>(),
+            seen.len() == keys,
+            "every {view} batch once: {} distinct",
+            seen.len()
         );
     }
-    ensure!(tapes[0] == tapes[1], "the nodes' tapes differ");
-    let mut seen: Vec<String> = tapes[0].iter().map(|(_, data)| data.clone()).collect();
-    seen.sort();
-    seen.dedup();
-    ensure!(
-        seen.len() == keys,
-        "every batch once: {} distinct",
-        seen.len()
-    );
     Ok(())
 }

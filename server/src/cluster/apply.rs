@@ -11,6 +11,7 @@
 //! nothing at its position. A record with the header that this node cannot read or apply stops
 //! the loop.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -23,7 +24,7 @@ use tracing::Instrument as _;
 use super::bucket::BoxError;
 use super::{Cluster, APPLY_ATTEMPTS, RETRY, STREAM_CHECK};
 use crate::host::{GuestEngine, GuestModule, ModuleFingerprint};
-use crate::log::stream::{RECORD_HEADER, RECORD_VERSION};
+use crate::log::stream::{RECORD_HEADER, RECORD_VERSION, SHARED_VERSION};
 use crate::log::{BatchEntry, Entry, Log, Outcome};
 use crate::registry::{ModuleStore, Registered, Runtimes};
 use crate::runtime::handle::Record;
@@ -221,8 +222,8 @@ impl Cluster {
                     return Ok(());
                 }
             },
-            Some(version) if version != RECORD_VERSION => {
-                return Err(format!("sequence {sequence} is a record of format {version}, which this viewtape cannot read (it reads {RECORD_VERSION}): upgrade this node"));
+            Some(version) if version != RECORD_VERSION && version != SHARED_VERSION => {
+                return Err(format!("sequence {sequence} is a record of format {version}, which this viewtape cannot read (it reads {RECORD_VERSION} and {SHARED_VERSION}): upgrade this node"));
             }
             Some(_) => Entry::decode(payload).map_err(|error| {
                 format!("sequence {sequence} is a record this viewtape cannot read (a kind of a newer viewtape?): {error}")
@@ -237,17 +238,30 @@ impl Cluster {
                 (registered, Record::Batch(batch))
             }
             Entry::Batches(batches) => {
-                let runtime = batches.first().map(|batch| batch.runtime.clone());
-                let Some(runtime) =
-                    runtime.filter(|runtime| batches.iter().all(|batch| batch.runtime == *runtime))
-                else {
-                    return Err(format!("sequence {sequence} gathers batches of no runtime or of several, which no node publishes"));
-                };
-                let Some(registered) = appliers.runtimes.get(&runtime) else {
-                    return self.pass_over(log, runtime, sequence).await;
-                };
                 kind("batches");
-                (registered, Record::Batches(batches))
+                let mut parts = BTreeMap::<String, Vec<(u32, BatchEntry)>>::new();
+                for (index, batch) in (0u32..).zip(batches) {
+                    parts
+                        .entry(batch.runtime.clone())
+                        .or_default()
+                        .push((index, batch));
+                }
+                let mut ran = Vec::with_capacity(parts.len());
+                for (runtime, batches) in parts {
+                    match appliers.runtimes.get(&runtime) {
+                        Some(registered) => ran.push((registered, batches)),
+                        None => self.passed_over(runtime, sequence),
+                    }
+                }
+                if ran.len() > 1 {
+                    return apply_shared(appliers, log, sequence, ran).await;
+                }
+                let Some((registered, batches)) = ran.pop() else {
+                    drop(log.turn(Some(sequence), 1).await);
+                    return Ok(());
+                };
+                let shared = false;
+                (registered, Record::Batches { batches, shared })
             }
             Entry::Deploy(deploy) => {
                 let Some(registered) = appliers.runtimes.get(&deploy.runtime) else {
@@ -264,18 +278,7 @@ impl Cluster {
                 return self.apply_restore(appliers, log, sequence, restore).await;
             }
         };
-        let mut attempt = 0;
-        loop {
-            match registered.handle.apply(record.clone(), sequence).await {
-                Ok(()) => break,
-                Err(error @ ApplyError::Unavailable { .. }) if attempt < APPLY_ATTEMPTS => {
-                    attempt += 1;
-                    tracing::warn!(%error, sequence, attempt, "cluster: applying again");
-                    tokio::time::sleep(RETRY).await;
-                }
-                Err(error) => return Err(format!("sequence {sequence}: {error}")),
-            }
-        }
+        apply_record(registered, record, sequence).await?;
         debug_assert!(log.committed() >= sequence);
         Ok(())
     }
@@ -287,6 +290,13 @@ impl Cluster {
     /// history missing ([`Cluster::settle_modules`]).
     async fn pass_over(&self, log: &Log, runtime: String, sequence: u64) -> Result<(), String> {
         log.metrics().counted_record("passed_over");
+        self.passed_over(runtime, sequence);
+        drop(log.turn(Some(sequence), 1).await);
+        Ok(())
+    }
+
+    /// Notes that this node passes over the records of `runtime` (one at `sequence`).
+    fn passed_over(&self, runtime: String, sequence: u64) {
         self.readiness.send_if_modified(|readiness| {
             if readiness.passed_over.contains(&runtime) {
                 return false;
@@ -295,8 +305,6 @@ impl Cluster {
             readiness.passed_over.insert(runtime);
             true
         });
-        drop(log.turn(Some(sequence), 1).await);
-        Ok(())
     }
 
     /// The module `fingerprint`: the compilation a runtime of this node runs (a runtime
@@ -486,6 +494,69 @@ impl Cluster {
             readiness.ready = false;
             readiness.broken = Some(reason);
         });
+    }
+}
+
+/// Applies `record` at `sequence` to `registered`, again while the runtime is unavailable (a
+/// fault of this node), at most [`APPLY_ATTEMPTS`] times; `Err` says why the node must stop
+/// applying.
+async fn apply_record(
+    registered: &Registered,
+    record: Record,
+    sequence: u64,
+) -> Result<(), String> {
+    let mut attempt = 0;
+    loop {
+        match registered.handle.apply(record.clone(), sequence).await {
+            Ok(()) => return Ok(()),
+            Err(error @ ApplyError::Unavailable { .. }) if attempt < APPLY_ATTEMPTS => {
+                attempt += 1;
+                tracing::warn!(%error, sequence, attempt, "cluster: applying again");
+                tokio::time::sleep(RETRY).await;
+            }
+            Err(error) => return Err(format!("sequence {sequence}: {error}")),
+        }
+    }
+}
+
+/// Applies a record of several runtimes' batches at `sequence`: each runtime its own part, side
+/// by side, and the position counts as applied once all have. No snapshot is cut meanwhile; a
+/// part that cannot be applied leaves the record half applied, and none is cut from then on
+/// ([`crate::registry::CutsHeld::tear`]).
+async fn apply_shared(
+    appliers: &Appliers,
+    log: &Log,
+    sequence: u64,
+    parts: Vec<(&Registered, Vec<(u32, BatchEntry)>)>,
+) -> Result<(), String> {
+    let mut held = appliers.runtimes.hold_cuts().await;
+    let turn = log.turn(Some(sequence), 1).await;
+    let applied = parts.into_iter().map(|(registered, batches)| async move {
+        let record = Record::Batches {
+            batches,
+            shared: true,
+        };
+        let applied = apply_record(registered, record, sequence).await;
+        (registered.handle.name(), applied)
+    });
+    let mut failed = None;
+    for (runtime, applied) in futures_util::future::join_all(applied).await {
+        if let Err(reason) = applied {
+            held.tear(runtime, &reason);
+            failed.get_or_insert(reason);
+        }
+    }
+    match failed {
+        None => {
+            drop(turn);
+            Ok(())
+        }
+        Some(reason) => {
+            // The position stays unapplied: the runtimes that applied their part keep it, and
+            // a restart applies the record again from a snapshot cut before it.
+            turn.abandon();
+            Err(reason)
+        }
     }
 }
 

@@ -129,8 +129,9 @@ pub struct ClusterSection {
     /// (NATS's default) can lose recently acknowledged batches at a power loss; receipts then
     /// say `"durability": "stream_os"`.
     pub stream_synced: bool,
-    /// Most batches of one runtime a node gathers into one stream message; 1: every batch its
-    /// own message, which nodes of versions before gathering need while they are in the cluster.
+    /// Most batches (of any of its runtimes) a node gathers into one stream message; 1: every
+    /// batch its own message, which nodes of versions before gathering need while they are in
+    /// the cluster.
     pub batches_per_message: usize,
 }
 

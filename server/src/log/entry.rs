@@ -23,8 +23,8 @@ pub enum Entry {
     Deploy(DeployEntry),
     /// A snapshot restored into every runtime and view of a cluster, under a new epoch.
     Restore(RestoreEntry),
-    /// Batches of one runtime published to a cluster's stream together, by a node that had
-    /// several waiting: one stream position, judged in order, each with its own verdict.
+    /// Batches published to a cluster's stream together, by a node that had several waiting:
+    /// one stream position, judged in order by their runtimes, each with its own verdict.
     Batches(Vec<BatchEntry>),
 }
 
@@ -68,13 +68,19 @@ pub struct DeployEntry {
 }
 
 impl Entry {
-    /// The runtime it belongs to (`None`: it is the whole server's).
+    /// The runtime it belongs to (`None`: it is the whole server's, or gathers batches of
+    /// several runtimes).
     pub fn runtime(&self) -> Option<&str> {
         match self {
             Entry::Batch(batch) => Some(&batch.runtime),
             Entry::Deploy(deploy) => Some(&deploy.runtime),
             Entry::Restore(_) => None,
-            Entry::Batches(batches) => batches.first().map(|batch| batch.runtime.as_str()),
+            Entry::Batches(batches) => {
+                let (first, rest) = batches.split_first()?;
+                rest.iter()
+                    .all(|batch| batch.runtime == first.runtime)
+                    .then_some(first.runtime.as_str())
+            }
         }
     }
 

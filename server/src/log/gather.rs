@@ -1,20 +1,24 @@
-//! A cluster's group commit: batches of one runtime gathered into one stream message.
+//! A cluster's group commit: the batches a node takes, of every runtime, gathered into one
+//! stream message.
 //!
-//! While a message of a runtime is on its way to the stream, the batches that arrive for that
-//! runtime wait, and go together in its next message: one round trip to NATS (and one write and
-//! sync there) for every batch that waited, as the local log shares one `fdatasync` among every
-//! batch waiting for it. A batch alone goes as it always did, under its producer's message id.
-//! Each batch of a message keeps its place in it (its index) and is judged alone where the
-//! message is applied, producers' duplicates included.
+//! While a node's message is on its way to the stream, the batches that arrive wait, and go
+//! together in its next message: one round trip to NATS (and one write and sync there) for
+//! every batch that waited, as the local log shares one `fdatasync` among every batch waiting
+//! for it. A batch alone goes as it always did, under its producer's message id, on its
+//! runtime's subject; so do batches of one runtime. Batches of several runtimes go on
+//! [`super::stream::StreamLog`]'s gathered subject, as a record of [`SHARED_VERSION`]: every
+//! runtime applies its own at the message's position. Each batch of a message keeps its place
+//! in it (its index) and is judged alone where the message is applied, producers' duplicates
+//! included.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::oneshot;
 use tracing::Instrument as _;
 
 use super::entry::{BatchEntry, Entry};
-use super::stream::{PublishError, Publisher};
+use super::stream::{subject_token, PublishError, Publisher, RECORD_VERSION, SHARED_VERSION};
 
 /// What a batch adds to a message beside its input, at most (its runtime's name aside).
 const BATCH_OVERHEAD: usize = 256;
@@ -31,16 +35,17 @@ pub struct Placed {
     pub duplicate: bool,
 }
 
-/// Each runtime's batches waiting to be published, and how many may go in one message.
+/// The batches waiting to be published, and where and how many may go in one message.
 #[derive(Debug)]
-pub(super) struct Gathers {
-    runtimes: Mutex<HashMap<String, Arc<Gather>>>,
+pub(super) struct Gather(Arc<Shared>);
+
+#[derive(Debug)]
+struct Shared {
+    waiting: Mutex<Waiting>,
+    /// `<stream>.in.`: the subjects' prefix.
+    subjects: String,
     most: usize,
 }
-
-/// One runtime's batches waiting, and whether a task is publishing them.
-#[derive(Debug, Default)]
-struct Gather(Mutex<Waiting>);
 
 #[derive(Debug, Default)]
 struct Waiting {
@@ -54,39 +59,42 @@ struct Queued {
     placed: oneshot::Sender<Result<Placed, PublishError>>,
 }
 
-impl Gathers {
-    /// At most `most` batches (at least one) in a message.
-    pub(super) fn new(most: usize) -> Self {
-        Self {
-            runtimes: Mutex::default(),
+impl Gather {
+    /// Subjects under `subjects` (`<stream>.in.`), at most `most` batches (at least one) in a
+    /// message.
+    pub(super) fn new(subjects: String, most: usize) -> Self {
+        Self(Arc::new(Shared {
+            waiting: Mutex::default(),
+            subjects,
             most: most.max(1),
-        }
+        }))
     }
 
-    /// Publishes `entry` on `subject` with the batches waiting beside it, and says where.
+    /// The subject `runtime`'s records are published on.
+    pub(super) fn subject(&self, runtime: &str) -> String {
+        self.0.subject(runtime)
+    }
+
+    /// Publishes `entry` with the batches waiting beside it, and says where.
     pub(super) async fn publish(
         &self,
         publisher: &Publisher,
-        subject: String,
         entry: BatchEntry,
     ) -> Result<Placed, PublishError> {
-        let gather = Arc::clone(
-            self.runtimes
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .entry(entry.runtime.clone())
-                .or_default(),
-        );
         let (placed, rx) = oneshot::channel();
         let lead = {
-            let mut waiting = gather.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut waiting = self
+                .0
+                .waiting
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             waiting.batches.push_back(Queued { entry, placed });
             !std::mem::replace(&mut waiting.publishing, true)
         };
         if lead {
             // A task of its own: a caller that goes away does not strand the batches behind it.
-            let span = tracing::debug_span!("cluster_publish", %subject);
-            let lead = gather.lead(publisher.clone(), subject, self.most);
+            let span = tracing::debug_span!("cluster_publish");
+            let lead = Arc::clone(&self.0).lead(publisher.clone());
             tokio::spawn(lead.instrument(span));
         }
         rx.await.unwrap_or_else(|_| {
@@ -97,13 +105,31 @@ impl Gathers {
     }
 }
 
-impl Gather {
+impl Shared {
+    /// See [`Gather::subject`].
+    fn subject(&self, runtime: &str) -> String {
+        format!("{}{}", self.subjects, subject_token(runtime))
+    }
+
+    /// Where `batches` go, and the version of their record: their runtime's subject, or, for
+    /// batches of several runtimes, a subject of two tokens, which no runtime's is.
+    fn destination(&self, batches: &[&BatchEntry]) -> (String, &'static str) {
+        match batches.split_first() {
+            Some((first, rest)) if rest.iter().any(|batch| batch.runtime != first.runtime) => {
+                (format!("{}gathered.batches", self.subjects), SHARED_VERSION)
+            }
+            Some((first, _)) => (self.subject(&first.runtime), RECORD_VERSION),
+            None => (self.subjects.clone(), RECORD_VERSION),
+        }
+    }
+
     /// Publishes the waiting batches, as many as fit in a message at a time, until none wait.
-    async fn lead(self: Arc<Self>, publisher: Publisher, subject: String, most: usize) {
+    async fn lead(self: Arc<Self>, publisher: Publisher) {
         let budget = publisher.max_payload() / 2;
+        let most = self.most;
         loop {
             let group = {
-                let mut waiting = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
                 let mut size = 0;
                 let mut take = 0;
                 for queued in &waiting.batches {
@@ -121,6 +147,7 @@ impl Gather {
             };
             let batches: Vec<&BatchEntry> = group.iter().map(|queued| &queued.entry).collect();
             let payload = Entry::encode_batches(&batches);
+            let (subject, version) = self.destination(&batches);
             // A batch alone carries its producer's id, so JetStream drops the producer's resend
             // within its duplicate window; a message of several carries one of this process's.
             let producer_id = match batches.as_slice() {
@@ -134,7 +161,7 @@ impl Gather {
             };
             let by_producer = producer_id.is_some();
             let id = producer_id.unwrap_or_else(|| publisher.own_id());
-            let sent = publisher.send(subject.clone(), payload, id).await;
+            let sent = publisher.send(subject, version, payload, id).await;
             for (index, queued) in (0u32..).zip(group) {
                 let placed = sent.clone().map(|published| Placed {
                     sequence: published.sequence,

@@ -454,6 +454,13 @@ pub struct Turn<'a> {
     last: Option<u64>,
 }
 
+impl Turn<'_> {
+    /// Ends the turn without marking its records committed: they were not all applied.
+    pub fn abandon(mut self) {
+        self.last = None;
+    }
+}
+
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
         if let Some(last) = self.last {

@@ -16,7 +16,7 @@ use async_nats::jetstream;
 use bytes::Bytes;
 use viewtape_journal::JournalEpoch;
 
-use super::gather::{Gathers, Placed};
+use super::gather::{Gather, Placed};
 use super::BatchEntry;
 
 /// The header every record a node publishes carries, with the record format's version: a
@@ -24,6 +24,9 @@ use super::BatchEntry;
 pub const RECORD_HEADER: &str = "Viewtape-Record";
 /// The record format's version (the value of [`RECORD_HEADER`]).
 pub const RECORD_VERSION: &str = "1";
+/// The version of a record holding batches of several runtimes, which each apply theirs at its
+/// position: a viewtape that reads only [`RECORD_VERSION`] stops at it and says to upgrade.
+pub const SHARED_VERSION: &str = "2";
 
 /// A published record: where the stream put it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,16 +79,15 @@ pub enum StreamDurability {
 #[derive(Debug)]
 pub struct StreamLog {
     publisher: Publisher,
-    /// `<stream>.in.`: a runtime's messages go to `<stream>.in.<runtime>`.
-    subjects: String,
     durability: StreamDurability,
     /// Why this node takes no records now, if it does not: until it has caught up and its
     /// runtimes' modules are settled ([`StreamLog::open`]), and for good once it refuses.
     refusing: Mutex<Refusing>,
     /// The epoch of the stream's history.
     epoch: JournalEpoch,
-    /// Each runtime's batches waiting to be published together.
-    gathers: Gathers,
+    /// The batches waiting to be published together; a runtime's messages go to
+    /// `<stream>.in.<runtime>`.
+    gather: Gather,
 }
 
 /// What publishing needs, shared with the tasks that publish gathered batches.
@@ -114,7 +116,7 @@ impl StreamLog {
 
     /// The subject `runtime`'s records are published on.
     pub fn subject(&self, runtime: &str) -> String {
-        format!("{}{}", self.subjects, subject_token(runtime))
+        self.gather.subject(runtime)
     }
 
     /// Publishes to `stream` (whose history is `epoch`) through `client` (connected to `url`),
@@ -138,11 +140,10 @@ impl StreamLog {
                     published: AtomicU64::new(0),
                 }),
             },
-            subjects: format!("{stream}.in."),
             durability,
             refusing: Mutex::new(Refusing::Settling),
             epoch,
-            gathers: Gathers::new(batches_per_message),
+            gather: Gather::new(format!("{stream}.in."), batches_per_message),
         }
     }
 
@@ -202,13 +203,14 @@ impl StreamLog {
         if let Some(reason) = self.refusing() {
             return Err(PublishError::Refusing(reason));
         }
+        let subject = self.subject(runtime);
         self.publisher
-            .send(self.subject(runtime), payload, id)
+            .send(subject, RECORD_VERSION, payload, id)
             .await
     }
 
-    /// Publishes a batch for its runtime, together with the batches of that runtime waiting
-    /// beside it (see [`super::gather`]), and says where it was placed.
+    /// Publishes a batch together with the batches waiting beside it (see [`super::gather`]),
+    /// and says where it was placed.
     ///
     /// # Errors
     /// As [`StreamLog::publish`].
@@ -216,8 +218,7 @@ impl StreamLog {
         if let Some(reason) = self.refusing() {
             return Err(PublishError::Refusing(reason));
         }
-        let subject = self.subject(&entry.runtime);
-        self.gathers.publish(&self.publisher, subject, entry).await
+        self.gather.publish(&self.publisher, entry).await
     }
 
     /// [`StreamLog::publish`], also while the node settles its modules (it declares them so),
@@ -236,8 +237,9 @@ impl StreamLog {
         {
             return Err(PublishError::Refusing(reason.clone()));
         }
+        let subject = self.subject(runtime);
         self.publisher
-            .send(self.subject(runtime), payload, id)
+            .send(subject, RECORD_VERSION, payload, id)
             .await
     }
 }
@@ -257,11 +259,12 @@ impl Publisher {
         self.client.server_info().max_payload
     }
 
-    /// Publishes `payload` on `subject` under the message id `id`, sending it again while its
-    /// acknowledgement is lost, for at most the publish timeout.
+    /// Publishes `payload`, a record of format `version`, on `subject` under the message id
+    /// `id`, sending it again while its acknowledgement is lost, for at most the publish timeout.
     pub(super) async fn send(
         &self,
         subject: String,
+        version: &'static str,
         payload: Vec<u8>,
         id: String,
     ) -> Result<Published, PublishError> {
@@ -270,7 +273,7 @@ impl Publisher {
         }
         let message = jetstream::message::PublishMessage::build()
             .payload(Bytes::from(payload))
-            .header(RECORD_HEADER, RECORD_VERSION)
+            .header(RECORD_HEADER, version)
             .message_id(id);
         let published = async {
             loop {

@@ -210,7 +210,7 @@ async fn replay_records(
             None => {
                 broken = Some((
                     Break::Corrupt,
-                    format!("log position {position} holds a cluster's restore, which a local log never does"),
+                    format!("log position {position} holds a record of a cluster's stream (a restore, or batches of several runtimes), which a local log never does"),
                 ));
                 break;
             }

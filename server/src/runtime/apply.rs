@@ -41,9 +41,11 @@ impl<S: BatchSink> Task<S> {
     pub(super) async fn apply(&mut self, record: Record, position: u64) -> Result<(), ApplyError> {
         match record {
             Record::Batch(entry) if entry.outcome == Outcome::Pending => {
-                self.judge_batches(vec![entry], position).await
+                self.judge_batches(vec![(0, entry)], position, false).await
             }
-            Record::Batches(entries) => self.judge_batches(entries, position).await,
+            Record::Batches { batches, shared } => {
+                self.judge_batches(batches, position, shared).await
+            }
             Record::Batch(entry) => self.replay_batch(entry, position).await,
             Record::Deploy(entry, module) if entry.pending => {
                 let verdict = self.judge_deploy(&entry, module, position).await;
@@ -66,24 +68,26 @@ impl<S: BatchSink> Task<S> {
     }
 
     /// Judges the batches published to a cluster's stream at `position` (one, or several a node
-    /// gathered into one message) in order, commits those that pass together, and hands each
-    /// its verdict.
+    /// gathered into one message, each with its index there) in order, commits those that pass
+    /// together, and hands each its verdict. `shared`: other runtimes apply batches at the same
+    /// position, and the caller marks it applied once all have.
     async fn judge_batches(
         &mut self,
-        entries: Vec<BatchEntry>,
+        entries: Vec<(u32, BatchEntry)>,
         position: u64,
+        shared: bool,
     ) -> Result<(), ApplyError> {
         let (state, checkpoint) = (self.last.state.clone(), self.last.checkpoint);
         let mut undo = Vec::new();
-        let mut judged: Vec<(Option<Staged>, Option<IngestError>)> =
+        let mut judged: Vec<(u32, Option<Staged>, Option<IngestError>)> =
             Vec::with_capacity(entries.len());
-        for entry in entries {
+        for (index, entry) in entries {
             let Staging { staged, refused } = self.judge(entry, &mut undo).await?;
             if let Some(error @ IngestError::Unavailable { .. }) = &refused {
                 // A fault of this node (an instance that could not be made, the wall-clock
                 // backstop), not the batch's verdict: the position's batches are undone, and it
                 // stays open.
-                if judged.iter().any(|(staged, _)| staged.is_some()) {
+                if judged.iter().any(|(_, staged, _)| staged.is_some()) {
                     self.rewind(state);
                 }
                 self.last.checkpoint = checkpoint;
@@ -95,11 +99,11 @@ impl<S: BatchSink> Task<S> {
                     reason: error.to_string(),
                 });
             }
-            judged.push((staged, refused));
+            judged.push((index, staged, refused));
         }
         let log = Arc::clone(&self.log);
-        let turn = log.turn(Some(position), 1).await;
-        for (index, (staged, refused)) in (0u32..).zip(judged) {
+        let turn = log.turn((!shared).then_some(position), 1).await;
+        for (index, staged, refused) in judged {
             let accepted = match staged {
                 Some(staged) => Some(self.finish(staged, Some(position)).await),
                 None => None,

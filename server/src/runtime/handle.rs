@@ -43,8 +43,15 @@ pub type Applied =
 pub enum Record {
     /// A batch.
     Batch(BatchEntry),
-    /// Batches a node gathered into one record of a cluster's stream, judged in order.
-    Batches(Vec<BatchEntry>),
+    /// Batches a node gathered into one record of a cluster's stream, judged in order, each
+    /// with its index among the record's batches.
+    Batches {
+        /// The batches, with their indices.
+        batches: Vec<(u32, BatchEntry)>,
+        /// The record holds other runtimes' batches too: its position counts as applied once
+        /// all of them are, which the caller marks ([`Log::turn`]); this runtime takes no turn.
+        shared: bool,
+    },
     /// A deploy, with its module loaded.
     Deploy(DeployEntry, GuestModule),
 }

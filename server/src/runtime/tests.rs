@@ -435,7 +435,12 @@ async fn gathered_batches_are_judged_alone_at_one_position() {
         batch(b"count", Some(1)),
         batch(b"count", Some(3)),
     ];
-    handle.apply(Record::Batches(group), 7).await.unwrap();
+    let batches = (0u32..).zip(group).collect();
+    let shared = false;
+    handle
+        .apply(Record::Batches { batches, shared }, 7)
+        .await
+        .unwrap();
     assert_eq!(log.committed(), 7);
 
     let mut verdicts = handle.verdicts.lock().unwrap();
@@ -467,4 +472,52 @@ async fn gathered_batches_are_judged_alone_at_one_position() {
         .map(|(_, _, count)| count.clone())
         .collect();
     assert_eq!(counts, ["1", "2"]);
+}
+
+/// A runtime's part of a record shared with other runtimes is judged at the record's position
+/// and its verdicts go to the indices the record gave them, but the position is not marked
+/// applied: the caller does that once every runtime has applied its part.
+#[tokio::test]
+async fn a_shared_part_leaves_the_position_to_the_caller() {
+    use crate::log::{BatchEntry, Outcome};
+    use handle::Record;
+    use publish::Verdict;
+
+    let (module, sink, log, handle) = misbehave_on_log(4).await;
+    let batch = |input: &'static [u8]| BatchEntry {
+        runtime: "t".into(),
+        module: module.fingerprint().clone(),
+        guest_config: handle.guest_config_crc(),
+        at_ms: crate::log::unix_ms_now(),
+        input: Bytes::from_static(input),
+        producer: None,
+        checkpoint: None,
+        source_gap: None,
+        outcome: Outcome::Pending,
+    };
+    // Indices 0 and 2 are other runtimes' batches.
+    let batches = vec![(1, batch(b"count")), (3, batch(b"count"))];
+    let shared = true;
+    handle
+        .apply(Record::Batches { batches, shared }, 5)
+        .await
+        .unwrap();
+    assert_eq!(log.committed(), 4, "the caller marks the position applied");
+    {
+        let mut verdicts = handle.verdicts.lock().unwrap();
+        for index in [1, 3] {
+            match verdicts.take((5, index)) {
+                Some(Verdict::Batch(Ok(accepted))) => {
+                    assert_eq!(accepted.receipt.position, Some(5));
+                }
+                other => panic!("no accepted batch at index {index}: {other:?}"),
+            }
+        }
+        assert!(verdicts.take((5, 0)).is_none());
+        assert!(verdicts.take((5, 2)).is_none());
+    }
+    assert_eq!(sink.events.lock().unwrap().len(), 2);
+    // The turn the caller holds commits the position.
+    drop(log.turn(Some(5), 1).await);
+    assert_eq!(log.committed(), 5);
 }
