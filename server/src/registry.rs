@@ -47,7 +47,7 @@ pub struct Runtimes {
 }
 
 /// A record shared by several runtimes that was left half applied.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 struct Torn {
     runtime: String,
     reason: String,
