@@ -232,13 +232,12 @@ impl Cluster {
         let (registered, record) = match entry {
             Entry::Batch(batch) => {
                 let Some(registered) = appliers.runtimes.get(&batch.runtime) else {
-                    return self.pass_over(log, batch.runtime, sequence).await;
+                    return self.pass_over(log, [batch.runtime], sequence).await;
                 };
                 kind("batch");
                 (registered, Record::Batch(batch))
             }
             Entry::Batches(batches) => {
-                kind("batches");
                 let mut parts = BTreeMap::<String, Vec<(u32, BatchEntry)>>::new();
                 for (index, batch) in (0u32..).zip(batches) {
                     parts
@@ -246,26 +245,30 @@ impl Cluster {
                         .or_default()
                         .push((index, batch));
                 }
-                let mut ran = Vec::with_capacity(parts.len());
+                let (mut ran, mut passed) = (Vec::with_capacity(parts.len()), Vec::new());
                 for (runtime, batches) in parts {
                     match appliers.runtimes.get(&runtime) {
                         Some(registered) => ran.push((registered, batches)),
-                        None => self.passed_over(runtime, sequence),
+                        None => passed.push(runtime),
                     }
                 }
-                if ran.len() > 1 {
-                    return apply_shared(appliers, log, sequence, ran).await;
+                if ran.is_empty() {
+                    return self.pass_over(log, passed, sequence).await;
                 }
-                let Some((registered, batches)) = ran.pop() else {
-                    drop(log.turn(Some(sequence), 1).await);
-                    return Ok(());
+                for runtime in passed {
+                    self.passed_over(runtime, sequence);
+                }
+                kind("batches");
+                let [(registered, batches)] = match <[_; 1]>::try_from(ran) {
+                    Ok(one) => one,
+                    Err(several) => return apply_shared(appliers, log, sequence, several).await,
                 };
                 let shared = false;
                 (registered, Record::Batches { batches, shared })
             }
             Entry::Deploy(deploy) => {
                 let Some(registered) = appliers.runtimes.get(&deploy.runtime) else {
-                    return self.pass_over(log, deploy.runtime, sequence).await;
+                    return self.pass_over(log, [deploy.runtime], sequence).await;
                 };
                 kind("deploy");
                 let module = self.load_module(appliers, &deploy.module).await.map_err(|error| {
@@ -283,14 +286,21 @@ impl Cluster {
         Ok(())
     }
 
-    /// Passes over the record at `sequence`, of `runtime`, which this node does not run: another
-    /// node's config names it, and its records are that node's business. Passing over them
-    /// (alike on every node that lacks it) keeps one node's extra runtime from stopping the
-    /// others; this node serves none of its views, and a config that adds it later finds its
-    /// history missing ([`Cluster::settle_modules`]).
-    async fn pass_over(&self, log: &Log, runtime: String, sequence: u64) -> Result<(), String> {
+    /// Passes over the record at `sequence`, of `runtimes`, which this node does not run:
+    /// another node's config names them, and their records are that node's business. Passing
+    /// over them (alike on every node that lacks them) keeps one node's extra runtime from
+    /// stopping the others; this node serves none of its views, and a config that adds it later
+    /// finds its history missing ([`Cluster::settle_modules`]).
+    async fn pass_over(
+        &self,
+        log: &Log,
+        runtimes: impl IntoIterator<Item = String>,
+        sequence: u64,
+    ) -> Result<(), String> {
         log.metrics().counted_record("passed_over");
-        self.passed_over(runtime, sequence);
+        for runtime in runtimes {
+            self.passed_over(runtime, sequence);
+        }
         drop(log.turn(Some(sequence), 1).await);
         Ok(())
     }

@@ -114,12 +114,11 @@ impl Shared {
     /// Where `batches` go, and the version of their record: their runtime's subject, or, for
     /// batches of several runtimes, a subject of two tokens, which no runtime's is.
     fn destination(&self, batches: &[&BatchEntry]) -> (String, &'static str) {
-        match batches.split_first() {
-            Some((first, rest)) if rest.iter().any(|batch| batch.runtime != first.runtime) => {
-                (format!("{}gathered.batches", self.subjects), SHARED_VERSION)
+        match batches {
+            [first, rest @ ..] if rest.iter().all(|batch| batch.runtime == first.runtime) => {
+                (self.subject(&first.runtime), RECORD_VERSION)
             }
-            Some((first, _)) => (self.subject(&first.runtime), RECORD_VERSION),
-            None => (self.subjects.clone(), RECORD_VERSION),
+            _ => (format!("{}gathered.batches", self.subjects), SHARED_VERSION),
         }
     }
 
