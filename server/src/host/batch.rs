@@ -157,13 +157,39 @@ impl Reader {
     }
 }
 
+/// How many events `buf` holds, at most: its records' tags, read past their fields'
+/// lengths without checking them (the decode does), to size the events once.
+fn count_events(buf: &[u8]) -> usize {
+    let (mut at, mut events) = (0, 0);
+    while let Some(&tag) = buf.get(at) {
+        let fields = match tag {
+            abi::TAG_UPDATE => 3,
+            abi::TAG_DELETE => 2,
+            abi::TAG_GAP => 1,
+            _ => return events,
+        };
+        at += 1;
+        for _ in 0..fields {
+            let Some(len) = buf.get(at..).and_then(<[u8]>::first_chunk::<4>) else {
+                return events;
+            };
+            at = at.saturating_add(4 + u32::from_le_bytes(*len) as usize);
+        }
+        events += usize::from(tag != abi::TAG_GAP);
+    }
+    events
+}
+
 /// Decodes an output buffer, enforcing the event size limit.
 pub(crate) fn decode(
     buf: Bytes,
     views: &mut ViewNames,
     max_event_bytes: usize,
 ) -> Result<GuestBatch, GuestError> {
-    let mut batch = GuestBatch::default();
+    let mut batch = GuestBatch {
+        events: Vec::with_capacity(count_events(&buf)),
+        gaps: Vec::new(),
+    };
     let mut r = Reader { buf, at: 0 };
     while let Some(&tag) = r.buf.get(r.at) {
         r.at += 1;
@@ -202,4 +228,39 @@ pub(crate) fn decode(
         }
     }
     Ok(batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(out: &mut Vec<u8>, tag: u8, fields: &[&str]) {
+        out.push(tag);
+        for field in fields {
+            out.extend_from_slice(&(field.len() as u32).to_le_bytes());
+            out.extend_from_slice(field.as_bytes());
+        }
+    }
+
+    #[test]
+    fn events_are_counted_before_they_are_decoded() {
+        let mut out = Vec::new();
+        record(&mut out, abi::TAG_GAP, &["lost"]);
+        record(&mut out, abi::TAG_UPDATE, &["v", "a", "1"]);
+        record(&mut out, abi::TAG_DELETE, &["v", "a"]);
+        record(&mut out, abi::TAG_UPDATE, &["w", "b", "{}"]);
+        assert_eq!(count_events(&out), 3);
+        let batch = decode(Bytes::from(out.clone()), &mut ViewNames::default(), 1 << 20).unwrap();
+        assert_eq!((batch.events.len(), batch.events.capacity()), (3, 3));
+        // Broken buffers are the decode's to refuse; the count stops where it cannot read on.
+        let mut truncated = out.clone();
+        truncated.extend_from_slice(&[abi::TAG_UPDATE, 1, 0]);
+        assert_eq!(count_events(&truncated), 3);
+        let mut unknown = out.clone();
+        record(&mut unknown, 0xee, &[]);
+        record(&mut unknown, abi::TAG_DELETE, &["v", "a"]);
+        assert_eq!(count_events(&unknown), 3);
+        let huge = [abi::TAG_UPDATE, 0xff, 0xff, 0xff, 0xff];
+        assert_eq!(count_events(&huge), 0);
+    }
 }

@@ -243,8 +243,11 @@ impl Hub {
         let mut live = Vec::new();
         let mut state = view.lock();
         let mut appender = self.journal.appender(&view.name, at_ms);
-        for event in events {
+        for (i, event) in events.iter().enumerate() {
             let key = event.key.as_str();
+            // A key the run's next event sets again is left out of the state: no one sees the
+            // state between the two, and an update cost as much in the state as on the tape.
+            let superseded = events.get(i + 1).is_some_and(|next| next.key == event.key);
             let mut journaled = None;
             let appended = appender.append(key, |cursor| {
                 let frame = frame::event(Some(cursor), event);
@@ -261,6 +264,7 @@ impl Hub {
                 }
             };
             match event.kind {
+                _ if superseded => {}
                 EventKind::Update => {
                     state.insert(CompactString::new(key), frame);
                 }
@@ -398,6 +402,45 @@ mod tests {
         assert_eq!(cut.entries[0].value_json().as_deref(), Some(&b"2"[..]));
         let narrowed = view.cut(hub.journal(), &Narrow::Keys(["A".to_owned()].into()));
         assert_eq!((narrowed.cursor, narrowed.entries.len()), (cut.cursor, 0));
+    }
+
+    #[tokio::test]
+    async fn a_key_set_again_in_a_run_ends_with_its_last_event() {
+        let hub = Hub::new(Arc::new(EventJournal::new(JournalConfig::default())));
+        let view = hub.declare("prices");
+        let batch = GuestBatch::of_events(vec![
+            event(EventKind::Update, "A", "1"),
+            event(EventKind::Update, "A", "2"),
+            event(EventKind::Delete, "B", ""),
+            event(EventKind::Update, "B", "3"),
+            event(EventKind::Update, "C", "4"),
+            event(EventKind::Delete, "C", ""),
+            event(EventKind::Update, "A", "5"),
+        ]);
+        hub.commit("demo", batch, crate::log::unix_ms_now()).await;
+        let cut = view.cut(hub.journal(), &Narrow::All);
+        assert_eq!(cut.cursor.offset(), 7, "every event is on the tape");
+        let mut state: Vec<(String, String)> = view
+            .entries()
+            .into_iter()
+            .map(|(key, frame)| {
+                let text = String::from_utf8(frame.bytes().to_vec()).unwrap();
+                let id = text.lines().next().unwrap().rsplit('-').next().unwrap();
+                (
+                    key.to_string(),
+                    format!("{id}={}", text.contains("\"value\":5")),
+                )
+            })
+            .collect();
+        state.sort();
+        assert_eq!(
+            state,
+            [
+                ("A".into(), "7=true".into()),
+                ("B".into(), "4=false".into())
+            ],
+            "each key holds the frame of its last event; C's delete came last"
+        );
     }
 
     #[tokio::test]

@@ -39,6 +39,22 @@ pub struct Tick<'a> {
     pub seq: u64,
 }
 
+impl Tick<'_> {
+    /// Appends the tick as its normalized JSON: what `serde_json` makes of it, with the field
+    /// names written as they are instead of escaped for every tick (a third of the guest's
+    /// time went on that).
+    pub fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
+        out.extend_from_slice(b"{\"symbol\":");
+        serde_json::to_writer(&mut *out, &self.symbol)?;
+        out.extend_from_slice(b",\"price\":");
+        serde_json::to_writer(&mut *out, &self.price)?;
+        out.extend_from_slice(b",\"seq\":");
+        serde_json::to_writer(&mut *out, &self.seq)?;
+        out.push(b'}');
+        Ok(())
+    }
+}
+
 /// The runtime: remembers the last sequence number.
 #[derive(Debug, Default)]
 pub struct Ticker {
@@ -110,7 +126,7 @@ impl Runtime for Ticker {
                 _ => {}
             }
             self.last_seq = Some(tick.seq);
-            ctx.publish_with(VIEW, &tick.symbol, |buf| serde_json::to_writer(buf, &tick))
+            ctx.publish_with(VIEW, &tick.symbol, |buf| tick.write_json(buf))
                 .map_err(|e| Error::msg(format!("line {}: {e}", index + 1)))?;
         }
         if skipped > 0 {
@@ -164,6 +180,30 @@ mod tests {
                 payload: br#"{"symbol":"ACME","price":12.5,"seq":1}"#.to_vec(),
             }]
         );
+    }
+
+    #[test]
+    fn writes_what_serde_json_writes() {
+        let ticks = [
+            ("ACME", 12.5, 1),
+            ("Ünï \"quoted\" \\ \u{1}\n", -0.0, u64::MAX),
+            ("x", 1e300, 0),
+            ("y", 5e-324, 7),
+            ("z", 100.0, 42),
+        ];
+        for (symbol, price, seq) in ticks {
+            let tick = Tick {
+                symbol: symbol.into(),
+                price,
+                seq,
+            };
+            let mut written = Vec::new();
+            tick.write_json(&mut written).unwrap();
+            assert_eq!(
+                String::from_utf8(written).unwrap(),
+                serde_json::to_string(&tick).unwrap()
+            );
+        }
     }
 
     #[test]
