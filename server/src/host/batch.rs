@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use viewtape_guest::abi;
+use viewtape_journal::CompactString;
 
 use super::GuestError;
 
@@ -21,8 +22,8 @@ pub enum EventKind {
 pub struct GuestEvent {
     /// The view, validated (1–128 bytes of `[A-Za-z0-9._-]`) and interned per runtime.
     pub view: Arc<str>,
-    /// The key (UTF-8).
-    pub key: String,
+    /// The key (UTF-8), held inline up to 24 bytes.
+    pub key: CompactString,
     /// Update or delete.
     pub kind: EventKind,
     /// The payload: a zero-copy slice of the batch's output buffer. Empty for deletes.
@@ -47,7 +48,12 @@ impl Eq for GuestEvent {}
 
 impl GuestEvent {
     /// An event; an update's payload is checked for being JSON.
-    pub fn new(view: Arc<str>, key: String, kind: EventKind, payload: Bytes) -> Self {
+    pub fn new(
+        view: Arc<str>,
+        key: impl Into<CompactString>,
+        kind: EventKind,
+        payload: Bytes,
+    ) -> Self {
         let mut event = Self::unsettled(view, key, kind, payload);
         event.settle_json(false);
         event
@@ -55,10 +61,15 @@ impl GuestEvent {
 
     /// An event whose JSON verdict is left to whoever checks it next (see
     /// [`GuestEvent::settle_json`]): a typed view's schema check parses the payload anyway.
-    pub(crate) fn unsettled(view: Arc<str>, key: String, kind: EventKind, payload: Bytes) -> Self {
+    pub(crate) fn unsettled(
+        view: Arc<str>,
+        key: impl Into<CompactString>,
+        kind: EventKind,
+        payload: Bytes,
+    ) -> Self {
         Self {
             view,
-            key,
+            key: key.into(),
             kind,
             payload,
             json: None,
@@ -149,10 +160,10 @@ impl Reader {
         Ok((start, end))
     }
 
-    fn text(&mut self, what: &str) -> Result<String, GuestError> {
+    fn text<T: for<'a> From<&'a str>>(&mut self, what: &str) -> Result<T, GuestError> {
         let (start, end) = self.field()?;
         std::str::from_utf8(&self.buf[start..end])
-            .map(str::to_owned)
+            .map(T::from)
             .map_err(|_| GuestError::Protocol(format!("{what} is not UTF-8")))
     }
 }
@@ -197,13 +208,13 @@ pub(crate) fn decode(
             abi::TAG_UPDATE | abi::TAG_DELETE => {
                 let (vs, ve) = r.field()?;
                 let view = views.get(&r.buf[vs..ve])?;
-                let key = r.text("key")?;
+                let key: CompactString = r.text("key")?;
                 let (kind, payload) = if tag == abi::TAG_UPDATE {
                     let (ps, pe) = r.field()?;
                     if pe - ps > max_event_bytes {
                         return Err(GuestError::EventTooLarge {
                             view: view.to_string(),
-                            key,
+                            key: key.into(),
                             size: pe - ps,
                             limit: max_event_bytes,
                         });

@@ -33,7 +33,7 @@ fn updates(batch: &GuestBatch) -> Vec<(String, String, String)> {
         .iter()
         .map(|e| {
             let payload = String::from_utf8(e.payload.to_vec()).unwrap();
-            (e.view.to_string(), e.key.clone(), payload)
+            (e.view.to_string(), e.key.to_string(), payload)
         })
         .collect()
 }

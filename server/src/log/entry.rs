@@ -259,7 +259,7 @@ mod tests {
             })
             .chain([GuestEvent::new(
                 Arc::from("w"),
-                "gone".into(),
+                "gone",
                 EventKind::Delete,
                 Bytes::new(),
             )])

@@ -314,7 +314,7 @@ mod tests {
     fn update(view: &str, payload: &'static [u8]) -> GuestEvent {
         GuestEvent::unsettled(
             Arc::from(view),
-            "k".into(),
+            "k",
             EventKind::Update,
             Bytes::from_static(payload),
         )

@@ -37,7 +37,7 @@ impl BatchSink for TestSink {
             self.events
                 .lock()
                 .unwrap()
-                .push((e.view.to_string(), e.key, payload));
+                .push((e.view.to_string(), e.key.to_string(), payload));
         }
     }
 
