@@ -108,6 +108,7 @@ fn snapshot(c: &mut Criterion) {
         runtimes: vec![],
         log_position: None,
         stream: None,
+        passed_over: Default::default(),
     };
     let meta = SnapshotMeta::exact_now();
     let encoded = viewtape_snapshots::encode(&body, &meta).expect("encode");

@@ -256,7 +256,7 @@ impl Cluster {
                     return self.pass_over(log, passed, sequence).await;
                 }
                 for runtime in passed {
-                    self.passed_over(runtime, sequence);
+                    self.passed_over(log, runtime, sequence);
                 }
                 kind("batches");
                 let [(registered, batches)] = match <[_; 1]>::try_from(ran) {
@@ -299,14 +299,17 @@ impl Cluster {
     ) -> Result<(), String> {
         log.metrics().counted_record("passed_over");
         for runtime in runtimes {
-            self.passed_over(runtime, sequence);
+            self.passed_over(log, runtime, sequence);
         }
         drop(log.turn(Some(sequence), 1).await);
         Ok(())
     }
 
     /// Notes that this node passes over the records of `runtime` (one at `sequence`).
-    fn passed_over(&self, runtime: String, sequence: u64) {
+    fn passed_over(&self, log: &Log, runtime: String, sequence: u64) {
+        if let Some(stream) = log.stream() {
+            stream.pass_over(&runtime, sequence);
+        }
         self.readiness.send_if_modified(|readiness| {
             if readiness.passed_over.contains(&runtime) {
                 return false;
@@ -447,8 +450,8 @@ impl Cluster {
     /// Declares `registered`'s module (and guest config) on the stream if the stream has not
     /// decided it yet; returns the runtime's state then (the modules it has run on the stream,
     /// the config the stream decided), or `None` when the stream holds records of the runtime
-    /// from before this node's state, which has never applied its declaration: its history is
-    /// missing here.
+    /// from before this node's state, or this node passed over some before it, and the state
+    /// has never applied its declaration: its history is missing here.
     async fn declare(
         &self,
         appliers: &Appliers,
@@ -458,8 +461,15 @@ impl Cluster {
     ) -> Result<Option<RuntimeSnapshot>, String> {
         let saved = registered.handle.save().await.map_err(|e| e.to_string())?;
         if saved.modules.is_empty() {
+            // Its records on its own subject, and any this node passed over before (also those
+            // in messages of several runtimes, and those the stream no longer holds).
             let first = match log.stream() {
-                Some(stream) => self.first_record_on(stream.subject(name)).await?,
+                Some(stream) => self
+                    .first_record_on(stream.subject(name))
+                    .await?
+                    .into_iter()
+                    .chain(stream.first_passed_over(name))
+                    .min(),
                 None => None,
             };
             if let Some(first) = first {

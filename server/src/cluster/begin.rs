@@ -40,13 +40,14 @@ impl Cluster {
                 }
             }
         }
-        if let Some((loaded, position)) = usable {
+        if let Some((mut loaded, position)) = usable {
             let file = loaded.info.path().display().to_string();
+            let passed_over = std::mem::take(&mut loaded.body.passed_over);
             let dumps = loaded.body.restore_into(hub, true).await;
             tracing::info!(file, position, epoch = %self.epoch, "cluster: restored snapshot");
-            return Ok((dumps, self.log_at(position)));
+            return Ok((dumps, self.log_at(position, passed_over)));
         }
-        let log = self.log_at(0);
+        let log = self.log_at(0, BTreeMap::new());
         let epoch = match first {
             1 => self.epoch,
             _ => {

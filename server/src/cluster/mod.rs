@@ -47,7 +47,7 @@ mod bucket;
 mod lease;
 mod restore;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
@@ -306,8 +306,9 @@ impl Cluster {
         self.epoch
     }
 
-    /// This node's way into the stream, as its log from `position` on.
-    fn log_at(&self, position: u64) -> Arc<Log> {
+    /// This node's way into the stream, as its log from `position` on, having passed over the
+    /// records of the runtimes in `passed_over` ([`StreamLog::passed_over`]).
+    fn log_at(&self, position: u64, passed_over: BTreeMap<String, u64>) -> Arc<Log> {
         let stream = StreamLog::new(
             self.client.clone(),
             &self.url,
@@ -315,7 +316,8 @@ impl Cluster {
             self.apply_timeout,
             self.durability,
             self.batches_per_message,
-        );
+        )
+        .with_passed_over(passed_over);
         Arc::new(Log::on_stream(stream, position))
     }
 

@@ -8,6 +8,7 @@
 //! or one of this node's own, which makes a publish whose acknowledgement was lost safe to send
 //! again.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -88,6 +89,11 @@ pub struct StreamLog {
     /// The batches waiting to be published together; a runtime's messages go to
     /// `<stream>.in.<runtime>`.
     gather: Gather,
+    /// The runtimes this node does not run whose records it passed over, each with the first
+    /// sequence of theirs it passed over. Snapshots keep it, so that a config that adds one of
+    /// them later finds its history missing wherever the stream held that history: on the
+    /// runtime's subject, in messages of several runtimes, or aged out.
+    passed_over: Mutex<BTreeMap<String, u64>>,
 }
 
 /// What publishing needs, shared with the tasks that publish gathered batches.
@@ -144,7 +150,50 @@ impl StreamLog {
             refusing: Mutex::new(Refusing::Settling),
             epoch,
             gather: Gather::new(format!("{stream}.in."), batches_per_message),
+            passed_over: Mutex::default(),
         }
+    }
+
+    /// Takes on the runtimes a snapshot says were passed over before it
+    /// ([`StreamLog::passed_over`]).
+    pub fn with_passed_over(self, passed_over: BTreeMap<String, u64>) -> Self {
+        *self
+            .passed_over
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = passed_over;
+        self
+    }
+
+    /// Notes that this node passed over a record of `runtime` at `sequence`.
+    pub fn pass_over(&self, runtime: &str, sequence: u64) {
+        let mut passed = self
+            .passed_over
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match passed.get_mut(runtime) {
+            Some(first) => *first = (*first).min(sequence),
+            None => {
+                passed.insert(runtime.to_owned(), sequence);
+            }
+        }
+    }
+
+    /// The runtimes this node passed over records of, each with the first sequence of theirs
+    /// it passed over.
+    pub fn passed_over(&self) -> BTreeMap<String, u64> {
+        self.passed_over
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The first sequence of `runtime`'s that this node passed over, if it passed over any.
+    pub fn first_passed_over(&self, runtime: &str) -> Option<u64> {
+        self.passed_over
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(runtime)
+            .copied()
     }
 
     /// The epoch of the stream's history.

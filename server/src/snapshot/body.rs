@@ -26,6 +26,10 @@ pub struct SnapshotBody {
     /// epoch differs from it after a live restore). `None`: a single node's.
     #[serde(default)]
     pub stream: Option<JournalEpoch>,
+    /// On a cluster: the runtimes this node does not run whose records it passed over, each
+    /// with the first sequence of theirs it passed over (see `StreamLog::passed_over`).
+    #[serde(default)]
+    pub passed_over: BTreeMap<String, u64>,
 }
 
 impl SnapshotBody {

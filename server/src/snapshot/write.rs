@@ -75,6 +75,11 @@ impl Snapshots {
             runtimes,
             log_position: self.log.has_positions().then(|| self.log.committed()),
             stream: self.log.stream().map(|stream| stream.epoch()),
+            passed_over: self
+                .log
+                .stream()
+                .map(|stream| stream.passed_over())
+                .unwrap_or_default(),
         }
     }
 
