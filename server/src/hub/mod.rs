@@ -245,8 +245,8 @@ impl Hub {
         let mut appender = self.journal.appender(&view.name, at_ms);
         for (i, event) in events.iter().enumerate() {
             let key = event.key.as_str();
-            // A key the run's next event sets again is left out of the state: no one sees the
-            // state between the two, and an update cost as much in the state as on the tape.
+            // A key that the run's next event sets again is left out of the state: nothing reads
+            // the state between the two (the run holds its lock), and the next one replaces it.
             let superseded = events.get(i + 1).is_some_and(|next| next.key == event.key);
             let mut journaled = None;
             let appended = appender.append(key, |cursor| {

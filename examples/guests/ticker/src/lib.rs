@@ -41,8 +41,8 @@ pub struct Tick<'a> {
 
 impl Tick<'_> {
     /// Appends the tick as its normalized JSON: what `serde_json` makes of it, with the field
-    /// names written as they are instead of escaped for every tick (a third of the guest's
-    /// time went on that).
+    /// names written as they are instead of escaped for every tick (an eighth of the
+    /// guest's time went on that).
     pub fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
         out.extend_from_slice(b"{\"symbol\":");
         serde_json::to_writer(&mut *out, &self.symbol)?;
