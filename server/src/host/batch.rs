@@ -168,23 +168,26 @@ impl Reader {
     }
 }
 
-/// How many events `buf` holds, at most: its records' tags, read past their fields'
-/// lengths without checking them (the decode does), to size the events once.
-fn count_events(buf: &[u8]) -> usize {
-    let (mut at, mut events) = (0, 0);
-    while let Some(&tag) = buf.get(at) {
+/// How many events `buf` holds, at most: its records' tags, read past their fields as the
+/// decode reads them but without checking them (the decode does), to size the events once.
+fn count_events(buf: &Bytes) -> usize {
+    let mut r = Reader {
+        buf: buf.clone(),
+        at: 0,
+    };
+    let mut events = 0;
+    while let Some(&tag) = r.buf.get(r.at) {
         let fields = match tag {
             abi::TAG_UPDATE => 3,
             abi::TAG_DELETE => 2,
             abi::TAG_GAP => 1,
             _ => return events,
         };
-        at += 1;
+        r.at += 1;
         for _ in 0..fields {
-            let Some(len) = buf.get(at..).and_then(<[u8]>::first_chunk::<4>) else {
+            if r.field().is_err() {
                 return events;
-            };
-            at = at.saturating_add(4 + u32::from_le_bytes(*len) as usize);
+            }
         }
         events += usize::from(tag != abi::TAG_GAP);
     }
@@ -260,18 +263,18 @@ mod tests {
         record(&mut out, abi::TAG_UPDATE, &["v", "a", "1"]);
         record(&mut out, abi::TAG_DELETE, &["v", "a"]);
         record(&mut out, abi::TAG_UPDATE, &["w", "b", "{}"]);
-        assert_eq!(count_events(&out), 3);
+        assert_eq!(count_events(&Bytes::from(out.clone())), 3);
         let batch = decode(Bytes::from(out.clone()), &mut ViewNames::default(), 1 << 20).unwrap();
         assert_eq!((batch.events.len(), batch.events.capacity()), (3, 3));
         // Broken buffers are the decode's to refuse; the count stops where it cannot read on.
         let mut truncated = out.clone();
         truncated.extend_from_slice(&[abi::TAG_UPDATE, 1, 0]);
-        assert_eq!(count_events(&truncated), 3);
+        assert_eq!(count_events(&Bytes::from(truncated)), 3);
         let mut unknown = out.clone();
         record(&mut unknown, 0xee, &[]);
         record(&mut unknown, abi::TAG_DELETE, &["v", "a"]);
-        assert_eq!(count_events(&unknown), 3);
+        assert_eq!(count_events(&Bytes::from(unknown)), 3);
         let huge = [abi::TAG_UPDATE, 0xff, 0xff, 0xff, 0xff];
-        assert_eq!(count_events(&huge), 0);
+        assert_eq!(count_events(&Bytes::copy_from_slice(&huge)), 0);
     }
 }

@@ -157,11 +157,10 @@ impl StreamLog {
     /// Takes on the runtimes a snapshot says were passed over before it
     /// ([`StreamLog::passed_over`]).
     pub fn with_passed_over(self, passed_over: BTreeMap<String, u64>) -> Self {
-        *self
-            .passed_over
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = passed_over;
-        self
+        Self {
+            passed_over: Mutex::new(passed_over),
+            ..self
+        }
     }
 
     /// Notes that this node passed over a record of `runtime` at `sequence`.
