@@ -27,6 +27,7 @@
 //! the view's state holds those frames, never a second copy of payloads.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
@@ -45,6 +46,10 @@ const FRAME_END: &[u8] = b"}\n\n";
 /// One event's wire bytes, encoded once and shared, and where its parts lie in them, so
 /// nothing ever parses SSE text back.
 ///
+/// The bytes are behind the same `Arc` the journal's tape holds, and are allocated to their
+/// exact length: a frame that no subscriber reads costs one buffer and that `Arc`, and the
+/// `Bytes` reference count is made only when one is written out.
+///
 /// Invariants, set by [`event`] and checked when a frame is read back from a snapshot:
 /// `bytes[data_at..]` starts with `data: {"key":`, followed by the key as a JSON string; for
 /// an update, `bytes[value_at - 9..value_at]` is `,"value":` and the value runs from
@@ -52,7 +57,7 @@ const FRAME_END: &[u8] = b"}\n\n";
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "(Bytes, u32, u32)", into = "(Bytes, u32, u32)")]
 pub struct Frame {
-    bytes: Bytes,
+    bytes: Arc<Bytes>,
     data_at: u32,
     /// Where an update's value starts; 0 for a delete.
     value_at: u32,
@@ -61,6 +66,11 @@ pub struct Frame {
 impl Frame {
     /// The wire bytes.
     pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+
+    /// The wire bytes, shared: what the journal's tape holds.
+    pub fn shared(&self) -> &Arc<Bytes> {
         &self.bytes
     }
 
@@ -116,7 +126,7 @@ impl TryFrom<(Bytes, u32, u32)> for Frame {
                     && bytes[value - VALUE_SEPARATOR.len()..value] == *VALUE_SEPARATOR));
         if well_formed {
             Ok(Self {
-                bytes,
+                bytes: Arc::new(bytes),
                 data_at,
                 value_at,
             })
@@ -130,7 +140,11 @@ impl TryFrom<(Bytes, u32, u32)> for Frame {
 
 impl From<Frame> for (Bytes, u32, u32) {
     fn from(frame: Frame) -> Self {
-        (frame.bytes, frame.data_at, frame.value_at)
+        (
+            Arc::unwrap_or_clone(frame.bytes),
+            frame.data_at,
+            frame.value_at,
+        )
     }
 }
 
@@ -139,7 +153,7 @@ pub fn event(cursor: Option<Cursor>, event: &GuestEvent) -> Frame {
     let (kind, key, payload) = (event.kind, event.key.as_str(), &event.payload[..]);
     // id (≤ 42) + event (14) + envelope (27) + key + payload: one
     // allocation for the common case, no doubling slack held by the state.
-    let mut out = BytesMut::with_capacity(88 + key.len() + payload.len());
+    let mut out = Vec::with_capacity(88 + key.len() + payload.len());
     if let Some(cursor) = cursor {
         out.put_slice(b"id: ");
         out.put_slice(cursor.text().as_bytes());
@@ -165,8 +179,11 @@ pub fn event(cursor: Option<Cursor>, event: &GuestEvent) -> Frame {
     out.put_slice(FRAME_END);
     // Frames are bounded by the host's event limit, far below 4 GiB.
     let offset = |at: usize| u32::try_from(at).unwrap_or(u32::MAX);
+    // A buffer of its exact length becomes `Bytes` without a reference count of its own
+    // (the allocator shrinks it in place).
+    out.shrink_to_fit();
     Frame {
-        bytes: out.freeze(),
+        bytes: Arc::new(Bytes::from(out)),
         data_at: offset(data_at),
         value_at: offset(value_at),
     }
@@ -228,16 +245,16 @@ pub(crate) fn reset(reason: ResetReason<'_>, window: &ReplayWindow) -> Bytes {
 }
 
 /// Appends `text` as a JSON string.
-fn put_json_string(out: &mut BytesMut, text: &str) {
+fn put_json_string(out: &mut impl BufMut, text: &str) {
     // serde_json never fails to write a string into a Vec-like writer.
     let _ = serde_json::to_writer((&mut *out).writer(), text);
 }
 
 /// Appends `payload`, turning each line break (CRLF, LF or CR) into a new
 /// `data: ` line.
-fn put_lines(out: &mut BytesMut, payload: &[u8]) {
+fn put_lines(out: &mut impl BufMut, payload: &[u8]) {
     let mut rest = payload;
-    while let Some(at) = rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+    while let Some(at) = memchr::memchr2(b'\n', b'\r', rest) {
         out.put_slice(&rest[..at]);
         out.put_u8(b'\n');
         out.put_slice(DATA);

@@ -251,7 +251,7 @@ impl Hub {
             let mut journaled = None;
             let appended = appender.append(key, |cursor| {
                 let frame = frame::event(Some(cursor), event);
-                let bytes = Arc::new(frame.bytes().clone());
+                let bytes = Arc::clone(frame.shared());
                 journaled = Some(frame);
                 Ok::<_, Infallible>(bytes)
             });
