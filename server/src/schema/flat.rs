@@ -8,9 +8,8 @@
 //! checked against a type) goes to the full validator, which also words every violation. A
 //! schema with any keyword outside this shape has no fast path at all.
 
-use std::fmt;
+use std::borrow::Cow;
 
-use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde_json::{Map, Value};
 
 /// Keywords that only annotate: they never make a value fail.
@@ -116,9 +115,34 @@ impl Flat {
 
     /// Whether `payload` certainly fits; `false` also when unsure.
     pub(super) fn fits(&self, payload: &[u8]) -> bool {
-        let mut de = serde_json::Deserializer::from_slice(payload);
-        let fits = de::Deserializer::deserialize_any(&mut de, ObjectCheck(self)).unwrap_or(false);
-        fits && de.end().is_ok()
+        self.read(&mut Scan(payload)).is_some()
+    }
+
+    /// Reads the payload's object member by member: `None` as soon as something does not fit
+    /// or is not certainly JSON.
+    fn read(&self, scan: &mut Scan<'_>) -> Option<()> {
+        scan.take(b'{')?;
+        let mut seen = 0u64;
+        if !scan.took(b'}') {
+            loop {
+                let key = scan.string()?;
+                scan.take(b':')?;
+                let value = scan.value()?;
+                match self.index(&key) {
+                    Some(index) => {
+                        self.properties[index].1.fits(value).then_some(())?;
+                        seen |= 1 << index;
+                    }
+                    None => (!self.closed).then_some(())?,
+                }
+                if !scan.took(b',') {
+                    scan.take(b'}')?;
+                    break;
+                }
+            }
+        }
+        (seen & self.required == self.required).then_some(())?;
+        scan.end()
     }
 }
 
@@ -199,7 +223,7 @@ fn integer(value: &Value) -> Option<i128> {
 enum Scalar {
     /// A string, by its length in characters (what `minLength` counts).
     String(u64),
-    /// A number written without a fraction or an exponent.
+    /// An integer that fits an `i64` or a `u64`, written without a fraction or an exponent.
     Integer(i128),
     Float,
     Boolean,
@@ -208,107 +232,148 @@ enum Scalar {
     Nested,
 }
 
-/// Visits the payload's top-level object. Any other value is an error of the visitor's, which
-/// [`Flat::fits`] takes as "unsure" (the full validator words why).
-struct ObjectCheck<'a>(&'a Flat);
+/// The largest magnitude (digits before the point plus the exponent) of a float taken as
+/// certainly finite: far from `f64::MAX`'s 309, past which `serde_json` refuses a number.
+const FINITE_DIGITS: u64 = 300;
 
-impl<'de> Visitor<'de> for ObjectCheck<'_> {
-    type Value = bool;
+/// The unread rest of a payload. Every read takes only what is certainly JSON as
+/// `serde_json` reads it, and says `None` to anything else, which the full check then words.
+struct Scan<'a>(&'a [u8]);
 
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object")
+impl<'a> Scan<'a> {
+    fn skip_whitespace(&mut self) {
+        while let [b' ' | b'\t' | b'\n' | b'\r', rest @ ..] = self.0 {
+            self.0 = rest;
+        }
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
-        let flat = self.0;
-        let mut seen = 0u64;
-        let mut fits = true;
-        while let Some(key) = map.next_key_seed(KeySeed(flat))? {
-            match key {
-                Some(index) => {
-                    let value = map.next_value_seed(ScalarSeed)?;
-                    fits &= flat.properties[index].1.fits(value);
-                    seen |= 1 << index;
+    /// Takes `byte` if it comes next, after any whitespace.
+    fn took(&mut self, byte: u8) -> bool {
+        self.skip_whitespace();
+        match self.0 {
+            [first, rest @ ..] if *first == byte => {
+                self.0 = rest;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn take(&mut self, byte: u8) -> Option<()> {
+        self.took(byte).then_some(())
+    }
+
+    /// Only whitespace is left.
+    fn end(&mut self) -> Option<()> {
+        self.skip_whitespace();
+        self.0.is_empty().then_some(())
+    }
+
+    /// A string: its text.
+    fn string(&mut self) -> Option<Cow<'a, str>> {
+        self.skip_whitespace();
+        let whole = self.0;
+        let body = whole.strip_prefix(b"\"")?;
+        let (mut end, mut escaped) = (0, false);
+        loop {
+            end += memchr::memchr2(b'"', b'\\', body.get(end..)?)?;
+            if body[end] == b'"' {
+                break;
+            }
+            // A backslash and the character it escapes.
+            (end, escaped) = (end + 2, true);
+        }
+        self.0 = &body[end + 1..];
+        if escaped {
+            // Escapes, surrogate pairs included, are `serde_json`'s to decode.
+            return serde_json::from_slice(&whole[..end + 2])
+                .ok()
+                .map(Cow::Owned);
+        }
+        let raw = &body[..end];
+        if raw.iter().any(|&b| b < 0x20) {
+            return None;
+        }
+        std::str::from_utf8(raw).ok().map(Cow::Borrowed)
+    }
+
+    /// One value, as far as a property's check needs to know it.
+    fn value(&mut self) -> Option<Scalar> {
+        self.skip_whitespace();
+        Some(match self.0.first()? {
+            b'"' => Scalar::String(self.string()?.chars().count() as u64),
+            b't' => self.literal(b"true", Scalar::Boolean)?,
+            b'f' => self.literal(b"false", Scalar::Boolean)?,
+            b'n' => self.literal(b"null", Scalar::Null)?,
+            b'[' | b'{' => {
+                // Nested values are rare here: `serde_json` reads them whole.
+                let mut values = serde_json::Deserializer::from_slice(self.0).into_iter::<Value>();
+                values.next()?.ok()?;
+                self.0 = &self.0[values.byte_offset()..];
+                Scalar::Nested
+            }
+            _ => self.number()?,
+        })
+    }
+
+    fn literal(&mut self, word: &[u8], scalar: Scalar) -> Option<Scalar> {
+        self.0 = self.0.strip_prefix(word)?;
+        Some(scalar)
+    }
+
+    /// A number, read as `serde_json` reads it: an integer that fits an `i64` or a `u64` is
+    /// one; `-0`, a larger integer, and anything with a fraction or an exponent is a float.
+    fn number(&mut self) -> Option<Scalar> {
+        let bytes = self.0;
+        let digits = |from: usize| {
+            let count = bytes
+                .get(from..)?
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count();
+            (count > 0).then_some(count)
+        };
+        let negative = bytes.first() == Some(&b'-');
+        let sign = usize::from(negative);
+        let whole = digits(sign)?;
+        if whole > 1 && bytes[sign] == b'0' {
+            return None;
+        }
+        let mut at = sign + whole;
+        let mut float = false;
+        if bytes.get(at) == Some(&b'.') {
+            at += 1 + digits(at + 1)?;
+            float = true;
+        }
+        let mut exponent = 0u64;
+        if matches!(bytes.get(at), Some(b'e' | b'E')) {
+            at += 1;
+            let raises = bytes.get(at) != Some(&b'-');
+            at += usize::from(matches!(bytes.get(at), Some(b'+' | b'-')));
+            let count = digits(at)?;
+            if raises {
+                exponent = std::str::from_utf8(&bytes[at..at + count])
+                    .ok()?
+                    .parse()
+                    .unwrap_or(u64::MAX);
+            }
+            at += count;
+            float = true;
+        }
+        self.0 = &bytes[at..];
+        if !float {
+            let magnitude = bytes[sign..sign + whole].iter().try_fold(0u64, |n, &d| {
+                n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+            });
+            match (negative, magnitude) {
+                (false, Some(n)) => return Some(Scalar::Integer(n.into())),
+                (true, Some(n)) if n != 0 && n <= i64::MIN.unsigned_abs() => {
+                    return Some(Scalar::Integer(-i128::from(n)))
                 }
-                None => {
-                    map.next_value::<IgnoredAny>()?;
-                    fits &= !flat.closed;
-                }
+                _ => {}
             }
         }
-        Ok(fits && seen & flat.required == flat.required)
-    }
-}
-
-/// Reads a key as the index of its property (`None`: not one), without copying it.
-struct KeySeed<'a>(&'a Flat);
-
-impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
-    type Value = Option<usize>;
-
-    fn deserialize<D: de::Deserializer<'de>>(
-        self,
-        deserializer: D,
-    ) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for KeySeed<'_> {
-    type Value = Option<usize>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a key")
-    }
-
-    fn visit_str<E: de::Error>(self, key: &str) -> Result<Self::Value, E> {
-        Ok(self.0.index(key))
-    }
-}
-
-/// Reads one property's value as a [`Scalar`].
-struct ScalarSeed;
-
-impl<'de> DeserializeSeed<'de> for ScalarSeed {
-    type Value = Scalar;
-
-    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Scalar, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for ScalarSeed {
-    type Value = Scalar;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Scalar, E> {
-        Ok(Scalar::Boolean)
-    }
-    fn visit_i64<E: de::Error>(self, n: i64) -> Result<Scalar, E> {
-        Ok(Scalar::Integer(i128::from(n)))
-    }
-    fn visit_u64<E: de::Error>(self, n: u64) -> Result<Scalar, E> {
-        Ok(Scalar::Integer(i128::from(n)))
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Scalar, E> {
-        Ok(Scalar::Float)
-    }
-    fn visit_str<E: de::Error>(self, text: &str) -> Result<Scalar, E> {
-        Ok(Scalar::String(text.chars().count() as u64))
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Scalar, E> {
-        Ok(Scalar::Null)
-    }
-    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Scalar, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Scalar::Nested)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Scalar, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Scalar::Nested)
+        ((whole as u64).saturating_add(exponent) <= FINITE_DIGITS).then_some(Scalar::Float)
     }
 }
 
@@ -339,6 +404,9 @@ mod tests {
         let flat = Flat::compile(&tick_schema()).expect("a flat schema");
         assert!(flat.fits(br#"{"symbol":"ACME","price":12.5,"seq":7}"#));
         assert!(flat.fits(br#" {"seq":0,"price":-3,"symbol":"\u00e9"} "#));
+        assert!(flat.fits(
+            b"{ \"symbol\" :\t\"\xc3\xa9\\\"\" ,\r\n\"price\": -0.5e-3 , \"seq\":18446744073709551615}\n"
+        ));
         for bad in [
             &br#"{"symbol":"","price":1,"seq":1}"#[..],
             br#"{"symbol":"A","price":1,"seq":-1}"#,
@@ -349,6 +417,35 @@ mod tests {
             br#"{"symbol":"A","price":1,"seq":1} x"#,
             br#"[{"symbol":"A","price":1,"seq":1}]"#,
             b"not json",
+            br#"{"symbol":"A","price":1e400,"seq":1}"#,
+            br#"{"symbol":"A","price":01,"seq":1}"#,
+            br#"{"symbol":"A","price":1.,"seq":1}"#,
+            br#"{"symbol":"A","price":-,"seq":1}"#,
+            br#"{"symbol":"A","price":1e,"seq":1}"#,
+            br#"{"symbol":"A","price":1,"seq":18446744073709551616}"#,
+            br#"{"symbol":"A","price":1,"seq":-0}"#,
+            br#"{"symbol":"A","price":1,"seq":1,}"#,
+            br#"{"symbol":"A","price":1,"seq":1"#,
+            br#"{"symbol":"\ud800","price":1,"seq":1}"#,
+            br#"{"symbol":"\x","price":1,"seq":1}"#,
+            br#"{"symbol":"A\","price":1,"seq":1}"#,
+            b"{\"symbol\":\"a\tb\",\"price\":1,\"seq\":1}",
+            b"{\"symbol\":\"\xff\",\"price\":1,\"seq\":1}",
+        ] {
+            assert!(!flat.fits(bad), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn nested_values_are_read_whole() {
+        let flat = Flat::compile(&json!({"type": "object", "properties": {"a": {}}}))
+            .expect("a flat schema");
+        assert!(flat.fits(br#"{"a":[1,{"b":"\u00e9"}],"c":{}}"#));
+        for bad in [
+            &b"{\"a\":[\"\xff\"]}"[..],
+            br#"{"a":["\ud800"]}"#,
+            br#"{"a":[1,]}"#,
+            br#"{"a":[1}"#,
         ] {
             assert!(!flat.fits(bad), "{}", String::from_utf8_lossy(bad));
         }
@@ -445,6 +542,13 @@ mod tests {
             "\"x\"",
             "\"xy\"",
             "\"\\u00e9\\u00e9\"",
+            "\"\\n\"",
+            "\"\\ud800\"",
+            "\"\\ud83d\\ude00\"",
+            "\"\\\"\"",
+            "\"\\q\"",
+            "\"\t\"",
+            "\"é\"",
             "0",
             "1",
             "-1",
@@ -456,6 +560,20 @@ mod tests {
             "1e2",
             "2.0e0",
             "18446744073709551616",
+            "18446744073709551615",
+            "9223372036854775808",
+            "-9223372036854775808",
+            "-9223372036854775809",
+            "1e400",
+            "-1e400",
+            "1E+2",
+            "0.5e-3",
+            "1e-400",
+            "01",
+            "1.",
+            "-",
+            ".5",
+            " 1 ",
             "true",
             "false",
             "null",
@@ -463,6 +581,8 @@ mod tests {
             "[1]",
             "{}",
             "{\"a\":1}",
+            "[\"\\ud800\"]",
+            "[1,]",
         ]);
         let object = prop::collection::vec(
             (prop::sample::select(vec!["a", "b", "c", "d"]), value),
@@ -473,7 +593,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| format!("\"{k}\":{v}"))
                 .collect();
-            format!("{{{}}}", members.join(","))
+            format!("{{{}}}", members.join(" ,\n"))
         });
         prop_oneof![
             8 => object,
