@@ -103,14 +103,14 @@ impl Flat {
             return None;
         }
         for name in required {
-            let index = flat.index(name.as_str()?)?;
+            let index = flat.index(name.as_str()?.as_bytes())?;
             flat.required |= 1 << index;
         }
         Some(flat)
     }
 
-    fn index(&self, name: &str) -> Option<usize> {
-        self.properties.iter().position(|(n, _)| n == name)
+    fn index(&self, name: &[u8]) -> Option<usize> {
+        self.properties.iter().position(|(n, _)| n.as_bytes() == name)
     }
 
     /// Whether `payload` certainly fits; `false` also when unsure.
@@ -128,7 +128,7 @@ impl Flat {
                 let key = scan.string()?;
                 scan.take(b':')?;
                 let value = scan.value()?;
-                match self.index(&key) {
+                match self.index(&key.bytes) {
                     Some(index) => {
                         self.properties[index].1.fits(value).then_some(())?;
                         seen |= 1 << index;
@@ -236,6 +236,12 @@ enum Scalar {
 /// certainly finite: far from `f64::MAX`'s 309, past which `serde_json` refuses a number.
 const FINITE_DIGITS: u64 = 300;
 
+/// A string's text, as UTF-8, and its length in characters (what `minLength` counts).
+struct Text<'a> {
+    bytes: Cow<'a, [u8]>,
+    chars: u64,
+}
+
 /// The unread rest of a payload. Every read takes only what is certainly JSON as
 /// `serde_json` reads it, and says `None` to anything else, which the full check then words.
 struct Scan<'a>(&'a [u8]);
@@ -269,39 +275,37 @@ impl<'a> Scan<'a> {
         self.0.is_empty().then_some(())
     }
 
-    /// A string: its text.
-    fn string(&mut self) -> Option<Cow<'a, str>> {
+    /// A string.
+    fn string(&mut self) -> Option<Text<'a>> {
         self.skip_whitespace();
         let whole = self.0;
         let body = whole.strip_prefix(b"\"")?;
-        let (mut end, mut escaped) = (0, false);
-        loop {
-            end += memchr::memchr2(b'"', b'\\', body.get(end..)?)?;
-            if body[end] == b'"' {
-                break;
-            }
-            // A backslash and the character it escapes.
-            (end, escaped) = (end + 2, true);
+        // Most strings here are short and plain ASCII: one pass finds their end.
+        let end = body
+            .iter()
+            .position(|&b| matches!(b, b'"' | b'\\' | ..0x20 | 0x80..))?;
+        if body[end] == b'"' {
+            self.0 = &body[end + 1..];
+            return Some(Text {
+                bytes: Cow::Borrowed(&body[..end]),
+                chars: end as u64,
+            });
         }
-        self.0 = &body[end + 1..];
-        if escaped {
-            // Escapes, surrogate pairs included, are `serde_json`'s to decode.
-            return serde_json::from_slice(&whole[..end + 2])
-                .ok()
-                .map(Cow::Owned);
-        }
-        let raw = &body[..end];
-        if raw.iter().any(|&b| b < 0x20) {
-            return None;
-        }
-        std::str::from_utf8(raw).ok().map(Cow::Borrowed)
+        // Escapes, surrogate pairs and the rest of UTF-8 are `serde_json`'s to read.
+        let mut strings = serde_json::Deserializer::from_slice(whole).into_iter::<String>();
+        let text = strings.next()?.ok()?;
+        self.0 = &whole[strings.byte_offset()..];
+        Some(Text {
+            chars: text.chars().count() as u64,
+            bytes: Cow::Owned(text.into_bytes()),
+        })
     }
 
     /// One value, as far as a property's check needs to know it.
     fn value(&mut self) -> Option<Scalar> {
         self.skip_whitespace();
         Some(match self.0.first()? {
-            b'"' => Scalar::String(self.string()?.chars().count() as u64),
+            b'"' => Scalar::String(self.string()?.chars),
             b't' => self.literal(b"true", Scalar::Boolean)?,
             b'f' => self.literal(b"false", Scalar::Boolean)?,
             b'n' => self.literal(b"null", Scalar::Null)?,
