@@ -180,7 +180,7 @@ pub fn event(cursor: Option<Cursor>, event: &GuestEvent) -> Frame {
     // Frames are bounded by the host's event limit, far below 4 GiB.
     let offset = |at: usize| u32::try_from(at).unwrap_or(u32::MAX);
     // A buffer of its exact length becomes `Bytes` without a reference count of its own
-    // (the allocator shrinks it in place).
+    // (mimalloc shrinks it in place).
     out.shrink_to_fit();
     Frame {
         bytes: Arc::new(Bytes::from(out)),

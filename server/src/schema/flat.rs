@@ -110,7 +110,9 @@ impl Flat {
     }
 
     fn index(&self, name: &[u8]) -> Option<usize> {
-        self.properties.iter().position(|(n, _)| n.as_bytes() == name)
+        self.properties
+            .iter()
+            .position(|(n, _)| n.as_bytes() == name)
     }
 
     /// Whether `payload` certainly fits; `false` also when unsure.
