@@ -1,12 +1,13 @@
 //! The fast path of a check: a schema of the shape most views have — an object of named
 //! properties, each a plain type (`string`, `number`, `integer`, `boolean`, `null`), with
-//! `required`, `additionalProperties: false`, string lengths and integer bounds — checked on the
-//! payload's bytes, without building a `serde_json::Value`.
+//! `required`, `additionalProperties: false`, string lengths and integer bounds — checked by a
+//! scan of the payload's bytes. Only a string with escapes or non-ASCII text, and a nested value,
+//! are handed to `serde_json` to read.
 //!
 //! It only ever says "fits" for a value the full validator accepts; anything it is unsure of
-//! (a float where an integer is wanted, a bound it does not compare exactly, a nested value
-//! checked against a type) goes to the full validator, which also words every violation. A
-//! schema with any keyword outside this shape has no fast path at all.
+//! (a float where an integer is wanted, a float near overflow, a bound it does not compare
+//! exactly, a nested value checked against a type) goes to the full validator, which also words
+//! every violation. A schema with any keyword outside this shape has no fast path at all.
 
 use std::borrow::Cow;
 
