@@ -609,6 +609,21 @@ mod tests {
         ]
     }
 
+    #[derive(Debug, Clone, Copy)]
+    enum Edit {
+        Replace,
+        Insert,
+        Remove,
+    }
+
+    /// One edit of a payload: where, which byte, and how.
+    fn edit() -> impl Strategy<Value = (usize, u8, Edit)> {
+        let bytes =
+            prop::sample::select(b"\"\\019-.eE+ \t\n\x01\xff\xc3\xa9{}[],:ud8atnx".to_vec());
+        let how = prop::sample::select(vec![Edit::Replace, Edit::Insert, Edit::Remove]);
+        (0usize..64, bytes, how)
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2_000))]
 
@@ -621,6 +636,30 @@ mod tests {
                 let validator = jsonschema::validator_for(&schema).unwrap();
                 let value: Value = serde_json::from_str(&payload).unwrap();
                 prop_assert!(validator.is_valid(&value), "{} against {}", payload, schema);
+            }
+        }
+
+        /// Nor does it for a tick edited byte by byte: bytes replaced, inserted or removed,
+        /// among them quotes, backslashes, digits, control characters and broken UTF-8.
+        #[test]
+        fn an_edited_tick_fits_only_if_valid(edits in prop::collection::vec(edit(), 1..5)) {
+            let schema = tick_schema();
+            let flat = Flat::compile(&schema).unwrap();
+            let mut payload =
+                br#"{"symbol":"AC\u00e9E","price":-12.5e1,"seq":7,"symbol":"B"}"#.to_vec();
+            for (at, byte, how) in edits {
+                let at = at.min(payload.len());
+                match how {
+                    Edit::Replace if at < payload.len() => payload[at] = byte,
+                    Edit::Insert => payload.insert(at, byte),
+                    Edit::Remove if at < payload.len() => drop(payload.remove(at)),
+                    _ => {}
+                }
+            }
+            if flat.fits(&payload) {
+                let value: Value = serde_json::from_slice(&payload).unwrap();
+                let validator = jsonschema::validator_for(&schema).unwrap();
+                prop_assert!(validator.is_valid(&value), "{}", String::from_utf8_lossy(&payload));
             }
         }
     }
