@@ -313,7 +313,8 @@ impl<'a> Scan<'a> {
             b'f' => self.literal(b"false", Scalar::Boolean)?,
             b'n' => self.literal(b"null", Scalar::Null)?,
             b'[' | b'{' => {
-                // Nested values are rare here: `serde_json` reads them whole.
+                // Nested values are rare here: `serde_json` reads them whole, into a `Value`
+                // (skipping them as `IgnoredAny` would check neither UTF-8 nor surrogates).
                 let mut values = serde_json::Deserializer::from_slice(self.0).into_iter::<Value>();
                 values.next()?.ok()?;
                 self.0 = &self.0[values.byte_offset()..];
