@@ -17,6 +17,9 @@
 //!                        (live module deploys under open-loop ingest; bench/src/deploy.rs)
 //! viewtape-bench stop    [--clients 1000 --stalled 30 --spread-seconds 5]
 //!                        (a graceful stop with stalled clients, reconnect spread; bench/src/stop.rs)
+//! viewtape-bench floor   [--port 0 --max-seconds 600]
+//!                        (a peer that only writes each message to every socket: the kernel's
+//!                        floor for fanout --peer nchan; bench/src/floor.rs)
 //! common: --addr 127.0.0.1:PORT [--pid PID]   (a running server; PID for RSS/CPU)
 //!         or nothing: spawns target/<profile>/viewtape serve --demo-rate 0 [--server-arg …]
 //!         or --peer nchan --peer-url http://127.0.0.1:PORT [--pid WORKER_PID]
@@ -58,6 +61,7 @@ mod cluster;
 mod deploy;
 mod durable;
 mod fanout;
+mod floor;
 mod histogram;
 mod idle;
 mod jetstream;
@@ -76,7 +80,7 @@ use anyhow::{bail, Context as _};
 use crate::args::Args;
 use crate::target::Target;
 
-const USAGE: &str = "usage: viewtape-bench <fanout|replay|idle|stalled|cluster|durable|restart|deploy|stop> [options]; see the module docs in bench/src/main.rs";
+const USAGE: &str = "usage: viewtape-bench <fanout|replay|idle|stalled|cluster|durable|restart|deploy|stop|floor> [options]; see the module docs in bench/src/main.rs";
 
 fn main() -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -88,6 +92,11 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let args = Args::parse(rest)?;
+    if command == "floor" {
+        let options = floor::Options::from_args(&args)?;
+        args.finish()?;
+        return floor::run(&options);
+    }
     // `--pin` pins this process to one CPU before any thread exists; kept to the end.
     let pinned = match command.as_str() {
         "durable" | "fanout" | "idle" => pin::pin_before_runtime(&args)?,
