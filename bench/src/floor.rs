@@ -214,10 +214,14 @@ mod tests {
                 s
             })
             .collect();
-        // Subscribing is done once the head is written; wait for the list to hold both.
-        while floor.subscribers.lock().unwrap().0.len() < 2 {
+        // The head is written just before the socket joins the list: wait (10 s at most).
+        for _ in 0..2_000 {
+            if floor.subscribers.lock().unwrap().0.len() == 2 {
+                break;
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
+        assert_eq!(floor.subscribers.lock().unwrap().0.len(), 2);
         let mut publisher = TcpStream::connect(addr).unwrap();
         publisher
             .set_read_timeout(Some(Duration::from_secs(10)))
