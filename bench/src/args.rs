@@ -7,7 +7,7 @@ use std::str::FromStr;
 use anyhow::{anyhow, bail, Context as _};
 
 /// Flags that take no value (`--pin` means `--pin=true`); `--pin=false` turns one off.
-pub const SWITCHES: [&str; 3] = ["compare", "narrow", "pin"];
+pub const SWITCHES: [&str; 4] = ["compare", "io-uring", "narrow", "pin"];
 
 /// Parsed `--name value` / `--name=value` pairs; repeated names keep every value.
 #[derive(Debug, Default)]

@@ -6,10 +6,12 @@
 //! `Last-Event-ID` is ignored), no storage, nothing read but the request line and
 //! `Content-Length`. A publish is written as one HTTP/1.1 chunk to every subscriber's socket, one
 //! blocking `write` each, before it is answered. What a run measures is the kernel's share of a
-//! delivery on this machine with this load client: no server can deliver sooner.
+//! delivery on this machine with this load client: no server that makes a syscall per socket can
+//! deliver sooner. With `--io-uring` the sends of a message go to the kernel in one submission
+//! (io_uring), which takes the syscall per socket away too.
 //!
 //! ```text
-//! taskset -c 0 viewtape-bench floor [--port 0] [--max-seconds 600]
+//! taskset -c 0 viewtape-bench floor [--port 0] [--max-seconds 600] [--io-uring]
 //! ```
 //!
 //! prints `FLOOR_URL=http://127.0.0.1:PORT FLOOR_PID=PID`, then serves until `--max-seconds`
@@ -17,25 +19,32 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context as _};
+use io_uring::{opcode, types, IoUring};
 
 use crate::args::Args;
 
 /// Largest message body taken (a tick is well under it).
 const MAX_BODY: usize = 64 * 1024;
 
+/// Sends per io_uring submission.
+const RING_ENTRIES: u32 = 1024;
+
 /// What to run.
 #[derive(Debug)]
 pub struct Options {
     port: u16,
     max_seconds: u64,
+    io_uring: bool,
 }
 
 impl Options {
-    /// `--port` (default 0: any free port), `--max-seconds` (1..=3600, default 600).
+    /// `--port` (default 0: any free port), `--max-seconds` (1..=3600, default 600),
+    /// `--io-uring`.
     ///
     /// # Errors
     /// On out-of-bounds values.
@@ -43,6 +52,7 @@ impl Options {
         Ok(Self {
             port: args.num("port", 0u16, 0, u16::MAX)?,
             max_seconds: args.num("max-seconds", 600u64, 1, 3600)?,
+            io_uring: args.switch("io-uring")?,
         })
     }
 }
@@ -50,8 +60,12 @@ impl Options {
 /// Binds `127.0.0.1:--port`, prints the URL and PID, and serves until `--max-seconds` pass.
 ///
 /// # Errors
-/// If the port cannot be bound.
+/// If the port cannot be bound, or with `--io-uring` the ring cannot be made.
 pub fn run(options: &Options) -> anyhow::Result<()> {
+    let ring = match options.io_uring {
+        true => Some(IoUring::new(RING_ENTRIES).context("io_uring")?),
+        false => None,
+    };
     let listener = TcpListener::bind(("127.0.0.1", options.port)).context("bind")?;
     let addr = listener.local_addr()?;
     println!("FLOOR_URL=http://{addr} FLOOR_PID={}", std::process::id());
@@ -62,51 +76,113 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         eprintln!("floor: --max-seconds {seconds} passed, stopping");
         std::process::exit(0);
     });
-    let floor: &'static Floor = Box::leak(Box::new(Floor::new()));
+    let floor: &'static Floor = Box::leak(Box::new(Floor::new(ring)));
     serve(&listener, floor)
 }
 
-/// The subscribers' sockets and the id of the last message.
+/// The subscribers and the messages' ids.
 struct Floor {
     /// nchan's ids are `<time>:<tag>`; the time is the start's, the tag counts messages.
     time: u64,
-    subscribers: Mutex<(Vec<TcpStream>, u64)>,
+    state: Mutex<State>,
+}
+
+struct State {
+    subscribers: Vec<TcpStream>,
+    tag: u64,
+    /// With `--io-uring`: the ring every send goes through.
+    ring: Option<IoUring>,
 }
 
 impl Floor {
-    fn new() -> Self {
+    fn new(ring: Option<IoUring>) -> Self {
         let time = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         Self {
             time,
-            subscribers: Mutex::new((Vec::new(), 0)),
+            state: Mutex::new(State {
+                subscribers: Vec::new(),
+                tag: 0,
+                ring,
+            }),
         }
     }
 
-    /// Writes `body` to every subscriber; returns its id. A subscriber whose write fails is
-    /// dropped.
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Writes `body` to every subscriber; returns its id. A subscriber that did not take the
+    /// whole chunk is dropped.
     fn publish(&self, body: &str) -> String {
-        let mut guard = self
-            .subscribers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let (subscribers, tag) = &mut *guard;
+        let mut state = self.lock();
+        let State {
+            subscribers,
+            tag,
+            ring,
+        } = &mut *state;
         *tag += 1;
         let id = format!("{}:{tag}", self.time);
         let event = format!("id: {id}\ndata: {body}\n\n");
         let chunk = format!("{:x}\r\n{event}\r\n", event.len());
-        subscribers.retain(|mut socket| socket.write_all(chunk.as_bytes()).is_ok());
+        match ring {
+            None => subscribers.retain(|mut socket| socket.write_all(chunk.as_bytes()).is_ok()),
+            Some(ring) => {
+                let mut sent = send_all(ring, subscribers, chunk.as_bytes()).into_iter();
+                subscribers.retain(|_| sent.next().unwrap_or(false));
+            }
+        }
         id
     }
 
     fn subscribe(&self, socket: TcpStream) {
-        self.subscribers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .0
-            .push(socket);
+        self.lock().subscribers.push(socket);
     }
+}
+
+/// Sends `bytes` to every socket through `ring`, [`RING_ENTRIES`] sends per submission; whether
+/// each socket took all of it.
+fn send_all(ring: &mut IoUring, sockets: &[TcpStream], bytes: &[u8]) -> Vec<bool> {
+    let mut sent = vec![false; sockets.len()];
+    let Ok(len) = u32::try_from(bytes.len()) else {
+        return sent;
+    };
+    for (first, batch) in sockets.chunks(RING_ENTRIES as usize).enumerate() {
+        let first = first * RING_ENTRIES as usize;
+        for (i, socket) in batch.iter().enumerate() {
+            let send = opcode::Send::new(types::Fd(socket.as_raw_fd()), bytes.as_ptr(), len)
+                .build()
+                .user_data((first + i) as u64);
+            // SAFETY: the send reads `bytes` and uses the socket's descriptor until it
+            // completes, and both outlive it: every send of the batch is reaped below before
+            // the next batch is pushed or this returns (or the process exits).
+            let pushed = unsafe { ring.submission().push(&send) };
+            assert!(pushed.is_ok(), "a batch is at most the ring's size");
+        }
+        let mut reaped = 0;
+        while reaped < batch.len() {
+            match ring.submit_and_wait(batch.len() - reaped) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // Sends may still be reading `bytes`: returning would free it under them.
+                    eprintln!("floor: io_uring: {e}");
+                    std::process::exit(1);
+                }
+            }
+            for done in ring.completion() {
+                reaped += 1;
+                if let Some(ok) = usize::try_from(done.user_data())
+                    .ok()
+                    .and_then(|i| sent.get_mut(i))
+                {
+                    *ok = u32::try_from(done.result()) == Ok(len);
+                }
+            }
+        }
+    }
+    sent
 }
 
 /// Accepts connections for ever, a thread each until it is a subscriber.
@@ -199,9 +275,18 @@ mod tests {
 
     #[test]
     fn a_publish_reaches_every_subscriber_as_one_chunk_before_it_is_answered() {
+        publish_and_follow(None);
+    }
+
+    #[test]
+    fn through_io_uring_too() {
+        publish_and_follow(Some(IoUring::new(RING_ENTRIES).unwrap()));
+    }
+
+    fn publish_and_follow(ring: Option<IoUring>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let floor: &'static Floor = Box::leak(Box::new(Floor::new()));
+        let floor: &'static Floor = Box::leak(Box::new(Floor::new(ring)));
         std::thread::spawn(move || serve(&listener, floor));
         let mut subscribers: Vec<TcpStream> = (0..2)
             .map(|_| {
@@ -216,12 +301,12 @@ mod tests {
             .collect();
         // The head is written just before the socket joins the list: wait (10 s at most).
         for _ in 0..2_000 {
-            if floor.subscribers.lock().unwrap().0.len() == 2 {
+            if floor.lock().subscribers.len() == 2 {
                 break;
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert_eq!(floor.subscribers.lock().unwrap().0.len(), 2);
+        assert_eq!(floor.lock().subscribers.len(), 2);
         let mut publisher = TcpStream::connect(addr).unwrap();
         publisher
             .set_read_timeout(Some(Duration::from_secs(10)))
@@ -251,6 +336,6 @@ mod tests {
         for _ in 0..3 {
             floor.publish("{}");
         }
-        assert_eq!(floor.subscribers.lock().unwrap().0.len(), 1);
+        assert_eq!(floor.lock().subscribers.len(), 1);
     }
 }
