@@ -17,9 +17,10 @@
 //!                        (live module deploys under open-loop ingest; bench/src/deploy.rs)
 //! viewtape-bench stop    [--clients 1000 --stalled 30 --spread-seconds 5]
 //!                        (a graceful stop with stalled clients, reconnect spread; bench/src/stop.rs)
-//! viewtape-bench floor   [--port 0 --max-seconds 600]
-//!                        (a peer that only writes each message to every socket: the kernel's
-//!                        floor for fanout --peer nchan; bench/src/floor.rs)
+//! viewtape-bench floor   [--port 0 --max-seconds 600] [--io-uring]
+//!                        (a peer that only writes each message to every socket, with
+//!                        --io-uring in one submission: the floor under fanout --peer nchan;
+//!                        bench/src/floor.rs)
 //! common: --addr 127.0.0.1:PORT [--pid PID]   (a running server; PID for RSS/CPU)
 //!         or nothing: spawns target/<profile>/viewtape serve --demo-rate 0 [--server-arg …]
 //!         or --peer nchan --peer-url http://127.0.0.1:PORT [--pid WORKER_PID]
