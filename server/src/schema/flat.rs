@@ -295,9 +295,7 @@ impl<'a> Scan<'a> {
             });
         }
         // Escapes, surrogate pairs and the rest of UTF-8 are `serde_json`'s to read.
-        let mut strings = serde_json::Deserializer::from_slice(whole).into_iter::<String>();
-        let text = strings.next()?.ok()?;
-        self.0 = &whole[strings.byte_offset()..];
+        let text: String = self.serde()?;
         Some(Text {
             chars: text.chars().count() as u64,
             bytes: Cow::Owned(text.into_bytes()),
@@ -315,13 +313,19 @@ impl<'a> Scan<'a> {
             b'[' | b'{' => {
                 // Nested values are rare here: `serde_json` reads them whole, into a `Value`
                 // (skipping them as `IgnoredAny` would check neither UTF-8 nor surrogates).
-                let mut values = serde_json::Deserializer::from_slice(self.0).into_iter::<Value>();
-                values.next()?.ok()?;
-                self.0 = &self.0[values.byte_offset()..];
+                self.serde::<Value>()?;
                 Scalar::Nested
             }
             _ => self.number()?,
         })
+    }
+
+    /// The next value as `serde_json` reads it, into a `T`.
+    fn serde<T: serde::de::DeserializeOwned>(&mut self) -> Option<T> {
+        let mut values = serde_json::Deserializer::from_slice(self.0).into_iter::<T>();
+        let value = values.next()?.ok()?;
+        self.0 = &self.0[values.byte_offset()..];
+        Some(value)
     }
 
     fn literal(&mut self, word: &[u8], scalar: Scalar) -> Option<Scalar> {
