@@ -19,17 +19,16 @@
 //! (`+1` on the full stream, `+K` on a narrowed one: a key's ticks are `K` apart), and the
 //! deliveries add up to what the window owed ([`Plan::expected_for`]); no subscriber failed.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
-use viewtape_tests::feed::scan_seq;
 use viewtape_tests::Feed;
 
 use crate::args::Args;
-use crate::histogram::Histogram;
 use crate::publish::Publisher;
+use crate::subscribers::{Readers, SeqCheck, Shared, Tally};
 use crate::target::{cpu_seconds, rss_kib, Peer, Target};
 use crate::transport::{connect_all, Subscription, Transport};
 
@@ -188,78 +187,6 @@ impl Plan {
     }
 }
 
-/// One subscriber's check that it receives the `seq`s due to it, in order, none skipped.
-#[derive(Debug)]
-struct SeqCheck {
-    /// The `seq` it must receive next.
-    next: u64,
-    stride: u64,
-    /// Events that were not the one due.
-    violations: u64,
-    /// What the first of them was.
-    first_violation: Option<String>,
-}
-
-impl SeqCheck {
-    fn new(first: u64, stride: u64) -> Self {
-        Self {
-            next: first,
-            stride: stride.max(1),
-            violations: 0,
-            first_violation: None,
-        }
-    }
-
-    /// Checks one received event's `seq` (`None`: it had none). After a gap it expects what
-    /// follows the `seq` received, so one lost event counts once; a repeated or earlier `seq`
-    /// counts and leaves the expectation as it was.
-    fn see(&mut self, seq: Option<u64>) {
-        let problem = match seq {
-            Some(seq) if seq == self.next => {
-                self.next = seq + self.stride;
-                return;
-            }
-            Some(seq) if seq > self.next => {
-                let problem = format!("seq {seq} arrived, {} was due", self.next);
-                self.next = seq + self.stride;
-                problem
-            }
-            Some(seq) => format!(
-                "seq {seq} arrived again or out of order, {} was due",
-                self.next
-            ),
-            None => format!("an event without a seq, {} was due", self.next),
-        };
-        self.violations += 1;
-        self.first_violation.get_or_insert(problem);
-    }
-}
-
-/// Shared between the publisher and the subscribers.
-struct Shared {
-    origin: Instant,
-    /// Send time (ns since `origin`) per `seq`; 0 = not sent.
-    sent_at: Vec<AtomicU64>,
-    /// Per-subscriber delivery counts.
-    received: Vec<AtomicU64>,
-    /// Events, over all subscribers, that were not the `seq` due ([`SeqCheck`]).
-    violations: AtomicU64,
-    stop: AtomicBool,
-    histograms: Mutex<Histogram>,
-    errors: Mutex<Vec<String>>,
-    /// The first [`SeqCheck`] violation of each subscriber that had one.
-    order_errors: Mutex<Vec<String>>,
-}
-
-impl Shared {
-    fn delivered(&self) -> u64 {
-        self.received
-            .iter()
-            .map(|r| r.load(Ordering::Relaxed))
-            .sum()
-    }
-}
-
 /// Runs it and prints the figures.
 ///
 /// # Errors
@@ -290,20 +217,7 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     let head = publisher.head_id(target).await?;
     let first_seq = feed.next_seq();
 
-    let shared = Arc::new(Shared {
-        origin: Instant::now(),
-        sent_at: (0..=first_seq + max_events)
-            .map(|_| AtomicU64::new(0))
-            .collect(),
-        received: (0..options.subscribers)
-            .map(|_| AtomicU64::new(0))
-            .collect(),
-        violations: AtomicU64::new(0),
-        stop: AtomicBool::new(false),
-        histograms: Mutex::new(Histogram::default()),
-        errors: Mutex::new(Vec::new()),
-        order_errors: Mutex::new(Vec::new()),
-    });
+    let shared = Arc::new(Shared::new(options.subscribers, first_seq + max_events));
 
     let rss_before = target.pid.map(rss_kib).transpose()?;
     let connecting = Instant::now();
@@ -325,13 +239,13 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     );
     let rss_connected = target.pid.map(rss_kib).transpose()?;
 
-    let mut tasks = Vec::with_capacity(streams.len());
-    for (i, stream) in streams.into_iter().enumerate() {
-        let shared = Arc::clone(&shared);
-        let kind = target.event_type();
-        let check = SeqCheck::new(plan.first_seq_for(i, first_seq), plan.stride());
-        tasks.push(tokio::spawn(subscribe(i, stream, kind, check, shared)));
-    }
+    let tallies = (0..streams.len())
+        .map(|i| {
+            let check = SeqCheck::new(plan.first_seq_for(i, first_seq), plan.stride());
+            Tally::new(i, target.event_type(), check)
+        })
+        .collect();
+    let readers = Readers::start(streams, tallies, &shared)?;
 
     // Publish.
     let cpu_before = target.pid.map(cpu_seconds).transpose()?;
@@ -383,9 +297,7 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
     }
     let drained_in = drain_start.elapsed();
     shared.stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.context("subscriber task")?;
-    }
+    readers.join().await?;
     // Each subscriber received exactly what it was owed (its last count, stored as it stopped).
     let complete = shared
         .received
@@ -538,79 +450,6 @@ async fn connect_narrowed(
     Ok(streams)
 }
 
-/// One subscriber: counts deliveries, checks their `seq`s and records latencies until told
-/// to stop.
-async fn subscribe(
-    index: usize,
-    mut stream: Subscription,
-    kind: &str,
-    mut check: SeqCheck,
-    shared: Arc<Shared>,
-) {
-    let mut hist = Histogram::default();
-    let mut count = 0u64;
-    let mut error = None;
-    while !shared.stop.load(Ordering::Relaxed) {
-        let mut now = 0u64;
-        let result = stream
-            .read_with(Duration::from_millis(100), |event| {
-                if event.event != kind {
-                    if error.is_none() {
-                        error = Some(format!("subscriber {index}: unexpected {event:?}"));
-                    }
-                    return;
-                }
-                if now == 0 {
-                    now = shared.origin.elapsed().as_nanos() as u64;
-                }
-                count += 1;
-                let seq = scan_seq(event.data);
-                check.see(seq);
-                if let Some(sent) = seq
-                    .and_then(|seq| shared.sent_at.get(seq as usize))
-                    .map(|t| t.load(Ordering::Relaxed))
-                    .filter(|&t| t != 0)
-                {
-                    hist.record(now.saturating_sub(sent) / 1000);
-                }
-            })
-            .await;
-        shared.received[index].store(count, Ordering::Relaxed);
-        match result {
-            Ok(true) => {}
-            Ok(false) => {
-                error.get_or_insert_with(|| format!("subscriber {index}: stream ended"));
-                break;
-            }
-            // A read timeout just means nothing arrived in 100 ms: check `stop` and go on.
-            Err(e) if e.to_string().contains(" within ") => {}
-            Err(e) => {
-                error.get_or_insert_with(|| format!("subscriber {index}: {e:#}"));
-                break;
-            }
-        }
-        if error.is_some() {
-            break;
-        }
-    }
-    if let Ok(mut all) = shared.histograms.lock() {
-        all.merge(&hist);
-    }
-    shared
-        .violations
-        .fetch_add(check.violations, Ordering::Relaxed);
-    if let Some(problem) = check.first_violation {
-        if let Ok(mut all) = shared.order_errors.lock() {
-            all.push(format!("subscriber {index}: {problem}"));
-        }
-    }
-    if let Some(error) = error {
-        if let Ok(mut errors) = shared.errors.lock() {
-            errors.push(error);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -725,31 +564,5 @@ mod tests {
             .map(|i| full.expected_for(i, 5001, published))
             .sum();
         assert_eq!(expected, 50_000_000);
-    }
-
-    #[test]
-    fn seq_check_counts_gaps_repeats_and_missing_seqs() {
-        let mut check = SeqCheck::new(3, 5);
-        for seq in [3, 8, 13] {
-            check.see(Some(seq));
-        }
-        assert_eq!((check.violations, check.next), (0, 18));
-        // One lost tick counts once; the check follows on after it.
-        check.see(Some(23));
-        check.see(Some(28));
-        assert_eq!((check.violations, check.next), (1, 33));
-        assert_eq!(
-            check.first_violation.as_deref(),
-            Some("seq 23 arrived, 18 was due")
-        );
-        check.see(Some(28));
-        check.see(None);
-        check.see(Some(33));
-        assert_eq!((check.violations, check.next), (3, 38));
-        let mut full = SeqCheck::new(11, 1);
-        for seq in 11..100 {
-            full.see(Some(seq));
-        }
-        assert_eq!(full.violations, 0);
     }
 }

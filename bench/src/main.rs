@@ -72,6 +72,7 @@ mod replay;
 mod restart;
 mod stalled;
 mod stop;
+mod subscribers;
 mod target;
 mod tls;
 mod transport;

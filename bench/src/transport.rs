@@ -23,7 +23,7 @@ use tokio_rustls::rustls::ClientConfig;
 use tokio_rustls::TlsConnector;
 use tokio_util::either::Either;
 use viewtape_tests::http::{self, READ_TIMEOUT};
-use viewtape_tests::{EventStream, SseEventRef, SseParser};
+use viewtape_tests::{EventBody, EventStream, SseEventRef, SseParser};
 
 use crate::args::Args;
 use crate::tls::{ServerTls, ALPN_H2};
@@ -259,6 +259,26 @@ impl Subscription {
                 Ok(true)
             }
         }
+    }
+
+    /// Whether it is HTTP/1.1 over plain TCP.
+    pub fn is_plain(&self) -> bool {
+        matches!(self, Self::H1(stream) if matches!(stream.get_ref(), Either::Left(_)))
+    }
+
+    /// Its socket (non-blocking) and body decoder, for a caller that reads the socket itself.
+    ///
+    /// # Errors
+    /// When it is not [plain](Subscription::is_plain), or the socket cannot be taken from tokio.
+    pub fn into_plain(self) -> anyhow::Result<(std::net::TcpStream, EventBody)> {
+        let Self::H1(stream) = self else {
+            bail!("an HTTP/2 stream has no socket of its own");
+        };
+        let (conn, body) = stream.into_parts();
+        let Either::Left(tcp) = conn else {
+            bail!("a TLS connection is read through rustls");
+        };
+        Ok((tcp.into_std().context("take the socket from tokio")?, body))
     }
 
     /// Whether the server ended the stream (as far as reads have seen).

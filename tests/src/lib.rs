@@ -32,4 +32,4 @@ pub use http::Response;
 pub use nats::NatsServer;
 pub use server::Server;
 pub use sse::{SseEvent, SseEventRef, SseParser};
-pub use stream::EventStream;
+pub use stream::{EventBody, EventStream};

@@ -80,7 +80,8 @@ pub struct SseParser {
     started: bool,
     data: String,
     event: String,
-    block_id: Option<String>,
+    /// This block set an `id` (the one in `last_event_id`, which every accepted `id` sets).
+    block_has_id: bool,
     last_event_id: String,
     retry: Option<u64>,
     comments: u64,
@@ -211,7 +212,7 @@ impl SseParser {
             b"id" if !value.contains('\0') => {
                 self.last_event_id.clear();
                 self.last_event_id.push_str(&value);
-                self.block_id = Some(value.into_owned());
+                self.block_has_id = true;
             }
             b"retry" if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) => {
                 self.retry = value.parse().ok();
@@ -229,14 +230,14 @@ impl SseParser {
                 &self.event
             };
             on_event(SseEventRef {
-                id: self.block_id.as_deref(),
+                id: self.block_has_id.then_some(self.last_event_id.as_str()),
                 event,
                 data,
             });
         }
         self.data.clear();
         self.event.clear();
-        self.block_id = None;
+        self.block_has_id = false;
     }
 }
 

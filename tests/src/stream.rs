@@ -16,11 +16,19 @@ use crate::sse::{SseEvent, SseEventRef, SseParser};
 pub struct EventStream<S = TcpStream> {
     stream: S,
     head: Head,
+    body: EventBody,
+}
+
+/// The body of an event stream as bytes arrive: the response framing decoded, then the events
+/// parsed. [`EventStream`] reads into it; a caller that reads the socket itself (one thread
+/// polling many) takes it with [`EventStream::into_parts`] and hands it what it read.
+#[derive(Debug)]
+pub struct EventBody {
     framing: Framing,
     /// Raw bytes read but not yet decoded (chunk framing).
     raw: Vec<u8>,
     /// Decoded body bytes awaiting the SSE parser.
-    body: Vec<u8>,
+    decoded: Vec<u8>,
     parser: SseParser,
     eof: bool,
 }
@@ -89,12 +97,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> EventStream<S> {
         Ok(Self {
             stream,
             head,
-            framing,
-            raw,
-            body: Vec::new(),
-            parser: SseParser::new(),
-            eof: false,
+            body: EventBody {
+                framing,
+                raw,
+                decoded: Vec::new(),
+                parser: SseParser::new(),
+                eof: false,
+            },
         })
+    }
+
+    /// The connection and the body decoder, for a caller that reads the connection itself
+    /// (bytes already read past the head stay in the decoder).
+    pub fn into_parts(self) -> (S, EventBody) {
+        (self.stream, self.body)
+    }
+
+    /// The connection.
+    pub fn get_ref(&self) -> &S {
+        &self.stream
     }
 
     /// The response head.
@@ -109,22 +130,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> EventStream<S> {
 
     /// The sticky last event ID, what a reconnecting browser would send.
     pub fn last_event_id(&self) -> Option<&str> {
-        self.parser.last_event_id()
+        self.body.parser.last_event_id()
     }
 
     /// The last `retry:` hint.
     pub fn retry(&self) -> Option<u64> {
-        self.parser.retry()
+        self.body.parser.retry()
     }
 
     /// Heartbeat comments seen.
     pub fn comments(&self) -> u64 {
-        self.parser.comments()
+        self.body.parser.comments()
     }
 
     /// Whether the server ended the body (or closed the connection).
     pub fn is_closed(&self) -> bool {
-        self.eof
+        self.body.eof
     }
 
     /// The next event, waiting at most `timeout`; `Ok(None)` when the stream ended cleanly.
@@ -134,10 +155,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> EventStream<S> {
     pub async fn next_within(&mut self, timeout: Duration) -> anyhow::Result<Option<SseEvent>> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(event) = self.parser.pop() {
+            if let Some(event) = self.body.parser.pop() {
                 return Ok(Some(event));
             }
-            if self.eof {
+            if self.body.eof {
                 return Ok(None);
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -145,10 +166,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> EventStream<S> {
                 bail!("no SSE event within {timeout:?}");
             }
             self.read_into_parser(left).await?;
-            let body = std::mem::take(&mut self.body);
-            self.parser.feed(&body);
-            self.body = body;
-            self.body.clear();
+            self.body.parse();
         }
     }
 
@@ -248,55 +266,96 @@ impl<S: AsyncRead + AsyncWrite + Unpin> EventStream<S> {
         timeout: Duration,
         on_event: impl FnMut(SseEventRef<'_>),
     ) -> anyhow::Result<bool> {
-        if self.eof {
+        if self.body.eof {
             return Ok(false);
         }
         self.read_into_parser(timeout).await?;
-        let body = std::mem::take(&mut self.body);
-        self.parser.feed_with(&body, on_event);
-        self.body = body;
-        self.body.clear();
-        Ok(!self.eof)
+        self.body.parse_with(on_event);
+        Ok(!self.body.eof)
     }
 
     /// Decodes buffered bytes, reading once (at most `timeout`) when they yield nothing.
     async fn read_into_parser(&mut self, timeout: Duration) -> anyhow::Result<()> {
-        if !self.raw.is_empty() {
-            self.decode()?;
-            if !self.body.is_empty() || self.eof {
+        let body = &mut self.body;
+        if !body.raw.is_empty() {
+            body.decode()?;
+            if !body.decoded.is_empty() || body.eof {
                 return Ok(());
             }
         }
-        let n = http::read_some(&mut self.stream, &mut self.raw, timeout).await?;
-        if n == 0 {
-            return match self.framing {
-                Framing::UntilClose => {
-                    self.eof = true;
-                    Ok(())
-                }
-                _ => bail!("connection closed inside the event stream body"),
-            };
+        match http::read_some(&mut self.stream, &mut body.raw, timeout).await? {
+            0 => body.closed(),
+            _ => body.decode(),
         }
-        self.decode()
+    }
+}
+
+impl EventBody {
+    /// Takes what one read of the connection gave (nothing: the connection closed), handing
+    /// every event it completes to `on_event`. Returns `false` once the body ended.
+    ///
+    /// # Errors
+    /// On framing errors, and when the connection closed inside the body.
+    pub fn push_with(
+        &mut self,
+        read: &[u8],
+        on_event: impl FnMut(SseEventRef<'_>),
+    ) -> anyhow::Result<bool> {
+        if read.is_empty() {
+            self.closed()?;
+        } else {
+            self.raw.extend_from_slice(read);
+            self.decode()?;
+        }
+        self.parse_with(on_event);
+        Ok(!self.eof)
+    }
+
+    /// Whether the server ended the body (or closed the connection).
+    pub fn is_closed(&self) -> bool {
+        self.eof
+    }
+
+    /// The connection closed: the end of a body that runs until then, an error otherwise.
+    fn closed(&mut self) -> anyhow::Result<()> {
+        match self.framing {
+            Framing::UntilClose => {
+                self.eof = true;
+                Ok(())
+            }
+            _ => bail!("connection closed inside the event stream body"),
+        }
     }
 
     fn decode(&mut self) -> anyhow::Result<()> {
         match &mut self.framing {
             Framing::Chunked(decoder) => {
-                if decoder.decode(&mut self.raw, &mut self.body)? {
+                if decoder.decode(&mut self.raw, &mut self.decoded)? {
                     self.eof = true;
                 }
             }
             Framing::Length(left) => {
                 let take = (*left).min(self.raw.len() as u64) as usize;
-                self.body.extend(self.raw.drain(..take));
+                self.decoded.extend(self.raw.drain(..take));
                 *left -= take as u64;
                 if *left == 0 {
                     self.eof = true;
                 }
             }
-            Framing::UntilClose => self.body.append(&mut self.raw),
+            Framing::UntilClose => self.decoded.append(&mut self.raw),
         }
         Ok(())
+    }
+
+    /// Parses the decoded bytes, handing each event to `on_event`.
+    fn parse_with(&mut self, on_event: impl FnMut(SseEventRef<'_>)) {
+        self.parser.feed_with(&self.decoded, on_event);
+        self.decoded.clear();
+    }
+
+    /// Parses the decoded bytes, queueing the events in the parser.
+    fn parse(&mut self) {
+        self.parser.feed(&self.decoded);
+        self.decoded.clear();
     }
 }
