@@ -3,7 +3,8 @@
 //! Reports the publish rate held, deliveries/s, publish→receive latency (p50/p99/max), and the
 //! backlog: how many deliveries were still owed when publishing stopped, and how long they took
 //! to drain (bounded by `--drain-seconds`). Subscribers speak HTTP/1.1 over TCP, or with
-//! `--tls h1|h2` HTTP/1.1 or HTTP/2 over TLS ([`crate::transport`]).
+//! `--tls h1|h2` HTTP/1.1 or HTTP/2 over TLS ([`crate::transport`]); plain ones are read by one
+//! thread polling every socket ([`crate::subscribers`]).
 //!
 //! Keys: the publisher cycles its ticks over ten symbols, or with `--keys K` over `K` symbols
 //! `S00000`, `S00001`, … (then it first publishes one tick per key, so the view holds all `K`
