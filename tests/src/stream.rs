@@ -311,11 +311,6 @@ impl EventBody {
         Ok(!self.eof)
     }
 
-    /// Whether the server ended the body (or closed the connection).
-    pub fn is_closed(&self) -> bool {
-        self.eof
-    }
-
     /// The connection closed: the end of a body that runs until then, an error otherwise.
     fn closed(&mut self) -> anyhow::Result<()> {
         match self.framing {
