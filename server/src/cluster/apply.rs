@@ -372,8 +372,11 @@ impl Cluster {
 
     /// Recomputes readiness after `applied`.
     pub(super) fn update_readiness(&self, applied: u64, stream_last: u64) {
-        let settled = self.settled.load(Ordering::Relaxed);
         self.readiness.send_if_modified(|readiness| {
+            // Read under the readiness lock: the apply loop and the end of settling update it
+            // on different threads, and a `settled` read before the other's update would undo
+            // it (a node caught up, settled, and not ready until the next record).
+            let settled = self.settled.load(Ordering::Relaxed);
             let ready = readiness.broken.is_none()
                 && readiness.refused.is_none()
                 && settled
