@@ -246,7 +246,7 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
             Tally::new(i, target.event_type(), check)
         })
         .collect();
-    let readers = Readers::start(streams, tallies, &shared)?;
+    let readers = Readers::start(target.transport(), streams, tallies, &shared)?;
 
     // Publish.
     let cpu_before = target.pid.map(cpu_seconds).transpose()?;

@@ -17,7 +17,7 @@ use viewtape_tests::feed::scan_seq;
 use viewtape_tests::{EventBody, SseEventRef};
 
 use crate::histogram::Histogram;
-use crate::transport::Subscription;
+use crate::transport::{Subscription, Transport};
 
 /// How long a reader waits for data before it looks at [`Shared::stop`] again.
 const STOP_CHECK: Duration = Duration::from_millis(100);
@@ -204,16 +204,17 @@ pub enum Readers {
 }
 
 impl Readers {
-    /// Starts reading `streams`, subscriber `i` tallied by `tallies[i]`.
+    /// Starts reading `streams`, all of `transport`, subscriber `i` tallied by `tallies[i]`.
     ///
     /// # Errors
     /// When the poll cannot be set up.
     pub fn start(
+        transport: Transport,
         streams: Vec<Subscription>,
         tallies: Vec<Tally>,
         shared: &Arc<Shared>,
     ) -> anyhow::Result<Self> {
-        if streams.iter().all(Subscription::is_plain) {
+        if transport == Transport::Plain {
             let sockets = streams
                 .into_iter()
                 .map(Subscription::into_plain)
@@ -448,7 +449,7 @@ mod tests {
         let tallies = (0..3)
             .map(|i| Tally::new(i, "update", SeqCheck::new(1, 1)))
             .collect();
-        let readers = Readers::start(streams, tallies, &shared).unwrap();
+        let readers = Readers::start(Transport::Plain, streams, tallies, &shared).unwrap();
         assert!(matches!(readers, Readers::Poll(_)), "{readers:?}");
         for _ in 0..1_000 {
             if shared.delivered() == 6 && shared.errors.lock().unwrap().len() == 1 {

@@ -261,15 +261,10 @@ impl Subscription {
         }
     }
 
-    /// Whether it is HTTP/1.1 over plain TCP.
-    pub fn is_plain(&self) -> bool {
-        matches!(self, Self::H1(stream) if matches!(stream.get_ref(), Either::Left(_)))
-    }
-
     /// Its socket (non-blocking) and body decoder, for a caller that reads the socket itself.
     ///
     /// # Errors
-    /// When it is not [plain](Subscription::is_plain), or the socket cannot be taken from tokio.
+    /// When it is not HTTP/1.1 over plain TCP, or the socket cannot be taken from tokio.
     pub fn into_plain(self) -> anyhow::Result<(std::net::TcpStream, EventBody)> {
         let Self::H1(stream) = self else {
             bail!("an HTTP/2 stream has no socket of its own");

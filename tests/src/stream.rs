@@ -113,11 +113,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> EventStream<S> {
         (self.stream, self.body)
     }
 
-    /// The connection.
-    pub fn get_ref(&self) -> &S {
-        &self.stream
-    }
-
     /// The response head.
     pub fn head(&self) -> &Head {
         &self.head
