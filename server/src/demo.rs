@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use crate::hub::Hub;
-use crate::log::producer::ProducerStamp;
+use crate::log::producer::{ProducerEpoch, ProducerSeq, ProducerStamp};
 use crate::runtime::{IngestError, RuntimeHandle};
 
 /// The `Producer-Id` of the demo feed.
@@ -48,8 +48,8 @@ pub fn spawn_feed(runtime: RuntimeHandle, hub: Arc<Hub>, rate: u32) -> JoinHandl
             let mut producer_seq = match runtime.save().await {
                 Ok(saved) => saved
                     .producers
-                    .last(PRODUCER_ID)
-                    .map_or(0, |(_, seq)| seq + 1),
+                    .next(PRODUCER_ID)
+                    .map_or(ProducerSeq(0), |(_, next)| next),
                 Err(error) => {
                     tracing::debug!(%error, "runtime stopped; demo feed ends");
                     return;
@@ -60,8 +60,9 @@ pub fn spawn_feed(runtime: RuntimeHandle, hub: Arc<Hub>, rate: u32) -> JoinHandl
                 ticker.tick().await;
                 let stamp = ProducerStamp {
                     id: PRODUCER_ID.to_owned(),
-                    epoch: 0,
+                    epoch: ProducerEpoch(0),
                     seq: producer_seq,
+                    claim: false,
                 };
                 let batch = match unsent.take() {
                     Some(batch) => batch,
@@ -85,7 +86,7 @@ pub fn spawn_feed(runtime: RuntimeHandle, hub: Arc<Hub>, rate: u32) -> JoinHandl
                     }
                 };
                 match runtime.ingest(batch.clone(), Some(stamp)).await {
-                    Ok(_) => producer_seq += 1,
+                    Ok(_) => producer_seq = producer_seq.next(),
                     Err(error @ IngestError::Stopped { .. }) => {
                         tracing::debug!(%error, "runtime stopped; demo feed ends");
                         return;
@@ -95,8 +96,8 @@ pub fn spawn_feed(runtime: RuntimeHandle, hub: Arc<Hub>, rate: u32) -> JoinHandl
                     // the restore is the subscribers' only reset.
                     Err(IngestError::OutOfOrder { expected, .. }) => {
                         tracing::info!(
-                            expected,
-                            sent = producer_seq,
+                            %expected,
+                            sent = %producer_seq,
                             "demo feed continues from the runtime's state"
                         );
                         producer_seq = expected;

@@ -101,6 +101,36 @@ fn out_of_order(resp: &Response, expected: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A `409 producer_seq_reused`: a used seq sent with another body, naming the next seq.
+fn reused(resp: &Response, next: u64) -> anyhow::Result<()> {
+    out_of_order(resp, next)?;
+    let error = resp.json()?;
+    ensure!(
+        error["error"] == "producer_seq_reused" && error["next_seq"] == next,
+        "producer_seq_reused naming {next}: {error}"
+    );
+    Ok(())
+}
+
+/// `POST /runtimes/demo/producers/{id}`: the epoch claimed.
+async fn claim(server: &Server, id: &str) -> anyhow::Result<u64> {
+    let resp = server
+        .post(&format!("/runtimes/demo/producers/{id}"), b"")
+        .await?;
+    ensure!(
+        resp.status() == 200,
+        "a claim is a 200: {} {}",
+        resp.status(),
+        resp.text()
+    );
+    let claimed = resp.json()?;
+    ensure!(
+        claimed["producer"] == id && claimed["seq"] == 0 && claimed["position"].is_u64(),
+        "the claim names the producer, seq 0 and its log position: {claimed}"
+    );
+    claimed["epoch"].as_u64().context("an epoch")
+}
+
 // ---- crash and replay ----------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -501,27 +531,30 @@ async fn idempotent_producers_dedupe_fence_and_name_the_expected_seq() -> anyhow
     let mut feed = Feed::new(&["ACME"]);
 
     // A new producer starts at seq 0; Producer-Epoch defaults to 0.
-    let first = ran(
-        &produce(&server, "orders", None, 0, &feed.batch(2)).await?,
-        2,
-    )?;
-    let second = ran(
-        &produce(&server, "orders", Some(0), 1, &feed.batch(2)).await?,
-        2,
-    )?;
+    let (body0, body1) = (feed.batch(2), feed.batch(2));
+    let first = ran(&produce(&server, "orders", None, 0, &body0).await?, 2)?;
+    let second = ran(&produce(&server, "orders", Some(0), 1, &body1).await?, 2)?;
     ensure!(
         second["position"].as_u64() > first["position"].as_u64(),
         "{first} then {second}"
     );
 
-    // Duplicates carry ticks the guest would accept (seq 5, 6) if it ran: it must not.
-    let unseen = feed.clone().batch(2);
-    let dup = duplicate(&produce(&server, "orders", None, 1, &unseen).await?)?;
+    // A retry of the last seq, or of an earlier one, gets that batch's own receipt.
+    let dup = duplicate(&produce(&server, "orders", None, 1, &body1).await?)?;
     ensure!(
-        dup["events"] == second["events"] && dup["position"] == second["position"],
+        dup == second,
         "a duplicate of the last seq answers with the original receipt: {dup} vs {second}"
     );
-    duplicate(&produce(&server, "orders", Some(0), 0, &unseen).await?)?;
+    let dup = duplicate(&produce(&server, "orders", Some(0), 0, &body0).await?)?;
+    ensure!(
+        dup == first,
+        "a duplicate of an earlier seq answers with its original receipt: {dup} vs {first}"
+    );
+    // A used seq with another body (ticks the guest would accept, seq 5, 6) is not a retry: a
+    // 409 naming the next seq, and nothing runs.
+    let unseen = feed.clone().batch(2);
+    reused(&produce(&server, "orders", None, 1, &unseen).await?, 2)?;
+    reused(&produce(&server, "orders", Some(0), 0, &unseen).await?, 2)?;
     // Ahead of the next seq: 409, naming it; nothing runs.
     out_of_order(&produce(&server, "orders", None, 3, &unseen).await?, 2)?;
     let view = server.get("/views/prices").await?.json()?;
@@ -542,10 +575,8 @@ async fn idempotent_producers_dedupe_fence_and_name_the_expected_seq() -> anyhow
         &produce(&server, "orders", Some(1), 3, &feed.clone().batch(1)).await?,
         0,
     )?;
-    ran(
-        &produce(&server, "orders", Some(1), 0, &feed.batch(1)).await?,
-        1,
-    )?;
+    let epoch1 = feed.batch(1);
+    ran(&produce(&server, "orders", Some(1), 0, &epoch1).await?, 1)?;
     expect::json_error(
         &produce(&server, "orders", Some(0), 3, &feed.clone().batch(1)).await?,
         403,
@@ -554,7 +585,7 @@ async fn idempotent_producers_dedupe_fence_and_name_the_expected_seq() -> anyhow
         &produce(&server, "orders", Some(0), 2, &feed.clone().batch(1)).await?,
         403,
     )?;
-    duplicate(&produce(&server, "orders", Some(1), 0, &feed.clone().batch(1)).await?)?;
+    duplicate(&produce(&server, "orders", Some(1), 0, &epoch1).await?)?;
 
     // Another producer id has its own sequence, starting at 0.
     out_of_order(
@@ -581,17 +612,17 @@ async fn idempotent_producers_dedupe_fence_and_name_the_expected_seq() -> anyhow
 async fn a_producer_retrying_after_kill_nine_gets_a_duplicate() -> anyhow::Result<()> {
     let mut server = Server::start(&[]).await?;
     let mut feed = Feed::new(&["ACME", "BOLT"]);
-    let mut last = serde_json::Value::Null;
+    let mut sent = Vec::new();
     for seq in 0..5 {
-        last = ran(
-            &produce(&server, "ingestor", Some(3), seq, &feed.batch(2)).await?,
-            2,
-        )?;
+        let body = feed.batch(2);
+        let receipt = ran(&produce(&server, "ingestor", Some(3), seq, &body).await?, 2)?;
+        sent.push((body, receipt));
     }
+    let last = sent[4].1.clone();
     let cursor = expect::cursor_of(&expect::tape(&server, "prices", 10).await?[9])?;
 
     // The 200 of seq 4 got lost with the crash; the producer retries it on the restarted
-    // server (with ticks the guest would accept, to prove it does not run).
+    // server.
     server.kill9().await?;
     server.restart().await?;
     let mut resumed = server
@@ -600,12 +631,18 @@ async fn a_producer_retrying_after_kill_nine_gets_a_duplicate() -> anyhow::Resul
             &[("Last-Event-ID", &cursor.to_string())],
         )
         .await?;
-    let dup = duplicate(&produce(&server, "ingestor", Some(3), 4, &feed.clone().batch(2)).await?)?;
+    let dup = duplicate(&produce(&server, "ingestor", Some(3), 4, &sent[4].0).await?)?;
     ensure!(
-        dup["events"] == last["events"] && dup["position"] == last["position"],
+        dup == last,
         "the original receipt, rebuilt by the replay: {dup} vs {last}"
     );
-    duplicate(&produce(&server, "ingestor", Some(3), 1, &feed.clone().batch(2)).await?)?;
+    let dup = duplicate(&produce(&server, "ingestor", Some(3), 1, &sent[1].0).await?)?;
+    ensure!(dup == sent[1].1, "{dup} vs {}", sent[1].1);
+    // Ticks the guest would accept under a used seq do not run, before or after the crash.
+    reused(
+        &produce(&server, "ingestor", Some(3), 4, &feed.clone().batch(2)).await?,
+        5,
+    )?;
     // The table came back whole: the expected seq and the fence.
     out_of_order(
         &produce(&server, "ingestor", Some(3), 7, &feed.clone().batch(2)).await?,
@@ -634,13 +671,153 @@ async fn a_producer_retrying_after_kill_nine_gets_a_duplicate() -> anyhow::Resul
     drop(resumed);
     ensure!(server.stop_graceful().await?.success());
     server.restart().await?;
-    duplicate(&produce(&server, "ingestor", Some(3), 5, &feed.clone().batch(2)).await?)?;
+    let dup = duplicate(&produce(&server, "ingestor", Some(3), 3, &sent[3].0).await?)?;
+    ensure!(dup == sent[3].1, "{dup} vs {}", sent[3].1);
+    reused(
+        &produce(&server, "ingestor", Some(3), 5, &feed.clone().batch(2)).await?,
+        6,
+    )?;
     out_of_order(
         &produce(&server, "ingestor", Some(3), 9, &feed.clone().batch(2)).await?,
         6,
     )?;
     let (_, offset) = head(&server, "prices").await?;
     ensure!(offset == 12, "nothing published by the retries: {offset}");
+    Ok(())
+}
+
+/// A producer with no store of its own, run twice under one id, lost the second run's data: its
+/// first batches went as epoch 0, seq 0, 1, … again, were taken for the first run's
+/// duplicates, and were answered `200` without running. A producer with no stored position
+/// claims an epoch first: both runs' batches are published, across a `kill -9` too, and the
+/// first run, still sending, is fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storeless_producer_run_twice_publishes_both_runs() -> anyhow::Result<()> {
+    let mut server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME"]);
+
+    let first_run = claim(&server, "feed-1").await?;
+    ensure!(first_run == 1, "an unknown id claims epoch 1: {first_run}");
+    for seq in 0..3 {
+        ran(
+            &produce(&server, "feed-1", Some(first_run), seq, &feed.batch(1)).await?,
+            1,
+        )?;
+    }
+    // The claim is in the log: a crash does not give the same epoch twice.
+    server.kill9().await?;
+    server.restart().await?;
+    let second_run = claim(&server, "feed-1").await?;
+    ensure!(second_run > first_run, "{second_run} after {first_run}");
+    for seq in 0..2 {
+        ran(
+            &produce(&server, "feed-1", Some(second_run), seq, &feed.batch(1)).await?,
+            1,
+        )?;
+    }
+    // The first run, still going, is fenced rather than taken for the second.
+    let fenced = expect::json_error(
+        &produce(
+            &server,
+            "feed-1",
+            Some(first_run),
+            3,
+            &feed.clone().batch(1),
+        )
+        .await?,
+        403,
+    )?;
+    ensure!(fenced["error"] == "producer_fenced", "{fenced}");
+
+    // Both runs' ticks are on the tape, once each.
+    let mut stream = server.sse("/views/prices/events?from=tape", &[]).await?;
+    for n in 1..=5 {
+        expect::update(&stream.next_event().await?, n, "ACME", n)?;
+    }
+    stream.expect_silence(Duration::from_millis(300)).await?;
+
+    // A bad id is a 400 in the server's words; an unknown runtime a 404.
+    let long = "p".repeat(257);
+    let resp = server
+        .post(&format!("/runtimes/demo/producers/{long}"), b"")
+        .await?;
+    expect::json_error(&resp, 400)?;
+    let resp = server.post("/runtimes/nope/producers/p", b"").await?;
+    expect::json_error(&resp, 404)?;
+    Ok(())
+}
+
+/// 300 sends under one producer id racing each other: a duplicate answered while its original
+/// was still being committed, or of a seq older than the last, got `{"events":{},
+/// "position":null}` instead of the original receipt. Every duplicate's body is now byte for
+/// byte the original's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_same_id_race_gets_the_original_receipt_on_every_duplicate() -> anyhow::Result<()> {
+    /// The seqs sent: no more than the server keeps receipts of.
+    const SEQS: u64 = 8;
+    /// Copies of each seq racing each other, then copies of any seq racing every other.
+    const COPIES: usize = 20;
+    const LATE: usize = 300 - SEQS as usize * COPIES;
+    let server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME", "BOLT"]);
+    let bodies: Vec<String> = (0..SEQS).map(|_| feed.batch(2)).collect();
+
+    let send = |seq: u64| {
+        let (addr, body) = (server.addr(), bodies[seq as usize].clone());
+        async move {
+            let seq = seq.to_string();
+            let headers = [("Producer-Id", "racer"), ("Producer-Seq", seq.as_str())];
+            http::request(
+                addr,
+                "POST",
+                "/runtimes/demo/ingest",
+                &headers,
+                body.as_bytes(),
+            )
+            .await
+        }
+    };
+    let mut answers: Vec<(u64, Response)> = Vec::new();
+    for seq in 0..SEQS {
+        let copies = futures_util::future::join_all((0..COPIES).map(|_| send(seq))).await;
+        for resp in copies {
+            answers.push((seq, resp?));
+        }
+    }
+    let late = futures_util::future::join_all((0..LATE).map(|i| send(i as u64 % SEQS))).await;
+    for (i, resp) in late.into_iter().enumerate() {
+        answers.push((i as u64 % SEQS, resp?));
+    }
+
+    let mut originals: BTreeMap<u64, String> = BTreeMap::new();
+    for (seq, resp) in &answers {
+        ensure!(
+            resp.status() == 200,
+            "seq {seq}: {} {}",
+            resp.status(),
+            resp.text()
+        );
+        if !is_duplicate(resp) {
+            ensure!(
+                originals.insert(*seq, resp.text()).is_none(),
+                "seq {seq} ran twice"
+            );
+        }
+    }
+    ensure!(
+        originals.len() == SEQS as usize,
+        "every seq ran once: {originals:?}"
+    );
+    for (seq, resp) in &answers {
+        ensure!(
+            resp.text() == originals[seq],
+            "seq {seq}: {} is not the original {}",
+            resp.text(),
+            originals[seq]
+        );
+    }
+    let (_, offset) = head(&server, "prices").await?;
+    ensure!(offset == 2 * SEQS, "each batch published once: {offset}");
     Ok(())
 }
 

@@ -3,6 +3,9 @@
 //!
 //! Optional idempotent-producer headers: `Producer-Id` (1–256 visible ASCII characters),
 //! `Producer-Epoch` (an integer, default 0) and `Producer-Seq` (an integer, required with an id).
+//!
+//! `POST /runtimes/{runtime}/producers/{id}`: a producer that keeps no store claims a new epoch
+//! for its id before its first batch, so that nothing it sends is taken for a previous run's.
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
@@ -15,7 +18,7 @@ use axum::{Json, Router};
 use super::access::Caller;
 use super::{ApiError, AppState};
 use crate::host::GuestError;
-use crate::log::producer::{ProducerStamp, MAX_PRODUCER_ID};
+use crate::log::producer::{ProducerEpoch, ProducerSeq, ProducerStamp, MAX_PRODUCER_ID};
 use crate::runtime::IngestError;
 
 const PRODUCER_ID: &str = "producer-id";
@@ -23,7 +26,9 @@ const PRODUCER_EPOCH: &str = "producer-epoch";
 const PRODUCER_SEQ: &str = "producer-seq";
 
 pub(super) fn routes() -> Router<AppState> {
-    Router::new().route("/runtimes/{runtime}/ingest", post(ingest))
+    Router::new()
+        .route("/runtimes/{runtime}/ingest", post(ingest))
+        .route("/runtimes/{runtime}/producers/{id}", post(claim))
 }
 
 /// 200 with the receipt (events per view, gaps, log position, durability; `Producer-Duplicate:
@@ -103,9 +108,21 @@ fn refusal(error: IngestError) -> ApiError {
             return ApiError::unprocessable("batch_rejected", error.to_string())
         }
         IngestError::OutOfOrder { expected, .. } => {
-            return ApiError::conflict("producer_out_of_order", error.to_string()).with_header(
-                HeaderName::from_static("producer-expected-seq"),
-                expected.into(),
+            return with_next_seq(
+                ApiError::conflict("producer_out_of_order", error.to_string()),
+                expected,
+            )
+        }
+        IngestError::SeqReused { next, .. } => {
+            return with_next_seq(
+                ApiError::conflict("producer_seq_reused", error.to_string()),
+                next,
+            )
+        }
+        IngestError::SeqStale { next, .. } => {
+            return with_next_seq(
+                ApiError::conflict("producer_seq_stale", error.to_string()),
+                next,
             )
         }
         IngestError::Fenced { .. } => {
@@ -130,6 +147,17 @@ fn refusal(error: IngestError) -> ApiError {
         axum::http::header::RETRY_AFTER,
         HeaderValue::from_static("1"),
     )
+}
+
+/// A producer's refusal naming the `seq` it may send next: the `Producer-Expected-Seq` header,
+/// and `next_seq` in the body.
+fn with_next_seq(error: ApiError, next: ProducerSeq) -> ApiError {
+    error
+        .with_header(
+            HeaderName::from_static("producer-expected-seq"),
+            next.0.into(),
+        )
+        .with_field("next_seq", next.0)
 }
 
 /// The producer headers, if any.
@@ -177,19 +205,57 @@ fn producer_stamp(headers: &HeaderMap) -> Result<Option<ProducerStamp>, ApiError
         }
         return Ok(None);
     };
-    if id.is_empty() || id.len() > MAX_PRODUCER_ID || id.bytes().any(|b| !b.is_ascii_graphic()) {
-        return Err(ApiError::bad_request(format!(
-            "Producer-Id must be 1 to {MAX_PRODUCER_ID} visible ASCII characters"
-        )));
-    }
+    let id = producer_id(id)?;
     let Some(seq) = seq else {
         return Err(ApiError::bad_request("Producer-Id needs a Producer-Seq"));
     };
     Ok(Some(ProducerStamp {
-        id: id.to_owned(),
-        epoch: epoch.unwrap_or(0),
-        seq,
+        id,
+        epoch: ProducerEpoch(epoch.unwrap_or(0)),
+        seq: ProducerSeq(seq),
+        claim: false,
     }))
+}
+
+/// A producer id, as a header or a path gives it: 1–256 visible ASCII characters.
+fn producer_id(id: &str) -> Result<String, ApiError> {
+    if id.is_empty() || id.len() > MAX_PRODUCER_ID || id.bytes().any(|b| !b.is_ascii_graphic()) {
+        return Err(ApiError::bad_request(format!(
+            "a producer id must be 1 to {MAX_PRODUCER_ID} visible ASCII characters"
+        )));
+    }
+    Ok(id.to_owned())
+}
+
+/// 200 with the producer's new epoch and its next `seq` (0): every batch of an older epoch of
+/// this id is fenced from here on. The claim is logged like a batch, so it holds across a
+/// restart and on every node of a cluster. 400 for a bad id; 404 for an unknown runtime; 503
+/// (with `Retry-After`) when the runtime or the log cannot take it.
+async fn claim(
+    State(state): State<AppState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let Path((runtime, id)) = path?;
+    Caller::of(&state, &headers, None)?.ingest(&runtime)?;
+    let registered = state
+        .runtimes
+        .get(&runtime)
+        .ok_or_else(|| ApiError::not_found(format!("no runtime named {runtime:?}")))?;
+    let id = producer_id(&id)?;
+    let accepted = registered.handle.claim(id.clone()).await.map_err(refusal)?;
+    let Some(epoch) = accepted.claimed else {
+        return Err(ApiError::internal("the claim was answered as a batch"));
+    };
+    tracing::info!(producer = %id, %epoch, "producer claimed an epoch");
+    Ok(Json(serde_json::json!({
+        "producer": id,
+        "epoch": epoch.0,
+        "seq": 0,
+        "position": accepted.receipt.position,
+        "durability": accepted.receipt.durability,
+    }))
+    .into_response())
 }
 
 #[cfg(test)]
@@ -204,8 +270,8 @@ mod tests {
             headers.insert(PRODUCER_SEQ, HeaderValue::from_str(seq).unwrap());
             producer_stamp(&headers).map(|s| s.map(|s| s.seq))
         };
-        assert_eq!(stamp("2").unwrap(), Some(2));
-        assert_eq!(stamp("007").unwrap(), Some(7));
+        assert_eq!(stamp("2").unwrap(), Some(ProducerSeq(2)));
+        assert_eq!(stamp("007").unwrap(), Some(ProducerSeq(7)));
         for refused in [
             "+2",
             "-0",

@@ -218,6 +218,7 @@ mod tests {
 
     use super::*;
     use crate::host::GuestEvent;
+    use crate::log::producer::{ProducerEpoch, ProducerSeq};
 
     fn event(view: &str, key: &str, payload: &'static [u8]) -> GuestEvent {
         GuestEvent::new(
@@ -301,8 +302,9 @@ mod tests {
             input: Bytes::from_static(b"{\"seq\":1}\n"),
             producer: Some(ProducerStamp {
                 id: "p".into(),
-                epoch: 1,
-                seq: 2,
+                epoch: ProducerEpoch(1),
+                seq: ProducerSeq(2),
+                claim: false,
             }),
             checkpoint: None,
             source_gap: None,

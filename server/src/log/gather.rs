@@ -18,6 +18,7 @@ use tokio::sync::oneshot;
 use tracing::Instrument as _;
 
 use super::entry::{BatchEntry, Entry};
+use super::producer::InputDigest;
 use super::stream::{subject_token, PublishError, Publisher, RECORD_VERSION, SHARED_VERSION};
 
 /// What a batch adds to a message beside its input, at most (its runtime's name aside).
@@ -147,15 +148,25 @@ impl Shared {
             let batches: Vec<&BatchEntry> = group.iter().map(|queued| &queued.entry).collect();
             let payload = Entry::encode_batches(&batches);
             let (subject, version) = self.destination(&batches);
-            // A batch alone carries its producer's id, so JetStream drops the producer's resend
-            // within its duplicate window; a message of several carries one of this process's.
+            // A batch alone carries its producer's id and its input's digest, so JetStream
+            // drops the producer's resend within its duplicate window, and not another batch
+            // sent under a used seq (its verdict says so); a message of several, or a claim,
+            // carries one of this process's.
             let producer_id = match batches.as_slice() {
-                [batch] => batch.producer.as_ref().map(|stamp| {
-                    format!(
-                        "{}\u{1f}{}\u{1f}{}\u{1f}{}",
-                        batch.runtime, stamp.id, stamp.epoch, stamp.seq
-                    )
-                }),
+                [batch] => batch
+                    .producer
+                    .as_ref()
+                    .filter(|stamp| !stamp.claim)
+                    .map(|stamp| {
+                        format!(
+                            "{}\u{1f}{}\u{1f}{}\u{1f}{}\u{1f}{}",
+                            batch.runtime,
+                            stamp.id,
+                            stamp.epoch,
+                            stamp.seq,
+                            InputDigest::of(&batch.input)
+                        )
+                    }),
                 _ => None,
             };
             let by_producer = producer_id.is_some();

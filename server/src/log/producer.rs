@@ -1,23 +1,35 @@
 //! Idempotent producers: `Producer-Id`, `Producer-Epoch` and `Producer-Seq` on an ingest.
 //!
-//! Per runtime and producer id, a [`ProducerTable`] keeps the highest epoch and sequence number
-//! committed and the receipt of that batch. It lives with the runtime: in its snapshots, and
-//! rebuilt by log replay, so a retry after a timeout, a crash or a restart is recognised.
+//! Per runtime and producer id, a [`ProducerTable`] keeps the producer's epoch, the next
+//! sequence number it may send, and what its last [`RECEIPTS_KEPT`] batches were: a digest of
+//! each one's input and its receipt. It lives with the runtime: in its snapshots, and rebuilt by
+//! log replay, so a retry after a timeout, a crash or a restart is recognised.
 //!
 //! | the batch's stamp | verdict |
 //! |---|---|
-//! | same epoch, `seq <= last` | a duplicate: nothing runs again |
-//! | same epoch, `seq == last + 1`; or a newer epoch (or a new id) with `seq == 0` | runs |
-//! | same epoch, `seq > last + 1`; or a newer epoch or new id with `seq > 0` | refused: the expected `seq` is named |
+//! | same epoch, one of the last batches, the same input | a duplicate: nothing runs again, the original receipt |
+//! | same epoch, one of the last batches, another input | a reused `seq`: refused, the next `seq` named |
+//! | same epoch, older than the batches kept | refused as stale: its receipt is no longer kept |
+//! | same epoch, the next `seq`; or a newer epoch (or a new id) with `seq == 0` | runs |
+//! | same epoch, past the next `seq`; or a newer epoch or new id with `seq > 0` | refused: the expected `seq` is named |
 //! | an older epoch | fenced |
+//!
+//! ## Claims
+//!
+//! A producer that keeps no store of its own cannot know where a previous run under its id
+//! stopped; were it to start at epoch 0, `seq` 0 again, its new batches would be taken for the
+//! old run's. It claims an epoch instead ([`ProducerTable::claim`], a record in the log like a
+//! batch): one more than the highest the table knows for the id, which fences every older
+//! holder, with its next `seq` 0.
 //!
 //! The table holds at most [`MAX_PRODUCERS`] ids; past it the one that committed least recently
 //! is forgotten (deterministically, so a replay forgets the same one). A forgotten producer that
 //! comes back is told to start again at `seq` 0.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
 
 use super::Receipt;
 
@@ -27,15 +39,91 @@ pub const MAX_PRODUCERS: usize = 10_000;
 /// Longest producer id, in bytes.
 pub const MAX_PRODUCER_ID: usize = 256;
 
-/// The producer headers of one batch.
+/// Batches per producer whose receipt is kept, the newest included: a retry of any of them gets
+/// its original receipt. A producer that has at most this many batches in flight is never told
+/// that a retry is stale.
+pub const RECEIPTS_KEPT: usize = 8;
+
+/// A producer's epoch: each claim takes a higher one, and a batch of an older one is fenced.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct ProducerEpoch(pub u64);
+
+/// A producer's sequence number within its epoch: 0, 1, 2, … with no gap.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct ProducerSeq(pub u64);
+
+impl ProducerSeq {
+    /// The one after this.
+    pub fn next(self) -> Self {
+        Self(self.0.saturating_add(1))
+    }
+}
+
+impl std::fmt::Display for ProducerEpoch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::fmt::Display for ProducerSeq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The producer headers of one batch, or a claim of a new epoch.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ProducerStamp {
     /// `Producer-Id`.
     pub id: String,
     /// `Producer-Epoch` (0 when absent).
-    pub epoch: u64,
+    pub epoch: ProducerEpoch,
     /// `Producer-Seq`.
-    pub seq: u64,
+    pub seq: ProducerSeq,
+    /// The record claims a new epoch for `id` and carries no input; `epoch` and `seq` are not
+    /// read (the epoch is decided where the record is applied: the same on every reader).
+    #[serde(default)]
+    pub claim: bool,
+}
+
+impl ProducerStamp {
+    /// The stamp of a claim of a new epoch for `id`.
+    pub fn claim(id: String) -> Self {
+        Self {
+            id,
+            epoch: ProducerEpoch::default(),
+            seq: ProducerSeq::default(),
+            claim: true,
+        }
+    }
+}
+
+/// What a batch's input was, as far as telling a retry from a reused `seq` needs: the first 8
+/// bytes of its SHA-256.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct InputDigest(u64);
+
+impl InputDigest {
+    /// The digest of `input`.
+    pub fn of(input: &[u8]) -> Self {
+        let hash = Sha256::digest(input);
+        let mut first = [0; 8];
+        first.copy_from_slice(&hash[..8]);
+        Self(u64::from_le_bytes(first))
+    }
+}
+
+impl std::fmt::Display for InputDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
 }
 
 /// What the table says about a stamp.
@@ -43,29 +131,94 @@ pub struct ProducerStamp {
 pub enum Verdict {
     /// The next batch of this producer: run it.
     Next,
-    /// Already committed. The receipt is the original's when `seq` is the last one committed.
+    /// Already committed, with the same input. The original's receipt, `None` only while the
+    /// original is staged and not yet committed (its receipt comes with its commit).
     Duplicate(Option<Receipt>),
+    /// A `seq` committed before with another input: a second batch under a used number.
+    Reused {
+        /// The `seq` that would run.
+        next: ProducerSeq,
+    },
+    /// Committed before, too long ago for its receipt to be kept.
+    Stale {
+        /// The `seq` that would run.
+        next: ProducerSeq,
+    },
     /// A batch is missing before this one: the producer must send `expected` first.
     OutOfOrder {
         /// The `seq` that would run.
-        expected: u64,
+        expected: ProducerSeq,
     },
     /// An older epoch than the producer's current one.
     Fenced {
         /// The producer's current epoch.
-        current: u64,
+        current: ProducerEpoch,
     },
 }
 
-/// One producer's last committed batch.
+/// One of a producer's last batches.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Kept {
+    seq: ProducerSeq,
+    input: Option<InputDigest>,
+    /// Its receipt; `None` between staging and commit.
+    receipt: Option<Receipt>,
+}
+
+/// One producer.
+///
+/// Invariant: `earlier` holds batches of `epoch` with `seq`s below `seq`, ascending, at most
+/// [`RECEIPTS_KEPT`] - 1 of them; when `claimed`, `earlier` is empty.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Entry {
-    epoch: u64,
-    seq: u64,
-    /// Its receipt; `None` between staging and commit.
+    epoch: ProducerEpoch,
+    /// The last `seq` committed in `epoch` (not read when `claimed`).
+    seq: ProducerSeq,
+    /// The receipt of `seq`; `None` between staging and commit.
     receipt: Option<Receipt>,
     /// When it last committed, in the runtime's count of batches: the eviction order.
     used: u64,
+    /// `epoch` was claimed and no batch of it has come yet: the next `seq` is 0.
+    #[serde(default)]
+    claimed: bool,
+    /// The digest of `seq`'s input (`None` in tables written before digests were kept: a
+    /// retry of it is then taken as a duplicate).
+    #[serde(default)]
+    input: Option<InputDigest>,
+    /// The batches before `seq` whose receipts are kept.
+    #[serde(default)]
+    earlier: VecDeque<Kept>,
+}
+
+impl Entry {
+    fn next(&self) -> ProducerSeq {
+        match self.claimed {
+            true => ProducerSeq(0),
+            false => self.seq.next(),
+        }
+    }
+
+    /// The verdict on `seq` in this producer's epoch.
+    fn judge(&self, seq: ProducerSeq, input: InputDigest) -> Verdict {
+        let next = self.next();
+        if seq == next {
+            return Verdict::Next;
+        }
+        if seq > next {
+            return Verdict::OutOfOrder { expected: next };
+        }
+        let same = |kept: Option<InputDigest>, receipt: &Option<Receipt>| match kept {
+            Some(kept) if kept != input => Verdict::Reused { next },
+            _ => Verdict::Duplicate(receipt.clone()),
+        };
+        if seq == self.seq {
+            return same(self.input, &self.receipt);
+        }
+        match self.earlier.iter().find(|kept| kept.seq == seq) {
+            Some(kept) => same(kept.input, &kept.receipt),
+            None => Verdict::Stale { next },
+        }
+    }
 }
 
 /// A runtime's producers. Serialized as a list sorted by id, so equal tables encode equally.
@@ -76,7 +229,8 @@ pub struct ProducerTable {
     clock: u64,
 }
 
-/// How to take back what [`ProducerTable::stage`] did, if the batch never commits.
+/// How to take back what [`ProducerTable::stage`] or [`ProducerTable::claim`] did, if the
+/// record never commits.
 #[derive(Debug)]
 pub struct Undo {
     id: String,
@@ -86,12 +240,14 @@ pub struct Undo {
 }
 
 impl ProducerTable {
-    /// The verdict on `stamp`.
-    pub fn check(&self, stamp: &ProducerStamp) -> Verdict {
+    /// The verdict on `stamp`, a batch whose input has the digest `input`.
+    pub fn check(&self, stamp: &ProducerStamp, input: InputDigest) -> Verdict {
         let Some(last) = self.entries.get(&stamp.id) else {
             return match stamp.seq {
-                0 => Verdict::Next,
-                _ => Verdict::OutOfOrder { expected: 0 },
+                ProducerSeq(0) => Verdict::Next,
+                _ => Verdict::OutOfOrder {
+                    expected: ProducerSeq(0),
+                },
             };
         };
         if stamp.epoch < last.epoch {
@@ -101,36 +257,77 @@ impl ProducerTable {
         }
         if stamp.epoch > last.epoch {
             return match stamp.seq {
-                0 => Verdict::Next,
-                _ => Verdict::OutOfOrder { expected: 0 },
+                ProducerSeq(0) => Verdict::Next,
+                _ => Verdict::OutOfOrder {
+                    expected: ProducerSeq(0),
+                },
             };
         }
-        if stamp.seq <= last.seq {
-            let receipt = (stamp.seq == last.seq)
-                .then(|| last.receipt.clone())
-                .flatten();
-            return Verdict::Duplicate(receipt);
-        }
-        if stamp.seq == last.seq + 1 {
-            Verdict::Next
-        } else {
-            Verdict::OutOfOrder {
-                expected: last.seq + 1,
-            }
-        }
+        last.judge(stamp.seq, input)
     }
 
     /// Records `stamp` as this producer's last batch (its receipt comes with
     /// [`ProducerTable::committed`]). Call it only after [`Verdict::Next`].
-    pub fn stage(&mut self, stamp: &ProducerStamp) -> Undo {
-        self.clock += 1;
+    pub fn stage(&mut self, stamp: &ProducerStamp, input: InputDigest) -> Undo {
+        let previous = self.entries.get(&stamp.id).cloned();
+        let mut earlier = VecDeque::new();
+        if let Some(last) = previous
+            .as_ref()
+            .filter(|last| last.epoch == stamp.epoch && !last.claimed)
+        {
+            earlier.clone_from(&last.earlier);
+            earlier.push_back(Kept {
+                seq: last.seq,
+                input: last.input,
+                receipt: last.receipt.clone(),
+            });
+            while earlier.len() >= RECEIPTS_KEPT {
+                earlier.pop_front();
+            }
+        }
+        self.put(
+            &stamp.id,
+            Entry {
+                epoch: stamp.epoch,
+                seq: stamp.seq,
+                receipt: None,
+                used: 0,
+                claimed: false,
+                input: Some(input),
+                earlier,
+            },
+            previous,
+        )
+    }
+
+    /// Claims a new epoch for `id`: one more than the highest this table knows for it (1 for
+    /// an id it does not know), with the next `seq` 0. Every batch of an older epoch is fenced
+    /// from here on.
+    pub fn claim(&mut self, id: &str) -> (ProducerEpoch, Undo) {
+        let previous = self.entries.get(id).cloned();
+        let epoch = ProducerEpoch(
+            previous
+                .as_ref()
+                .map_or(0, |last| last.epoch.0)
+                .saturating_add(1),
+        );
         let entry = Entry {
-            epoch: stamp.epoch,
-            seq: stamp.seq,
+            epoch,
+            seq: ProducerSeq(0),
             receipt: None,
-            used: self.clock,
+            used: 0,
+            claimed: true,
+            input: None,
+            earlier: VecDeque::new(),
         };
-        let previous = self.entries.insert(stamp.id.clone(), entry);
+        (epoch, self.put(id, entry, previous))
+    }
+
+    /// Puts `entry` in as the most recently used, forgetting the least recent past the limit.
+    fn put(&mut self, id: &str, mut entry: Entry, previous: Option<Entry>) -> Undo {
+        self.clock += 1;
+        entry.used = self.clock;
+        self.entries.insert(id.to_owned(), entry);
         let evicted = if self.entries.len() > MAX_PRODUCERS {
             self.entries
                 .iter()
@@ -141,7 +338,7 @@ impl ProducerTable {
             None
         };
         Undo {
-            id: stamp.id.clone(),
+            id: id.to_owned(),
             previous,
             clock: self.clock - 1,
             evicted,
@@ -153,13 +350,14 @@ impl ProducerTable {
         if let Some(entry) = self
             .entries
             .get_mut(&stamp.id)
-            .filter(|e| e.epoch == stamp.epoch && e.seq == stamp.seq)
+            .filter(|e| e.epoch == stamp.epoch && e.seq == stamp.seq && !e.claimed)
         {
             entry.receipt = Some(receipt.clone());
         }
     }
 
-    /// Takes back a [`ProducerTable::stage`] whose batch did not commit. Undo in reverse order.
+    /// Takes back a [`ProducerTable::stage`] or [`ProducerTable::claim`] whose record did not
+    /// commit. Undo in reverse order.
     pub fn undo(&mut self, undo: Undo) {
         match undo.previous {
             Some(previous) => self.entries.insert(undo.id, previous),
@@ -171,9 +369,9 @@ impl ProducerTable {
         self.clock = undo.clock;
     }
 
-    /// The last committed `(epoch, seq)` of `id`.
-    pub fn last(&self, id: &str) -> Option<(u64, u64)> {
-        self.entries.get(id).map(|e| (e.epoch, e.seq))
+    /// The epoch of `id` and the next `seq` it may send in it.
+    pub fn next(&self, id: &str) -> Option<(ProducerEpoch, ProducerSeq)> {
+        self.entries.get(id).map(|e| (e.epoch, e.next()))
     }
 
     /// Producers remembered.
@@ -226,8 +424,9 @@ mod tests {
     fn stamp(id: &str, epoch: u64, seq: u64) -> ProducerStamp {
         ProducerStamp {
             id: id.into(),
-            epoch,
-            seq,
+            epoch: ProducerEpoch(epoch),
+            seq: ProducerSeq(seq),
+            claim: false,
         }
     }
 
@@ -238,49 +437,119 @@ mod tests {
         }
     }
 
+    fn input(n: u64) -> InputDigest {
+        InputDigest::of(&n.to_le_bytes())
+    }
+
+    /// Stages and commits `seq` with the input `n` and a receipt of `n` events.
+    fn send(table: &mut ProducerTable, epoch: u64, seq: u64, n: u64) {
+        let stamp = stamp("p", epoch, seq);
+        assert_eq!(table.check(&stamp, input(n)), Verdict::Next, "seq {seq}");
+        table.stage(&stamp, input(n));
+        table.committed(&stamp, &receipt(n));
+    }
+
     #[test]
     fn the_rules() {
         let mut table = ProducerTable::default();
         assert_eq!(
-            table.check(&stamp("p", 0, 1)),
-            Verdict::OutOfOrder { expected: 0 }
+            table.check(&stamp("p", 0, 1), input(0)),
+            Verdict::OutOfOrder {
+                expected: ProducerSeq(0)
+            }
         );
-        assert_eq!(table.check(&stamp("p", 0, 0)), Verdict::Next);
-        table.stage(&stamp("p", 0, 0));
-        table.committed(&stamp("p", 0, 0), &receipt(1));
+        send(&mut table, 0, 0, 10);
         assert_eq!(
-            table.check(&stamp("p", 0, 0)),
-            Verdict::Duplicate(Some(receipt(1)))
+            table.check(&stamp("p", 0, 0), input(10)),
+            Verdict::Duplicate(Some(receipt(10)))
         );
-        assert_eq!(table.check(&stamp("p", 0, 1)), Verdict::Next);
-        table.stage(&stamp("p", 0, 1));
-        table.committed(&stamp("p", 0, 1), &receipt(2));
-        assert_eq!(table.check(&stamp("p", 0, 0)), Verdict::Duplicate(None));
+        send(&mut table, 0, 1, 11);
         assert_eq!(
-            table.check(&stamp("p", 0, 5)),
-            Verdict::OutOfOrder { expected: 2 }
+            table.check(&stamp("p", 0, 5), input(0)),
+            Verdict::OutOfOrder {
+                expected: ProducerSeq(2)
+            }
         );
         // A new epoch starts at 0 and fences the old one.
         assert_eq!(
-            table.check(&stamp("p", 1, 3)),
-            Verdict::OutOfOrder { expected: 0 }
+            table.check(&stamp("p", 1, 3), input(0)),
+            Verdict::OutOfOrder {
+                expected: ProducerSeq(0)
+            }
         );
-        table.stage(&stamp("p", 1, 0));
+        table.stage(&stamp("p", 1, 0), input(0));
         assert_eq!(
-            table.check(&stamp("p", 0, 2)),
-            Verdict::Fenced { current: 1 }
+            table.check(&stamp("p", 0, 2), input(0)),
+            Verdict::Fenced {
+                current: ProducerEpoch(1)
+            }
         );
-        assert_eq!(table.last("p"), Some((1, 0)));
+        assert_eq!(table.next("p"), Some((ProducerEpoch(1), ProducerSeq(1))));
+    }
+
+    /// A resent older `seq` was answered with an empty receipt: every batch kept answers with
+    /// its own, and one past them is refused as stale rather than answered with nothing.
+    #[test]
+    fn a_duplicate_of_any_kept_batch_gets_its_own_receipt() {
+        let mut table = ProducerTable::default();
+        let sent = 2 * RECEIPTS_KEPT as u64;
+        for seq in 0..sent {
+            send(&mut table, 0, seq, 100 + seq);
+        }
+        let next = ProducerSeq(sent);
+        for seq in 0..sent {
+            let verdict = table.check(&stamp("p", 0, seq), input(100 + seq));
+            match seq >= sent - RECEIPTS_KEPT as u64 {
+                true => assert_eq!(verdict, Verdict::Duplicate(Some(receipt(100 + seq)))),
+                false => assert_eq!(verdict, Verdict::Stale { next }, "seq {seq}"),
+            }
+        }
+    }
+
+    /// A duplicate `seq` with another body was taken for a retry and its data dropped.
+    #[test]
+    fn a_used_seq_with_another_input_is_refused() {
+        let mut table = ProducerTable::default();
+        send(&mut table, 0, 0, 1);
+        send(&mut table, 0, 1, 2);
+        let next = ProducerSeq(2);
+        assert_eq!(
+            table.check(&stamp("p", 0, 1), input(3)),
+            Verdict::Reused { next }
+        );
+        assert_eq!(
+            table.check(&stamp("p", 0, 0), input(3)),
+            Verdict::Reused { next }
+        );
+    }
+
+    #[test]
+    fn a_claim_fences_every_older_holder_and_starts_at_seq_0() {
+        let mut table = ProducerTable::default();
+        let (first, _) = table.claim("p");
+        assert_eq!(first, ProducerEpoch(1));
+        assert_eq!(table.next("p"), Some((first, ProducerSeq(0))));
+        send(&mut table, 1, 0, 5);
+        let (second, undo) = table.claim("p");
+        assert_eq!(second, ProducerEpoch(2));
+        assert_eq!(
+            table.check(&stamp("p", 1, 1), input(6)),
+            Verdict::Fenced { current: second }
+        );
+        // The new run's first batch is new, whatever the old run sent under seq 0.
+        assert_eq!(table.check(&stamp("p", 2, 0), input(5)), Verdict::Next);
+        table.undo(undo);
+        assert_eq!(table.next("p"), Some((first, ProducerSeq(1))));
     }
 
     #[test]
     fn undo_takes_a_stage_back_and_the_encoding_is_canonical() {
         let mut table = ProducerTable::default();
-        table.stage(&stamp("a", 0, 0));
-        table.committed(&stamp("a", 0, 0), &receipt(1));
+        send(&mut table, 0, 0, 1);
+        send(&mut table, 0, 1, 2);
         let before = table.clone();
-        let u1 = table.stage(&stamp("a", 0, 1));
-        let u2 = table.stage(&stamp("b", 0, 0));
+        let u1 = table.stage(&stamp("p", 0, 2), input(3));
+        let u2 = table.stage(&stamp("b", 0, 0), input(0));
         table.undo(u2);
         table.undo(u1);
         assert_eq!(table, before);
@@ -290,18 +559,56 @@ mod tests {
         assert_eq!(rmp_serde::to_vec(&decoded).unwrap(), encoded);
     }
 
+    /// A table written before inputs were digested (no `claimed`, `input`, `earlier`) still
+    /// reads, and a retry of its last batch is a duplicate.
+    #[test]
+    fn an_older_table_reads() {
+        #[derive(Serialize)]
+        struct Old {
+            epoch: u64,
+            seq: u64,
+            receipt: Option<Receipt>,
+            used: u64,
+        }
+        #[derive(Serialize)]
+        struct OldTable {
+            clock: u64,
+            entries: Vec<(String, Old)>,
+        }
+        let old = OldTable {
+            clock: 3,
+            entries: vec![(
+                "p".into(),
+                Old {
+                    epoch: 0,
+                    seq: 2,
+                    receipt: Some(receipt(4)),
+                    used: 3,
+                },
+            )],
+        };
+        let mut bytes = Vec::new();
+        rmp_serde::encode::write_named(&mut bytes, &old).unwrap();
+        let table: ProducerTable = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(
+            table.check(&stamp("p", 0, 2), input(9)),
+            Verdict::Duplicate(Some(receipt(4)))
+        );
+        assert_eq!(table.next("p"), Some((ProducerEpoch(0), ProducerSeq(3))));
+    }
+
     #[test]
     fn past_the_limit_the_least_recent_is_forgotten_and_undo_brings_it_back() {
         let mut table = ProducerTable::default();
         for i in 0..MAX_PRODUCERS {
-            table.stage(&stamp(&format!("p{i}"), 0, 0));
+            table.stage(&stamp(&format!("p{i}"), 0, 0), input(0));
         }
-        table.stage(&stamp("p0", 0, 1)); // p0 is now the most recent
+        table.stage(&stamp("p0", 0, 1), input(1)); // p0 is now the most recent
         let before = table.clone();
-        let undo = table.stage(&stamp("new", 0, 0));
+        let undo = table.stage(&stamp("new", 0, 0), input(0));
         assert_eq!(table.len(), MAX_PRODUCERS);
-        assert_eq!(table.last("p1"), None, "the least recent went");
-        assert_eq!(table.last("p0"), Some((0, 1)));
+        assert_eq!(table.next("p1"), None, "the least recent went");
+        assert_eq!(table.next("p0"), Some((ProducerEpoch(0), ProducerSeq(2))));
         table.undo(undo);
         assert_eq!(table, before);
     }

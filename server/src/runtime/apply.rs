@@ -33,7 +33,7 @@ use super::publish::{Place, Verdict};
 use super::task::Task;
 use super::{ApplyError, BatchSink, DeployError, Deployed, IngestError};
 use crate::host::GuestModule;
-use crate::log::producer::Undo;
+use crate::log::producer::{InputDigest, Undo};
 use crate::log::{BatchEntry, DeployEntry, Digest, Outcome};
 
 impl<S: BatchSink> Task<S> {
@@ -180,8 +180,10 @@ impl<S: BatchSink> Task<S> {
             runtime: runtime.to_owned(),
             detail,
         };
+        let claim = entry.producer.as_ref().filter(|stamp| stamp.claim);
         let before = self.last.state.clone();
         let batch = match &entry.outcome {
+            _ if claim.is_some() => None,
             Outcome::Lost | Outcome::Pending => None,
             Outcome::Committed(logged) => {
                 let batch = self
@@ -217,10 +219,20 @@ impl<S: BatchSink> Task<S> {
         if entry.checkpoint.is_some() {
             self.last.checkpoint = entry.checkpoint;
         }
-        if let Some(stamp) = &entry.producer {
-            self.last.producers.stage(stamp);
+        match &entry.producer {
+            Some(stamp) if stamp.claim => {
+                self.last.producers.claim(&stamp.id);
+            }
+            Some(stamp) => {
+                self.last
+                    .producers
+                    .stage(stamp, InputDigest::of(&entry.input));
+            }
+            None => {}
         }
-        self.commit(&entry, batch, Some(position)).await;
+        if claim.is_none() {
+            self.commit(&entry, batch, Some(position)).await;
+        }
         drop(turn);
         self.log.metrics().replayed.inc();
         Ok(())

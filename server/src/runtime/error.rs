@@ -1,6 +1,7 @@
 //! What a runtime answers when a batch, a deploy or a logged record does not go through.
 
 use crate::host::{GuestError, ModuleFingerprint};
+use crate::log::producer::{ProducerEpoch, ProducerSeq};
 use crate::log::Break;
 
 /// Why a batch was not committed.
@@ -73,7 +74,32 @@ pub enum IngestError {
         /// The runtime.
         runtime: String,
         /// The next `seq` the producer may send.
-        expected: u64,
+        expected: ProducerSeq,
+    },
+    /// The producer sent a `seq` it had used for another batch: a second batch under a used
+    /// number is not a retry, and is not taken for one.
+    #[error(
+        "runtime `{runtime}`: Producer-Seq {seq} was used for another batch; send this one as Producer-Seq {next}"
+    )]
+    SeqReused {
+        /// The runtime.
+        runtime: String,
+        /// The `seq` sent.
+        seq: ProducerSeq,
+        /// The next `seq` the producer may send.
+        next: ProducerSeq,
+    },
+    /// The producer resent a `seq` committed so long ago that its receipt is no longer kept.
+    #[error(
+        "runtime `{runtime}`: Producer-Seq {seq} was committed long ago and its receipt is no longer kept; the next is {next}"
+    )]
+    SeqStale {
+        /// The runtime.
+        runtime: String,
+        /// The `seq` sent.
+        seq: ProducerSeq,
+        /// The next `seq` the producer may send.
+        next: ProducerSeq,
     },
     /// The producer's epoch is older than one already seen: another instance took over.
     #[error("runtime `{runtime}`: producer epoch {epoch} is fenced by epoch {current}")]
@@ -81,9 +107,9 @@ pub enum IngestError {
         /// The runtime.
         runtime: String,
         /// The batch's epoch.
-        epoch: u64,
+        epoch: ProducerEpoch,
         /// The producer's current epoch.
-        current: u64,
+        current: ProducerEpoch,
     },
     /// The log could not make the batch durable; nothing of it was committed, and nothing is
     /// until the log has been reopened and verified (it is, in the background).

@@ -11,7 +11,7 @@ use super::handle::{Ingest, Reply};
 use super::task::Task;
 use super::{Accepted, BatchSink, IngestError};
 use crate::host::GuestBatch;
-use crate::log::producer::{ProducerStamp, Undo, Verdict};
+use crate::log::producer::{InputDigest, ProducerEpoch, ProducerStamp, Undo, Verdict};
 use crate::log::{unix_ms_now, BatchEntry, Digest, Entry, Outcome, Receipt};
 
 /// A batch past the guest, before its commit.
@@ -22,9 +22,14 @@ pub(super) enum Staged {
         /// What the guest produced; `None` for a lost batch.
         batch: Option<GuestBatch>,
     },
-    /// A producer's batch that was committed before (perhaps earlier in this group): answered
-    /// with the original's receipt once the group has committed.
-    Duplicate(ProducerStamp),
+    /// A producer's claim of a new epoch: logged, with no input for the guest.
+    Claim {
+        entry: Box<BatchEntry>,
+        epoch: ProducerEpoch,
+    },
+    /// A producer's batch that was committed before (perhaps earlier in this group), with this
+    /// input: answered with the original's receipt once the group has committed.
+    Duplicate(ProducerStamp, InputDigest),
 }
 
 /// What staging one batch gave: what commits, and what its sender is told at once. A batch
@@ -71,8 +76,10 @@ impl<S: BatchSink> Task<S> {
         let records: Vec<Vec<u8>> = staged
             .iter()
             .filter_map(|(s, _)| match s {
-                Staged::Batch { entry, .. } => Some(Entry::encode_batches(&[entry])),
-                Staged::Duplicate(_) => None,
+                Staged::Batch { entry, .. } | Staged::Claim { entry, .. } => {
+                    Some(Entry::encode_batches(&[entry]))
+                }
+                Staged::Duplicate(..) => None,
             })
             .collect();
         let count = records.len() as u64;
@@ -102,7 +109,7 @@ impl<S: BatchSink> Task<S> {
         let turn = log.turn(first, count).await;
         let mut position = first;
         for (staged, reply) in staged {
-            let logged = matches!(staged, Staged::Batch { .. });
+            let logged = !matches!(staged, Staged::Duplicate(..));
             let accepted = self.finish(staged, position).await;
             if let Some(reply) = reply {
                 let _ = reply.send(Ok(accepted));
@@ -120,14 +127,43 @@ impl<S: BatchSink> Task<S> {
             staged: None,
             refused: Some(refused),
         };
+        let mut input = None;
         if let Some(stamp) = &entry.producer {
-            match self.last.producers.check(stamp) {
+            if stamp.claim {
+                let (epoch, claimed) = self.last.producers.claim(&stamp.id);
+                undo.push(claimed);
+                entry.outcome = Outcome::Committed(Digest::default());
+                return Staging {
+                    staged: Some(Staged::Claim {
+                        entry: Box::new(entry),
+                        epoch,
+                    }),
+                    refused: None,
+                };
+            }
+            let digest = InputDigest::of(&entry.input);
+            input = Some(digest);
+            match self.last.producers.check(stamp, digest) {
                 Verdict::Next => {}
                 Verdict::Duplicate(_) => {
                     return Staging {
-                        staged: Some(Staged::Duplicate(stamp.clone())),
+                        staged: Some(Staged::Duplicate(stamp.clone(), digest)),
                         refused: None,
                     }
+                }
+                Verdict::Reused { next } => {
+                    return refused(IngestError::SeqReused {
+                        runtime: self.name.to_string(),
+                        seq: stamp.seq,
+                        next,
+                    })
+                }
+                Verdict::Stale { next } => {
+                    return refused(IngestError::SeqStale {
+                        runtime: self.name.to_string(),
+                        seq: stamp.seq,
+                        next,
+                    })
                 }
                 Verdict::OutOfOrder { expected } => {
                     return refused(IngestError::OutOfOrder {
@@ -161,8 +197,8 @@ impl<S: BatchSink> Task<S> {
         if entry.checkpoint.is_some() {
             self.last.checkpoint = entry.checkpoint;
         }
-        if let Some(stamp) = &entry.producer {
-            undo.push(self.last.producers.stage(stamp));
+        if let (Some(stamp), Some(input)) = (&entry.producer, input) {
+            undo.push(self.last.producers.stage(stamp, input));
         }
         Staging {
             staged: Some(Staged::Batch {
@@ -173,22 +209,38 @@ impl<S: BatchSink> Task<S> {
         }
     }
 
-    /// Commits a staged batch at `position`, or answers a duplicate with the original's
-    /// receipt.
+    /// Commits a staged batch or claim at `position`, or answers a duplicate with the
+    /// original's receipt.
     pub(super) async fn finish(&mut self, staged: Staged, position: Option<u64>) -> Accepted {
         match staged {
             Staged::Batch { entry, batch } => Accepted {
                 receipt: self.commit(&entry, batch, position).await,
                 duplicate: false,
+                claimed: None,
             },
-            Staged::Duplicate(stamp) => {
-                let receipt = match self.last.producers.check(&stamp) {
-                    Verdict::Duplicate(receipt) => receipt.unwrap_or_default(),
-                    _ => Receipt::default(),
+            Staged::Claim { epoch, .. } => Accepted {
+                receipt: Receipt {
+                    position,
+                    durability: self.log.durability(),
+                    ..Receipt::default()
+                },
+                duplicate: false,
+                claimed: Some(epoch),
+            },
+            Staged::Duplicate(stamp, input) => {
+                // The original committed before this duplicate was staged, or earlier in its
+                // group: its receipt is there.
+                let receipt = match self.last.producers.check(&stamp, input) {
+                    Verdict::Duplicate(Some(receipt)) => receipt,
+                    verdict => {
+                        tracing::error!(?verdict, producer = %stamp.id, seq = %stamp.seq, "a duplicate's original has no receipt");
+                        Receipt::default()
+                    }
                 };
                 Accepted {
                     receipt,
                     duplicate: true,
+                    claimed: None,
                 }
             }
         }

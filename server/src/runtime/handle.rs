@@ -295,6 +295,17 @@ impl RuntimeHandle {
         self.send(input, None, None, producer).await
     }
 
+    /// Claims a new epoch for the producer `id` (one more than the highest the runtime knows,
+    /// fencing every older holder; its next `seq` is 0), logged like a batch.
+    /// [`Accepted::claimed`] holds the epoch.
+    ///
+    /// # Errors
+    /// As [`RuntimeHandle::ingest`], but for the guest's and the producer's refusals.
+    pub async fn claim(&self, id: String) -> Result<Accepted, IngestError> {
+        self.send(Bytes::new(), None, None, Some(ProducerStamp::claim(id)))
+            .await
+    }
+
     /// Runs one batch read by a pull source; `checkpoint` is the source position after it.
     /// `source_gap` says why input was lost just before it (a truncated or replaced file); it is
     /// logged and marked on the runtime's views before the batch. If the batch fails, its input

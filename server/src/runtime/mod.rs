@@ -79,7 +79,7 @@ pub use error::{ApplyError, DeployError, IngestError};
 pub use handle::{PauseGuard, RuntimeHandle};
 
 use crate::host::{GuestBatch, GuestError, Limits, ModuleFingerprint};
-use crate::log::producer::ProducerTable;
+use crate::log::producer::{ProducerEpoch, ProducerTable};
 use crate::log::Receipt;
 use crate::schema::{ConfiguredSchemas, ViewSchema, Violation};
 use crate::source::SourceCheckpoint;
@@ -131,9 +131,10 @@ impl RuntimeConfig {
 pub struct Accepted {
     /// What it was promised.
     pub receipt: Receipt,
-    /// It had been committed before: this is the original's receipt, nothing ran again (for an
-    /// older `seq` than the producer's last, the receipt is no longer kept and is empty).
+    /// It had been committed before: this is the original's receipt, nothing ran again.
     pub duplicate: bool,
+    /// A producer's claim: the epoch it was given (its next `seq` is 0).
+    pub claimed: Option<ProducerEpoch>,
 }
 
 /// A module that replaced a runtime's module.

@@ -8,8 +8,8 @@ use tokio::sync::oneshot;
 
 use super::{Accepted, DeployError, Deployed, IngestError, RuntimeHandle};
 use crate::host::ModuleFingerprint;
+use crate::log::StreamLog;
 use crate::log::{unix_ms_now, BatchEntry, DeployEntry, Entry, PublishError};
-use crate::log::{Receipt, StreamLog};
 
 /// Verdicts of applied stream positions kept for the publisher that has not asked yet.
 const VERDICTS_KEPT: usize = 8192;
@@ -64,6 +64,12 @@ impl Verdicts {
 
 impl RuntimeHandle {
     /// Publishes `entry` to the cluster's stream and waits for this node's verdict on it.
+    ///
+    /// A producer's batch goes under a message id made of its stamp and the digest of its
+    /// input, so JetStream drops a retry (the same input) within its duplicate window, and the
+    /// first copy's verdict answers it. A retry whose first copy's verdict is no longer kept
+    /// is published again under an id of its own: the producer table judges it where it is
+    /// applied, as it judges every batch, and answers with the original receipt.
     pub(super) async fn publish_batch(
         &self,
         stream: &StreamLog,
@@ -73,33 +79,40 @@ impl RuntimeHandle {
             runtime: self.name.to_string(),
             reason,
         };
+        let again = entry.producer.is_some().then(|| entry.clone());
         let placed = stream
             .publish_batch(entry)
             .await
             .map_err(|error| shared(error.to_string()))?;
-        let place = (placed.sequence, placed.index);
-        match self
-            .verdict(stream, place, !placed.duplicate)
-            .await
-            .map_err(shared)?
-        {
+        let mut place = (placed.sequence, placed.index);
+        let mut mine = !placed.duplicate;
+        let verdict = match self.verdict(stream, place, mine).await.map_err(shared)? {
+            Some(verdict) => Some(verdict),
+            None => match again {
+                Some(entry) => {
+                    let published = stream
+                        .publish(&self.name, Entry::Batch(entry).encode(), stream.own_id())
+                        .await
+                        .map_err(|error| shared(error.to_string()))?;
+                    (place, mine) = ((published.sequence, 0), true);
+                    self.verdict(stream, place, mine).await.map_err(shared)?
+                }
+                None => None,
+            },
+        };
+        match verdict {
             Some(Verdict::Batch(outcome)) => outcome.map(|accepted| Accepted {
-                duplicate: accepted.duplicate || placed.duplicate,
+                duplicate: accepted.duplicate || !mine,
                 ..accepted
             }),
             Some(Verdict::Deploy(_)) => Err(shared(format!(
                 "sequence {} holds a deploy, not this batch",
-                placed.sequence
+                place.0
             ))),
-            // A duplicate of a batch applied long ago, or of one refused.
-            None => Ok(Accepted {
-                receipt: Receipt {
-                    position: Some(placed.sequence),
-                    durability: self.log.durability(),
-                    ..Receipt::default()
-                },
-                duplicate: true,
-            }),
+            None => Err(shared(format!(
+                "no verdict on the batch at sequence {}",
+                place.0
+            ))),
         }
     }
 

@@ -407,7 +407,7 @@ async fn a_replayed_record_whose_turn_is_abandoned_is_undone() {
 /// answered with the first's receipt, and each verdict goes to its own place.
 #[tokio::test]
 async fn gathered_batches_are_judged_alone_at_one_position() {
-    use crate::log::producer::ProducerStamp;
+    use crate::log::producer::{ProducerEpoch, ProducerSeq, ProducerStamp};
     use crate::log::{BatchEntry, Outcome};
     use handle::Record;
     use publish::Verdict;
@@ -421,8 +421,9 @@ async fn gathered_batches_are_judged_alone_at_one_position() {
         input: Bytes::from_static(input),
         producer: seq.map(|seq| ProducerStamp {
             id: "p".into(),
-            epoch: 1,
-            seq,
+            epoch: ProducerEpoch(1),
+            seq: ProducerSeq(seq),
+            claim: false,
         }),
         checkpoint: None,
         source_gap: None,
@@ -459,7 +460,10 @@ async fn gathered_batches_are_judged_alone_at_one_position() {
     assert_eq!(again.receipt, second.receipt);
     assert!(matches!(
         verdict(4),
-        Err(IngestError::OutOfOrder { expected: 2, .. })
+        Err(IngestError::OutOfOrder {
+            expected: ProducerSeq(2),
+            ..
+        })
     ));
     assert!(verdicts.take((7, 5)).is_none());
     drop(verdicts);
