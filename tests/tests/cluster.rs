@@ -155,6 +155,93 @@ async fn produce(server: &Server, id: &str, seq: u64, ndjson: &str) -> anyhow::R
     .await
 }
 
+/// Ingests `ndjson` as producer `id` in `epoch` with sequence `seq`, through `server`.
+async fn produce_in(
+    server: &Server,
+    id: &str,
+    epoch: u64,
+    seq: u64,
+    ndjson: &str,
+) -> anyhow::Result<Response> {
+    let (epoch, seq) = (epoch.to_string(), seq.to_string());
+    let headers = [
+        ("Producer-Id", id),
+        ("Producer-Epoch", epoch.as_str()),
+        ("Producer-Seq", seq.as_str()),
+    ];
+    viewtape_tests::http::request(
+        server.addr(),
+        "POST",
+        "/runtimes/demo/ingest",
+        &headers,
+        ndjson.as_bytes(),
+    )
+    .await
+}
+
+/// On a cluster, another body sent under a used seq went under the same JetStream message id as
+/// the first and was dropped as its duplicate, answered `200`. A claim made through one node
+/// fences on every node; a retry through another node gets the original receipt; another body
+/// under a used seq is `409 producer_seq_reused` through any node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producers_claim_retry_and_reuse_alike_on_every_node() -> anyhow::Result<()> {
+    let nats = NatsServer::start().await?;
+    let nodes = nodes(&nats, 2).await?;
+    let mut feed = Feed::new(&["ACME"]);
+    let claim = |node: usize| nodes[node].post("/runtimes/demo/producers/p", b"");
+
+    let first = claim(0).await?.json()?;
+    let epoch = first["epoch"].as_u64().context("an epoch")?;
+    ensure!(epoch == 1 && first["seq"] == 0, "{first}");
+    let body = feed.batch(1);
+    let sent = produce_in(&nodes[1], "p", epoch, 0, &body).await?;
+    ensure!(
+        sent.status() == 200 && sent.header("producer-duplicate").is_none(),
+        "{}",
+        sent.text()
+    );
+    for node in [0, 1] {
+        let retry = produce_in(&nodes[node], "p", epoch, 0, &body).await?;
+        ensure!(
+            retry.status() == 200 && retry.header("producer-duplicate") == Some("true"),
+            "node {node}: {} {}",
+            retry.status(),
+            retry.text()
+        );
+        ensure!(
+            retry.text() == sent.text(),
+            "the original receipt: {} vs {}",
+            retry.text(),
+            sent.text()
+        );
+        let other = produce_in(&nodes[node], "p", epoch, 0, &feed.clone().batch(1)).await?;
+        let error = expect::json_error(&other, 409)?;
+        ensure!(
+            error["error"] == "producer_seq_reused" && error["next_seq"] == 1,
+            "node {node}: {error}"
+        );
+    }
+    let second = claim(1).await?.json()?;
+    ensure!(second["epoch"] == 2, "{second}");
+    let fenced = produce_in(&nodes[0], "p", epoch, 1, &feed.clone().batch(1)).await?;
+    expect::json_error(&fenced, 403)?;
+    ensure!(
+        produce_in(&nodes[0], "p", 2, 0, &feed.batch(1))
+            .await?
+            .status()
+            == 200
+    );
+
+    for node in &nodes {
+        ensure!(frames(node, 2).await?.len() == 2);
+    }
+    ensure!(
+        frames(&nodes[0], 2).await? == frames(&nodes[1], 2).await?,
+        "tapes differ"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_restarted_under_load_loses_no_acknowledged_batch() -> anyhow::Result<()> {
     let mut nats = NatsServer::start().await?;
