@@ -128,12 +128,12 @@ describe('epochs', () => {
 
   test('the claim goes out before the first batch with the token and no body; the claimed epoch is stored before the batch', async () => {
     const server = new FakeServer();
-    server.producers.set('demo/feed 1/ü', { epoch: 6, last: 40, bodies: new Map(), receipts: new Map() });
+    server.producers.set('demo/feed/1?a#b', { epoch: 6, last: 40, bodies: new Map(), receipts: new Map() });
     const store = recordingStore();
-    const producer = openProducer(BASE, 'demo', { id: 'feed 1/ü', token: 'ingest-token', store, fetch: server.fetch, ...fast });
+    const producer = openProducer(BASE, 'demo', { id: 'feed/1?a#b', token: 'ingest-token', store, fetch: server.fetch, ...fast });
     const receipt = await producer.send(['{"a":1}', '{"a":2}']);
     const [claim, batch] = server.requests;
-    assert.equal(claim.path, '/runtimes/demo/producers/feed%201%2F%C3%BC');
+    assert.equal(claim.path, '/runtimes/demo/producers/feed%2F1%3Fa%23b');
     assert.equal(claim.method, 'POST');
     assert.equal(claim.body, undefined);
     assert.equal(claim.headers.get('authorization'), 'Bearer ingest-token');
