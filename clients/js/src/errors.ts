@@ -59,8 +59,15 @@ export type ProducerErrorCode =
   | 'fenced'
   /** 401/403 without a way to get a token that the server takes. */
   | 'unauthorized'
-  /** 409 that renumbering cannot resolve. */
+  /** 409 `producer_out_of_order` that renumbering cannot resolve (`expectedSeq`: the server's). */
   | 'out_of_order'
+  /** 409 `producer_seq_reused`: the server committed another batch under this epoch and seq
+   * (another writer with this id and epoch). Not a retry, not renumbered; `expectedSeq` is the
+   * server's next seq. */
+  | 'seq_reused'
+  /** 409 `producer_seq_stale`: a seq so old that the server no longer keeps its receipt, so it
+   * cannot say whether this batch was committed; `expectedSeq` is the server's next seq. */
+  | 'seq_stale'
   /** 4xx: the server refuses this batch as it is (422 guest error, 413, 404 …). */
   | 'rejected'
   /** The producer was closed before the batch was acknowledged. */
@@ -82,5 +89,10 @@ export class ProducerError extends Error {
 
   get status(): number | undefined {
     return this.options.status;
+  }
+
+  /** The seq the server expects next (`out_of_order`, `seq_reused`, `seq_stale`). */
+  get expectedSeq(): number | undefined {
+    return this.options.expectedSeq;
   }
 }

@@ -1,6 +1,15 @@
 /**
  * A runtime as an idempotent producer.
  *
+ * ## Epochs
+ * A producer with no stored position (no entry in its store for this runtime and id; the
+ * default memory store starts empty) and no `epoch` option first claims a new epoch:
+ * `POST /runtimes/{runtime}/producers/{id}`, one more than the highest the server knows for the
+ * id, which fences every older holder. So a second run under the same id, with no store, starts
+ * a new numbering instead of having its batches taken for the first run's duplicates. The claimed
+ * epoch (and next seq 0) is written to the store before the first batch; a producer that finds
+ * its position in the store, or is given an `epoch`, goes on under that epoch and claims none.
+ *
  * ## Exactly once
  * Every batch goes out as `Producer-Id`/`-Epoch`/`-Seq`. Before a batch is sent, the store gets
  * it as `pending` with its seq (write-ahead); after the `200` the store gets the next seq. So a
@@ -9,10 +18,18 @@
  * success: the receipt is the original one).
  *
  * ## Out of order
- * A `409` with `Producer-Expected-Seq` lower than ours means the server holds fewer of our
- * batches than we sent (it lost its data, or our store was restored from an old copy): nothing
- * at or after the expected seq was committed, so by default the pending batch is renumbered to
- * it and sent again (`onGap` is told). `renumber: false` throws instead.
+ * A `409` `producer_out_of_order` with an expected seq lower than ours means the server holds
+ * fewer of our batches than we sent (it lost its data, or our store was restored from an old
+ * copy): nothing at or after the expected seq was committed, so by default the pending batch is
+ * renumbered to it and sent again (`onGap` is told). `renumber: false` throws instead.
+ *
+ * ## Reused and stale seqs
+ * A `409` `producer_seq_reused` says the server committed another body under this epoch and seq:
+ * someone else writes under this id and epoch (or a run without a store was given an `epoch`
+ * a previous run used). A `409` `producer_seq_stale` says the seq is so old that the server no
+ * longer keeps its receipt. Neither is a retry the server can confirm, so neither is renumbered
+ * or taken for a success: `send` throws `seq_reused` / `seq_stale` with the server's next seq,
+ * and the batch stays pending (it was not published under this epoch).
  */
 import { Backoff, retryAfterMs, Sleep } from './backoff.js';
 import { ProducerError } from './errors.js';
@@ -22,11 +39,17 @@ import type { TokenSource } from './view.js';
 export interface ProducerOptions {
   /** The producer id (`Producer-Id`): one per logical source of batches. */
   id: string;
-  /** `Producer-Epoch` (default 0, or the stored one); a higher one fences older producers. */
+  /**
+   * `Producer-Epoch`; a higher one fences older producers. Without it the stored epoch is used,
+   * and with no stored position a new epoch is claimed from the server (see the module docs).
+   */
   epoch?: number;
   /** `Authorization: Bearer …`; a function is called again after a 401/403. */
   token?: TokenSource;
-  /** Keeps the next seq and the batch in flight; without one a restart starts again at seq 0. */
+  /**
+   * Keeps the epoch, the next seq and the batch in flight, so a restart resumes under the same
+   * epoch. Without one (a memory store) every run claims a new epoch.
+   */
   store?: ProducerStore;
   /** One request's time limit in ms (default 30,000); a timeout is retried. */
   timeout?: number;
@@ -37,7 +60,10 @@ export interface ProducerOptions {
   renumber?: boolean;
   /** Told when the server expected a lower seq than ours (it lost batches it had acknowledged). */
   onGap?: (gap: { readonly sent: number; readonly expected: number }) => void;
-  /** Told of every failed attempt that will be retried. */
+  /**
+   * Told of every failed attempt that will be retried. An epoch claim's retries come with seq 0
+   * (the seq the first batch takes) and a reason that starts with `epoch claim:`.
+   */
   onRetry?: (retry: { readonly seq: number; readonly attempt: number; readonly delay: number; readonly reason: string }) => void;
   /** A `fetch` to use instead of the global one. */
   fetch?: typeof globalThis.fetch;
@@ -86,13 +112,15 @@ export class Producer {
     return this.#saved?.nextSeq;
   }
 
+  /** The epoch the batches go under (after `ready()`): the given, stored or claimed one. */
   get epoch(): number | undefined {
     return this.#saved?.epoch;
   }
 
   /**
-   * Loads the store and sends the batch a previous life left pending, if any; resolves with its
-   * receipt (or undefined). `send` does this by itself first.
+   * Loads the store (claiming a new epoch when it holds no position and no `epoch` was given)
+   * and sends the batch a previous life left pending, if any; resolves with its receipt (or
+   * undefined). `send` does this by itself first.
    */
   ready(): Promise<Receipt | undefined> {
     return this.#enqueue(async () => {
@@ -106,7 +134,8 @@ export class Producer {
    * Sends one batch (lines are joined with `\n`); resolves with the receipt once it is durable.
    * Batches go out one at a time, in the order of the calls.
    *
-   * @throws ProducerError `fenced`, `unauthorized`, `rejected`, `out_of_order`, `closed`.
+   * @throws ProducerError `fenced`, `unauthorized`, `rejected`, `out_of_order`, `seq_reused`,
+   * `seq_stale`, `closed`, `store`.
    */
   send(batch: Batch): Promise<Receipt> {
     const body = toBody(batch);
@@ -138,9 +167,13 @@ export class Producer {
     if (this.#saved) return;
     let stored: SavedProducer | undefined;
     try {
-      stored = await this.#store.load(this.#storeKey);
+      stored = (await this.#store.load(this.#storeKey)) ?? undefined;
     } catch (cause) {
       throw new ProducerError('store', `cannot read the producer store: ${String(cause)}`, { cause });
+    }
+    if (stored === undefined && this.options.epoch === undefined) {
+      await this.#write({ epoch: await this.#claim(), nextSeq: 0 });
+      return;
     }
     const epoch = this.options.epoch ?? stored?.epoch ?? 0;
     if (stored && stored.epoch === epoch) this.#saved = stored;
@@ -158,53 +191,109 @@ export class Producer {
     this.#saved = saved;
   }
 
+  /** Claims a new epoch for this id (one more than the highest the server knows), until answered. */
+  #claim(): Promise<number> {
+    const url = `${this.#runtimeUrl()}/producers/${encodeURIComponent(this.options.id)}`;
+    return this.#untilDone({ what: () => 'the epoch claim', seq: () => 0, reason: r => `epoch claim: ${r}` }, async (): Promise<Step<number>> => {
+      const answer = await this.#request(url, {}, undefined, 'the epoch claim');
+      if (answer.kind !== 'answer') return answer;
+      if (answer.status !== 200) return refusal(answer, 'the epoch claim');
+      const epoch = (answer.json as { epoch?: unknown } | undefined)?.epoch;
+      if (typeof epoch === 'number' && Number.isSafeInteger(epoch) && epoch >= 0) return { kind: 'done', value: epoch };
+      return {
+        kind: 'fatal',
+        error: new ProducerError('rejected', `the answer to the epoch claim names no epoch: ${answer.text.slice(0, 200)}`, { status: 200, body: answer.json }),
+      };
+    });
+  }
+
   /** Sends `body` as `seq` until the server commits it (or refuses it for good). */
-  async #deliver(initialSeq: number, body: string | Uint8Array): Promise<Receipt> {
+  #deliver(initialSeq: number, body: string | Uint8Array): Promise<Receipt> {
     let seq = initialSeq;
+    const url = `${this.#runtimeUrl()}/ingest`;
+    return this.#untilDone({ what: () => `batch ${seq}`, seq: () => seq, reason: r => r }, async (): Promise<Step<Receipt>> => {
+      const epoch = this.#saved!.epoch;
+      const headers = {
+        'Content-Type': 'application/x-ndjson',
+        'Producer-Id': this.options.id,
+        'Producer-Epoch': String(epoch),
+        'Producer-Seq': String(seq),
+      };
+      const answer = await this.#request(url, headers, body, `batch ${seq}`);
+      if (answer.kind !== 'answer') return answer;
+      const { status, json } = answer;
+      if (status === 200) {
+        const duplicate = answer.headers.get('producer-duplicate') === 'true';
+        await this.#write({ epoch, nextSeq: seq + 1 });
+        return { kind: 'done', value: { ...(json as object), seq, epoch, duplicate } as Receipt };
+      }
+      const code = (json as { error?: unknown } | undefined)?.error;
+      if (status === 409) {
+        const expected = expectedSeq(answer);
+        const known = { status, body: json, expectedSeq: expected };
+        switch (code) {
+          case 'producer_seq_reused':
+            return { kind: 'fatal', error: new ProducerError('seq_reused', `seq ${seq} of epoch ${epoch} was already used for another batch; the server's next seq is ${expected}`, known) };
+          case 'producer_seq_stale':
+            return { kind: 'fatal', error: new ProducerError('seq_stale', `seq ${seq} of epoch ${epoch} is older than the receipts the server keeps; its next seq is ${expected}`, known) };
+          case 'producer_out_of_order':
+            if (expected === undefined || expected >= seq || this.options.renumber === false) {
+              return { kind: 'fatal', error: new ProducerError('out_of_order', `the server expects seq ${expected}, this batch is ${seq}`, known) };
+            }
+            this.options.onGap?.({ sent: seq, expected });
+            seq = expected;
+            await this.#write({ epoch, nextSeq: seq, pending: encodeBody(seq, body) });
+            return { kind: 'again' };
+        }
+      }
+      if (status === 403 && code === 'producer_fenced') {
+        return { kind: 'fatal', error: new ProducerError('fenced', `epoch ${epoch} of producer ${this.options.id} is fenced by a newer one`, { status, body: json }) };
+      }
+      return refusal(answer, `batch ${seq}`);
+    });
+  }
+
+  /**
+   * Runs `step` until it is done or fails for good: retries with backoff (a `Retry-After` is the
+   * floor), asks a token callback once more after a refusal, and stops when the producer closes.
+   */
+  async #untilDone<T>(
+    task: { readonly what: () => string; readonly seq: () => number; readonly reason: (reason: string) => string },
+    step: () => Promise<Step<T>>,
+  ): Promise<T> {
     const backoff = new Backoff(this.options.minDelay ?? 250, this.options.maxDelay ?? 30_000);
     let renewed = false;
     for (;;) {
-      if (this.#closed) throw new ProducerError('closed', `the producer was closed before batch ${seq} was acknowledged`);
-      const epoch = this.#saved!.epoch;
-      const attempt = await this.#post(seq, epoch, body);
-      if (attempt.kind === 'ok') {
-        await this.#write({ epoch, nextSeq: seq + 1 });
-        return attempt.receipt;
-      }
-      if (attempt.kind === 'renew' && !renewed && typeof this.options.token === 'function') {
-        renewed = true;
-        this.#token = undefined;
-        continue;
-      }
-      if (attempt.kind === 'renew') throw attempt.error;
-      if (attempt.kind === 'gap') {
-        const expected = attempt.expected;
-        if (expected >= seq || this.options.renumber === false) {
-          throw new ProducerError('out_of_order', `the server expects seq ${expected}, this batch is ${seq}`, { status: 409, expectedSeq: expected });
+      if (this.#closed) throw new ProducerError('closed', `the producer was closed before ${task.what()} was acknowledged`);
+      const result = await step();
+      switch (result.kind) {
+        case 'done':
+          return result.value;
+        case 'again':
+          continue;
+        case 'renew':
+          if (renewed || typeof this.options.token !== 'function') throw result.error;
+          renewed = true;
+          this.#token = undefined;
+          continue;
+        case 'fatal':
+          throw result.error;
+        case 'retry': {
+          renewed = false;
+          const delay = backoff.next(result.floor);
+          this.options.onRetry?.({ seq: task.seq(), attempt: backoff.attempts, delay, reason: task.reason(result.reason) });
+          await this.#sleep.wait(delay);
         }
-        this.options.onGap?.({ sent: seq, expected });
-        seq = expected;
-        await this.#write({ epoch, nextSeq: seq, pending: encodeBody(seq, body) });
-        continue;
       }
-      if (attempt.kind === 'fatal') throw attempt.error;
-      renewed = false;
-      const delay = backoff.next(attempt.floor);
-      this.options.onRetry?.({ seq, attempt: backoff.attempts, delay, reason: attempt.reason });
-      await this.#sleep.wait(delay);
     }
   }
 
-  async #post(seq: number, epoch: number, body: string | Uint8Array): Promise<Attempt> {
-    const headers: Record<string, string> = {
-      'Content-Type': 'application/x-ndjson',
-      'Producer-Id': this.options.id,
-      'Producer-Epoch': String(epoch),
-      'Producer-Seq': String(seq),
-    };
+  /** One POST with the token and the time limit; a failure to get an answer is a retry. */
+  async #request(url: string, headers: Record<string, string>, body: string | Uint8Array | undefined, what: string): Promise<Answer> {
+    const sent: Record<string, string> = { ...headers };
     try {
       const token = await this.#currentToken();
-      if (token !== undefined) headers['Authorization'] = `Bearer ${token}`;
+      if (token !== undefined) sent['Authorization'] = `Bearer ${token}`;
     } catch (cause) {
       return { kind: 'retry', floor: 0, reason: `the token callback failed: ${String(cause)}` };
     }
@@ -213,43 +302,26 @@ export class Producer {
     const timeout = this.options.timeout ?? 30_000;
     const timer = setTimeout(() => controller.abort(), timeout);
     try {
-      const url = `${this.baseUrl.replace(/\/+$/, '')}/runtimes/${encodeURIComponent(this.runtime)}/ingest`;
       const response = await (this.options.fetch ?? globalThis.fetch)(url, {
         method: 'POST',
-        headers,
-        body: body as BodyInit,
+        headers: sent,
+        body: body as BodyInit | undefined,
         signal: controller.signal,
       });
       const text = await response.text();
-      const json = parseJson(text);
-      const status = response.status;
-      if (status === 200) {
-        const duplicate = response.headers.get('producer-duplicate') === 'true';
-        return { kind: 'ok', receipt: { ...(json as object), seq, epoch, duplicate } as Receipt };
-      }
-      const code = (json as { error?: string } | undefined)?.error;
-      if (status === 409) {
-        const expected = Number(response.headers.get('producer-expected-seq'));
-        if (Number.isSafeInteger(expected)) return { kind: 'gap', expected };
-      }
-      if (status === 403 && code === 'producer_fenced') {
-        return { kind: 'fatal', error: new ProducerError('fenced', `epoch ${epoch} of producer ${this.options.id} is fenced by a newer one`, { status, body: json }) };
-      }
-      if (status === 401 || status === 403) {
-        return { kind: 'renew', error: new ProducerError('unauthorized', `the server refused the token (${status})`, { status, body: json }) };
-      }
-      if (RETRY_STATUSES.has(status)) {
-        return { kind: 'retry', floor: retryAfterMs(response.headers.get('retry-after')), reason: `status ${status}` };
-      }
-      return { kind: 'fatal', error: new ProducerError('rejected', `the server rejected batch ${seq} (${status}): ${text.slice(0, 200)}`, { status, body: json }) };
+      return { kind: 'answer', status: response.status, headers: response.headers, text, json: parseJson(text) };
     } catch (cause) {
-      if (this.#closed) return { kind: 'fatal', error: new ProducerError('closed', `the producer was closed before batch ${seq} was acknowledged`, { cause }) };
+      if (this.#closed) return { kind: 'fatal', error: new ProducerError('closed', `the producer was closed before ${what} was acknowledged`, { cause }) };
       const reason = controller.signal.aborted ? `no answer within ${timeout} ms` : String(cause);
       return { kind: 'retry', floor: 0, reason };
     } finally {
       clearTimeout(timer);
       if (this.#inFlight === controller) this.#inFlight = undefined;
     }
+  }
+
+  #runtimeUrl(): string {
+    return `${this.baseUrl.replace(/\/+$/, '')}/runtimes/${encodeURIComponent(this.runtime)}`;
   }
 
   async #currentToken(): Promise<string | undefined> {
@@ -259,12 +331,38 @@ export class Producer {
   }
 }
 
-type Attempt =
-  | { readonly kind: 'ok'; readonly receipt: Receipt }
+/** What one attempt came to: done, sent again at once (renumbered), retried, renewed or failed. */
+type Step<T> =
+  | { readonly kind: 'done'; readonly value: T }
+  | { readonly kind: 'again' }
   | { readonly kind: 'retry'; readonly floor: number; readonly reason: string }
-  | { readonly kind: 'gap'; readonly expected: number }
   | { readonly kind: 'renew'; readonly error: ProducerError }
   | { readonly kind: 'fatal'; readonly error: ProducerError };
+
+/** The server's answer to one request, or the retry or failure that took its place. */
+type Answer =
+  | { readonly kind: 'answer'; readonly status: number; readonly headers: Headers; readonly text: string; readonly json: unknown }
+  | Extract<Step<never>, { kind: 'retry' | 'fatal' }>;
+
+/** A refusal that is not particular to the request: a token refused, a retryable status, or a 4xx. */
+function refusal(answer: Extract<Answer, { kind: 'answer' }>, what: string): Step<never> {
+  const { status, json, text } = answer;
+  if (status === 401 || status === 403) {
+    return { kind: 'renew', error: new ProducerError('unauthorized', `the server refused the token (${status})`, { status, body: json }) };
+  }
+  if (RETRY_STATUSES.has(status)) {
+    return { kind: 'retry', floor: retryAfterMs(answer.headers.get('retry-after')), reason: `status ${status}` };
+  }
+  return { kind: 'fatal', error: new ProducerError('rejected', `the server rejected ${what} (${status}): ${text.slice(0, 200)}`, { status, body: json }) };
+}
+
+/** The seq a 409 says the server expects next: the body's `next_seq`, else `Producer-Expected-Seq`. */
+function expectedSeq(answer: Extract<Answer, { kind: 'answer' }>): number | undefined {
+  const fromBody = (answer.json as { next_seq?: unknown } | undefined)?.next_seq;
+  if (typeof fromBody === 'number' && Number.isSafeInteger(fromBody) && fromBody >= 0) return fromBody;
+  const header = answer.headers.get('producer-expected-seq');
+  return header !== null && /^\d+$/.test(header) ? Number(header) : undefined;
+}
 
 /** Opens an idempotent producer for `runtime` (nothing is sent until `send` or `ready`). */
 export function openProducer(baseUrl: string, runtime: string, options: ProducerOptions): Producer {

@@ -320,6 +320,8 @@ test('a producer waits out a 503 with Retry-After and sends the same seq again',
   let refusals = 1;
   const sent = [];
   const fetch503 = async (url, init) => {
+    // The producer has no store: its epoch claim goes first, untouched.
+    if (!url.endsWith('/ingest')) return fetch(url, init);
     sent.push({ seq: init.headers['Producer-Seq'], at: Date.now() });
     if (refusals-- > 0) return new Response('{"error":"unavailable","message":"later"}', { status: 503, headers: { 'retry-after': '1' } });
     return fetch(url, init);

@@ -19,7 +19,11 @@ class ViewError(Exception):
 
 class ProducerError(Exception):
     """An error of ``Producer.send``: ``fenced``, ``unauthorized``, ``out_of_order``,
-    ``rejected``, ``closed``."""
+    ``seq_reused``, ``seq_stale``, ``rejected``, ``closed``. ``seq_reused`` (a ``409``
+    ``producer_seq_reused``): the server committed another batch under this epoch and seq, so
+    this one is neither a retry nor published; ``seq_stale`` (a ``409`` ``producer_seq_stale``):
+    the seq is older than the receipts the server keeps. For these and ``out_of_order``,
+    ``expected_seq`` is the seq the server expects next."""
 
     def __init__(
         self, code: str, message: str, *, status: int | None = None, expected_seq: int | None = None
