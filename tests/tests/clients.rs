@@ -398,7 +398,8 @@ fn require_js_client() -> anyhow::Result<()> {
 /// store without a state transfer; the data dir deleted between lives gives exactly one reset
 /// and a producer that renumbers; through a fault-injecting proxy (503 with `Retry-After`, a cut
 /// mid-frame, stripped ids, a buffering proxy, a login page, a fast retry loop) the map still
-/// equals `GET /views/notes`; `close()` leaves no timer behind.
+/// equals `GET /views/notes`; `close()` leaves no timer behind; a producer without a store, run
+/// twice under one id, publishes both runs' batches (each run claims an epoch).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn js_client_in_node_survives_kills_wipes_and_a_faulty_proxy() -> anyhow::Result<()> {
     require_js_client()?;
@@ -467,7 +468,8 @@ async fn viewtape_types_types_the_demo_view_from_the_running_server() -> anyhow:
 /// reset, no duplicate); a restart of the process resumes from its file store; the data dir
 /// deleted between lives gives exactly one reset and a producer that renumbers; through a
 /// fault-injecting proxy, a 503 with `Retry-After`, a connection cut mid-frame, stripped ids, a
-/// buffering proxy and a login page (then the fast-retry guard).
+/// buffering proxy and a login page (then the fast-retry guard); a producer without a store, run
+/// twice under one id, publishes both runs' batches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_client_survives_kills_wipes_and_a_faulty_proxy() -> anyhow::Result<()> {
     require_python_client()?;

@@ -333,6 +333,22 @@ test('a producer waits out a 503 with Retry-After and sends the same seq again',
   check(sent[1].at - sent[0].at >= 1000, `Retry-After honoured: ${sent[1].at - sent[0].at} ms`);
 });
 
+test('a producer without a store, run twice under one id, publishes both runs (each claims an epoch)', async () => {
+  const runs = [];
+  for (const run of [0, 1]) {
+    const producer = openProducer(base, 'fixture', { id: 'node-twice', ...fast });
+    const receipt = await producer.send(`publish notes twice-${run} ${JSON.stringify({ batch: 1000 + run })}\n`);
+    check(!receipt.duplicate && receipt.seq === 0, `run ${run}: ${JSON.stringify(receipt)}`);
+    runs.push(producer.epoch);
+    producer.close();
+  }
+  check(runs[1] > runs[0], `the second run claimed a newer epoch: ${runs}`);
+  const notes = await getJson(base, '/views/notes');
+  for (const run of [0, 1]) {
+    check(notes.entries[`twice-${run}`]?.batch === 1000 + run, `run ${run} published: ${JSON.stringify(notes.entries)}`);
+  }
+});
+
 test('keys narrow a view: only those keys are applied, and the map equals GET /views/notes?keys= at the same cursor', async () => {
   const view = openView(base, 'notes', { keys: ['k1', 'k3'], ...fast });
   const record = recordChanges(view);

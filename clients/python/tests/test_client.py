@@ -253,6 +253,21 @@ async def test_a_retry_hint_is_the_floor_of_the_next_reconnection_only() -> None
     proxy.server.close()
 
 
+async def test_a_producer_without_a_store_run_twice_publishes_both_runs() -> None:
+    epochs = []
+    for run in (0, 1):
+        async with viewtape.Producer(BASE, "fixture", producer_id="py-twice", **FAST) as producer:
+            line = f"publish notes twice-{run} {json.dumps({'batch': 1000 + run})}\n"
+            receipt = await producer.send(line)
+            assert not receipt["duplicate"] and receipt["seq"] == 0, receipt
+            epochs.append(producer.epoch)
+    assert epochs[1] > epochs[0], f"the second run claimed a newer epoch: {epochs}"
+    async with httpx.AsyncClient() as client:
+        notes = (await client.get(f"{BASE}/views/notes", timeout=10)).json()
+    for run in (0, 1):
+        assert notes["entries"][f"twice-{run}"]["batch"] == 1000 + run, notes["entries"]
+
+
 async def test_keys_narrow_a_view_to_those_keys() -> None:
     async with viewtape.View(BASE, "notes", keys=["k1", "k3"], **FAST) as view, \
             viewtape.Producer(BASE, "fixture", producer_id="py-k", **FAST) as producer:
