@@ -345,14 +345,20 @@ impl ProducerTable {
         }
     }
 
-    /// Gives the batch `stamp` staged its receipt, once it committed.
+    /// Gives the batch `stamp` staged its receipt, once it committed (the producer's later
+    /// batches of the same group may have been staged meanwhile).
     pub fn committed(&mut self, stamp: &ProducerStamp, receipt: &Receipt) {
-        if let Some(entry) = self
+        let Some(entry) = self
             .entries
             .get_mut(&stamp.id)
-            .filter(|e| e.epoch == stamp.epoch && e.seq == stamp.seq && !e.claimed)
-        {
+            .filter(|e| e.epoch == stamp.epoch && !e.claimed)
+        else {
+            return;
+        };
+        if entry.seq == stamp.seq {
             entry.receipt = Some(receipt.clone());
+        } else if let Some(kept) = entry.earlier.iter_mut().find(|k| k.seq == stamp.seq) {
+            kept.receipt = Some(receipt.clone());
         }
     }
 
@@ -504,6 +510,27 @@ mod tests {
                 false => assert_eq!(verdict, Verdict::Stale { next }, "seq {seq}"),
             }
         }
+    }
+
+    /// A producer's batches staged in one group before any of them committed: each gets its own
+    /// receipt at its commit, and a later duplicate of the first answers with it.
+    #[test]
+    fn batches_staged_together_each_get_their_receipt() {
+        let mut table = ProducerTable::default();
+        let (first, second) = (stamp("p", 0, 0), stamp("p", 0, 1));
+        table.stage(&first, input(1));
+        table.stage(&second, input(2));
+        assert_eq!(table.check(&first, input(1)), Verdict::Duplicate(None));
+        table.committed(&first, &receipt(1));
+        table.committed(&second, &receipt(2));
+        assert_eq!(
+            table.check(&first, input(1)),
+            Verdict::Duplicate(Some(receipt(1)))
+        );
+        assert_eq!(
+            table.check(&second, input(2)),
+            Verdict::Duplicate(Some(receipt(2)))
+        );
     }
 
     /// A duplicate `seq` with another body was taken for a retry and its data dropped.
