@@ -6,7 +6,8 @@
 //! - A torn tail is cut at start, the epoch kept; anything else that breaks continuity (a bad
 //!   record before the tail, a missing segment, a guest module swapped behind the server's
 //!   back) fails closed: the server starts and serves with a fresh epoch, says so in its log
-//!   output and in `viewtape_log_fail_closed_total{cause}`, and keeps the files.
+//!   output and in `viewtape_log_fail_closed_total{cause}`, and keeps the files; its receipts
+//!   name positions after every one acknowledged before.
 //! - `viewtape log inspect DIR` exits 0 on a clean log and non-zero on corruption.
 //! - Idempotent producers (`Producer-Id`, `Producer-Epoch`, `Producer-Seq`): duplicates,
 //!   `409` with the expected seq, `403` for a fenced epoch, and the producer table rebuilt by
