@@ -437,9 +437,11 @@ async fn a_damaged_end_of_the_log_keeps_what_the_intact_records_prove() -> anyho
         ("deleted", Left::BeforeTheNewestSegment, |p, _, _| {
             Ok(std::fs::remove_file(p)?)
         }),
-        ("cut to its header", Left::BeforeTheNewestSegment, |p, b, _| {
-            Ok(std::fs::write(p, &b[..SEGMENT_HEADER])?)
-        }),
+        (
+            "cut to its header",
+            Left::BeforeTheNewestSegment,
+            |p, b, _| Ok(std::fs::write(p, &b[..SEGMENT_HEADER])?),
+        ),
         ("watermark zeroed", Left::Everything, |p, _, _| {
             let mark = p.with_file_name("end");
             let len = std::fs::metadata(&mark)?.len() as usize;
@@ -529,7 +531,11 @@ async fn a_foreign_segment_after_a_complete_log_is_foreign_not_damage() -> anyho
     ours.restart().await?;
     ensure!(!says_fresh_epoch(&ours), "{}", ours.logs());
     ensure!(foreign(&ours, "segment").await? == 1.0, "{}", ours.logs());
-    ensure!(fail_closed(&ours, "corrupt").await == 0.0, "{}", ours.logs());
+    ensure!(
+        fail_closed(&ours, "corrupt").await == 0.0,
+        "{}",
+        ours.logs()
+    );
     let mut aside = added.into_os_string();
     aside.push(".foreign");
     ensure!(
@@ -575,7 +581,10 @@ async fn bytes_past_the_watermark_are_a_torn_tail_and_keep_the_epoch() -> anyhow
             "round {round}:\n{}",
             server.logs()
         );
-        ensure!(fail_closed(&server, "corrupt").await == 0.0, "round {round}");
+        ensure!(
+            fail_closed(&server, "corrupt").await == 0.0,
+            "round {round}"
+        );
         ensure!(
             std::fs::read(&segment)? == bytes,
             "round {round}: cut back to what was acknowledged"

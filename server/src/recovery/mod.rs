@@ -406,9 +406,7 @@ fn set_aside_covered(
         whole = match scan.segments.get(needed) {
             Some(next) if next.first <= from + 1 => false,
             Some(_) => break,
-            None if mark.is_some_and(|m| m.last_used() <= from) && scan.last_used() <= from => {
-                true
-            }
+            None if mark.is_some_and(|m| m.last_used() <= from) && scan.last_used() <= from => true,
             None => break,
         };
         for segment in &scan.segments[..needed] {

@@ -505,7 +505,11 @@ fn bytes_past_what_the_watermark_proves_acknowledged_are_a_torn_tail() -> TestRe
     let mut scan = log.scan()?;
     assert!(!scan.torn_past(&mark));
     assert!(scan.corruption().is_some());
-    assert_eq!(scan.last_used(), 7, "the record after the damage used position 7");
+    assert_eq!(
+        scan.last_used(),
+        7,
+        "the record after the damage used position 7"
+    );
     Ok(())
 }
 
