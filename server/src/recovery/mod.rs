@@ -422,7 +422,8 @@ fn set_aside_covered(
         tracing::warn!(
             log_position = from,
             kept = ?kept,
-            "log damage only in records the snapshot already holds: those segments are set aside (kept), the epoch is kept"
+            whole,
+            "log segments the snapshot makes unneeded are damaged or end early: set aside (kept); they break no continuity"
         );
     }
     Ok(whole)
