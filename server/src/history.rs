@@ -8,13 +8,14 @@
 //!   counted (`viewtape_foreign_files_total{kind}`), never replayed. Snapshots of another
 //!   history are set aside by the snapshot directory itself; [`note_skipped_snapshots`] logs
 //!   and counts them.
-//! - [`end_problem`]: the end-of-log watermark says where the log ended; a log that ends before
-//!   it (its newest segment deleted, emptied or cut) must fail closed.
+//! - [`end_mark`]: the end-of-log watermark says where the log ended; a log that ends before
+//!   it (its newest segment deleted, emptied or cut) fails closed, keeping what its intact
+//!   records prove; bytes past it were never acknowledged.
 
 use std::path::Path;
 
 use viewtape_snapshots::history::{DataHistory, HistoryError, Legacy, HISTORY_FILE};
-use viewtape_snapshots::log::{LogDir, LogError, LogScan};
+use viewtape_snapshots::log::{LogDir, LogError, LogScan, Watermark};
 use viewtape_snapshots::{Skipped, SnapshotDir, SnapshotError};
 
 use crate::log::LogMetrics;
@@ -111,10 +112,41 @@ pub fn set_aside_foreign(
     Ok(!kept.is_empty())
 }
 
-/// Why the log ends before its watermark says it does, or why no watermark of this history
-/// can vouch for the end; `None` when the end is where it was left. `before` is the scan before
-/// foreign segments were set aside, `scan` the one after. A watermark of another history is set
-/// aside (`end.foreign`) and counted.
+/// What vouches for the end of the log at start-up (see [`end_mark`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EndMark {
+    /// This history's watermark: the log must reach it ([`LogScan::end_problem`]), and nothing
+    /// past its `through` was ever acknowledged.
+    Ours(Watermark),
+    /// None, and none is needed: no segment of this format holds a record.
+    Unneeded,
+    /// Nothing can vouch for the end of the log: why.
+    Unvouched(String),
+}
+
+impl EndMark {
+    /// This history's watermark, if that is what vouches.
+    pub fn ours(&self) -> Option<&Watermark> {
+        match self {
+            Self::Ours(mark) => Some(mark),
+            Self::Unneeded | Self::Unvouched(_) => None,
+        }
+    }
+
+    /// Why the log in `scan` ends before the watermark says it does, or why nothing vouches for
+    /// its end; `None` when the end is where it was left.
+    pub fn problem(&self, scan: &LogScan) -> Option<String> {
+        match self {
+            Self::Ours(mark) => scan.end_problem(mark),
+            Self::Unneeded => None,
+            Self::Unvouched(why) => Some(why.clone()),
+        }
+    }
+}
+
+/// The watermark that vouches for the end of the log, or why none can. `before` is the scan
+/// before foreign segments were set aside. A watermark of another history is set aside
+/// (`end.foreign`) and counted.
 ///
 /// A log whose segments of this format hold records needs this history's watermark. So does one
 /// from which another history's segments were just set aside: another server's `log/` copied
@@ -123,29 +155,32 @@ pub fn set_aside_foreign(
 ///
 /// # Errors
 /// The watermark cannot be read or set aside.
-pub fn end_problem(
+pub fn end_mark(
     dir: &LogDir,
     before: &LogScan,
-    scan: &LogScan,
     history: &DataHistory,
     metrics: &LogMetrics,
-) -> Result<Option<String>, LogError> {
+) -> Result<EndMark, LogError> {
     // Older builds wrote no watermark, and a segment with no record yet needs none.
     let needs_mark = before
         .segments
         .iter()
         .any(|s| s.version >= 2 && s.records > 0);
     Ok(match dir.read_watermark()? {
-        Some(Ok(mark)) if mark.history == Some(history.id) => scan.end_problem(&mark),
+        Some(Ok(mark)) if mark.history == Some(history.id) => EndMark::Ours(mark),
         Some(Ok(_)) => {
             let kept = dir.set_aside_as(&dir.watermark_path(), ".foreign")?;
             metrics.foreign("watermark");
             tracing::error!(kept = %kept.display(), "the log's watermark belongs to another history; set aside");
-            Some("the log's watermark belongs to another history, so nothing vouches for the end of this one".to_owned())
+            EndMark::Unvouched("the log's watermark belongs to another history, so nothing vouches for the end of this one".to_owned())
         }
-        Some(Err(reason)) => Some(format!("the log's watermark is damaged: {reason}")),
-        None => needs_mark
-            .then(|| "the log's watermark is missing, so its end cannot be vouched for".to_owned()),
+        Some(Err(reason)) => {
+            EndMark::Unvouched(format!("the log's watermark is damaged: {reason}"))
+        }
+        None if needs_mark => EndMark::Unvouched(
+            "the log's watermark is missing, so its end cannot be vouched for".to_owned(),
+        ),
+        None => EndMark::Unneeded,
     })
 }
 

@@ -157,7 +157,7 @@ fn nothing_in(dir: &Path, what: &str, sub: &str) -> String {
 /// # Errors
 /// Only failures to write to `out`.
 pub fn inspect_log(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
-    let scan = match LogDir::open_existing(dir).and_then(|log| log.scan()) {
+    let mut scan = match LogDir::open_existing(dir).and_then(|log| log.scan()) {
         Ok(scan) => scan,
         Err(error) => {
             writeln!(out, "{}: {error}", dir.display())?;
@@ -167,6 +167,18 @@ pub fn inspect_log(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
     if scan.segments.is_empty() {
         writeln!(out, "{}", nothing_in(dir, "log segments", "log"))?;
         return Ok(false);
+    }
+    let mark = LogDir::open_existing(dir).and_then(|log| log.read_watermark());
+    // As a start does: past what the watermark of the newest segment's history proves
+    // acknowledged, bad bytes are a torn tail.
+    if let Ok(Some(Ok(mark))) = &mark {
+        if scan
+            .segments
+            .last()
+            .is_some_and(|newest| newest.history == mark.history)
+        {
+            scan.torn_past(mark);
+        }
     }
     for segment in &scan.segments {
         let name = segment
@@ -182,7 +194,7 @@ pub fn inspect_log(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
             Some(Damage::TornTail { valid_len }) => {
                 format!("TORN TAIL after byte {valid_len} (cut at the next start)")
             }
-            Some(Damage::Corrupt { offset, reason }) => {
+            Some(Damage::Corrupt { offset, reason, .. }) => {
                 format!("CORRUPT at byte {offset}: {reason}")
             }
         };
@@ -196,7 +208,7 @@ pub fn inspect_log(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
             segment.len
         )?;
     }
-    match LogDir::open_existing(dir).and_then(|log| log.read_watermark()) {
+    match mark {
         Ok(Some(Ok(mark))) => {
             writeln!(
                 out,

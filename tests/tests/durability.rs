@@ -6,7 +6,8 @@
 //! - A torn tail is cut at start, the epoch kept; anything else that breaks continuity (a bad
 //!   record before the tail, a missing segment, a guest module swapped behind the server's
 //!   back) fails closed: the server starts and serves with a fresh epoch, says so in its log
-//!   output and in `viewtape_log_fail_closed_total{cause}`, and keeps the files.
+//!   output and in `viewtape_log_fail_closed_total{cause}`, and keeps the files; its receipts
+//!   name positions after every one acknowledged before.
 //! - `viewtape log inspect DIR` exits 0 on a clean log and non-zero on corruption.
 //! - Idempotent producers (`Producer-Id`, `Producer-Epoch`, `Producer-Seq`): duplicates,
 //!   `409` with the expected seq, `403` for a fenced epoch, and the producer table rebuilt by
@@ -285,12 +286,16 @@ async fn a_torn_tail_is_cut_at_start_and_the_epoch_kept() -> anyhow::Result<()> 
 
 // ---- failing closed --------------------------------------------------------------------------
 
+/// A flipped byte in the first record, with intact records after it, fails closed; the new
+/// history's receipts name positions after every one acknowledged before, never one an earlier
+/// batch was acknowledged with (they used to start again at the damaged record's position).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupted_record_before_the_tail_fails_closed() -> anyhow::Result<()> {
     let mut server = Server::start(&[]).await?;
     let mut feed = Feed::new(&["ACME", "BOLT"]);
+    let mut last_position = 0;
     for _ in 0..5 {
-        receipt(&server.ingest_ok(&feed.batch(2)).await?, 2)?;
+        last_position = receipt(&server.ingest_ok(&feed.batch(2)).await?, 2)?;
     }
     let last = expect::cursor_of(&expect::tape(&server, "prices", 10).await?[9])?;
     server.kill9().await?;
@@ -322,8 +327,12 @@ async fn a_corrupted_record_before_the_tail_fails_closed() -> anyhow::Result<()>
     kept(&segment, &bytes)?;
 
     // It serves: seq 11 follows whatever the guest's state was rebuilt to (nothing, or seq 10)
-    // without a gap.
-    receipt(&server.ingest_ok(&feed.batch(1)).await?, 1)?;
+    // without a gap, at a log position after every one acknowledged before.
+    let position = receipt(&server.ingest_ok(&feed.batch(1)).await?, 1)?;
+    ensure!(
+        position > last_position,
+        "position {position} again, after {last_position} was acknowledged"
+    );
     let fresh = expect::update(
         &stream.next_event().await?,
         synced.offset() + 1,

@@ -49,7 +49,8 @@ pub struct Receipt {
     pub events: BTreeMap<String, u64>,
     /// The gaps the batch reported (the guest's reasons, or its source's).
     pub gaps: Vec<String>,
-    /// The batch's log position (`None` with the log off).
+    /// The batch's log position (`None` with the log off). Positions only increase: none is
+    /// named for two batches, also across a start that failed closed.
     pub position: Option<u64>,
     /// `"fsync"` (on the device) or `"os"` (handed to the operating system); `None` with the
     /// log off.

@@ -2,8 +2,9 @@
 //! through the same guests — or, where continuity cannot be proven, a fresh epoch.
 //!
 //! 1. [`begin`]: load the newest valid snapshot (an I/O error stops the start; only invalid files
-//!    are passed over), scan the log (an I/O error stops the start too), cut a torn tail off
-//!    the newest segment, and restore the snapshot keeping its epoch. With the log off, the
+//!    are passed over), scan the log (an I/O error stops the start too), set aside damaged
+//!    segments the snapshot does not need, cut a torn tail off the newest segment, and restore
+//!    the snapshot keeping its epoch. With the log off, the
 //!    snapshot-only rules of [`restore_at_start`] apply instead.
 //! 2. The server starts its runtimes from the snapshot's guest states.
 //! 3. [`replay`]: every intact record after the snapshot's position, in log order (the
@@ -20,18 +21,34 @@
 //! a machine restart under `fsync = "os"` — **fails closed**: the replay stops at the last
 //! proven record, the journal takes a fresh epoch (views keep the state rebuilt so far, every
 //! client gets a `reset`), every segment is set aside as `….vtlog.damaged` (kept, never
-//! deleted), the log starts over after the highest position ever used, a metric counts the cause
-//! and one log line says all of it. The caller then writes a snapshot at once, so that the next
-//! start begins from the new history.
+//! deleted), the log starts over after the highest position ever used (by the records replayed,
+//! the segments' names and records, and the watermark: a receipt never names a position an
+//! earlier batch was acknowledged with), a metric counts the cause and one log line says all of
+//! it. The caller then writes a snapshot at once, so that the next start begins from the new
+//! history.
+//!
+//! ## The end of the log
+//!
+//! - A log that ends before its watermark (its newest segment deleted, cut, or replaced by
+//!   another server's), or whose watermark is damaged or missing, still proves its intact
+//!   records: they are replayed, and only then does the start fail closed.
+//! - Bytes after the last record of the newest segment, past what the watermark proves
+//!   acknowledged, are a torn tail whatever they look like: cut, the epoch kept. Only damage to
+//!   what was acknowledged may cost the epoch.
+//! - Damage confined to records the snapshot already holds — segments whose positions all lie
+//!   at or before its position, or the whole log when the watermark proves nothing after it was
+//!   acknowledged — breaks no continuity: those segments are set aside (kept) and the epoch is
+//!   kept.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use viewtape_snapshots::log::{Durability, LogDir, LogError, LogScan};
+use viewtape_snapshots::log::{Durability, LogDamageKind, LogDir, LogError, LogScan, Watermark};
 use viewtape_snapshots::{SnapshotDir, SnapshotError};
 
 use crate::config::{FsyncMode, LogSection};
+use crate::history::EndMark;
 use crate::hub::Hub;
 use crate::log::{Break, Log, LogMetrics};
 use crate::snapshot::{RuntimeDump, SnapshotBody};
@@ -72,8 +89,16 @@ struct Plan {
     segment_bytes: u64,
     /// The snapshot's position: replay starts after it.
     from: u64,
-    /// A break found before replaying anything: `(cause, what)`.
+    /// A break found before replaying anything, after which no record of the log can follow
+    /// the snapshot: `(cause, what)`. Nothing is replayed.
     broken_before: Option<(Break, String)>,
+    /// A break at the end of the log (it ends before its watermark, nothing vouches for its
+    /// end, or a machine restart under `fsync = "os"` may have lost its tail): the intact
+    /// records before it are proven and replayed, then the start fails closed.
+    broken_at_end: Option<(Break, String)>,
+    /// The highest position the log's files showed was used: a log that starts over after a
+    /// break starts after it, so no position is ever handed out twice.
+    used: u64,
     /// The snapshot holds no log position (taken with the log off).
     unpositioned: bool,
     /// No snapshot was found: nothing holds the epoch of what the log may hold.
@@ -161,16 +186,23 @@ pub async fn begin(
     crate::history::note_skipped_snapshots(&newest.skipped, log.metrics());
     let dir = LogDir::create(log_dir)?;
     let history = snapshots.history();
-    let (scan, boot_changed, end_problem) = {
+    let prepared = {
         let dir = LogDir::open_existing(log_dir)?;
         let os = durability == Durability::Os;
         let metrics = log.metrics().clone();
         let watermark = settings.watermark;
         tokio::task::spawn_blocking(move || {
-            prepare(&dir, os, watermark, &metrics, history.as_ref())
+            prepare(&dir, os, watermark, &metrics, history.as_ref(), from)
         })
         .await??
     };
+    let Prepared {
+        scan,
+        boot_changed,
+        end_problem,
+        used,
+        started_over,
+    } = prepared;
     // A snapshot taken with the log off: an empty log may start from it (a snapshot follows at
     // once); a log with records cannot be related to it.
     let unpositioned = body.is_some() && from.is_none();
@@ -183,12 +215,9 @@ pub async fn begin(
         ));
     }
     let from = from.unwrap_or(0);
-    // Damage the scan sees is named as such by the replay (it stops there).
-    if let Some(problem) = end_problem.filter(|_| scan.corruption().is_none()) {
-        broken_before.get_or_insert((Break::Missing, problem));
-    }
+    let mut broken_at_end = end_problem.map(|problem| (Break::Missing, problem));
     if boot_changed {
-        broken_before.get_or_insert((
+        broken_at_end.get_or_insert((
             Break::Boot,
             "the machine restarted since the log was written with fsync = \"os\"; its unsynced tail may be gone".to_owned(),
         ));
@@ -202,7 +231,7 @@ pub async fn begin(
             ),
         ));
     }
-    if scan.next() < from + 1 {
+    if !started_over && scan.next() < from + 1 {
         broken_before.get_or_insert((
             Break::Missing,
             format!(
@@ -215,7 +244,7 @@ pub async fn begin(
     if let Some(body) = body {
         // The epoch is kept unless continuity is already broken (the replay may still break
         // it); a snapshot taken with the log off keeps it only if it was exact.
-        let keep = broken_before.is_none() && (!unpositioned || exact);
+        let keep = broken_before.is_none() && broken_at_end.is_none() && (!unpositioned || exact);
         dumps = body.restore_into(hub, keep).await;
         tracing::info!(
             file = %file.as_deref().unwrap_or(Path::new("")).display(),
@@ -233,6 +262,8 @@ pub async fn begin(
             segment_bytes: settings.segment_bytes as u64,
             from,
             broken_before,
+            broken_at_end,
+            used,
             unpositioned,
             no_snapshot: file.is_none(),
             history: history.map(|h| h.id),
@@ -241,29 +272,57 @@ pub async fn begin(
     })
 }
 
+/// What [`prepare`] found and did.
+struct Prepared {
+    scan: LogScan,
+    /// A `fsync = "os"` life ran on another boot of the machine.
+    boot_changed: bool,
+    /// Why the log's end cannot be vouched for: it ends before its watermark, or nothing
+    /// vouches for it.
+    end_problem: Option<String>,
+    /// The highest position the segments and the watermark showed was used.
+    used: u64,
+    /// The snapshot holds everything the log held: the log was set aside whole and starts over
+    /// after the snapshot, with its epoch.
+    started_over: bool,
+}
+
 /// Scans the log, sets aside segments of another history, checks its end against the
-/// watermark, and cuts a torn tail (only when nothing else is wrong); syncs what an earlier life
-/// left unsynced and notes (or clears) this life's boot id. Returns the scan, whether a
-/// `fsync = "os"` life ran on another boot of the machine, and why the log ends too early.
-/// With the watermark off nothing vouches for the end, so nothing is checked against it.
+/// watermark, sets aside damaged segments whose records the snapshot at `from` already holds
+/// ([`set_aside_covered`]), and cuts a torn tail (only when nothing else is wrong); syncs what an
+/// earlier life left unsynced and notes (or clears) this life's boot id. With the watermark off
+/// nothing vouches for the end, so nothing is checked against it; with it, bytes past what it
+/// proves acknowledged are a torn tail whatever they look like.
 fn prepare(
     dir: &LogDir,
     os: bool,
     watermark: bool,
     metrics: &LogMetrics,
     history: Option<&viewtape_snapshots::history::DataHistory>,
-) -> Result<(LogScan, bool, Option<String>), LogError> {
+    from: Option<u64>,
+) -> Result<Prepared, LogError> {
     let mut scan = dir.scan()?;
-    let mut end_problem = None;
+    let mut mark = EndMark::Unneeded;
     if let Some(history) = history {
         let before = scan.clone();
         if crate::history::set_aside_foreign(dir, &scan, history, metrics)? {
             scan = dir.scan()?;
         }
         if watermark {
-            end_problem = crate::history::end_problem(dir, &before, &scan, history, metrics)?;
+            mark = crate::history::end_mark(dir, &before, history, metrics)?;
         }
     }
+    if let Some(ours) = mark.ours() {
+        scan.torn_past(ours);
+    }
+    let used = scan
+        .last_used()
+        .max(mark.ours().map_or(0, Watermark::last_used));
+    let mut end_problem = mark.problem(&scan);
+    let started_over = match from {
+        Some(from) => set_aside_covered(dir, &mut scan, from, mark.ours(), &mut end_problem)?,
+        None => false,
+    };
     if scan.corruption().is_none() && end_problem.is_none() {
         let cut = dir.repair(&scan)?;
         if cut > 0 {
@@ -302,7 +361,72 @@ fn prepare(
     } else if marker.exists() {
         std::fs::remove_file(&marker).map_err(io("remove", &marker))?;
     }
-    Ok((scan, boot_changed, end_problem))
+    Ok(Prepared {
+        scan,
+        boot_changed,
+        end_problem,
+        used,
+        started_over,
+    })
+}
+
+/// Sets aside (`….vtlog.damaged`, kept) the segments a start does not need because the
+/// snapshot at position `from` already holds every record in them, when they are damaged or
+/// come before a hole: damage confined to what the snapshot holds breaks no continuity. When
+/// the snapshot holds the whole log — `mark` proves nothing after `from` was acknowledged and
+/// no segment shows a later position — a log that is damaged, ends early or ends before the
+/// snapshot is set aside whole, `end_problem` is cleared (the snapshot vouches for the end),
+/// and the log starts over after `from`. Returns whether it was set aside whole.
+fn set_aside_covered(
+    dir: &LogDir,
+    scan: &mut LogScan,
+    from: u64,
+    mark: Option<&Watermark>,
+    end_problem: &mut Option<String>,
+) -> Result<bool, LogError> {
+    let mut kept = Vec::new();
+    let mut whole = false;
+    // Each round sets aside at least one segment, or is the last.
+    for _ in 0..=scan.segments.len() {
+        // The segments before `needed` hold the damage (or end before the hole); the start
+        // needs them only if they hold a position after `from`.
+        let needed = match scan.first_damage() {
+            Some(damage) => {
+                let Some(at) = scan.segments.iter().position(|s| s.path == damage.path) else {
+                    break;
+                };
+                match damage.kind {
+                    LogDamageKind::Missing { .. } => at,
+                    _ => at + 1,
+                }
+            }
+            None if end_problem.is_some() || scan.next() <= from => scan.segments.len(),
+            None => break,
+        };
+        whole = match scan.segments.get(needed) {
+            Some(next) if next.first <= from + 1 => false,
+            Some(_) => break,
+            None if mark.is_some_and(|m| m.last_used() <= from) && scan.last_used() <= from => true,
+            None => break,
+        };
+        for segment in &scan.segments[..needed] {
+            kept.push(dir.set_aside(&segment.path)?);
+        }
+        *scan = dir.scan()?;
+        if whole {
+            *end_problem = None;
+            break;
+        }
+    }
+    if whole || !kept.is_empty() {
+        tracing::warn!(
+            log_position = from,
+            kept = ?kept,
+            whole,
+            "log segments the snapshot makes unneeded are damaged or end early: set aside (kept); they break no continuity"
+        );
+    }
+    Ok(whole)
 }
 
 /// This boot of the machine (Linux); elsewhere a constant, so the rule never fires.

@@ -45,10 +45,7 @@ pub async fn replay(
     let started = std::time::Instant::now();
     let mut replayed = Replayed::default();
     let mut broken = plan.broken_before.clone();
-    if broken
-        .as_ref()
-        .is_none_or(|(cause, _)| *cause == Break::Boot)
-    {
+    if broken.is_none() {
         broken = replay_records(
             &plan,
             &log,
@@ -57,8 +54,7 @@ pub async fn replay(
             engine,
             &mut replayed.records,
         )
-        .await?
-        .or(broken);
+        .await?;
     }
     if broken.is_none() && plan.no_snapshot && replayed.records > 0 {
         broken = Some((
@@ -75,6 +71,10 @@ pub async fn replay(
             broken = Some((cause, format!("{}: {damage}", damage.path.display())));
         }
     }
+    // What the intact records prove is kept: the end's break comes after their replay.
+    if broken.is_none() {
+        broken = plan.broken_at_end.clone();
+    }
     let mut next = plan.scan.next().max(plan.from + 1);
     if let Some((cause, what)) = broken {
         let kept = plan.dir.set_aside_all()?;
@@ -82,8 +82,9 @@ pub async fn replay(
             .hydrate(hub.journal().dump().await, false)
             .await;
         hub.wake_all();
-        // Positions are never reused, not even those of set-aside records.
-        next = next.max(log.committed() + 1);
+        // Positions are never reused, not even those of set-aside records, nor those of
+        // records that went missing.
+        next = next.max(log.committed() + 1).max(plan.used + 1);
         log.metrics().failed_closed(cause);
         tracing::error!(
             %cause,

@@ -85,6 +85,16 @@
 //! records acknowledged after the OS last flushed the file), and a whole data directory rolled
 //! back together (log and watermark from the same older backup).
 //!
+//! The watermark also bounds what counts as damage: bytes after the last intact record of the
+//! newest segment, at positions past `through` and with no intact record after them, were never
+//! acknowledged, whatever they look like — a complete record that fails its checksum, random
+//! bytes — so [`LogScan::torn_past`] makes them a torn tail, which a repair cuts. Only damage to
+//! what was acknowledged is corruption. (After a power loss `through` may lag behind records
+//! that were synced and acknowledged; such a record is then cut only if it is also damaged.)
+//!
+//! [`LogScan::last_used`] and [`Watermark::last_used`] give the highest position the files show
+//! was used, so that a log that starts over after damage never hands out a position again.
+//!
 //! ## Group commit
 //!
 //! [`LogWriter`] owns the newest segment on a thread of its own. Appends queue up while it

@@ -16,6 +16,7 @@ enum Harm {
     Swap { a: usize, b: usize },
     Foreign { file: usize },
     FlipWatermark { at: usize },
+    Append { file: usize, bytes: Vec<u8> },
 }
 
 fn harm() -> impl Strategy<Value = Harm> {
@@ -30,6 +31,8 @@ fn harm() -> impl Strategy<Value = Harm> {
         (0usize..8, 0usize..8).prop_map(|(a, b)| Harm::Swap { a, b }),
         (0usize..8).prop_map(|file| Harm::Foreign { file }),
         (0usize..WATERMARK_LEN).prop_map(|at| Harm::FlipWatermark { at }),
+        (0usize..8, proptest::collection::vec(any::<u8>(), 1..64))
+            .prop_map(|(file, bytes)| Harm::Append { file, bytes }),
     ]
 }
 
@@ -75,6 +78,13 @@ fn apply(harm: &Harm, log: &LogDir, stranger: &Path) -> std::io::Result<()> {
                 fs::copy(p, log.dir.join(p.file_name().unwrap_or_default()))?;
             }
         }
+        Harm::Append { file, bytes } => {
+            if let Some(p) = pick(*file) {
+                let mut b = fs::read(&p)?;
+                b.extend_from_slice(bytes);
+                fs::write(&p, b)?;
+            }
+        }
         Harm::FlipWatermark { at } => {
             let p = log.watermark_path();
             let mut b = fs::read(&p)?;
@@ -103,7 +113,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     /// Whatever happens to the files between two lives (flips, cuts, deletions, swaps,
-    /// another server's segments, a damaged watermark): a start that accepts the log — no
+    /// another server's segments, a damaged watermark, bytes appended): a start that accepts the log — no
     /// corruption, nothing foreign, a valid watermark of its history that the log reaches —
     /// reads back every acknowledged record, each as it was acknowledged. So no position,
     /// and no offset, is ever handed to a second batch.
@@ -118,8 +128,15 @@ proptest! {
         for harm in &harms {
             apply(harm, &log, &tmp.path().join("theirs")).expect("harm");
         }
-        let scan = log.scan().expect("scan");
+        let mut scan = log.scan().expect("scan");
         let mark = log.read_watermark().expect("read");
+        // As the server does: past what its own watermark proves acknowledged, bad bytes at the
+        // end are a torn tail.
+        if let Some(Ok(m)) = &mark {
+            if m.history == Some(ours.id) {
+                scan.torn_past(m);
+            }
+        }
         // As the server does for a snapshot at position 0: the log must start right after it.
         let accepted = scan.segments.first().is_some_and(|s| s.first == 1)
             && scan.corruption().is_none()

@@ -7,7 +7,9 @@ use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use super::scan::{Damage, LogRecord, SegmentScan};
-use super::segment::{intact, parse_header, payload_len, tail_damage, torn_header, u64_at, Header};
+use super::segment::{
+    intact, parse_header, payload_len, read_header, tail_damage, torn_header, u64_at, Header,
+};
 use super::{LogError, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
 
 /// Read-ahead for records smaller than it; larger payloads are read straight into their own
@@ -149,17 +151,24 @@ pub(super) fn scan_segment(path: PathBuf, first: u64) -> Result<SegmentScan, Log
             let damage = if torn_header(&bytes, first) {
                 Damage::TornTail { valid_len: 0 }
             } else {
-                Damage::Corrupt { offset: 0, reason }
+                Damage::Corrupt {
+                    offset: 0,
+                    reason,
+                    intact_after: None,
+                }
             };
+            // A header that checks out under another name still says whose segment it is: a
+            // segment of another history is foreign, whatever it is named.
+            let header = read_header(&bytes).ok();
             return Ok(SegmentScan {
                 path,
                 first,
                 records: 0,
                 len,
                 damage: Some(damage),
-                version: 0,
-                history: None,
-                epoch: None,
+                version: header.as_ref().map_or(0, |h| h.version),
+                history: header.as_ref().and_then(|h| h.history),
+                epoch: header.as_ref().and_then(|h| h.epoch),
             });
         }
     };

@@ -22,10 +22,12 @@ pub enum Damage {
     },
     /// Damage that cannot be repaired silently, at `offset`.
     Corrupt {
-        /// Where the first bad byte range starts.
+        /// Where the first bad byte range starts (0: the header; records start after it).
         offset: u64,
         /// What is wrong.
         reason: String,
+        /// The highest position of an intact record found after the damage (`None`: none).
+        intact_after: Option<u64>,
     },
 }
 
@@ -90,6 +92,47 @@ impl LogScan {
         })
     }
 
+    /// Takes `mark`'s word for what was acknowledged: bytes after the last intact record of the
+    /// newest segment, at positions past `mark.through`, with no intact record after them, were
+    /// never acknowledged — whatever they look like (a complete record that fails its checksum,
+    /// random bytes), they are a torn tail, which [`LogDir::repair`](super::LogDir::repair)
+    /// cuts. Damage at or before `mark.through` stays damage, and so does a bad header. Returns
+    /// whether it changed the scan. Call it only with the watermark of this log's own history.
+    pub fn torn_past(&mut self, mark: &Watermark) -> bool {
+        let Some(newest) = self.segments.last_mut() else {
+            return false;
+        };
+        let unacknowledged = newest.next() > mark.through;
+        match newest.damage {
+            Some(Damage::Corrupt {
+                offset,
+                intact_after: None,
+                ..
+            }) if offset > 0 && unacknowledged => {
+                newest.damage = Some(Damage::TornTail { valid_len: offset });
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The highest position the segments show was used: their last intact records, intact
+    /// records found after damage, and the position before each segment's first. A log that
+    /// starts over takes positions after it, never one a record may have had.
+    pub fn last_used(&self) -> u64 {
+        self.segments
+            .iter()
+            .map(|segment| {
+                let after = match &segment.damage {
+                    Some(Damage::Corrupt { intact_after, .. }) => intact_after.unwrap_or(0),
+                    _ => 0,
+                };
+                segment.next().saturating_sub(1).max(after)
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The segments that do not belong to `history` (another data directory's, or a version-1
     /// segment it did not hold when it got its id): they must be set aside, never replayed.
     pub fn foreign<'a>(
@@ -127,7 +170,7 @@ impl LogScan {
                 });
             }
             match &segment.damage {
-                Some(Damage::Corrupt { offset, reason }) => {
+                Some(Damage::Corrupt { offset, reason, .. }) => {
                     return damage(LogDamageKind::Corrupt {
                         offset: *offset,
                         reason: reason.clone(),

@@ -9,10 +9,12 @@ use crate::history::HistoryId;
 /// file, are: a torn tail only when the file ends inside a record or they are all zeros, and no
 /// intact record follows (module docs).
 pub(super) fn tail_damage(rest: &[u8], at: u64) -> Damage {
-    if (1..rest.len()).any(|from| frame_at(rest, from).is_some()) {
+    let intact_after = last_intact(rest);
+    if intact_after.is_some() {
         return Damage::Corrupt {
             offset: at,
             reason: "a bad record with intact records after it".to_owned(),
+            intact_after,
         };
     }
     // Zeros at the very end are what a file system leaves where data never reached the disk.
@@ -30,7 +32,25 @@ pub(super) fn tail_damage(rest: &[u8], at: u64) -> Damage {
     Damage::Corrupt {
         offset: at,
         reason: "a complete record fails its checksum or is out of sequence (damage, not a torn write: it was written whole)".to_owned(),
+        intact_after: None,
     }
+}
+
+/// The highest position of an intact record frame anywhere in `rest` after its first byte
+/// (where the damage is): walks from frame to frame, and byte by byte where there is none.
+fn last_intact(rest: &[u8]) -> Option<u64> {
+    let mut highest = None;
+    let mut from = 1;
+    while from < rest.len() {
+        match frame_at(rest, from) {
+            Some((position, _, len)) => {
+                highest = highest.max(Some(position));
+                from += len;
+            }
+            None => from += 1,
+        }
+    }
+    highest
 }
 
 /// Whether `bytes`, shorter than a header, are what a crash while creating the segment leaves:
@@ -46,6 +66,8 @@ pub(super) fn torn_header(bytes: &[u8], first: u64) -> bool {
 
 /// A parsed segment header.
 pub(super) struct Header {
+    /// The position of its first record, as the header says it.
+    pub(super) first: u64,
     pub(super) version: u16,
     pub(super) history: Option<HistoryId>,
     pub(super) epoch: Option<u64>,
@@ -53,9 +75,22 @@ pub(super) struct Header {
     pub(super) len: usize,
 }
 
-/// Parses and checks a segment header: magic, version (1 or 2), length, checksum, and that it
+/// Parses and checks a segment header — magic, version (1 or 2), length, checksum — and that it
 /// names `first`, as the file name does.
 pub(super) fn parse_header(bytes: &[u8], first: u64) -> Result<Header, String> {
+    let header = read_header(bytes)?;
+    if header.first != first {
+        return Err(format!(
+            "header says first position {}, the name says {first}",
+            header.first
+        ));
+    }
+    Ok(header)
+}
+
+/// Parses and checks a segment header: magic, version (1 or 2), length and checksum; not the
+/// file name (a header that checks out says whose segment it is, under any name).
+pub(super) fn read_header(bytes: &[u8]) -> Result<Header, String> {
     let magic = bytes.len().min(LOG_MAGIC.len());
     if bytes[..magic] != LOG_MAGIC[..magic] {
         return Err("not a viewtape log segment (bad magic)".to_owned());
@@ -78,12 +113,6 @@ pub(super) fn parse_header(bytes: &[u8], first: u64) -> Result<Header, String> {
     if crc32c::crc32c(&header[..len - 4]) != u32_at(header, len - 4) {
         return Err("segment header checksum mismatch".to_owned());
     }
-    let named = u64_at(header, 12);
-    if named != first {
-        return Err(format!(
-            "header says first position {named}, the name says {first}"
-        ));
-    }
     let (history, epoch) = match version {
         1 => (None, None),
         _ => {
@@ -93,6 +122,7 @@ pub(super) fn parse_header(bytes: &[u8], first: u64) -> Result<Header, String> {
         }
     };
     Ok(Header {
+        first: u64_at(header, 12),
         version,
         history,
         epoch,

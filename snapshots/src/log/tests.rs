@@ -460,3 +460,102 @@ fn inspection_creates_nothing() {
     assert!(LogDir::open_existing(&missing).is_err());
     assert!(!missing.exists());
 }
+
+#[test]
+fn bytes_past_what_the_watermark_proves_acknowledged_are_a_torn_tail() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let log = LogDir::create(tmp.path())?;
+    let writer = LogWriter::start(&log, 1, WriterOptions::default(), Box::new(|_| {}))?;
+    append_each(&writer, payloads(5));
+    drop(writer);
+    let path = segment_paths(&log).pop().ok_or("no segment")?;
+    let bytes = fs::read(&path)?;
+    let mark = watermark(&log);
+    assert_eq!(mark.through, 5);
+    // 37 bytes after the last record: a record header announcing the 21 bytes that follow (a
+    // complete record that fails its checksum), and bytes announcing more than the limit.
+    let mut complete = vec![21, 0, 0, 0];
+    complete.extend((0..33u8).map(|i| i.wrapping_mul(97).wrapping_add(13)));
+    let mut huge = vec![0xa5, 0x5a, 0x00, 0xff];
+    huge.extend((0..33u8).map(|i| i.wrapping_mul(31).wrapping_add(7)));
+    for tail in [complete, huge] {
+        assert_eq!(tail.len(), 37);
+        fs::write(&path, [&bytes[..], &tail].concat())?;
+        let mut scan = log.scan()?;
+        assert!(scan.corruption().is_some(), "without the watermark: damage");
+        assert!(scan.torn_past(&mark));
+        assert_eq!(scan.corruption(), None);
+        assert_eq!(scan.end_problem(&mark), None);
+        assert_eq!(log.repair(&scan)?, 37);
+        assert_eq!(fs::read(&path)?, bytes);
+        assert_eq!(read_all(&log, 0)?.len(), 5);
+    }
+    // Damage to an acknowledged record stays damage.
+    let mut bad = bytes.clone();
+    let last = bad.len() - 3;
+    bad[last] ^= 0x10;
+    fs::write(&path, &bad)?;
+    let mut scan = log.scan()?;
+    assert!(!scan.torn_past(&mark));
+    assert!(scan.corruption().is_some());
+    // So do bad bytes with an intact record after them: it was written after them.
+    let mut next = Vec::new();
+    put_record(&mut next, 7, b"later");
+    fs::write(&path, [&bytes[..], &[0xee; 37][..], &next].concat())?;
+    let mut scan = log.scan()?;
+    assert!(!scan.torn_past(&mark));
+    assert!(scan.corruption().is_some());
+    assert_eq!(
+        scan.last_used(),
+        7,
+        "the record after the damage used position 7"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_segment_of_another_history_is_foreign_under_any_name() -> TestResult {
+    let ours = crate::history::DataHistory::new(crate::history::Legacy::default());
+    let theirs = crate::history::DataHistory::new(crate::history::Legacy::default());
+    let written = |dir: &Path, history: &crate::history::DataHistory, n: usize| {
+        let log = LogDir::create(dir)?;
+        let options = WriterOptions {
+            lineage: Lineage {
+                history: Some(history.id),
+                epoch: 1,
+            },
+            ..WriterOptions::default()
+        };
+        let writer = LogWriter::start(&log, 1, options, Box::new(|_| {}))?;
+        append_each(&writer, payloads(n));
+        drop(writer);
+        Ok::<_, Box<dyn std::error::Error>>(log)
+    };
+    let tmp = tempfile::tempdir()?;
+    let log = written(&tmp.path().join("ours"), &ours, 10)?;
+    let other = written(&tmp.path().join("theirs"), &theirs, 3)?;
+    // Their segment (its header says position 1) named as the one after our last record.
+    let their_segment = segment_paths(&other).pop().ok_or("none")?;
+    fs::copy(&their_segment, log.segment_path(11))?;
+    let scan = log.scan()?;
+    let foreign: Vec<_> = scan.foreign(&ours).map(|s| s.path.clone()).collect();
+    assert_eq!(foreign, vec![log.segment_path(11)]);
+    assert_eq!(scan.foreign(&theirs).count(), 1, "ours, to them");
+    Ok(())
+}
+
+#[test]
+fn the_last_position_used_counts_the_watermark_and_every_segment() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let log = LogDir::create(tmp.path())?;
+    let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+    append_each(&writer, payloads(100));
+    drop(writer);
+    let paths = segment_paths(&log);
+    let newest = log.scan()?.segments.last().ok_or("none")?.first;
+    fs::remove_file(paths.last().ok_or("none")?)?;
+    let scan = log.scan()?;
+    assert_eq!(scan.last_used(), newest - 1);
+    assert_eq!(watermark(&log).last_used(), 100);
+    Ok(())
+}

@@ -18,6 +18,12 @@ pub struct Watermark {
 }
 
 impl Watermark {
+    /// The highest position it shows was used: the last one made durable, or the one before
+    /// the newest segment's first.
+    pub fn last_used(&self) -> u64 {
+        self.through.max(self.rolled_at.saturating_sub(1))
+    }
+
     pub(super) fn to_bytes(self) -> [u8; WATERMARK_LEN] {
         let mut out = [0u8; WATERMARK_LEN];
         out[..8].copy_from_slice(&WATERMARK_MAGIC);
