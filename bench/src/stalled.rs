@@ -1,7 +1,7 @@
 //! `stalled`: fills a view with a large state, opens N subscribers that never read, and reports
 //! what they cost the server in resident memory. Needs a runtime that publishes what it is told:
 //! the `misbehave` fixture (`server/guests/misbehave.wasm`), configured as runtime `m` with view
-//! `big` (see BENCHMARKS.md for the config).
+//! `big` (see docs/benchmarks-history.md, "Hostile clients", for the config).
 
 use std::time::Duration;
 

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 /// name) so later versions can add fields with `#[serde(default)]` and still read older files.
 /// Byte payloads in the body must be `bytes::Bytes` or `#[serde(with = "serde_bytes")]`;
 /// a plain `Vec<u8>` is encoded as an array of integers: ~3× slower and 1.4× larger on 100-byte
-/// frames, worse for larger ones (`BENCHMARKS.md`).
+/// frames, worse for larger ones (`docs/benchmarks-history.md`).
 ///
 /// # Errors
 /// [`FormatError::Encode`] when the body's `Serialize` impl fails.

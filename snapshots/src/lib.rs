@@ -47,7 +47,8 @@
 //! **Byte payloads must be `bytes::Bytes` or `#[serde(with = "serde_bytes")]`.** A plain
 //! `Vec<u8>` or `[u8]` field is encoded as an array of integers, one MessagePack value per byte:
 //! on the bench body (100-byte frames) encode fell from 1.19 to 0.40 GB/s, decode from 0.82 to
-//! 0.26 GB/s, and the file grew 1.38×; the gap widens with larger frames. See `BENCHMARKS.md`.
+//! 0.26 GB/s, and the file grew 1.38×; the gap widens with larger frames. See
+//! `docs/benchmarks-history.md`.
 //!
 //! ## Atomic writes
 //!
