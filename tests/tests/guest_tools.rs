@@ -76,8 +76,12 @@ async fn cargo(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
             .arg("--manifest-path")
             .arg(dir.join("Cargo.toml"))
             .env("CARGO_TARGET_DIR", &target)
+            // Built as a user's crate is: none of this run's compiler settings (scripts/test
+            // compiles the workspace through clippy) reach it.
             .env_remove("RUSTFLAGS")
             .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .env_remove("RUSTC_WORKSPACE_WRAPPER")
+            .env_remove("CLIPPY_ARGS")
             .output(),
     )
     .await??;
