@@ -187,7 +187,9 @@ fn listen_address(text: &str) -> anyhow::Result<SocketAddr> {
     const HINT: &str = "use an IP address and a port, such as 127.0.0.1:8080";
     let addresses: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(text)
         .map_err(|error| {
-            anyhow::anyhow!("not an address, nor a host name and a port that resolve ({error}); {HINT}")
+            anyhow::anyhow!(
+                "not an address, nor a host name and a port that resolve ({error}); {HINT}"
+            )
         })?
         .collect();
     addresses

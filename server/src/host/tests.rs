@@ -345,7 +345,12 @@ async fn input_buffer_grows() {
 /// parser message and a dump of the bytes it found: it gets one line of ours, naming what to give.
 #[test]
 fn not_wasm_and_components_are_refused_in_our_words() {
-    for text in [&b"{\"symbol\":\"ACME\"}\n"[..], b"", b"\0as", b"\x7fELF\x02\x01\x01"] {
+    for text in [
+        &b"{\"symbol\":\"ACME\"}\n"[..],
+        b"",
+        b"\0as",
+        b"\x7fELF\x02\x01\x01",
+    ] {
         let err = GuestModule::new(engine(), text).unwrap_err();
         assert!(matches!(err, LoadError::NotWasm), "{err}");
         let message = err.to_string();

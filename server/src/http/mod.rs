@@ -402,9 +402,8 @@ mod tests {
         );
         stop.send_replace(true);
         let levels = Levels::default();
-        let _logging = tracing::subscriber::set_default(
-            tracing_subscriber::registry().with(levels.clone()),
-        );
+        let _logging =
+            tracing::subscriber::set_default(tracing_subscriber::registry().with(levels.clone()));
         let request = axum::http::Request::get("/readyz")
             .body(axum::body::Body::empty())
             .unwrap();
