@@ -306,7 +306,8 @@ viewtape run target/wasm32-unknown-unknown/release/{{crate}}.wasm < input.ndjson
 what each batch published, its gaps and errors as NDJSON (`--state`/`--save-state` carry the state
 between runs).
 
-To serve it, add to the server's config (`viewtape serve --config viewtape.toml`):
+To serve it, add to a config in this directory (`viewtape serve --config viewtape.toml`; relative
+paths in a config are relative to the config's own directory):
 
 ```toml
 [[runtime]]
