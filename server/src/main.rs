@@ -329,7 +329,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             anyhow::ensure!(
                 ran.failed == 0,
-                "{} of {} batches failed (each `error` line above says why)",
+                "{} of {} batches failed (their `error` lines on stdout say why)",
                 ran.failed,
                 ran.batches
             );
