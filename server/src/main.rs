@@ -4,15 +4,20 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+use std::io::IsTerminal as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use clap::{Parser, Subcommand};
+use anyhow::Context as _;
+use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 use viewtape_server::check;
 use viewtape_server::config::Config;
 use viewtape_server::server::{serve, ServeOptions};
+
+/// The variable that sets `--log-format`.
+const LOG_FORMAT_ENV: &str = "VIEWTAPE_LOG_FORMAT";
 
 /// A streaming server for WebAssembly ingestion runtimes, with resumable SSE views.
 #[derive(Debug, Parser)]
@@ -20,19 +25,36 @@ use viewtape_server::server::{serve, ServeOptions};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines are written (to stderr): `text`, coloured only on a terminal and without
+    /// NO_COLOR set, or `json`, one object per line, for files and log collectors.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = LOG_FORMAT_ENV)]
+    log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// One line of text per event.
+    Text,
+    /// One JSON object per event and line.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the server. Without --config: the embedded demo (runtime `demo`, view `prices`).
+    #[command(after_help = serve_environment())]
     Serve {
-        /// Address to listen on (port 0 picks a free one).
-        #[arg(long, default_value = "127.0.0.1:8080")]
+        /// Address to listen on: an IP address and a port, or a host name and a port
+        /// (`localhost:8080`: the name's first IPv4 address, else its first). Port 0 picks a
+        /// free one.
+        #[arg(long, default_value = "127.0.0.1:8080", value_parser = listen_address)]
         listen: SocketAddr,
         /// Where snapshots, the log and deployed modules are kept.
         #[arg(long, default_value = "./viewtape-data")]
         data_dir: PathBuf,
-        /// A TOML config file naming runtimes, limits and retention.
+        /// A TOML config file naming runtimes, limits and retention. Relative paths in it are
+        /// relative to its own directory.
         #[arg(long)]
         config: Option<PathBuf>,
         /// Synthetic ticks per second into the `demo` runtime (0 turns the feed off).
@@ -45,7 +67,8 @@ enum Command {
     },
     /// Check a config file as `serve --config FILE` does before it starts, without starting:
     /// syntax, keys, types, values, declared views, and that every module, certificate and key
-    /// file it names loads. Exits 1 naming the file, the line and the key of the first problem.
+    /// file it names loads (relative paths from the file's directory). Exits 1 naming the file,
+    /// the line and the key of the first problem.
     CheckConfig {
         /// The TOML config file.
         file: PathBuf,
@@ -80,13 +103,14 @@ enum Command {
         /// Where to create it.
         #[arg(long, default_value = ".")]
         dir: PathBuf,
-        /// The viewtape SDK (`runtime-guest`) to depend on; default: the one this binary was
-        /// built from.
+        /// A viewtape checkout's SDK directory (`runtime-guest`) to depend on by path; default:
+        /// the SDK of this release, by git (its tag in viewtape's repository).
         #[arg(long)]
         sdk: Option<PathBuf>,
     },
     /// Run a guest module over recorded input (stdin), batch by batch, in the real host with the
-    /// real limits; prints what each batch published, gaps and errors as NDJSON.
+    /// real limits; prints what each batch published, gaps and errors as NDJSON. Exits 1 when
+    /// any batch failed, saying how many.
     Run {
         /// The guest module (`.wasm`).
         wasm: PathBuf,
@@ -139,16 +163,67 @@ enum SnapshotCommand {
     },
 }
 
-/// Runs the command; an error is printed as one line (with its causes), never with a backtrace,
-/// and the process exits 1.
-fn main() {
-    tracing_subscriber::fmt()
+/// The environment `viewtape serve` reads, for its `--help`.
+fn serve_environment() -> String {
+    format!(
+        "Environment:
+  {secret:<21} the HS256 secret of clients' tokens: auth is on with it (or with [auth] public_keys)
+  {admin:<21} the bearer token of the /admin routes (`viewtape deploy`); unset: no admin routes
+  {format:<21} the log format, as --log-format
+  RUST_LOG              which log lines are written (default: info; e.g. viewtape_server=debug)
+  NO_COLOR              set (and not empty): log lines without colours, even on a terminal",
+        secret = viewtape_server::auth::SECRET_ENV,
+        admin = viewtape_server::http::admin::TOKEN_ENV,
+        format = LOG_FORMAT_ENV,
+    )
+}
+
+/// `--listen`: an IP address and a port, or a host name and a port, resolved here, once; of a
+/// name's addresses, the first IPv4 one (what `localhost` means to most clients), else the first.
+fn listen_address(text: &str) -> anyhow::Result<SocketAddr> {
+    if let Ok(address) = text.parse() {
+        return Ok(address);
+    }
+    const HINT: &str = "use an IP address and a port, such as 127.0.0.1:8080";
+    let addresses: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(text)
+        .map_err(|error| {
+            anyhow::anyhow!(
+                "not an address, nor a host name and a port that resolve ({error}); {HINT}"
+            )
+        })?
+        .collect();
+    addresses
+        .iter()
+        .find(|address| address.is_ipv4())
+        .or(addresses.first())
+        .copied()
+        .with_context(|| format!("{text} resolves to no address; {HINT}"))
+}
+
+/// Installs the log subscriber: `format` on stderr, filtered by `RUST_LOG` (default `info`),
+/// with ANSI colours only when stderr is a terminal and `NO_COLOR` is unset or empty, so that
+/// files and pipes get plain text.
+fn install_logs(format: LogFormat) {
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => {
+            let colour = std::io::stderr().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
+            logs.with_ansi(colour).init();
+        }
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
+}
+
+/// Runs the command; an error is printed as one line (with its causes), never with a backtrace,
+/// and the process exits 1.
+fn main() {
     let cli = Cli::parse();
+    install_logs(cli.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build();
@@ -211,7 +286,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             std::process::exit(if ok { 0 } else { 1 })
         }
         Command::New { name, dir, sdk } => {
-            let sdk = sdk.unwrap_or_else(viewtape_server::scaffold::default_sdk);
+            let sdk = sdk.map_or_else(
+                viewtape_server::scaffold::Sdk::this_release,
+                viewtape_server::scaffold::Sdk::Path,
+            );
             let created = viewtape_server::scaffold::new_guest(&name, &dir, &sdk)?;
             println!(
                 "created {}: cd there, then `cargo test`; its README says how to build and run it",
@@ -242,11 +320,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 },
             };
             let stdin = std::io::stdin().lock();
-            let state = viewtape_server::run::run(options, stdin, &mut std::io::stdout()).await?;
+            let ran = viewtape_server::run::run(options, stdin, &mut std::io::stdout())
+                .await
+                .with_context(|| wasm.display().to_string())?;
             if let Some(path) = save_state {
-                std::fs::write(&path, &state)
+                std::fs::write(&path, &ran.state)
                     .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
             }
+            anyhow::ensure!(
+                ran.failed == 0,
+                "{} of {} batches failed (their `error` lines on stdout say why)",
+                ran.failed,
+                ran.batches
+            );
             Ok(())
         }
         Command::Deploy {

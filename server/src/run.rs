@@ -13,7 +13,8 @@
 //! ```
 //!
 //! A failed batch is handled as the server handles it: nothing of it counts, and the guest is
-//! re-instantiated from its state after the last good batch. The guest's log lines go to stderr
+//! re-instantiated from its state after the last good batch; the run goes on, and its [`Ran`]
+//! counts the failed batches (`viewtape run` then exits 1). The guest's log lines go to stderr
 //! (`RUST_LOG=debug` shows them all). `--save-state FILE` writes the final state, which
 //! `--state FILE` reads back.
 
@@ -42,16 +43,28 @@ pub struct RunOptions {
     pub limits: Limits,
 }
 
-/// Runs the guest over `input`, writing NDJSON to `out`; returns the final saved state.
+/// What a run did.
+#[derive(Debug)]
+pub struct Ran {
+    /// The final saved state.
+    pub state: Bytes,
+    /// Batches run.
+    pub batches: u64,
+    /// Batches that failed (each reported on the output); none counted.
+    pub failed: u64,
+}
+
+/// Runs the guest over `input`, writing NDJSON to `out`; returns the final saved state and how
+/// many batches failed.
 ///
 /// # Errors
 /// The module does not load or its `init`/`restore` fails, or reading or writing fails. A
-/// failed batch is reported on `out`, not returned.
+/// failed batch is reported on `out` and counted in [`Ran::failed`], not returned.
 pub async fn run(
     options: RunOptions,
     input: impl BufRead,
     out: &mut impl Write,
-) -> anyhow::Result<Bytes> {
+) -> anyhow::Result<Ran> {
     let engine = GuestEngine::new(EngineConfig {
         pooled_instances: 0,
         ..EngineConfig::default()
@@ -70,6 +83,7 @@ pub async fn run(
     .await?;
     let mut lines = input.lines();
     let mut batch_number = 0u64;
+    let mut failed = 0u64;
     loop {
         let mut batch = String::new();
         for _ in 0..options.batch_lines.max(1) {
@@ -109,6 +123,7 @@ pub async fn run(
                 }
             }
             Err(SlotError::Failed(error)) => {
+                failed += 1;
                 emit(
                     out,
                     serde_json::json!({ "batch": batch_number, "error": error.to_string() }),
@@ -123,7 +138,11 @@ pub async fn run(
         false => last_good,
     };
     emit(out, serde_json::json!({ "state_bytes": state.len() }))?;
-    Ok(state)
+    Ok(Ran {
+        state,
+        batches: batch_number,
+        failed,
+    })
 }
 
 /// A payload as clients see it: the value of the frame the server would send.
@@ -143,7 +162,7 @@ mod tests {
     use super::*;
     use crate::host::guests;
 
-    async fn ticker(input: &str, state: Option<Vec<u8>>) -> (Vec<serde_json::Value>, Bytes) {
+    async fn ticker(input: &str, state: Option<Vec<u8>>) -> (Vec<serde_json::Value>, Ran) {
         run_lines(guests::TICKER_WASM, b"", input, state).await
     }
 
@@ -152,7 +171,7 @@ mod tests {
         config: &[u8],
         input: &str,
         state: Option<Vec<u8>>,
-    ) -> (Vec<serde_json::Value>, Bytes) {
+    ) -> (Vec<serde_json::Value>, Ran) {
         let options = RunOptions {
             wasm: wasm.to_vec(),
             config: config.to_vec(),
@@ -161,13 +180,13 @@ mod tests {
             limits: Limits::default(),
         };
         let mut out = Vec::new();
-        let state = run(options, input.as_bytes(), &mut out).await.unwrap();
+        let ran = run(options, input.as_bytes(), &mut out).await.unwrap();
         let lines = String::from_utf8(out)
             .unwrap()
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
-        (lines, state)
+        (lines, ran)
     }
 
     #[tokio::test]
@@ -176,7 +195,10 @@ mod tests {
             "{\"symbol\":\"A\",\"price\":1,\"seq\":1}\n{\"symbol\":\"B\",\"price\":2,\"seq\":2}\n\
                      {\"symbol\":\"A\",\"price\":3,\"seq\":3}\nnope\n\
                      {\"symbol\":\"A\",\"price\":4,\"seq\":6}\n";
-        let (lines, state) = ticker(input, None).await;
+        let (lines, ran) = ticker(input, None).await;
+        // Three batches of two lines; the second failed, and the run went on.
+        assert_eq!((ran.batches, ran.failed), (3, 1));
+        let state = ran.state;
         assert_eq!(lines[0]["update"]["key"], "A");
         assert_eq!(lines[1]["update"]["value"]["price"], 2.0);
         assert_eq!(lines[2]["batch"], 2);

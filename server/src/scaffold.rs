@@ -3,14 +3,52 @@
 //! `NAME`, with unit tests on the SDK's harness and a README saying how to build, test, run it
 //! over recorded input and configure it in a server.
 //!
-//! The SDK is not on crates.io: the crate depends on it by path, by default the `runtime-guest`
-//! directory of the repository this binary was built from (`--sdk` names another).
+//! The SDK is not on crates.io. The crate depends on it by git, on the tag of the release this
+//! binary is (`v0.1.0` of the repository it was built from), which works on any machine with
+//! network access; `--sdk DIR` depends on a local checkout's `runtime-guest` directory by path
+//! instead. The build machine's own checkout is never written into the crate.
 
 use std::path::{Path, PathBuf};
 
-/// The SDK this binary was built with.
-pub fn default_sdk() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../runtime-guest")
+/// The viewtape SDK (`viewtape-guest`) a new crate depends on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sdk {
+    /// The SDK of a release, by git: `repository` at `tag`.
+    Git {
+        /// The repository (`https://github.com/…`).
+        repository: String,
+        /// The release's tag (`v0.1.0`).
+        tag: String,
+    },
+    /// A local checkout's `runtime-guest` directory.
+    Path(PathBuf),
+}
+
+impl Sdk {
+    /// The SDK of the release this binary is: its repository at the tag `v` + its version.
+    pub fn this_release() -> Self {
+        Self::Git {
+            repository: env!("CARGO_PKG_REPOSITORY").to_owned(),
+            tag: format!("v{}", env!("CARGO_PKG_VERSION")),
+        }
+    }
+
+    /// The dependency's table in `Cargo.toml` (without its features): `git = "…", tag = "…"` or
+    /// `path = "…"`; a path is checked to hold the SDK and made absolute.
+    fn source(&self) -> Result<String, ScaffoldError> {
+        match self {
+            Self::Git { repository, tag } => Ok(format!("git = {repository:?}, tag = {tag:?}")),
+            Self::Path(dir) => {
+                let absolute =
+                    std::fs::canonicalize(dir).map_err(|_| ScaffoldError::NoSdk(dir.clone()))?;
+                if !absolute.join("Cargo.toml").is_file() {
+                    return Err(ScaffoldError::NoSdk(absolute));
+                }
+                let text = absolute.to_string_lossy().replace('\\', "/");
+                Ok(format!("path = {text:?}"))
+            }
+        }
+    }
 }
 
 /// Why a crate was not written.
@@ -20,14 +58,14 @@ pub enum ScaffoldError {
     /// The name cannot be a crate and a view name.
     #[error("{0:?} cannot name a guest: use 1-64 of a-z 0-9 _ -, starting with a letter")]
     BadName(String),
-    /// The SDK directory has no `Cargo.toml`.
-    #[error("no viewtape SDK at {}: pass --sdk with the path of viewtape's runtime-guest directory", .0.display())]
+    /// The SDK directory given has no `Cargo.toml`.
+    #[error("no viewtape SDK at {}: --sdk names the runtime-guest directory of a viewtape checkout", .0.display())]
     NoSdk(PathBuf),
     /// The target exists already.
     #[error("{} already exists", .0.display())]
     Exists(PathBuf),
     /// Writing failed.
-    #[error("cannot write {}: {source}", path.display())]
+    #[error("cannot write {}", path.display())]
     Io {
         /// The file or directory.
         path: PathBuf,
@@ -37,12 +75,11 @@ pub enum ScaffoldError {
     },
 }
 
-/// Writes the crate `name` into `parent/name`, depending on the SDK at `sdk`. Returns its
-/// directory.
+/// Writes the crate `name` into `parent/name`, depending on `sdk`. Returns its directory.
 ///
 /// # Errors
-/// A bad name, a missing SDK, an existing directory, or a failed write.
-pub fn new_guest(name: &str, parent: &Path, sdk: &Path) -> Result<PathBuf, ScaffoldError> {
+/// A bad name, an SDK path without the SDK, an existing directory, or a failed write.
+pub fn new_guest(name: &str, parent: &Path, sdk: &Sdk) -> Result<PathBuf, ScaffoldError> {
     let valid = name.len() <= 64
         && name.starts_with(|c: char| c.is_ascii_lowercase())
         && name
@@ -51,20 +88,16 @@ pub fn new_guest(name: &str, parent: &Path, sdk: &Path) -> Result<PathBuf, Scaff
     if !valid {
         return Err(ScaffoldError::BadName(name.to_owned()));
     }
-    let sdk = std::fs::canonicalize(sdk).map_err(|_| ScaffoldError::NoSdk(sdk.to_owned()))?;
-    if !sdk.join("Cargo.toml").is_file() {
-        return Err(ScaffoldError::NoSdk(sdk));
-    }
+    let sdk_source = sdk.source()?;
     let dir = parent.join(name);
     if dir.exists() {
         return Err(ScaffoldError::Exists(dir));
     }
-    let sdk_text = sdk.to_string_lossy().replace('\\', "/");
     let fill = |template: &str| {
         template
             .replace("{{name}}", name)
             .replace("{{crate}}", &name.replace('-', "_"))
-            .replace("{{sdk}}", &sdk_text)
+            .replace("{{sdk}}", &sdk_source)
     };
     for (file, template) in [
         ("Cargo.toml", CARGO_TOML),
@@ -99,9 +132,10 @@ publish = false
 crate-type = ["cdylib", "rlib"]
 
 [dependencies]
-# The viewtape SDK is not on crates.io: a path to viewtape's `runtime-guest` directory.
+# The viewtape SDK is not on crates.io: the release's tag in viewtape's repository, or the path
+# of a checkout's `runtime-guest` directory (`viewtape new --sdk DIR`).
 # Its `schema` feature derives the JSON Schema of a view's values from a Rust type.
-viewtape-guest = { path = "{{sdk}}", features = ["schema"] }
+viewtape-guest = { {{sdk}}, features = ["schema"] }
 serde = { version = "1", features = ["derive"] }
 serde_json = "1"
 
@@ -272,7 +306,8 @@ viewtape run target/wasm32-unknown-unknown/release/{{crate}}.wasm < input.ndjson
 what each batch published, its gaps and errors as NDJSON (`--state`/`--save-state` carry the state
 between runs).
 
-To serve it, add to the server's config (`viewtape serve --config viewtape.toml`):
+To serve it, add to a config in this directory (`viewtape serve --config viewtape.toml`; relative
+paths in a config are relative to the config's own directory):
 
 ```toml
 [[runtime]]
@@ -295,26 +330,47 @@ const INPUT: &str = r#"{"key":"alice","amount":5}
 mod tests {
     use super::*;
 
+    /// A checkout's SDK, by path.
+    fn checkout() -> Sdk {
+        Sdk::Path(Path::new(env!("CARGO_MANIFEST_DIR")).join("../runtime-guest"))
+    }
+
     #[test]
     fn refuses_bad_names_missing_sdks_and_existing_directories() {
         let tmp = tempfile::tempdir().unwrap();
         for name in ["", "Orders", "1st", "a/b", "a b"] {
             assert!(matches!(
-                new_guest(name, tmp.path(), &default_sdk()),
+                new_guest(name, tmp.path(), &checkout()),
                 Err(ScaffoldError::BadName(_))
             ));
         }
         assert!(matches!(
-            new_guest("orders", tmp.path(), tmp.path()),
+            new_guest("orders", tmp.path(), &Sdk::Path(tmp.path().to_owned())),
             Err(ScaffoldError::NoSdk(_))
         ));
-        let dir = new_guest("orders", tmp.path(), &default_sdk()).unwrap();
+        let dir = new_guest("orders", tmp.path(), &checkout()).unwrap();
         assert!(dir.join("src/lib.rs").is_file());
         let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
         assert!(!manifest.contains("{{"), "{manifest}");
         assert!(matches!(
-            new_guest("orders", tmp.path(), &default_sdk()),
+            new_guest("orders", tmp.path(), &checkout()),
             Err(ScaffoldError::Exists(_))
         ));
+    }
+
+    /// The crate used to depend on the SDK by the absolute path of the checkout the binary was
+    /// built in, which exists on no user's machine: by default it names the release's tag.
+    #[test]
+    fn by_default_the_sdk_is_the_releases_tag_not_a_path_of_the_build_machine() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = new_guest("orders", tmp.path(), &Sdk::this_release()).unwrap();
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        let dependency = format!(
+            "viewtape-guest = {{ git = \"{}\", tag = \"v{}\", features = [\"schema\"] }}",
+            env!("CARGO_PKG_REPOSITORY"),
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(manifest.contains(&dependency), "{manifest}");
+        assert!(!manifest.contains("path ="), "{manifest}");
     }
 }

@@ -10,7 +10,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context as _};
-use viewtape_tests::server::cli;
+use viewtape_tests::server::{cli, guest_wasm};
+use viewtape_tests::Server;
 
 fn corpus(kind: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -139,5 +140,73 @@ async fn bad_files_are_refused_naming_file_line_and_key_by_check_config_and_serv
             );
         }
     }
+    Ok(())
+}
+
+/// `check-config` on a file it cannot read printed the OS error twice (in the message and again
+/// as its cause): once, after the file's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_config_names_the_os_error_once() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("missing.toml").display().to_string();
+    let (code, output) = cli(&["check-config", &path], &[]).await?;
+    ensure!(code == 1, "exit {code}:\n{output}");
+    let line = error_line(&output)?;
+    // What the OS says, as `std::io::Error` words it: "No such file or directory (os error 2)".
+    let why = std::fs::read(&path)
+        .err()
+        .context("the file is missing")?
+        .to_string();
+    ensure!(
+        line == format!("error: cannot read config {path}: {why}"),
+        "{line}"
+    );
+    Ok(())
+}
+
+/// Relative paths in a config were read from the working directory, not from the config's: a
+/// config beside its module, schema and TLS files checks and serves from anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relative_paths_are_the_config_files_directorys() -> anyhow::Result<()> {
+    let (tls, dir) = (tls_dir()?, tempfile::tempdir()?);
+    let files = dir.path().join("files");
+    std::fs::create_dir(&files)?;
+    std::fs::copy(guest_wasm("ticker"), files.join("ticker.wasm"))?;
+    for name in ["cert.pem", "key.pem", "public.pem"] {
+        std::fs::copy(tls.path().join(name), files.join(name))?;
+    }
+    std::fs::copy(
+        corpus("good").join("orders.schema.json"),
+        files.join("orders.schema.json"),
+    )?;
+    let config = dir.path().join("viewtape.toml");
+    std::fs::write(
+        &config,
+        r#"[server]
+tls_cert = "files/cert.pem"
+tls_key = "files/key.pem"
+
+[auth]
+public_keys = "files/public.pem"
+
+[[runtime]]
+name = "demo"
+wasm = "files/ticker.wasm"
+views = ["prices"]
+
+[[runtime]]
+name = "orders"
+wasm = "builtin:json"
+views = ["orders"]
+schemas = { orders = "files/orders.schema.json" }
+"#,
+    )?;
+    // The tests run in the `tests` directory, far from the config's.
+    ensure!(std::env::current_dir()? != dir.path());
+    let path = config.display().to_string();
+    let (code, output) = cli(&["check-config", &path], &[]).await?;
+    ensure!(code == 0, "check-config exit {code}:\n{output}");
+    let server = Server::start(&["--config", &path]).await?;
+    ensure!(server.scheme() == "https", "{}", server.logs());
     Ok(())
 }

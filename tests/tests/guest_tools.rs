@@ -11,6 +11,8 @@ use tokio::io::AsyncWriteExt;
 use viewtape_tests::server::{binary, cli, ADMIN_TOKEN_ENV};
 use viewtape_tests::Server;
 
+/// Also: `viewtape run` exited 0 when batches failed; it still runs every batch and saves the
+/// state, then exits 1 saying how many failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_prints_each_batch_as_ndjson_and_saves_the_state() -> anyhow::Result<()> {
     let ticker = viewtape_tests::server::guest_wasm("ticker");
@@ -32,10 +34,11 @@ async fn run_prints_each_batch_as_ndjson_and_saves_the_state() -> anyhow::Result
     drop(stdin);
     let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output()).await??;
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(out.status.code() == Some(1), "{stdout}\n{stderr}");
     ensure!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        stderr.contains("error: 1 of 3 batches failed"),
+        "{stdout}\n{stderr}"
     );
     let lines: Vec<serde_json::Value> = stdout
         .lines()
@@ -93,12 +96,66 @@ async fn cargo(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `viewtape run` on a file that is not WebAssembly printed wasmtime's parser message with a
+/// dump of the bytes it found: one line of ours, naming the file and what to give instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_on_a_file_that_is_not_wasm_says_so_in_one_line() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("input.ndjson");
+    std::fs::write(&path, "{\"symbol\":\"ACME\",\"price\":1.5,\"seq\":1}\n")?;
+    let path = path.display().to_string();
+    let (code, output) = cli(&["run", &path], &[]).await?;
+    ensure!(code == 1, "exit {code}:\n{output}");
+    ensure!(
+        output.trim_end()
+            == format!(
+                "error: {path}: not a WebAssembly module (it does not start with `\\0asm`): give \
+                 the .wasm a guest's build writes (cargo build --target wasm32-unknown-unknown)"
+            ),
+        "{output}"
+    );
+    Ok(())
+}
+
+/// `viewtape new` wrote the absolute path of the checkout the binary was built in into the new
+/// crate, which exists on no user's machine: by default the crate depends on the SDK of the
+/// binary's release by git; a path only with `--sdk`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_guest_depends_on_the_releases_sdk_not_on_the_build_machine() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let parent = dir.path().display().to_string();
+    let (code, output) = cli(&["new", "orders", "--dir", &parent], &[]).await?;
+    ensure!(code == 0, "exit {code}:\n{output}");
+    let manifest = std::fs::read_to_string(dir.path().join("orders/Cargo.toml"))?;
+    let checkout = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("the checkout")?
+        .canonicalize()?;
+    ensure!(
+        !manifest.contains(&*checkout.to_string_lossy()) && !manifest.contains("path ="),
+        "{manifest}"
+    );
+    ensure!(
+        manifest.contains(&format!(
+            "viewtape-guest = {{ git = \"https://github.com/viewtape/viewtape\", tag = \"v{}\", \
+             features = [\"schema\"] }}",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{manifest}"
+    );
+    Ok(())
+}
+
+/// With `--sdk` (this checkout's SDK, so that it builds offline).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_guest_builds_passes_its_tests_and_runs() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
+    let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runtime-guest");
     let out = tokio::process::Command::new(binary().await?)
         .args(["new", "orders", "--dir"])
         .arg(dir.path())
+        .arg("--sdk")
+        .arg(&sdk)
         .output()
         .await?;
     ensure!(

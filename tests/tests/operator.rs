@@ -1,10 +1,11 @@
 //! What an operator's tools read from a live server: the API description at `/openapi.json`
 //! (the one kept in the repository), the metrics the dashboard and the alert rules in `docs/`
-//! name, what `GET /admin/runtimes` says of each runtime, and each view's subscribers.
+//! name, what `GET /admin/runtimes` says of each runtime, and each view's subscribers; and what
+//! an operator starts it with: its log lines in files, `serve --help`, `--listen`.
 
 use anyhow::{ensure, Context as _};
 use sha2::{Digest, Sha256};
-use viewtape_tests::server::{config_file, guest_wasm, with_custom_section, ADMIN_TOKEN_ENV};
+use viewtape_tests::server::{cli, config_file, guest_wasm, with_custom_section, ADMIN_TOKEN_ENV};
 use viewtape_tests::{http, Server};
 
 fn repository_file(path: &str) -> anyhow::Result<String> {
@@ -361,4 +362,77 @@ fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Log lines carried ANSI colour codes into files and pipes, and there was no JSON format: off a
+/// terminal they are plain text, and `--log-format json` (or `VIEWTAPE_LOG_FORMAT=json`) writes
+/// one JSON object per line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_are_plain_off_a_terminal_and_json_when_asked() -> anyhow::Result<()> {
+    let text = Server::start(&[]).await?.logs();
+    ensure!(text.contains("viewtape serving"), "{text}");
+    ensure!(!text.contains('\x1b'), "ANSI escapes in a pipe:\n{text:?}");
+    for server in [
+        Server::start(&["--log-format", "json"]).await?,
+        Server::start_with_env(&[], &[("VIEWTAPE_LOG_FORMAT", "json")]).await?,
+    ] {
+        let logs = server.logs();
+        let lines = logs
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<Vec<serde_json::Value>, _>>()
+            .with_context(|| format!("not one JSON object per line:\n{logs}"))?;
+        ensure!(
+            lines.iter().any(|line| line["level"] == "INFO"
+                && line["message"]
+                    .as_str()
+                    .is_some_and(|message| message.starts_with("viewtape serving"))),
+            "{logs}"
+        );
+    }
+    Ok(())
+}
+
+/// `serve --help` named no environment variable, though the server reads several: it lists them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_help_names_the_environment_it_reads() -> anyhow::Result<()> {
+    let (code, help) = cli(&["serve", "--help"], &[]).await?;
+    ensure!(code == 0, "exit {code}:\n{help}");
+    for variable in [
+        "VIEWTAPE_JWT_SECRET",
+        ADMIN_TOKEN_ENV,
+        "VIEWTAPE_LOG_FORMAT",
+        "RUST_LOG",
+        "NO_COLOR",
+    ] {
+        ensure!(help.contains(variable), "{variable} missing:\n{help}");
+    }
+    Ok(())
+}
+
+/// `--listen localhost:8080` was refused as an invalid address, with no hint: a host name and a
+/// port is resolved (to its IPv4 address), and what is neither is refused with a hint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_takes_a_host_name_and_refuses_nonsense_with_a_hint() -> anyhow::Result<()> {
+    let server = Server::start(&["--listen", "localhost:0"]).await?;
+    ensure!(
+        server.addr().is_ipv4() && server.addr().ip().is_loopback(),
+        "{}",
+        server.addr()
+    );
+    let health = server.get("/healthz").await?;
+    ensure!(health.status() == 200, "{}", health.text());
+    let data = tempfile::tempdir()?;
+    let data = data.path().display().to_string();
+    let (code, output) = cli(
+        &["serve", "--listen", "localhost", "--data-dir", &data],
+        &[],
+    )
+    .await?;
+    ensure!(code == 2, "exit {code}:\n{output}");
+    ensure!(
+        output.contains("use an IP address and a port, such as 127.0.0.1:8080"),
+        "{output}"
+    );
+    Ok(())
 }

@@ -38,8 +38,18 @@ export function memoryStore<T>(): Store<T> {
   };
 }
 
-/** A store in the browser's `localStorage`, keys prefixed by `prefix` (a few MB at most). */
+/**
+ * A store in the browser's `localStorage`, keys prefixed by `prefix` (a few MB at most).
+ *
+ * @throws Error where there is no `localStorage` (Node): `fileStore` of `@viewtape/client/node`
+ * is the store there.
+ */
 export function localStorageStore<T>(prefix = 'viewtape:'): Store<T> {
+  if (typeof globalThis.localStorage === 'undefined') {
+    throw new Error(
+      "localStorageStore(): there is no localStorage here (Node has none); use fileStore(dir) from '@viewtape/client/node', or memoryStore()",
+    );
+  }
   return {
     load: key => {
       const text = globalThis.localStorage.getItem(prefix + key);

@@ -9,8 +9,9 @@ use super::spans;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
-    /// The file could not be read.
-    #[error("cannot read config {path}: {source}")]
+    /// The file could not be read. The message names the file; why is its `source()`, which
+    /// `viewtape` prints after it.
+    #[error("cannot read config {}", path.display())]
     Read {
         /// The file.
         path: PathBuf,

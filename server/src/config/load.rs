@@ -5,7 +5,8 @@ use std::path::Path;
 use super::{spans, Config, ConfigError, Source};
 
 impl Config {
-    /// Reads and validates a config file: its syntax, keys, types and values. What it names
+    /// Reads and validates a config file: its syntax, keys, types and values. Relative paths in
+    /// it are made relative to the file's directory (the `paths` module). What it names
     /// (modules, certificates, keys) is checked by the `check` module, above this one.
     ///
     /// # Errors
@@ -27,7 +28,7 @@ impl Config {
             path: path.to_owned(),
             spans: spans::Spans::of(&text),
         };
-        let config: Self = toml::from_str(&text).map_err(|error| {
+        let mut config: Self = toml::from_str(&text).map_err(|error| {
             let at = error.span().map(|span| span.start);
             let line = at.map(|at| source.spans.line_at(at));
             let message = error.message().trim_end().to_owned();
@@ -51,6 +52,7 @@ impl Config {
                 message,
             }
         })?;
+        config.resolve_paths(path.parent().unwrap_or(Path::new("")));
         config.validate().map_err(|problem| source.error(problem))?;
         Ok((config, source))
     }

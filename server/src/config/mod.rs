@@ -9,6 +9,7 @@
 //! | `sections` | `[server]`, `[auth]`, `[cluster]`, `[log]`, `[journal]` with their defaults |
 //! | `runtime` | `[[runtime]]`: the guest, its limits, source and schemas; the built-in guests |
 //! | `load` | reading a file: syntax, keys and types, with the line of each key |
+//! | `paths` | relative paths in a file are the file's directory's |
 //! | `validate` | values that parse but are impossible |
 //! | `error` | why a file is refused, and where |
 //! | `size` | byte sizes (`"64MiB"`) |
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 mod error;
 mod load;
+mod paths;
 mod runtime;
 mod sections;
 mod size;

@@ -9,6 +9,19 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadError {
+    /// The bytes are not WebAssembly at all (a text file, an executable, an archive).
+    #[error(
+        "not a WebAssembly module (it does not start with `\\0asm`): give the .wasm a guest's \
+         build writes (cargo build --target wasm32-unknown-unknown)"
+    )]
+    NotWasm,
+    /// WebAssembly, but not a core module: a component (or a binary version this host does not
+    /// read).
+    #[error(
+        "a WebAssembly component, not a core module: build the guest for \
+         wasm32-unknown-unknown (not a wasip2 or component target)"
+    )]
+    NotModule,
     /// The bytes are not a valid WebAssembly module, or wasmtime could not compile them.
     #[error("guest module failed to compile: {0}")]
     Compile(#[source] BoxError),

@@ -48,6 +48,13 @@ impl std::fmt::Debug for GuestModule {
     }
 }
 
+/// The first bytes of every WebAssembly binary.
+const WASM_MAGIC: &[u8; 4] = b"\0asm";
+
+/// The first eight bytes of a WebAssembly core module: the magic, then version 1. A component
+/// has the same magic and another version (and layer).
+const MODULE_PREAMBLE: &[u8; 8] = b"\0asm\x01\0\0\0";
+
 /// Function exports of ABI v1: (name, params, has an i32 result).
 const FUNCS: [(&str, usize, &str); 5] = [
     (abi::EXPORT_INPUT, 1, "func (i32) -> i32"),
@@ -61,11 +68,21 @@ impl GuestModule {
     /// Compiles `wasm` (binary) and checks it is a guest of this ABI version.
     ///
     /// # Errors
-    /// [`LoadError::Compile`] for bytes that are not a valid module, [`LoadError::AbiVersion`]
+    /// [`LoadError::NotWasm`] for bytes that are not WebAssembly, [`LoadError::NotModule`] for a
+    /// component (WebAssembly, not a core module), [`LoadError::Compile`] for bytes that are
+    /// not a valid module, [`LoadError::AbiVersion`]
     /// for a guest built against another ABI, [`LoadError::MissingExport`] /
     /// [`LoadError::ExportType`] for a module that is not a guest, [`LoadError::Link`] for one
     /// that imports what the host lacks.
     pub fn new(engine: &GuestEngine, wasm: &[u8]) -> Result<Self, LoadError> {
+        // Told apart before wasmtime sees them, which would answer with its parser's message
+        // and the bytes it found.
+        if !wasm.starts_with(WASM_MAGIC) {
+            return Err(LoadError::NotWasm);
+        }
+        if !wasm.starts_with(MODULE_PREAMBLE) {
+            return Err(LoadError::NotModule);
+        }
         let module = Module::new(engine.engine(), wasm)
             .map_err(|e| LoadError::Compile(e.into_boxed_dyn_error()))?;
         check_abi(&module)?;

@@ -341,9 +341,32 @@ async fn input_buffer_grows() {
     assert_eq!(batch.events[0].payload.len(), 100_000);
 }
 
+/// A file that is not WebAssembly at all (or a component) used to be refused with wasmtime's
+/// parser message and a dump of the bytes it found: it gets one line of ours, naming what to give.
+#[test]
+fn not_wasm_and_components_are_refused_in_our_words() {
+    for text in [
+        &b"{\"symbol\":\"ACME\"}\n"[..],
+        b"",
+        b"\0as",
+        b"\x7fELF\x02\x01\x01",
+    ] {
+        let err = GuestModule::new(engine(), text).unwrap_err();
+        assert!(matches!(err, LoadError::NotWasm), "{err}");
+        let message = err.to_string();
+        assert!(
+            message.starts_with("not a WebAssembly module") && !message.contains("expected"),
+            "{message}"
+        );
+    }
+    // The preamble of a component: the magic, version 0x0d, layer 1.
+    let err = GuestModule::new(engine(), b"\0asm\x0d\0\x01\0").unwrap_err();
+    assert!(matches!(err, LoadError::NotModule), "{err}");
+}
+
 #[test]
 fn compile_failure_is_refused() {
-    let err = GuestModule::new(engine(), b"\0asm not really").unwrap_err();
+    let err = GuestModule::new(engine(), b"\0asm\x01\0\0\0 not really").unwrap_err();
     assert!(matches!(err, LoadError::Compile(_)), "{err}");
     // The cause is part of the message, not only of the error chain.
     let message = err.to_string();

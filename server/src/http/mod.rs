@@ -14,6 +14,13 @@
 //! Every route: a tracing span per request (`TraceLayer`) and CORS for the origins in
 //! `[server] cors_origins`. Every route but the SSE stream: a time limit
 //! ([`REQUEST_TIMEOUT`]) and gzip for clients that accept it. Errors are [`ApiError`].
+//!
+//! ## Logs
+//!
+//! An error answer is logged once, where it is made ([`ApiError`]): a server's failure at
+//! `warn` or `error`, with its detail. The `TraceLayer` logs every response at `debug`, a `5xx`
+//! too: a `503` is not a failure in itself (`/readyz` answers one while the server stops, as it
+//! should), and one that is was logged by its `ApiError` already.
 
 mod access;
 pub mod admin;
@@ -37,7 +44,7 @@ use tokio::sync::watch;
 use tower_http::compression::CompressionLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::timeout::TimeoutLayer;
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnFailure, TraceLayer};
 
 pub use error::ApiError;
 
@@ -145,7 +152,10 @@ pub fn app(state: AppState, admin: Option<Arc<admin::Admin>>) -> Router {
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(axum::middleware::map_response(error::json_errors))
         .layer(tower::util::option_layer(cors))
-        .layer(TraceLayer::new_for_http())
+        .layer(
+            TraceLayer::new_for_http()
+                .on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG)),
+        )
 }
 
 /// CORS for `[server] cors_origins`, with credentials (cookies), on every route; none when the
@@ -352,6 +362,58 @@ mod tests {
         assert_eq!(
             response.headers()[header::ACCESS_CONTROL_ALLOW_CREDENTIALS],
             "true"
+        );
+    }
+
+    /// The levels of the events logged while it runs.
+    #[derive(Clone, Default)]
+    struct Levels(Arc<std::sync::Mutex<Vec<tracing::Level>>>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Levels {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(*event.metadata().level());
+        }
+    }
+
+    /// While the server stopped, every load balancer's probe of `/readyz` was logged at ERROR
+    /// (`response failed`): the `503` it is meant to get is logged at DEBUG.
+    #[tokio::test]
+    async fn a_503_from_readyz_while_stopping_is_not_logged_as_a_failure() {
+        use tracing_subscriber::layer::SubscriberExt as _;
+
+        let (stop, stopping) = watch::channel(false);
+        let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
+            JournalConfig::default(),
+        ))));
+        let state = AppState::new(
+            hub,
+            Arc::default(),
+            &LogMetrics::default(),
+            None,
+            ServerConfig::default(),
+            stopping,
+        );
+        stop.send_replace(true);
+        let levels = Levels::default();
+        let _logging =
+            tracing::subscriber::set_default(tracing_subscriber::registry().with(levels.clone()));
+        let request = axum::http::Request::get("/readyz")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let response = app(state, None).oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let levels = levels.0.lock().unwrap().clone();
+        assert!(!levels.is_empty(), "the response is logged");
+        assert!(
+            levels.iter().all(|level| *level >= tracing::Level::DEBUG),
+            "{levels:?}"
         );
     }
 

@@ -8,11 +8,13 @@ class ViewError(Exception):
     ``not_found``, ``http_status``, ``bad_content_type``, ``stream_buffered``, ``missing_id``,
     ``bad_event``, ``stalled``, ``network``, ``fast_retry_loop``, ``token``, ``store``,
     ``listener``; a ``fatal`` one closes the view. ``bad_request`` (a 400, or another 4xx that
-    asking again cannot change) is always fatal."""
+    asking again cannot change) is always fatal. As in the JavaScript client, ``message`` says what
+    went wrong and ``status`` is the HTTP status when there was one."""
 
     def __init__(self, code: str, message: str, *, status: int | None = None, fatal: bool = False) -> None:
         super().__init__(message)
         self.code = code
+        self.message = message
         self.status = status
         self.fatal = fatal
 

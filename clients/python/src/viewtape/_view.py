@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import re
 import time
 import urllib.parse
@@ -34,6 +35,7 @@ from ._store import Store
 Status = Literal["connecting", "syncing", "live", "reconnecting", "closed"]
 TokenSource = str | Callable[[], str | Awaitable[str]]
 
+_log = logging.getLogger("viewtape")
 _CURSOR = re.compile(r"^([0-9a-f]{16})-(\d{1,16})$")
 _FAST_LOOP_RUN = 5
 _HEALTHY_AFTER = 10.0
@@ -140,7 +142,8 @@ class View:
 
     def on(self, event: str, listener: Callable[[Any], None]) -> Callable[[], None]:
         """Calls ``listener`` on ``change``, ``synced``, ``reset``, ``status`` or ``error``;
-        returns the function that stops it."""
+        returns the function that stops it. A listener that raises is reported as a ``listener``
+        error; one that raises in an ``error`` listener is logged (logger ``viewtape``, ERROR)."""
         self._listeners.setdefault(event, []).append(listener)
 
         def off() -> None:
@@ -512,7 +515,11 @@ class View:
             try:
                 listener(value)
             except Exception as error:  # an application listener: report, carry on
-                if event != "error":
+                if event == "error":
+                    # Reported as another error it would come back to the same listener: the
+                    # log is where it cannot loop, and cannot be missed (ERROR, with its traceback).
+                    _log.exception("view %s: an error listener raised while handling %r", self.name, value)
+                else:
                     self._fail(ViewError("listener", f"a {event} listener raised {error!r}"))
 
     async def _shut_down(self) -> None:
