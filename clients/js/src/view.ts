@@ -661,6 +661,9 @@ export class View<T = unknown> {
         (listener as Listener<ViewEvents<T>[E]>)(value);
       } catch (cause) {
         if (event !== 'error') this.#fail(new ViewError('listener', `a ${event} listener threw: ${describe(cause)}`, { cause }));
+        // Reported as another error it would come back to the same listener: the console is
+        // where it cannot loop, and is not missed (as a browser reports a throwing listener).
+        else console.error(`viewtape: view ${this.name}: an error listener threw while handling`, value, cause);
       }
     }
   }

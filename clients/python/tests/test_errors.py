@@ -61,3 +61,9 @@ async def test_an_exception_in_an_error_listener_is_logged_not_swallowed(caplog:
     assert logged[0].levelno == logging.ERROR
     assert "error listener" in logged[0].getMessage() and "notes" in logged[0].getMessage()
     assert logged[0].exc_info is not None and "the application's own bug" in str(logged[0].exc_info[1])
+
+
+def test_a_producer_error_has_a_message_too() -> None:
+    """``ProducerError``, like ``ViewError``, had no ``.message``: it has, as in JavaScript."""
+    error = viewtape.ProducerError("fenced", "epoch 1 is fenced", status=403)
+    assert (error.code, error.message, error.status) == ("fenced", "epoch 1 is fenced", 403)

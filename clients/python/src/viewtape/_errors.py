@@ -25,12 +25,13 @@ class ProducerError(Exception):
     ``producer_seq_reused``): the server committed another batch under this epoch and seq, so
     this one is neither a retry nor published; ``seq_stale`` (a ``409`` ``producer_seq_stale``):
     the seq is older than the receipts the server keeps. For these and ``out_of_order``,
-    ``expected_seq`` is the seq the server expects next."""
+    ``expected_seq`` is the seq the server expects next. As ``ViewError``, it has ``message``."""
 
     def __init__(
         self, code: str, message: str, *, status: int | None = None, expected_seq: int | None = None
     ) -> None:
         super().__init__(message)
         self.code = code
+        self.message = message
         self.status = status
         self.expected_seq = expected_seq
