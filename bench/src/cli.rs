@@ -37,23 +37,33 @@ impl Cli {
     /// Naming the flags that do not go together.
     pub fn validate(&self) -> anyhow::Result<()> {
         match &self.command {
-            Command::Fanout(options) => options.target.validate(),
-            Command::Replay(options) => options.target.validate(),
-            Command::Idle(options) => options.target.validate(),
-            Command::Stalled(options) => options.target.validate(),
-            Command::Durable(options) => options.validate(),
-            Command::Cluster(_)
-            | Command::Restart(_)
-            | Command::Deploy(_)
-            | Command::Stop(_)
+            Command::Load(Load::Fanout(options)) => options.target.validate(),
+            Command::Load(Load::Replay(options)) => options.target.validate(),
+            Command::Load(Load::Idle(options)) => options.target.validate(),
+            Command::Load(Load::Stalled(options)) => options.target.validate(),
+            Command::Load(Load::Durable(options)) => options.validate(),
+            Command::Load(
+                Load::Cluster(_) | Load::Restart(_) | Load::Deploy(_) | Load::Stop(_),
+            )
             | Command::Floor(_) => Ok(()),
         }
     }
 }
 
-/// The benchmarks.
+/// The subcommands: the benchmarks, and the floor peer.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// A benchmark.
+    #[command(flatten)]
+    Load(Load),
+    /// A peer that only writes each message to every socket, speaking nchan's protocol: the
+    /// floor under `fanout --peer nchan`.
+    Floor(floor::Options),
+}
+
+/// The benchmarks: each loads servers from a client runtime.
+#[derive(Debug, Subcommand)]
+pub enum Load {
     /// N subscribers follow `prices` while a publisher ingests R events/s for S seconds:
     /// deliveries/s, publish→receive latency, the backlog after publishing stops.
     Fanout(fanout::Options),
@@ -77,41 +87,43 @@ pub enum Command {
     /// A graceful stop with stalled clients: the stop's duration and the reconnects' spread
     /// (spawns its own two servers).
     Stop(stop::Options),
-    /// A peer that only writes each message to every socket, speaking nchan's protocol: the
-    /// floor under `fanout --peer nchan`.
-    Floor(floor::Options),
 }
 
-impl Command {
+impl Load {
     /// `--pin` and the address of a running server, for the benchmarks that take `--pin`.
     pub fn pinning(&self) -> Option<(&PinOptions, Option<SocketAddr>)> {
         match self {
             Self::Fanout(options) => Some((&options.pin, options.target.server.addr)),
             Self::Idle(options) => Some((&options.pin, options.target.server.addr)),
             Self::Durable(options) => Some((&options.pin, options.server.addr)),
-            _ => None,
+            Self::Replay(_)
+            | Self::Stalled(_)
+            | Self::Cluster(_)
+            | Self::Restart(_)
+            | Self::Deploy(_)
+            | Self::Stop(_) => None,
         }
     }
 
-    /// The client runtime's options (`floor` runs without one).
-    pub fn client(&self) -> Option<&ClientOptions> {
+    /// The client runtime's options.
+    pub fn client(&self) -> &ClientOptions {
         match self {
-            Self::Fanout(options) => Some(&options.client),
-            Self::Replay(options) => Some(&options.client),
-            Self::Idle(options) => Some(&options.client),
-            Self::Stalled(options) => Some(&options.client),
-            Self::Cluster(options) => Some(&options.client),
-            Self::Durable(options) => Some(&options.client),
-            Self::Restart(options) => Some(&options.client),
-            Self::Deploy(options) => Some(&options.client),
-            Self::Stop(options) => Some(&options.client),
-            Self::Floor(_) => None,
+            Self::Fanout(options) => &options.client,
+            Self::Replay(options) => &options.client,
+            Self::Idle(options) => &options.client,
+            Self::Stalled(options) => &options.client,
+            Self::Cluster(options) => &options.client,
+            Self::Durable(options) => &options.client,
+            Self::Restart(options) => &options.client,
+            Self::Deploy(options) => &options.client,
+            Self::Stop(options) => &options.client,
         }
     }
 }
 
 /// The load client's own runtime.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Load client")]
 pub struct ClientOptions {
     /// Client runtime worker threads (1..=64) [default: 2, or 1 with --pin]
     #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
@@ -127,6 +139,7 @@ impl ClientOptions {
 
 /// `--pin`: server and bench on a CPU each.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Load client")]
 pub struct PinOptions {
     /// The spawned server on CPU 0 (under `taskset -c 0`), this tool on CPU 1, so a
     /// side-by-side run does not depend on how the scheduler shares two cores;
@@ -140,6 +153,7 @@ pub struct PinOptions {
 /// A viewtape already running, or the one this tool spawns (`target/<profile>/viewtape serve
 /// --demo-rate 0` through the `viewtape-tests` harness: `$VIEWTAPE_BIN`, `VIEWTAPE_NO_BUILD=1`).
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Server under test")]
 pub struct ServerOptions {
     /// A running viewtape to load instead of spawning one (loopback only)
     #[arg(long, value_name = "IP:PORT", value_parser = loopback_addr)]
@@ -149,8 +163,12 @@ pub struct ServerOptions {
     pub pid: Option<u32>,
     /// An argument for the spawned `viewtape serve`, repeated for more:
     /// `--server-arg=--config --server-arg=FILE`
-    #[arg(long = "server-arg", value_name = "ARG", allow_hyphen_values = true,
-          conflicts_with = "addr")]
+    #[arg(
+        long = "server-arg",
+        value_name = "ARG",
+        allow_hyphen_values = true,
+        conflicts_with = "addr"
+    )]
     pub server_args: Vec<String>,
 }
 
@@ -164,7 +182,8 @@ fn loopback_addr(text: &str) -> anyhow::Result<SocketAddr> {
 /// One command line (without the program name), parsed and validated as `main` does.
 #[cfg(test)]
 pub(crate) fn parse(line: &str) -> anyhow::Result<Cli> {
-    let cli = Cli::try_parse_from(std::iter::once("viewtape-bench").chain(line.split_whitespace()))?;
+    let cli =
+        Cli::try_parse_from(std::iter::once("viewtape-bench").chain(line.split_whitespace()))?;
     cli.validate()?;
     Ok(cli)
 }
@@ -251,6 +270,14 @@ mod tests {
         "floor --port 0 --max-seconds 600 --io-uring",
     ];
 
+    /// A benchmark's command line, parsed.
+    fn load(line: &str) -> anyhow::Result<Load> {
+        match parse(line)?.command {
+            Command::Load(load) => Ok(load),
+            Command::Floor(_) => anyhow::bail!("not a benchmark: {line}"),
+        }
+    }
+
     #[test]
     fn the_command_is_well_formed() {
         Cli::command().debug_assert();
@@ -279,8 +306,8 @@ mod tests {
     #[test]
     fn switches_take_an_optional_value_after_equals() -> anyhow::Result<()> {
         let pin = |line: &str| -> anyhow::Result<bool> {
-            let cli = parse(line)?;
-            let (pin, _) = cli.command.pinning().ok_or_else(|| anyhow::anyhow!("no --pin"))?;
+            let load = load(line)?;
+            let (pin, _) = load.pinning().ok_or_else(|| anyhow::anyhow!("no --pin"))?;
             Ok(pin.pin)
         };
         assert!(pin("idle --pin")?);
@@ -295,9 +322,7 @@ mod tests {
     #[test]
     fn threads_default_by_pinning_and_are_bounded() -> anyhow::Result<()> {
         let threads = |line: &str, pinned: bool| -> anyhow::Result<usize> {
-            let cli = parse(line)?;
-            let client = cli.command.client().ok_or_else(|| anyhow::anyhow!("no runtime"))?;
-            Ok(client.threads(pinned))
+            Ok(load(line)?.client().threads(pinned))
         };
         assert_eq!(threads("replay", false)?, 2);
         assert_eq!(threads("fanout --pin", true)?, 1);
@@ -309,20 +334,22 @@ mod tests {
 
     #[test]
     fn a_repeated_flag_takes_its_last_value() -> anyhow::Result<()> {
-        let cli = parse("restart --threads 3 --threads 5")?;
-        let threads = cli.command.client().and_then(|c| c.threads);
-        assert_eq!(threads, Some(5));
+        let load = load("restart --threads 3 --threads 5")?;
+        assert_eq!(load.client().threads, Some(5));
         Ok(())
     }
 
     #[test]
     fn server_args_keep_every_value_and_need_a_spawned_server() -> anyhow::Result<()> {
-        let Command::Replay(options) =
-            parse("replay --server-arg --config --server-arg=/tmp/a.toml --server-arg x")?.command
+        let Load::Replay(options) =
+            load("replay --server-arg --config --server-arg=/tmp/a.toml --server-arg x")?
         else {
             anyhow::bail!("not replay");
         };
-        assert_eq!(options.target.server.server_args, ["--config", "/tmp/a.toml", "x"]);
+        assert_eq!(
+            options.target.server.server_args,
+            ["--config", "/tmp/a.toml", "x"]
+        );
         assert!(parse("replay --addr 127.0.0.1:1 --server-arg x").is_err());
         assert!(parse("durable --addr 127.0.0.1:1 --server-arg x").is_err());
         assert!(parse("durable --addr 10.0.0.1:80").is_err());

@@ -567,12 +567,15 @@ mod tests {
     #[test]
     fn options_and_quantiles() -> anyhow::Result<()> {
         let options = |line: &str| match crate::cli::parse(&format!("deploy {line}"))?.command {
-            crate::cli::Command::Deploy(options) => Ok(options),
+            crate::cli::Command::Load(crate::cli::Load::Deploy(options)) => Ok(options),
             other => bail!("not deploy: {other:?}"),
         };
         let o = options("--deploys 3")?;
         assert_eq!((o.deploys, o.rate, o.connections), (3, 500, 4));
-        assert_eq!((o.max_seconds, o.cluster, o.nats_server.as_str()), (300, 0, "nats-server"));
+        assert_eq!(
+            (o.max_seconds, o.cluster, o.nats_server.as_str()),
+            (300, 0, "nats-server")
+        );
         assert!(options("--rate 0").is_err());
         assert!(options("--max-seconds 4").is_err());
         assert!(options("--cluster 6").is_err());

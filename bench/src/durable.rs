@@ -77,9 +77,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context as _};
+use async_nats::jetstream;
 use clap::builder::RangedU64ValueParser;
 use clap::{Args, ValueEnum};
-use async_nats::jetstream;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
@@ -1235,7 +1235,7 @@ mod tests {
     #[test]
     fn options_and_figures() -> anyhow::Result<()> {
         let parse = |line: &str| match crate::cli::parse(&format!("durable {line}"))?.command {
-            crate::cli::Command::Durable(options) => Ok(options),
+            crate::cli::Command::Load(crate::cli::Load::Durable(options)) => Ok(options),
             other => bail!("not durable: {other:?}"),
         };
         let o = parse("--compare --seconds 5 --runs 1")?;
@@ -1260,9 +1260,15 @@ mod tests {
         assert!(parse("--log sometimes").is_err());
         let o = parse("")?;
         assert_eq!(o.peers(), vec![Peer::Viewtape]);
-        assert_eq!((o.seconds, o.runs, o.rate, o.drain_seconds), (10, 3, 1000, 10));
+        assert_eq!(
+            (o.seconds, o.runs, o.rate, o.drain_seconds),
+            (10, 3, 1000, 10)
+        );
         assert_eq!((o.max_batches, o.nats_connections), (10_000_000, 1));
-        assert_eq!((o.runtimes, o.log, o.wasm.as_str()), (Runtimes::PerProducer, Log::Fsync, "builtin:ticker"));
+        assert_eq!(
+            (o.runtimes, o.log, o.wasm.as_str()),
+            (Runtimes::PerProducer, Log::Fsync, "builtin:ticker")
+        );
         assert_eq!(figure(1234567.4), "1,234,567");
         assert_eq!(figure(12.345), "12.35");
         assert_eq!(figure(f64::NAN), "-");

@@ -454,7 +454,7 @@ mod tests {
 
     fn options(line: &str) -> anyhow::Result<Options> {
         match crate::cli::parse(&format!("fanout {line}"))?.command {
-            crate::cli::Command::Fanout(options) => Ok(options),
+            crate::cli::Command::Load(crate::cli::Load::Fanout(options)) => Ok(options),
             other => bail!("not fanout: {other:?}"),
         }
     }
@@ -479,7 +479,13 @@ mod tests {
     fn defaults_and_bounds() -> anyhow::Result<()> {
         let o = options("")?;
         assert_eq!(
-            (o.subscribers, o.rate, o.seconds, o.batch_ms, o.drain_seconds),
+            (
+                o.subscribers,
+                o.rate,
+                o.seconds,
+                o.batch_ms,
+                o.drain_seconds
+            ),
             (100, 50, 10, 5, 10)
         );
         assert_eq!(o.publish.publishers, 8);

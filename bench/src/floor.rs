@@ -27,7 +27,6 @@ use anyhow::{bail, Context as _};
 use clap::Args;
 use io_uring::{opcode, types, IoUring};
 
-
 /// Largest message body taken (a tick is well under it).
 const MAX_BODY: usize = 64 * 1024;
 

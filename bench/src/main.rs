@@ -55,30 +55,41 @@ mod tls;
 mod transport;
 
 use anyhow::Context as _;
-use clap::{CommandFactory as _, Parser as _};
+use clap::error::ErrorKind::ArgumentConflict;
+use clap::{CommandFactory as _, FromArgMatches as _};
 
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, Load};
 use crate::target::Target;
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let mut command = Cli::command();
+    let matches = command.get_matches_mut();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Err(e) = cli.validate() {
-        Cli::command()
-            .error(clap::error::ErrorKind::ArgumentConflict, format!("{e:#}"))
-            .exit();
+        // Refused like a parse error, with the benchmark's usage.
+        let benchmark = matches
+            .subcommand_name()
+            .and_then(|name| command.find_subcommand_mut(name));
+        let message = format!("{e:#}");
+        match benchmark {
+            Some(benchmark) => benchmark.error(ArgumentConflict, message).exit(),
+            None => command.error(ArgumentConflict, message).exit(),
+        }
     }
-    let command = match cli.command {
-        Command::Floor(options) => return floor::run(&options),
-        command => command,
-    };
+    match cli.command {
+        Command::Floor(options) => floor::run(&options),
+        Command::Load(load) => run(load),
+    }
+}
+
+/// Runs one benchmark on a client runtime of `--threads` workers.
+fn run(load: Load) -> anyhow::Result<()> {
     // `--pin` pins this process to one CPU before any thread exists; kept to the end.
-    let pinned = match command.pinning() {
+    let pinned = match load.pinning() {
         Some((pin, addr)) => pin::pin_before_runtime(pin, addr)?,
         None => None,
     };
-    let threads = command
-        .client()
-        .map_or(1, |client| client.threads(pinned.is_some()));
+    let threads = load.client().threads(pinned.is_some());
     let nofile = target::raise_nofile()?;
     eprintln!("RLIMIT_NOFILE soft limit: {nofile}");
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -86,34 +97,33 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("tokio runtime")?;
-    let result = runtime.block_on(run(command, nofile));
+    let result = runtime.block_on(load_server(load, nofile));
     drop(pinned);
     result
 }
 
-/// Runs one benchmark on the client runtime; `nofile` is the file-descriptor limit.
-async fn run(command: Command, nofile: u64) -> anyhow::Result<()> {
-    match command {
-        Command::Durable(options) => durable::run(&options).await,
-        Command::Restart(options) => restart::run(&options).await,
-        Command::Cluster(options) => cluster::run(&options).await,
-        Command::Stop(options) => stop::run(&options).await,
-        Command::Deploy(options) => deploy::run(&options).await,
-        Command::Floor(options) => floor::run(&options),
-        Command::Fanout(options) => {
+/// The benchmark itself; `nofile` is the file-descriptor limit.
+async fn load_server(load: Load, nofile: u64) -> anyhow::Result<()> {
+    match load {
+        Load::Durable(options) => durable::run(&options).await,
+        Load::Restart(options) => restart::run(&options).await,
+        Load::Cluster(options) => cluster::run(&options).await,
+        Load::Stop(options) => stop::run(&options).await,
+        Load::Deploy(options) => deploy::run(&options).await,
+        Load::Fanout(options) => {
             let target = Target::start(&options.target).await?;
             with_logs(&target, fanout::run(&target, &options).await)
         }
-        Command::Replay(options) => {
+        Load::Replay(options) => {
             let target = Target::start(&options.target).await?;
             with_logs(&target, replay::run(&target, &options).await)
         }
-        Command::Idle(options) => {
+        Load::Idle(options) => {
             options.check_nofile(nofile)?;
             let target = Target::start(&options.target).await?;
             with_logs(&target, idle::run(&target, &options).await)
         }
-        Command::Stalled(options) => {
+        Load::Stalled(options) => {
             let target = Target::start(&options.target).await?;
             with_logs(&target, stalled::run(&target, &options).await)
         }

@@ -441,12 +441,15 @@ mod tests {
     #[test]
     fn options() -> anyhow::Result<()> {
         let options = |line: &str| match crate::cli::parse(&format!("restart {line}"))?.command {
-            crate::cli::Command::Restart(options) => Ok(options),
+            crate::cli::Command::Load(crate::cli::Load::Restart(options)) => Ok(options),
             other => bail!("not restart: {other:?}"),
         };
         let o = options("--events 2500")?;
         assert_eq!(o.batches(), 3);
-        assert_eq!((o.batch, o.runs, o.producers, o.ingest_seconds), (1000, 3, 4, 600));
+        assert_eq!(
+            (o.batch, o.runs, o.producers, o.ingest_seconds),
+            (1000, 3, 4, 600)
+        );
         assert_eq!(options("--events-per-batch 7")?.batch, 7);
         assert!(options("--producers 65").is_err());
         assert!((median(vec![3.0, 1.0, 2.0]) - 2.0).abs() < 1e-12);

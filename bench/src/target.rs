@@ -18,7 +18,7 @@ use crate::transport::{Dialer, Transport};
 /// Which server speaks on the other end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Peer {
-    /// viewtape: ingest NDJSON into the `demo` runtime, follow `/views/prices/events`.
+    /// Ingest NDJSON into the `demo` runtime, follow `/views/prices/events`.
     Viewtape,
     /// nginx + nchan (`bench/peers/nchan.sh`): `POST /pub/prices` one message per request,
     /// eventsource on `/sub/prices`, ids `<time>:<tag>` assigned by nchan.
@@ -45,6 +45,7 @@ pub struct Target {
 /// Which server the load goes to and how subscribers reach it (`fanout`, `replay`, `idle`,
 /// `stalled`).
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Server under test")]
 pub struct TargetOptions {
     /// A running viewtape, or the one this tool spawns.
     #[command(flatten)]
@@ -116,7 +117,12 @@ impl Target {
             Transport::Plain => None,
             Transport::TlsH1 | Transport::TlsH2 => Some(ServerTls::new()?),
         };
-        let server_args: Vec<&str> = options.server.server_args.iter().map(String::as_str).collect();
+        let server_args: Vec<&str> = options
+            .server
+            .server_args
+            .iter()
+            .map(String::as_str)
+            .collect();
         let server_args = match &tls {
             Some(tls) => tls.server_args(&server_args)?,
             None => options.server.server_args.clone(),
