@@ -11,7 +11,9 @@
 //! keeps every value, and its values may start with `-` (`--server-arg --config`).
 
 use std::net::SocketAddr;
+use std::ops::RangeInclusive;
 
+use clap::builder::RangedU64ValueParser;
 use clap::{ArgAction, Args, Parser, Subcommand};
 use viewtape_tests::http::ensure_loopback;
 
@@ -126,7 +128,7 @@ impl Load {
 #[command(next_help_heading = "Load client")]
 pub struct ClientOptions {
     /// Client runtime worker threads (1..=64) [default: 2, or 1 with --pin]
-    #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    #[arg(long, value_name = "N", value_parser = usize_in(1..=64))]
     pub threads: Option<usize>,
 }
 
@@ -170,6 +172,16 @@ pub struct ServerOptions {
         conflicts_with = "addr"
     )]
     pub server_args: Vec<String>,
+}
+
+/// The parser of a count flag, bounded to `range`.
+pub fn usize_in(range: RangeInclusive<u64>) -> RangedU64ValueParser<usize> {
+    RangedU64ValueParser::new().range(range)
+}
+
+/// The parser of a `u64` flag (seconds, rates), bounded to `range`.
+pub fn u64_in(range: RangeInclusive<u64>) -> RangedU64ValueParser<u64> {
+    RangedU64ValueParser::new().range(range)
 }
 
 /// A socket address on loopback: the only kind this tool loads.
@@ -267,6 +279,16 @@ mod tests {
         "idle --connections 10000 --hold-seconds 3 --peer nchan --peer-url http://127.0.0.1:8081 --pid 4242",
         "replay --events 10000 --runs 7 --peer nchan --peer-url http://127.0.0.1:8081 --pid 4242",
         "floor --max-seconds 120",
+        // The modules' usage lines, every flag spelled out.
+        "fanout --subscribers 100 --rate 50 --seconds 10 --batch-ms 5 --tls h1 --pin --keys 10 --narrow",
+        "replay --events 100000 --runs 7 --tls h2 --publishers 8",
+        "replay --addr 127.0.0.1:8080 --pid 4242 --threads 2",
+        "idle --connections 10000 --hold-seconds 3 --tls h2 --pin --threads 1",
+        "durable --compare --workload acks --seconds 10 --runs 3 --rate 1000 --nats-server nats-server --pin",
+        "durable --peer viewtape --workload latency --max-batches 10000000 --drain-seconds 10 --runtimes shared --log os --producers 8 --events-per-batch 1 --nats-connections 1 --server-arg --demo-rate --server-arg 0",
+        "durable --workload bulk --runtimes per-producer --log fsync --wasm builtin:ticker",
+        "cluster --nodes 3 --producers 16 --seconds 10 --rate 100 --subscribers 600 --nats-server nats-server --node-arg --config --node-arg /tmp/one.toml",
+        "deploy --deploys 10 --rate 500 --connections 4 --max-seconds 300 --cluster 3 --nats-server nats-server",
         "floor --port 0 --max-seconds 600 --io-uring",
     ];
 

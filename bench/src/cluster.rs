@@ -26,33 +26,32 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
-use clap::builder::RangedU64ValueParser;
 use clap::Args;
 use tokio::task::JoinSet;
 use viewtape_tests::feed::scan_seq;
 use viewtape_tests::http::HttpConn;
 use viewtape_tests::{EventStream, Feed, NatsServer, Server};
 
-use crate::cli::ClientOptions;
+use crate::cli::{u64_in, usize_in, ClientOptions};
 use crate::histogram::Histogram;
 
 /// What to run.
 #[derive(Debug, Args)]
 pub struct Options {
     /// Nodes of the cluster (1..=5)
-    #[arg(long, default_value_t = 3, value_parser = RangedU64ValueParser::<usize>::new().range(1..=5))]
+    #[arg(long, default_value_t = 3, value_parser = usize_in(1..=5))]
     nodes: usize,
     /// Closed-loop producers of the ingest part (1..=256)
-    #[arg(long, default_value_t = 16, value_parser = RangedU64ValueParser::<usize>::new().range(1..=256))]
+    #[arg(long, default_value_t = 16, value_parser = usize_in(1..=256))]
     producers: usize,
     /// Seconds of each part (1..=120)
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=120))]
+    #[arg(long, default_value_t = 10, value_parser = u64_in(1..=120))]
     seconds: u64,
     /// Ticks per second of the apply-lag and deliveries parts (1..=10,000)
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    #[arg(long, default_value_t = 100, value_parser = u64_in(1..=10_000))]
     rate: u64,
     /// Subscribers of the deliveries part (1..=5,000)
-    #[arg(long, default_value_t = 600, value_parser = RangedU64ValueParser::<usize>::new().range(1..=5_000))]
+    #[arg(long, default_value_t = 600, value_parser = usize_in(1..=5_000))]
     subscribers: usize,
     /// The nats-server binary
     #[arg(long, value_name = "PATH", default_value = viewtape_tests::nats::DEFAULT_BIN)]

@@ -43,14 +43,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
-use clap::builder::RangedU64ValueParser;
 use clap::Args;
 use tokio::task::JoinSet;
 use viewtape_tests::feed::{price_of, tick};
 use viewtape_tests::server::{guest_wasm, with_custom_section, ADMIN_TOKEN_ENV};
 use viewtape_tests::{http, NatsServer, Server};
 
-use crate::cli::ClientOptions;
+use crate::cli::{u64_in, usize_in, ClientOptions};
 use crate::durable::{parse_ingest_ack, IngestConn};
 use crate::histogram::Histogram;
 
@@ -73,20 +72,20 @@ const SECTION_NAME: &str = "build";
 #[derive(Debug, Args)]
 pub struct Options {
     /// Deploys, one after another (1..=100)
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=100))]
+    #[arg(long, default_value_t = 10, value_parser = u64_in(1..=100))]
     deploys: u64,
     /// Ingest batches per second, open loop (1..=5,000)
-    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=5_000))]
+    #[arg(long, default_value_t = 500, value_parser = u64_in(1..=5_000))]
     rate: u64,
     /// Keep-alive ingest connections (1..=64)
-    #[arg(long, default_value_t = 4, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    #[arg(long, default_value_t = 4, value_parser = usize_in(1..=64))]
     connections: usize,
     /// The bound on the whole run, in seconds (5..=3,600)
-    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(5..=3_600))]
+    #[arg(long, default_value_t = 300, value_parser = u64_in(5..=3_600))]
     max_seconds: u64,
     /// Deploy through a node of a cluster of this many nodes on JetStream (0..=5; 0: one node
     /// on its local log)
-    #[arg(long, value_name = "NODES", default_value_t = 0, value_parser = RangedU64ValueParser::<usize>::new().range(0..=5))]
+    #[arg(long, value_name = "NODES", default_value_t = 0, value_parser = usize_in(0..=5))]
     cluster: usize,
     /// The nats-server binary (with --cluster)
     #[arg(long, value_name = "PATH", default_value = "nats-server")]

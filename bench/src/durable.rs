@@ -78,7 +78,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context as _};
 use async_nats::jetstream;
-use clap::builder::RangedU64ValueParser;
 use clap::{Args, ValueEnum};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -87,7 +86,7 @@ use viewtape_tests::feed::{price_of, tick};
 use viewtape_tests::http::{self, ChunkedDecoder};
 use viewtape_tests::Server;
 
-use crate::cli::{ClientOptions, PinOptions, ServerOptions};
+use crate::cli::{u64_in, usize_in, ClientOptions, PinOptions, ServerOptions};
 use crate::histogram::Histogram;
 use crate::target::cpu_seconds;
 use viewtape_tests::NatsServer;
@@ -235,8 +234,8 @@ impl Workload {
 #[derive(Debug, Args)]
 pub struct Options {
     /// Both peers in one invocation, in turn
-    #[arg(long, value_name = "BOOL", conflicts_with = "peer", action = clap::ArgAction::Set, num_args = 0..=1,
-          require_equals = true, default_missing_value = "true", default_value_t = false,
+    #[arg(long, value_name = "BOOL", conflicts_with = "peer", action = clap::ArgAction::Set,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false,
           hide_default_value = true, hide_possible_values = true)]
     compare: bool,
     /// The peer measured [default: viewtape]
@@ -246,25 +245,25 @@ pub struct Options {
     #[arg(long, value_enum, default_value_t = Workloads::All)]
     workload: Workloads,
     /// Producers of the one --workload (1..=1024) [default: 64, 8 for bulk]
-    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    #[arg(long, value_parser = usize_in(1..=1024))]
     producers: Option<usize>,
     /// Events per batch of the one --workload (1..=10,000) [default: 1, 1000 for bulk]
-    #[arg(long = "events-per-batch", value_name = "K", value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    #[arg(long = "events-per-batch", value_name = "K", value_parser = usize_in(1..=10_000))]
     events: Option<usize>,
     /// Seconds per workload and run (1..=600)
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
+    #[arg(long, default_value_t = 10, value_parser = u64_in(1..=600))]
     seconds: u64,
     /// Runs; the table shows their medians (1..=100)
-    #[arg(long, default_value_t = 3, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100))]
+    #[arg(long, default_value_t = 3, value_parser = usize_in(1..=100))]
     runs: usize,
     /// Batches per second of the latency workload (1..=100,000)
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    #[arg(long, default_value_t = 1000, value_parser = u64_in(1..=100_000))]
     rate: u64,
     /// The bound on batches per workload and run (1..=1,000,000,000)
-    #[arg(long, default_value_t = 10_000_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    #[arg(long, default_value_t = 10_000_000, value_parser = u64_in(1..=1_000_000_000))]
     max_batches: u64,
     /// Seconds the latency workload waits for acks after its last send (0..=600)
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=600))]
+    #[arg(long, default_value_t = 10, value_parser = u64_in(0..=600))]
     drain_seconds: u64,
     /// Which viewtape runtimes the producers ingest into
     #[arg(long, value_enum, default_value_t = Runtimes::PerProducer)]
@@ -273,7 +272,7 @@ pub struct Options {
     #[arg(long, value_name = "PATH", default_value = "nats-server")]
     nats_server: String,
     /// NATS client connections the producers share (1..=1024)
-    #[arg(long, default_value_t = 1, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    #[arg(long, default_value_t = 1, value_parser = usize_in(1..=1024))]
     nats_connections: usize,
     /// The spawned viewtape's `[log]` (per-producer runtimes)
     #[arg(long, value_enum, default_value_t = Log::Fsync)]

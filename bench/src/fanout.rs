@@ -25,11 +25,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
-use clap::builder::RangedU64ValueParser;
 use clap::Args;
 use viewtape_tests::Feed;
 
-use crate::cli::{ClientOptions, PinOptions};
+use crate::cli::{u64_in, usize_in, ClientOptions, PinOptions};
 use crate::publish::{PublishOptions, Publisher};
 use crate::subscribers::{Readers, SeqCheck, Shared, Tally};
 use crate::target::{cpu_seconds, rss_kib, Peer, Target, TargetOptions};
@@ -50,25 +49,25 @@ const CONNECT_CONCURRENCY: usize = 256;
 #[derive(Debug, Args)]
 pub struct Options {
     /// Subscribers following `prices` (1..=50,000)
-    #[arg(long, default_value_t = 100, value_parser = RangedU64ValueParser::<usize>::new().range(1..=50_000))]
+    #[arg(long, default_value_t = 100, value_parser = usize_in(1..=50_000))]
     subscribers: usize,
     /// Events published per second (1..=10,000,000)
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    #[arg(long, default_value_t = 50, value_parser = u64_in(1..=10_000_000))]
     rate: u64,
     /// Seconds of publishing (1..=600)
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
+    #[arg(long, default_value_t = 10, value_parser = u64_in(1..=600))]
     seconds: u64,
     /// The publish tick: one ingest batch every this many milliseconds (1..=1000)
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    #[arg(long, default_value_t = 5, value_parser = u64_in(1..=1000))]
     batch_ms: u64,
     /// Seconds allowed for the backlog to drain after publishing stops (0..=600)
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=600))]
+    #[arg(long, default_value_t = 10, value_parser = u64_in(0..=600))]
     drain_seconds: u64,
     #[command(flatten)]
     publish: PublishOptions,
     /// Distinct keys the events are spread over, `S00000`, `S00001`, … (1..=100,000)
     /// [default: ten symbols]
-    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_KEYS as u64))]
+    #[arg(long, value_parser = usize_in(1..=MAX_KEYS as u64))]
     keys: Option<usize>,
     /// Subscriber i follows only key i mod K (`?keys=`) instead of the whole view
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set, num_args = 0..=1,

@@ -27,6 +27,8 @@ use anyhow::{bail, Context as _};
 use clap::Args;
 use io_uring::{opcode, types, IoUring};
 
+use crate::cli::u64_in;
+
 /// Largest message body taken (a tick is well under it).
 const MAX_BODY: usize = 64 * 1024;
 
@@ -40,7 +42,7 @@ pub struct Options {
     #[arg(long, default_value_t = 0)]
     port: u16,
     /// Seconds to serve before exiting (1..=3600)
-    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    #[arg(long, default_value_t = 600, value_parser = u64_in(1..=3600))]
     max_seconds: u64,
     /// A message's sends go to the kernel in one io_uring submission
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set, num_args = 0..=1,

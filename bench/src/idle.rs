@@ -5,11 +5,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use clap::builder::RangedU64ValueParser;
 use clap::Args;
 use viewtape_tests::Feed;
 
-use crate::cli::{ClientOptions, PinOptions};
+use crate::cli::{u64_in, usize_in, ClientOptions, PinOptions};
 use crate::publish::Publisher;
 use crate::target::{rss_kib, Target, TargetOptions};
 use crate::transport::{connect_all, Transport, H2_STREAMS_PER_CONNECTION};
@@ -18,10 +17,10 @@ use crate::transport::{connect_all, Transport, H2_STREAMS_PER_CONNECTION};
 #[derive(Debug, Args)]
 pub struct Options {
     /// Idle streams (1..=50,000; must fit under the file-descriptor limit)
-    #[arg(long, default_value_t = 10_000, value_parser = RangedU64ValueParser::<usize>::new().range(1..=50_000))]
+    #[arg(long, default_value_t = 10_000, value_parser = usize_in(1..=50_000))]
     connections: usize,
     /// Seconds the streams stay open before the server's RSS is read (0..=600)
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=600))]
+    #[arg(long, default_value_t = 3, value_parser = u64_in(0..=600))]
     hold_seconds: u64,
     #[command(flatten)]
     pub(crate) target: TargetOptions,

@@ -14,8 +14,9 @@
 //! Input goes through `POST /runtimes/demo/ingest` as ticker NDJSON with a global `seq`;
 //! subscribers are raw TCP + minimal HTTP/1.1 + SSE parsing (the `viewtape-tests` harness), so
 //! thousands fit next to the server on a 2-core box; with `--tls` the same over tokio-rustls,
-//! or HTTP/2 streams through hyper's client ([`transport`]). Latency is measured publish→receive: the
-//! publisher notes the send time of every `seq`, subscribers look it up on receipt.
+//! or HTTP/2 streams through hyper's client ([`transport`]). Latency is measured
+//! publish→receive: the publisher notes the send time of every `seq`, subscribers look it up on
+//! receipt.
 //!
 //! Against nchan the same ticks are published as one `POST /pub/prices` each (body = the tick
 //! JSON; nchan assigns `<time>:<tag>` ids), subscribers follow the eventsource `/sub/prices`

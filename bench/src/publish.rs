@@ -6,11 +6,11 @@
 use std::net::SocketAddr;
 
 use anyhow::{bail, Context as _};
-use clap::builder::RangedU64ValueParser;
 use clap::Args;
 use tokio::task::JoinSet;
 use viewtape_tests::{http::HttpConn, Feed};
 
+use crate::cli::usize_in;
 use crate::target::{Peer, Target};
 use crate::transport::Conn;
 
@@ -22,7 +22,7 @@ pub const INGEST_BATCH: usize = 5_000;
 pub struct PublishOptions {
     /// Keep-alive publish connections for nchan, which takes one message per request (1..=64;
     /// viewtape ingests each tick's events as one NDJSON batch on one connection)
-    #[arg(long, default_value_t = 8, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    #[arg(long, default_value_t = 8, value_parser = usize_in(1..=64))]
     pub publishers: usize,
 }
 

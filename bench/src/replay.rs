@@ -5,12 +5,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure};
-use clap::builder::RangedU64ValueParser;
 use clap::Args;
 use viewtape_tests::feed::scan_seq;
 use viewtape_tests::Feed;
 
-use crate::cli::ClientOptions;
+use crate::cli::{u64_in, usize_in, ClientOptions};
 use crate::publish::{PublishOptions, Publisher, INGEST_BATCH};
 use crate::target::{cpu_seconds, Peer, Target, TargetOptions};
 use crate::transport::connect_all;
@@ -19,10 +18,10 @@ use crate::transport::connect_all;
 #[derive(Debug, Args)]
 pub struct Options {
     /// Events preloaded, then replayed (1..=10,000,000)
-    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    #[arg(long, default_value_t = 100_000, value_parser = u64_in(1..=10_000_000))]
     events: u64,
     /// Timed replays (1..=50)
-    #[arg(long, default_value_t = 7, value_parser = RangedU64ValueParser::<usize>::new().range(1..=50))]
+    #[arg(long, default_value_t = 7, value_parser = usize_in(1..=50))]
     runs: usize,
     #[command(flatten)]
     publish: PublishOptions,

@@ -46,14 +46,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
-use clap::builder::RangedU64ValueParser;
 use clap::Args;
 use tokio::task::JoinSet;
 use viewtape_tests::feed::{price_of, tick};
 use viewtape_tests::http::HttpConn;
 use viewtape_tests::Server;
 
-use crate::cli::ClientOptions;
+use crate::cli::{u64_in, usize_in, ClientOptions};
 use crate::target::cpu_seconds;
 
 /// Most runtimes `viewtape serve` can host (its pool of guest instances).
@@ -65,19 +64,20 @@ const REPLAYED_METRIC: &str = "viewtape_log_replayed_records_total";
 #[derive(Debug, Args)]
 pub struct Options {
     /// Events ingested before the loaded restart (1..=10,000,000)
-    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    #[arg(long, default_value_t = 1_000_000, value_parser = u64_in(1..=10_000_000))]
     events: u64,
     /// Events per ingest batch, one log record each (1..=10,000)
-    #[arg(long = "events-per-batch", value_name = "N", default_value_t = 1_000, value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    #[arg(long = "events-per-batch", value_name = "N", default_value_t = 1_000,
+          value_parser = usize_in(1..=10_000))]
     batch: usize,
     /// Runs, each on fresh data directories (1..=20)
-    #[arg(long, default_value_t = 3, value_parser = RangedU64ValueParser::<usize>::new().range(1..=20))]
+    #[arg(long, default_value_t = 3, value_parser = usize_in(1..=20))]
     runs: usize,
     /// Producers, each into a runtime of its own (1..=64)
-    #[arg(long, default_value_t = 4, value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_PRODUCERS as u64))]
+    #[arg(long, default_value_t = 4, value_parser = usize_in(1..=MAX_PRODUCERS as u64))]
     producers: usize,
     /// The bound on each preload, in seconds (1..=3,600)
-    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    #[arg(long, default_value_t = 600, value_parser = u64_in(1..=3_600))]
     ingest_seconds: u64,
     #[command(flatten)]
     pub(crate) client: ClientOptions,

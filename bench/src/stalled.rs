@@ -6,13 +6,12 @@
 use std::time::Duration;
 
 use anyhow::{bail, ensure};
-use clap::builder::RangedU64ValueParser;
 use clap::Args;
 use tokio::io::AsyncWriteExt as _;
 use viewtape_tests::feed::big_state_batches;
 use viewtape_tests::http::{connect_with_recv_buffer, request};
 
-use crate::cli::ClientOptions;
+use crate::cli::{u64_in, usize_in, ClientOptions};
 use crate::target::{rss_kib, Target, TargetOptions};
 use crate::transport::Transport;
 
@@ -20,16 +19,16 @@ use crate::transport::Transport;
 #[derive(Debug, Args)]
 pub struct Options {
     /// Subscribers that never read (1..=1,000)
-    #[arg(long, default_value_t = 30, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000))]
+    #[arg(long, default_value_t = 30, value_parser = usize_in(1..=1_000))]
     subscribers: usize,
     /// Keys of the large state (1..=100,000)
-    #[arg(long, default_value_t = 2_000, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    #[arg(long, default_value_t = 2_000, value_parser = usize_in(1..=100_000))]
     keys: usize,
     /// Bytes per value (1..=1 MiB)
-    #[arg(long, default_value_t = 20_000, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1 << 20))]
+    #[arg(long, default_value_t = 20_000, value_parser = usize_in(1..=1 << 20))]
     size: usize,
     /// Seconds the subscribers stay before the server's RSS is read (0..=60)
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(0..=60))]
+    #[arg(long, default_value_t = 1, value_parser = u64_in(0..=60))]
     hold_seconds: u64,
     #[command(flatten)]
     pub(crate) target: TargetOptions,

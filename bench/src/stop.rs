@@ -20,7 +20,6 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _};
-use clap::builder::RangedU64ValueParser;
 use clap::Args;
 use tokio::io::AsyncWriteExt as _;
 use tokio::task::JoinSet;
@@ -28,19 +27,19 @@ use viewtape_tests::http::connect_with_recv_buffer;
 use viewtape_tests::stream::EventStream;
 use viewtape_tests::Server;
 
-use crate::cli::ClientOptions;
+use crate::cli::{u64_in, usize_in, ClientOptions};
 
 /// What to run.
 #[derive(Debug, Args)]
 pub struct Options {
     /// Reading subscribers of `state` on the node that stops (1..=5,000)
-    #[arg(long, default_value_t = 1_000, value_parser = RangedU64ValueParser::<usize>::new().range(1..=5_000))]
+    #[arg(long, default_value_t = 1_000, value_parser = usize_in(1..=5_000))]
     clients: usize,
     /// Subscribers of `big` that never read (0..=1,000)
-    #[arg(long, default_value_t = 30, value_parser = RangedU64ValueParser::<usize>::new().range(0..=1_000))]
+    #[arg(long, default_value_t = 30, value_parser = usize_in(0..=1_000))]
     stalled: usize,
     /// The servers' `reconnect_spread`, in seconds (1..=60)
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=60))]
+    #[arg(long, default_value_t = 5, value_parser = u64_in(1..=60))]
     spread_seconds: u64,
     #[command(flatten)]
     pub(crate) client: ClientOptions,
