@@ -142,7 +142,7 @@ impl Kind {
 /// `--workload`: one [`Kind`], or all three in turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Workloads {
-    /// acks, bulk and latency in turn
+    /// Acks, bulk and latency in turn
     All,
     /// 64 producers x 1-event batches, closed loop: acknowledged batches/s
     Acks,
