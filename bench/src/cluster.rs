@@ -26,49 +26,42 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
+use clap::Args;
 use tokio::task::JoinSet;
 use viewtape_tests::feed::scan_seq;
 use viewtape_tests::http::HttpConn;
 use viewtape_tests::{EventStream, Feed, NatsServer, Server};
 
-use crate::args::Args;
+use crate::cli::{u64_in, usize_in, ClientOptions};
 use crate::histogram::Histogram;
 
 /// What to run.
-#[derive(Debug)]
+#[derive(Debug, Args)]
 pub struct Options {
+    /// Nodes of the cluster (1..=5)
+    #[arg(long, default_value_t = 3, value_parser = usize_in(1..=5))]
     nodes: usize,
+    /// Closed-loop producers of the ingest part (1..=256)
+    #[arg(long, default_value_t = 16, value_parser = usize_in(1..=256))]
     producers: usize,
+    /// Seconds of each part (1..=120)
+    #[arg(long, default_value_t = 10, value_parser = u64_in(1..=120))]
     seconds: u64,
+    /// Ticks per second of the apply-lag and deliveries parts (1..=10,000)
+    #[arg(long, default_value_t = 100, value_parser = u64_in(1..=10_000))]
     rate: u64,
+    /// Subscribers of the deliveries part (1..=5,000)
+    #[arg(long, default_value_t = 600, value_parser = usize_in(1..=5_000))]
     subscribers: usize,
+    /// The nats-server binary
+    #[arg(long, value_name = "PATH", default_value = viewtape_tests::nats::DEFAULT_BIN)]
     nats_server: String,
+    /// An argument for every cluster node, repeated for more:
+    /// `--node-arg=--config --node-arg=FILE`
+    #[arg(long = "node-arg", value_name = "ARG", allow_hyphen_values = true)]
     node_args: Vec<String>,
-}
-
-impl Options {
-    /// See the module docs; every count and time is bounded.
-    ///
-    /// # Errors
-    /// On out-of-bounds values.
-    pub fn from_args(args: &Args) -> anyhow::Result<Self> {
-        Ok(Self {
-            nodes: args.num("nodes", 3usize, 1, 5)?,
-            producers: args.num("producers", 16usize, 1, 256)?,
-            seconds: args.num("seconds", 10u64, 1, 120)?,
-            rate: args.num("rate", 100u64, 1, 10_000)?,
-            subscribers: args.num("subscribers", 600usize, 1, 5_000)?,
-            nats_server: args
-                .get("nats-server")
-                .unwrap_or(viewtape_tests::nats::DEFAULT_BIN)
-                .to_owned(),
-            node_args: args
-                .all("node-arg")
-                .into_iter()
-                .map(str::to_owned)
-                .collect(),
-        })
-    }
+    #[command(flatten)]
+    pub(crate) client: ClientOptions,
 }
 
 /// Runs the three parts and prints their figures.

@@ -43,12 +43,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
+use clap::Args;
 use tokio::task::JoinSet;
 use viewtape_tests::feed::{price_of, tick};
 use viewtape_tests::server::{guest_wasm, with_custom_section, ADMIN_TOKEN_ENV};
 use viewtape_tests::{http, NatsServer, Server};
 
-use crate::args::Args;
+use crate::cli::{u64_in, usize_in, ClientOptions};
 use crate::durable::{parse_ingest_ack, IngestConn};
 use crate::histogram::Histogram;
 
@@ -68,33 +69,29 @@ const MAX_RESENDS: u32 = 1000;
 const SECTION_NAME: &str = "build";
 
 /// What to run.
-#[derive(Debug)]
+#[derive(Debug, Args)]
 pub struct Options {
+    /// Deploys, one after another (1..=100)
+    #[arg(long, default_value_t = 10, value_parser = u64_in(1..=100))]
     deploys: u64,
+    /// Ingest batches per second, open loop (1..=5,000)
+    #[arg(long, default_value_t = 500, value_parser = u64_in(1..=5_000))]
     rate: u64,
+    /// Keep-alive ingest connections (1..=64)
+    #[arg(long, default_value_t = 4, value_parser = usize_in(1..=64))]
     connections: usize,
+    /// The bound on the whole run, in seconds (5..=3,600)
+    #[arg(long, default_value_t = 300, value_parser = u64_in(5..=3_600))]
     max_seconds: u64,
+    /// Deploy through a node of a cluster of this many nodes on JetStream (0..=5; 0: one node
+    /// on its local log)
+    #[arg(long, value_name = "NODES", default_value_t = 0, value_parser = usize_in(0..=5))]
     cluster: usize,
+    /// The nats-server binary (with --cluster)
+    #[arg(long, value_name = "PATH", default_value = "nats-server")]
     nats_server: String,
-}
-
-impl Options {
-    /// `--deploys` (1..=100, default 10), `--rate` (batches/s, 1..=5,000, default 500),
-    /// `--connections` (1..=64, default 4), `--max-seconds` (the bound on the whole run,
-    /// 5..=3,600, default 300).
-    ///
-    /// # Errors
-    /// On out-of-bounds values.
-    pub fn from_args(args: &Args) -> anyhow::Result<Self> {
-        Ok(Self {
-            deploys: args.num("deploys", 10u64, 1, 100)?,
-            rate: args.num("rate", 500u64, 1, 5_000)?,
-            connections: args.num("connections", 4usize, 1, 64)?,
-            max_seconds: args.num("max-seconds", 300u64, 5, 3_600)?,
-            cluster: args.num("cluster", 0usize, 0, 5)?,
-            nats_server: args.get("nats-server").unwrap_or("nats-server").to_owned(),
-        })
-    }
+    #[command(flatten)]
+    pub(crate) client: ClientOptions,
 }
 
 /// One acknowledged batch; times since the open loop's start.
@@ -567,17 +564,23 @@ mod tests {
     }
 
     #[test]
-    fn options_and_quantiles() {
-        let o =
-            Options::from_args(&Args::parse(&["--deploys".to_owned(), "3".to_owned()]).unwrap())
-                .unwrap();
+    fn options_and_quantiles() -> anyhow::Result<()> {
+        let options = |line: &str| match crate::cli::parse(&format!("deploy {line}"))?.command {
+            crate::cli::Command::Load(crate::cli::Load::Deploy(options)) => Ok(options),
+            other => bail!("not deploy: {other:?}"),
+        };
+        let o = options("--deploys 3")?;
         assert_eq!((o.deploys, o.rate, o.connections), (3, 500, 4));
-        assert!(
-            Options::from_args(&Args::parse(&["--rate".to_owned(), "0".to_owned()]).unwrap())
-                .is_err()
+        assert_eq!(
+            (o.max_seconds, o.cluster, o.nats_server.as_str()),
+            (300, 0, "nats-server")
         );
+        assert!(options("--rate 0").is_err());
+        assert!(options("--max-seconds 4").is_err());
+        assert!(options("--cluster 6").is_err());
         assert!((quantile(&[3.0, 1.0, 2.0], 0.5) - 2.0).abs() < 1e-12);
         assert!((quantile(&[3.0, 1.0, 2.0], 1.0) - 3.0).abs() < 1e-12);
         assert!(quantile(&[], 0.5).is_nan());
+        Ok(())
     }
 }

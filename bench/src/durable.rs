@@ -78,6 +78,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context as _};
 use async_nats::jetstream;
+use clap::{Args, ValueEnum};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
@@ -85,7 +86,7 @@ use viewtape_tests::feed::{price_of, tick};
 use viewtape_tests::http::{self, ChunkedDecoder};
 use viewtape_tests::Server;
 
-use crate::args::Args;
+use crate::cli::{u64_in, usize_in, ClientOptions, PinOptions, ServerOptions};
 use crate::histogram::Histogram;
 use crate::target::cpu_seconds;
 use viewtape_tests::NatsServer;
@@ -98,9 +99,12 @@ const MAX_RESENDS: u64 = 1000;
 const MAX_RUNTIMES: usize = 64;
 
 /// The system under test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Peer {
+    /// A spawned `viewtape serve`, or the one at --addr
     Viewtape,
+    /// A spawned nats-server with JetStream
+    #[value(name = "jetstream")]
     JetStream,
 }
 
@@ -125,16 +129,6 @@ enum Kind {
 }
 
 impl Kind {
-    fn parse(name: &str) -> anyhow::Result<Vec<Self>> {
-        Ok(match name {
-            "all" => vec![Self::Acks, Self::Bulk, Self::Latency],
-            "acks" => vec![Self::Acks],
-            "bulk" => vec![Self::Bulk],
-            "latency" => vec![Self::Latency],
-            other => bail!("--workload {other:?}: expected all, acks, bulk or latency"),
-        })
-    }
-
     /// Default (producers, events per batch).
     fn defaults(self) -> (usize, usize) {
         match self {
@@ -145,13 +139,50 @@ impl Kind {
     }
 }
 
+/// `--workload`: one [`Kind`], or all three in turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Workloads {
+    /// Acks, bulk and latency in turn
+    All,
+    /// 64 producers x 1-event batches, closed loop: acknowledged batches/s
+    Acks,
+    /// 8 producers x 1000-event batches, closed loop: acknowledged events/s
+    Bulk,
+    /// Open loop at --rate 1-event batches/s on 64 connections: ack latency
+    Latency,
+}
+
+impl Workloads {
+    fn kinds(self) -> Vec<Kind> {
+        match self {
+            Self::All => vec![Kind::Acks, Kind::Bulk, Kind::Latency],
+            Self::Acks => vec![Kind::Acks],
+            Self::Bulk => vec![Kind::Bulk],
+            Self::Latency => vec![Kind::Latency],
+        }
+    }
+}
+
 /// Which viewtape runtimes the producers ingest into (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Runtimes {
-    /// `bench-p<i>` for producer `i`, each with its own `seq`.
+    /// `bench-p<i>` for producer `i`, each with its own `seq` (at most 64 producers)
     PerProducer,
-    /// `demo` for all, one `seq` counter, resends after skips.
+    /// `demo` for all, one `seq` counter, resends after skips
     Shared,
+}
+
+/// The spawned server's `[log]` (`--log`, per-producer mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Log {
+    /// Synced before the 200 (`fsync = "always"`)
+    Fsync,
+    /// The same without the end-of-log watermark: what it costs
+    FsyncNowatermark,
+    /// Handed to the OS (`fsync = "os"`)
+    Os,
+    /// No log (`enabled = false`): what the log costs
+    Off,
 }
 
 /// The runtime producer `i` ingests into with `--runtimes per-producer`.
@@ -162,15 +193,13 @@ fn producer_runtime(i: usize) -> String {
 /// The spawned server's config for `--runtimes per-producer`: `n` producer runtimes, every
 /// one the built-in ticker into `prices` (no `demo`: the server's pool holds 64 guest
 /// instances, one per runtime).
-fn per_producer_config(n: usize, log: &str, wasm: &str) -> String {
+fn per_producer_config(n: usize, log: Log, wasm: &str) -> String {
     let mut text = String::from("# written by viewtape-bench durable --runtimes per-producer\n");
-    text.push_str(&match log {
-        "off" => "\n[log]\nenabled = false\n".to_owned(),
-        "fsync-nowatermark" => "\n[log]\nfsync = \"always\"\nwatermark = false\n".to_owned(),
-        fsync => format!(
-            "\n[log]\nfsync = \"{}\"\n",
-            if fsync == "os" { "os" } else { "always" }
-        ),
+    text.push_str(match log {
+        Log::Off => "\n[log]\nenabled = false\n",
+        Log::FsyncNowatermark => "\n[log]\nfsync = \"always\"\nwatermark = false\n",
+        Log::Os => "\n[log]\nfsync = \"os\"\n",
+        Log::Fsync => "\n[log]\nfsync = \"always\"\n",
     });
     for i in 0..n {
         text.push_str(&format!(
@@ -202,126 +231,119 @@ impl Workload {
 }
 
 /// What to run.
-#[derive(Debug)]
+#[derive(Debug, Args)]
 pub struct Options {
-    peers: Vec<Peer>,
-    workloads: Vec<Workload>,
+    /// Both peers in one invocation, in turn
+    #[arg(long, value_name = "BOOL", conflicts_with = "peer", action = clap::ArgAction::Set,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false,
+          hide_default_value = true, hide_possible_values = true)]
+    compare: bool,
+    /// The peer measured [default: viewtape]
+    #[arg(long, value_enum)]
+    peer: Option<Peer>,
+    /// The workloads run
+    #[arg(long, value_enum, default_value_t = Workloads::All)]
+    workload: Workloads,
+    /// Producers of the one --workload (1..=1024) [default: 64, 8 for bulk]
+    #[arg(long, value_parser = usize_in(1..=1024))]
+    producers: Option<usize>,
+    /// Events per batch of the one --workload (1..=10,000) [default: 1, 1000 for bulk]
+    #[arg(long = "events-per-batch", value_name = "K", value_parser = usize_in(1..=10_000))]
+    events: Option<usize>,
+    /// Seconds per workload and run (1..=600)
+    #[arg(long, default_value_t = 10, value_parser = u64_in(1..=600))]
     seconds: u64,
+    /// Runs; the table shows their medians (1..=100)
+    #[arg(long, default_value_t = 3, value_parser = usize_in(1..=100))]
     runs: usize,
+    /// Batches per second of the latency workload (1..=100,000)
+    #[arg(long, default_value_t = 1000, value_parser = u64_in(1..=100_000))]
     rate: u64,
+    /// The bound on batches per workload and run (1..=1,000,000,000)
+    #[arg(long, default_value_t = 10_000_000, value_parser = u64_in(1..=1_000_000_000))]
     max_batches: u64,
+    /// Seconds the latency workload waits for acks after its last send (0..=600)
+    #[arg(long, default_value_t = 10, value_parser = u64_in(0..=600))]
     drain_seconds: u64,
+    /// Which viewtape runtimes the producers ingest into
+    #[arg(long, value_enum, default_value_t = Runtimes::PerProducer)]
     runtimes: Runtimes,
+    /// The nats-server binary
+    #[arg(long, value_name = "PATH", default_value = "nats-server")]
     nats_server: String,
+    /// NATS client connections the producers share (1..=1024)
+    #[arg(long, default_value_t = 1, value_parser = usize_in(1..=1024))]
     nats_connections: usize,
-    pin: bool,
-    /// `[log]` of the spawned server: `fsync`, `os` or `off`.
-    log: String,
-    /// The producer runtimes' module (`--wasm`).
+    /// The spawned viewtape's `[log]` (per-producer runtimes)
+    #[arg(long, value_enum, default_value_t = Log::Fsync)]
+    log: Log,
+    /// The producer runtimes' module (per-producer runtimes)
+    #[arg(long, value_name = "FILE", default_value = "builtin:ticker")]
     wasm: String,
-    addr: Option<SocketAddr>,
-    pid: Option<u32>,
-    server_args: Vec<String>,
+    #[command(flatten)]
+    pub(crate) server: ServerOptions,
+    #[command(flatten)]
+    pub(crate) pin: PinOptions,
+    #[command(flatten)]
+    pub(crate) client: ClientOptions,
 }
 
 impl Options {
-    /// See the module docs for the flags and their defaults.
-    ///
-    /// # Errors
-    /// On out-of-bounds or contradictory values.
-    pub fn from_args(args: &Args) -> anyhow::Result<Self> {
-        let compare = args.switch("compare")?;
-        let peers = match (compare, args.get("peer")) {
-            (true, Some(_)) => bail!("--compare runs both peers; drop --peer"),
-            (true, None) => vec![Peer::Viewtape, Peer::JetStream],
-            (false, None | Some("viewtape")) => vec![Peer::Viewtape],
-            (false, Some("jetstream")) => vec![Peer::JetStream],
-            (false, Some(other)) => bail!("--peer {other:?}: expected viewtape or jetstream"),
-        };
-        let kinds = Kind::parse(args.get("workload").unwrap_or("all"))?;
-        let producers = match args.get("producers") {
-            Some(_) => Some(args.num("producers", 1usize, 1, 1024)?),
-            None => None,
-        };
-        let events = match args.get("events-per-batch") {
-            Some(_) => Some(args.num("events-per-batch", 1usize, 1, 10_000)?),
-            None => None,
-        };
-        if kinds.len() > 1 && (producers.is_some() || events.is_some()) {
-            bail!("--producers / --events-per-batch shape one workload: add --workload acks|bulk|latency");
+    /// The peers measured, in the order they take turns.
+    fn peers(&self) -> Vec<Peer> {
+        match (self.compare, self.peer) {
+            (true, _) => vec![Peer::Viewtape, Peer::JetStream],
+            (false, peer) => vec![peer.unwrap_or(Peer::Viewtape)],
         }
-        let workloads: Vec<Workload> = kinds
+    }
+
+    /// The workloads run, each with `--producers` and `--events-per-batch` or its defaults.
+    fn workloads(&self) -> Vec<Workload> {
+        self.workload
+            .kinds()
             .into_iter()
             .map(|kind| {
                 let (p, k) = kind.defaults();
                 Workload {
                     kind,
-                    producers: producers.unwrap_or(p),
-                    events: events.unwrap_or(k),
+                    producers: self.producers.unwrap_or(p),
+                    events: self.events.unwrap_or(k),
                 }
             })
-            .collect();
-        let addr = match args.get("addr") {
-            Some(addr) => {
-                let addr: SocketAddr = addr.parse().context("--addr")?;
-                http::ensure_loopback(addr)?;
-                Some(addr)
-            }
-            None => None,
-        };
-        let pid = match args.get("pid") {
-            Some(pid) => Some(pid.parse().context("--pid")?),
-            None => None,
-        };
-        let server_args: Vec<String> = args
-            .all("server-arg")
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
-        if addr.is_some() && !server_args.is_empty() {
-            bail!("--server-arg only applies to a spawned server (no --addr)");
-        }
-        let runtimes = match args.get("runtimes").unwrap_or("per-producer") {
-            "per-producer" => Runtimes::PerProducer,
-            "shared" => Runtimes::Shared,
-            other => bail!("--runtimes {other:?}: expected per-producer or shared"),
-        };
-        let most = workloads
+            .collect()
+    }
+
+    /// Most producers of any workload.
+    fn most_producers(&self) -> usize {
+        self.workloads()
             .iter()
-            .map(|w: &Workload| w.producers)
+            .map(|w| w.producers)
             .max()
-            .unwrap_or(1);
-        if runtimes == Runtimes::PerProducer && most > MAX_RUNTIMES {
+            .unwrap_or(1)
+    }
+
+    /// Refuses flags that contradict each other.
+    ///
+    /// # Errors
+    /// `--producers`/`--events-per-batch` with every workload; with `--runtimes
+    /// per-producer`, more producers than runtimes or a `--config` of the caller's.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.workload == Workloads::All && (self.producers.is_some() || self.events.is_some()) {
+            bail!("--producers / --events-per-batch shape one workload: add --workload acks|bulk|latency");
+        }
+        if self.runtimes == Runtimes::PerProducer && self.most_producers() > MAX_RUNTIMES {
             bail!("--runtimes per-producer: at most {MAX_RUNTIMES} producers (viewtape serve pools {MAX_RUNTIMES} guest instances); use --runtimes shared for more");
         }
-        if runtimes == Runtimes::PerProducer
-            && server_args
+        if self.runtimes == Runtimes::PerProducer
+            && self
+                .server
+                .server_args
                 .iter()
                 .any(|a| a == "--config" || a.starts_with("--config="))
         {
             bail!("--runtimes per-producer writes the server's --config; use --runtimes shared with your own");
         }
-        Ok(Self {
-            peers,
-            workloads,
-            seconds: args.num("seconds", 10u64, 1, 600)?,
-            runs: args.num("runs", 3usize, 1, 100)?,
-            rate: args.num("rate", 1000u64, 1, 100_000)?,
-            max_batches: args.num("max-batches", 10_000_000u64, 1, 1_000_000_000)?,
-            drain_seconds: args.num("drain-seconds", 10u64, 0, 600)?,
-            runtimes,
-            nats_server: args.get("nats-server").unwrap_or("nats-server").to_owned(),
-            nats_connections: args.num("nats-connections", 1usize, 1, 1024)?,
-            pin: args.switch("pin")?,
-            log: match args.get("log").unwrap_or("fsync") {
-                log @ ("fsync" | "fsync-nowatermark" | "os" | "off") => log.to_owned(),
-                other => bail!("--log {other:?}: expected fsync, fsync-nowatermark, os or off"),
-            },
-            wasm: args.get("wasm").unwrap_or("builtin:ticker").to_owned(),
-            addr,
-            pid,
-            server_args,
-        })
+        Ok(())
     }
 }
 
@@ -620,18 +642,13 @@ impl Peers {
             viewtape: None,
             nats: None,
         };
-        if options.peers.contains(&Peer::Viewtape) {
-            let most = options
-                .workloads
-                .iter()
-                .map(|w| w.producers)
-                .max()
-                .unwrap_or(1);
+        if options.peers().contains(&Peer::Viewtape) {
+            let most = options.most_producers();
             let own_seqs = (0..most).map(|_| Arc::new(AtomicU64::new(1))).collect();
-            let target = match options.addr {
+            let target = match options.server.addr {
                 Some(addr) => ViewtapeTarget {
                     addr,
-                    pid: options.pid,
+                    pid: options.server.pid,
                     server: None,
                     shared_seq: Arc::default(),
                     own_seqs,
@@ -648,7 +665,7 @@ impl Peers {
                             let path = dir.path().join("durable.toml");
                             std::fs::write(
                                 &path,
-                                per_producer_config(most, &options.log, &options.wasm),
+                                per_producer_config(most, options.log, &options.wasm),
                             )
                             .with_context(|| format!("write {}", path.display()))?;
                             args.extend(["--config".to_owned(), path.display().to_string()]);
@@ -656,7 +673,7 @@ impl Peers {
                         }
                         Runtimes::Shared => None,
                     };
-                    args.extend(options.server_args.iter().cloned());
+                    args.extend(options.server.server_args.iter().cloned());
                     let args: Vec<&str> = args.iter().map(String::as_str).collect();
                     let server = Server::start(&args).await?;
                     eprintln!(
@@ -677,8 +694,8 @@ impl Peers {
             };
             peers.viewtape = Some(target);
         }
-        if options.peers.contains(&Peer::JetStream) {
-            let server = NatsServer::start_with(&options.nats_server, options.pin).await?;
+        if options.peers().contains(&Peer::JetStream) {
+            let server = NatsServer::start_with(&options.nats_server, options.pin.pin).await?;
             server.check_sync_always().await?;
             eprintln!(
                 "spawned nats-server (pid {}) on {}, JetStream sync_always",
@@ -1022,7 +1039,7 @@ fn print_table(options: &Options, results: &[(Workload, Peer, Outcome)]) {
             .collect();
         figure(median(values))
     };
-    for workload in &options.workloads {
+    for workload in &options.workloads() {
         let label = workload.label(options.rate);
         let mut metrics: Vec<Metric> = match workload.kind {
             Kind::Acks => vec![
@@ -1046,7 +1063,7 @@ fn print_table(options: &Options, results: &[(Workload, Peer, Outcome)]) {
         for (i, (metric, f)) in metrics.into_iter().enumerate() {
             let name = if i == 0 { label.clone() } else { String::new() };
             let cells = options
-                .peers
+                .peers()
                 .iter()
                 .map(|&peer| column(workload, peer, f))
                 .collect();
@@ -1057,14 +1074,14 @@ fn print_table(options: &Options, results: &[(Workload, Peer, Outcome)]) {
     let metric_width = rows.iter().map(|(_, m, _)| m.len()).max().unwrap_or(0);
     let cell_width = 12;
     let mut header = format!("{:label_width$}  {:metric_width$}", "", "");
-    for peer in &options.peers {
+    for peer in &options.peers() {
         header.push_str(&format!("  {:>cell_width$}", peer.name()));
     }
     println!(
         "\ndurable ingest: medians of {} run(s), {} s per workload{}",
         options.runs,
         options.seconds,
-        if options.pin {
+        if options.pin.pin {
             ", server on CPU 0, bench on CPU 1"
         } else {
             ""
@@ -1087,7 +1104,7 @@ fn print_table(options: &Options, results: &[(Workload, Peer, Outcome)]) {
         .fold((0, 0), |(a, f), (_, _, o)| {
             (a + o.tally.batches, f + o.tally.fsync_acks)
         });
-    if options.peers.contains(&Peer::Viewtape) {
+    if options.peers().contains(&Peer::Viewtape) {
         let durability = if vt_fsync == vt_acks {
             "every viewtape ack said durability=fsync".to_owned()
         } else if vt_fsync == 0 {
@@ -1103,7 +1120,7 @@ fn print_table(options: &Options, results: &[(Workload, Peer, Outcome)]) {
         };
         println!("viewtape: {runtimes}; {durability}; batches resent after a skip: {resent}, gaps reported: {gaps}");
     }
-    if options.peers.contains(&Peer::JetStream) {
+    if options.peers().contains(&Peer::JetStream) {
         println!("jetstream: nats-server with sync_interval: always (checked in /varz), file stream, 1 replica, {} client connection(s)", options.nats_connections);
     }
     if unsent > 0 {
@@ -1119,7 +1136,7 @@ pub async fn run(options: &Options) -> anyhow::Result<()> {
     let mut peers = Peers::start(options).await?;
     let result = run_all(&peers, options).await;
     if let Err(e) = &result {
-        for &peer in &options.peers {
+        for &peer in &options.peers() {
             if let Some(logs) = peers.logs(peer) {
                 eprintln!("---- {} log (tail) ----\n{logs}", peer.name());
             }
@@ -1139,8 +1156,8 @@ async fn run_all(
 ) -> anyhow::Result<Vec<(Workload, Peer, Outcome)>> {
     let mut results = Vec::new();
     for run in 1..=options.runs {
-        for &workload in &options.workloads {
-            for &peer in &options.peers {
+        for &workload in &options.workloads() {
+            for &peer in &options.peers() {
                 let outcome = measure(peers, peer, workload, options)
                     .await
                     .with_context(|| {
@@ -1205,7 +1222,7 @@ mod tests {
 
     #[test]
     fn per_producer_config_names_runtimes() {
-        let text = per_producer_config(2, "fsync", "builtin:ticker");
+        let text = per_producer_config(2, Log::Fsync, "builtin:ticker");
         assert!(
             text.contains("name = \"bench-p0\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]")
         );
@@ -1215,26 +1232,47 @@ mod tests {
     }
 
     #[test]
-    fn options_and_figures() {
-        let parse = |s: &str| {
-            Args::parse(&s.split_whitespace().map(str::to_owned).collect::<Vec<_>>()).unwrap()
+    fn options_and_figures() -> anyhow::Result<()> {
+        let parse = |line: &str| match crate::cli::parse(&format!("durable {line}"))?.command {
+            crate::cli::Command::Load(crate::cli::Load::Durable(options)) => Ok(options),
+            other => bail!("not durable: {other:?}"),
         };
-        let o = Options::from_args(&parse("--compare --seconds 5 --runs 1")).unwrap();
-        assert_eq!(o.peers, vec![Peer::Viewtape, Peer::JetStream]);
-        assert_eq!(o.workloads.len(), 3);
-        assert_eq!(o.workloads[1].producers, 8);
-        assert_eq!(o.workloads[1].events, 1000);
-        let o =
-            Options::from_args(&parse("--peer jetstream --workload acks --producers 4")).unwrap();
-        assert_eq!(o.peers, vec![Peer::JetStream]);
-        assert_eq!((o.workloads[0].producers, o.workloads[0].events), (4, 1));
-        assert!(Options::from_args(&parse("--producers 4")).is_err());
-        assert!(Options::from_args(&parse("--compare --peer viewtape")).is_err());
-        assert!(Options::from_args(&parse("--peer nchan")).is_err());
+        let o = parse("--compare --seconds 5 --runs 1")?;
+        assert_eq!(o.peers(), vec![Peer::Viewtape, Peer::JetStream]);
+        let workloads = o.workloads();
+        assert_eq!(workloads.len(), 3);
+        assert_eq!(workloads[1].producers, 8);
+        assert_eq!(workloads[1].events, 1000);
+        let o = parse("--peer jetstream --workload acks --producers 4")?;
+        assert_eq!(o.peers(), vec![Peer::JetStream]);
+        let workloads = o.workloads();
+        assert_eq!((workloads[0].producers, workloads[0].events), (4, 1));
+        assert!(parse("--producers 4").is_err());
+        assert!(parse("--workload all --events-per-batch 4").is_err());
+        assert!(parse("--compare --peer viewtape").is_err());
+        assert!(parse("--peer nchan").is_err());
+        assert!(parse("--workload acks --producers 65").is_err());
+        assert!(parse("--workload acks --producers 65 --runtimes shared").is_ok());
+        assert!(parse("--server-arg=--config --server-arg=x.toml").is_err());
+        assert!(parse("--runtimes shared --server-arg=--config --server-arg=x.toml").is_ok());
+        assert!(parse("--log fsync-nowatermark").is_ok());
+        assert!(parse("--log sometimes").is_err());
+        let o = parse("")?;
+        assert_eq!(o.peers(), vec![Peer::Viewtape]);
+        assert_eq!(
+            (o.seconds, o.runs, o.rate, o.drain_seconds),
+            (10, 3, 1000, 10)
+        );
+        assert_eq!((o.max_batches, o.nats_connections), (10_000_000, 1));
+        assert_eq!(
+            (o.runtimes, o.log, o.wasm.as_str()),
+            (Runtimes::PerProducer, Log::Fsync, "builtin:ticker")
+        );
         assert_eq!(figure(1234567.4), "1,234,567");
         assert_eq!(figure(12.345), "12.35");
         assert_eq!(figure(f64::NAN), "-");
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0]), 2.5);
+        Ok(())
     }
 }

@@ -25,12 +25,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
+use clap::Args;
 use viewtape_tests::Feed;
 
-use crate::args::Args;
-use crate::publish::Publisher;
+use crate::cli::{u64_in, usize_in, ClientOptions, PinOptions};
+use crate::publish::{PublishOptions, Publisher};
 use crate::subscribers::{Readers, SeqCheck, Shared, Tally};
-use crate::target::{cpu_seconds, rss_kib, Peer, Target};
+use crate::target::{cpu_seconds, rss_kib, Peer, Target, TargetOptions};
 use crate::transport::{connect_all, Subscription, Transport};
 
 /// The symbols the publisher cycles over without `--keys`.
@@ -45,45 +46,40 @@ const MAX_KEYS: usize = 100_000;
 const CONNECT_CONCURRENCY: usize = 256;
 
 /// What to run.
-#[derive(Debug)]
+#[derive(Debug, Args)]
 pub struct Options {
+    /// Subscribers following `prices` (1..=50,000)
+    #[arg(long, default_value_t = 100, value_parser = usize_in(1..=50_000))]
     subscribers: usize,
+    /// Events published per second (1..=10,000,000)
+    #[arg(long, default_value_t = 50, value_parser = u64_in(1..=10_000_000))]
     rate: u64,
+    /// Seconds of publishing (1..=600)
+    #[arg(long, default_value_t = 10, value_parser = u64_in(1..=600))]
     seconds: u64,
+    /// The publish tick: one ingest batch every this many milliseconds (1..=1000)
+    #[arg(long, default_value_t = 5, value_parser = u64_in(1..=1000))]
     batch_ms: u64,
+    /// Seconds allowed for the backlog to drain after publishing stops (0..=600)
+    #[arg(long, default_value_t = 10, value_parser = u64_in(0..=600))]
     drain_seconds: u64,
-    publishers: usize,
+    #[command(flatten)]
+    publish: PublishOptions,
+    /// Distinct keys the events are spread over, `S00000`, `S00001`, … (1..=100,000)
+    /// [default: ten symbols]
+    #[arg(long, value_parser = usize_in(1..=MAX_KEYS as u64))]
     keys: Option<usize>,
+    /// Subscriber i follows only key i mod K (`?keys=`) instead of the whole view
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true", default_value_t = false,
+          hide_default_value = true, hide_possible_values = true)]
     narrow: bool,
-}
-
-impl Options {
-    /// `--subscribers` (1..=50k, default 100), `--rate` events/s (1..=10M, default 50),
-    /// `--seconds` (1..=600, default 10), `--batch-ms` publish tick (1..=1000, default 5),
-    /// `--drain-seconds` (0..=600, default 10), `--publishers` keep-alive publish connections
-    /// for nchan, which takes one message per request (1..=64, default 8; viewtape ingests
-    /// each tick's events as one NDJSON batch on one connection), `--keys` distinct keys the
-    /// events are spread over (1..=100k; default: ten symbols), `--narrow` (subscriber `i`
-    /// follows only key `i mod K`).
-    ///
-    /// # Errors
-    /// On out-of-bounds values.
-    pub fn from_args(args: &Args) -> anyhow::Result<Self> {
-        let keys = match args.get("keys") {
-            Some(_) => Some(args.num("keys", 1usize, 1, MAX_KEYS)?),
-            None => None,
-        };
-        Ok(Self {
-            subscribers: args.num("subscribers", 100usize, 1, 50_000)?,
-            rate: args.num("rate", 50u64, 1, 10_000_000)?,
-            seconds: args.num("seconds", 10u64, 1, 600)?,
-            batch_ms: args.num("batch-ms", 5u64, 1, 1000)?,
-            drain_seconds: args.num("drain-seconds", 10u64, 0, 600)?,
-            publishers: args.num("publishers", 8usize, 1, 64)?,
-            keys,
-            narrow: args.switch("narrow")?,
-        })
-    }
+    #[command(flatten)]
+    pub(crate) target: TargetOptions,
+    #[command(flatten)]
+    pub(crate) pin: PinOptions,
+    #[command(flatten)]
+    pub(crate) client: ClientOptions,
 }
 
 /// Which key each tick carries and which ticks each subscriber is owed.
@@ -205,7 +201,7 @@ pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
         );
     }
     let max_events = options.rate.saturating_mul(options.seconds) + 1;
-    let mut publisher = Publisher::connect(target, options.publishers).await?;
+    let mut publisher = Publisher::connect(target, options.publish.publishers).await?;
     let mut feed = plan.feed();
     // Warm-up gives the head cursor subscribers resume from (so none of them starts with a
     // state transfer or a replay): one event, or with `--keys` one per key so the view holds
@@ -455,25 +451,72 @@ async fn connect_narrowed(
 mod tests {
     use super::*;
 
-    fn args(s: &str) -> Args {
-        Args::parse(&s.split_whitespace().map(str::to_owned).collect::<Vec<_>>()).unwrap()
+    fn options(line: &str) -> anyhow::Result<Options> {
+        match crate::cli::parse(&format!("fanout {line}"))?.command {
+            crate::cli::Command::Load(crate::cli::Load::Fanout(options)) => Ok(options),
+            other => bail!("not fanout: {other:?}"),
+        }
     }
 
     #[test]
-    fn parses_keys_and_narrow() {
-        let a = args("--subscribers 1000 --keys 5000 --narrow");
-        let o = Options::from_args(&a).unwrap();
-        a.finish().unwrap();
+    fn parses_keys_and_narrow() -> anyhow::Result<()> {
+        let o = options("--subscribers 1000 --keys 5000 --narrow")?;
         assert_eq!((o.subscribers, o.keys, o.narrow), (1000, Some(5000), true));
-        let o = Options::from_args(&args("--rate 5")).unwrap();
+        let o = options("--rate 5")?;
         assert_eq!((o.keys, o.narrow), (None, false));
         // A switch takes no value: the next flag stays a flag.
-        let o = Options::from_args(&args("--narrow --keys 5")).unwrap();
+        let o = options("--narrow --keys 5")?;
         assert_eq!((o.keys, o.narrow), (Some(5), true));
-        assert!(Options::from_args(&args("--keys 0")).is_err());
-        assert!(Options::from_args(&args("--keys 100001")).is_err());
-        assert!(Options::from_args(&args("--keys many")).is_err());
-        assert!(Options::from_args(&args("--narrow=maybe")).is_err());
+        assert!(options("--keys 0").is_err());
+        assert!(options("--keys 100001").is_err());
+        assert!(options("--keys many").is_err());
+        assert!(options("--narrow=maybe").is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn defaults_and_bounds() -> anyhow::Result<()> {
+        let o = options("")?;
+        assert_eq!(
+            (
+                o.subscribers,
+                o.rate,
+                o.seconds,
+                o.batch_ms,
+                o.drain_seconds
+            ),
+            (100, 50, 10, 5, 10)
+        );
+        assert_eq!(o.publish.publishers, 8);
+        assert_eq!(o.target.peer, Peer::Viewtape);
+        assert!(o.target.tls.is_none() && !o.pin.pin);
+        assert!(options("--subscribers 50001").is_err());
+        assert!(options("--rate 0").is_err());
+        assert!(options("--seconds 601").is_err());
+        assert!(options("--batch-ms 0").is_err());
+        assert!(options("--drain-seconds 0").is_ok());
+        assert!(options("--publishers 65").is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn target_combinations() -> anyhow::Result<()> {
+        let o = options("--tls h2")?;
+        assert_eq!(o.target.transport(), crate::transport::Transport::TlsH2);
+        assert!(options("--tls h3").is_err());
+        assert!(options("--tls plain").is_err());
+        assert!(options("--tls h1 --addr 127.0.0.1:1").is_err());
+        assert!(options("--peer nchan").is_err());
+        assert!(options("--peer nchan --peer-url http://127.0.0.1:1 --addr 127.0.0.1:2").is_err());
+        assert!(options("--peer nchan --peer-url http://127.0.0.1:1 --tls h1").is_err());
+        assert!(options("--peer nchan --peer-url http://127.0.0.1:1 --server-arg x").is_err());
+        assert!(options("--peer nchan --peer-url http://10.0.0.1:1").is_err());
+        assert!(options("--peer-url http://127.0.0.1:1").is_err());
+        assert!(options("--peer jetstream").is_err());
+        let o = options("--peer nchan --peer-url http://localhost:81/ --pid 7")?;
+        assert_eq!(o.target.peer_url.map(|a| a.port()), Some(81));
+        assert_eq!(o.target.server.pid, Some(7));
+        Ok(())
     }
 
     #[test]

@@ -24,9 +24,10 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context as _};
+use clap::Args;
 use io_uring::{opcode, types, IoUring};
 
-use crate::args::Args;
+use crate::cli::u64_in;
 
 /// Largest message body taken (a tick is well under it).
 const MAX_BODY: usize = 64 * 1024;
@@ -35,26 +36,19 @@ const MAX_BODY: usize = 64 * 1024;
 const RING_ENTRIES: u32 = 1024;
 
 /// What to run.
-#[derive(Debug)]
+#[derive(Debug, Args)]
 pub struct Options {
+    /// The port on 127.0.0.1 (0: any free port)
+    #[arg(long, default_value_t = 0)]
     port: u16,
+    /// Seconds to serve before exiting (1..=3600)
+    #[arg(long, default_value_t = 600, value_parser = u64_in(1..=3600))]
     max_seconds: u64,
+    /// A message's sends go to the kernel in one io_uring submission
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true", default_value_t = false,
+          hide_default_value = true, hide_possible_values = true)]
     io_uring: bool,
-}
-
-impl Options {
-    /// `--port` (default 0: any free port), `--max-seconds` (1..=3600, default 600),
-    /// `--io-uring`.
-    ///
-    /// # Errors
-    /// On out-of-bounds values.
-    pub fn from_args(args: &Args) -> anyhow::Result<Self> {
-        Ok(Self {
-            port: args.num("port", 0u16, 0, u16::MAX)?,
-            max_seconds: args.num("max-seconds", 600u64, 1, 3600)?,
-            io_uring: args.switch("io-uring")?,
-        })
-    }
 }
 
 /// Binds `127.0.0.1:--port`, prints the URL and PID, and serves until `--max-seconds` pass.

@@ -5,38 +5,45 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
+use clap::Args;
 use viewtape_tests::Feed;
 
-use crate::args::Args;
+use crate::cli::{u64_in, usize_in, ClientOptions, PinOptions};
 use crate::publish::Publisher;
-use crate::target::{rss_kib, Target};
+use crate::target::{rss_kib, Target, TargetOptions};
 use crate::transport::{connect_all, Transport, H2_STREAMS_PER_CONNECTION};
 
 /// What to run.
-#[derive(Debug)]
+#[derive(Debug, Args)]
 pub struct Options {
+    /// Idle streams (1..=50,000; must fit under the file-descriptor limit)
+    #[arg(long, default_value_t = 10_000, value_parser = usize_in(1..=50_000))]
     connections: usize,
+    /// Seconds the streams stay open before the server's RSS is read (0..=600)
+    #[arg(long, default_value_t = 3, value_parser = u64_in(0..=600))]
     hold_seconds: u64,
+    #[command(flatten)]
+    pub(crate) target: TargetOptions,
+    #[command(flatten)]
+    pub(crate) pin: PinOptions,
+    #[command(flatten)]
+    pub(crate) client: ClientOptions,
 }
 
 impl Options {
-    /// `--connections` streams (1..=50k, default 10k; must fit under the fd limit),
-    /// `--hold-seconds` (0..=600, default 3) before RSS is read.
+    /// Whether `--connections` fit under the soft `RLIMIT_NOFILE` `nofile` (with 100 to spare).
     ///
     /// # Errors
-    /// On out-of-bounds values or a file-descriptor limit too low for the count.
-    pub fn from_args(args: &Args, nofile: u64) -> anyhow::Result<Self> {
-        let connections = args.num("connections", 10_000usize, 1, 50_000)?;
+    /// When they do not.
+    pub fn check_nofile(&self, nofile: u64) -> anyhow::Result<()> {
+        let connections = self.connections;
         if connections as u64 + 100 > nofile {
             bail!(
                 "--connections {connections} needs RLIMIT_NOFILE > {}, have {nofile}",
                 connections + 100
             );
         }
-        Ok(Self {
-            connections,
-            hold_seconds: args.num("hold-seconds", 3u64, 0, 600)?,
-        })
+        Ok(())
     }
 }
 

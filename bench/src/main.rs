@@ -1,44 +1,22 @@
 //! `viewtape-bench`: load for a viewtape server, on loopback only, bounded in count and time.
 //!
 //! ```text
-//! viewtape-bench fanout --subscribers N --rate R --seconds S [--batch-ms 5] [--tls h1|h2] [--pin]
-//!                        [--keys K] [--narrow]   (events over K keys; --narrow: subscriber i
-//!                        follows only key i mod K, ?keys=; bench/src/fanout.rs)
-//! viewtape-bench replay --events 100000 [--runs 7] [--tls h1|h2]
-//! viewtape-bench idle   --connections 10000 [--hold-seconds 3] [--tls h1|h2] [--pin]
-//! viewtape-bench stalled --subscribers 30 [--keys 2000 --size 20000 --hold-seconds 1]
-//! viewtape-bench cluster [--nodes 3 --producers 16 --seconds 10 --rate 100 --subscribers 600]
-//! viewtape-bench durable [--compare | --peer jetstream] [--workload acks|bulk|latency]
-//!                        [--seconds 10 --runs 3 --rate 1000] [--nats-server PATH] [--pin]
-//!                        (acknowledged durable ingest beside NATS JetStream: bench/src/durable.rs)
-//! viewtape-bench restart [--events 1000000 --events-per-batch 1000 --runs 3 --producers 4]
-//!                        (start-up after kill -9: log replay vs an empty log; bench/src/restart.rs)
-//! viewtape-bench deploy  [--deploys 10 --rate 500 --connections 4 --max-seconds 300]
-//!                        (live module deploys under open-loop ingest; bench/src/deploy.rs)
-//! viewtape-bench stop    [--clients 1000 --stalled 30 --spread-seconds 5]
-//!                        (a graceful stop with stalled clients, reconnect spread; bench/src/stop.rs)
-//! viewtape-bench floor   [--port 0 --max-seconds 600] [--io-uring]
-//!                        (a peer that only writes each message to every socket, with
-//!                        --io-uring in one submission: the floor under fanout --peer nchan;
-//!                        bench/src/floor.rs)
-//! common: --addr 127.0.0.1:PORT [--pid PID]   (a running server; PID for RSS/CPU)
-//!         or nothing: spawns target/<profile>/viewtape serve --demo-rate 0 [--server-arg …]
-//!         or --peer nchan --peer-url http://127.0.0.1:PORT [--pid WORKER_PID]
-//!            (nginx + nchan from bench/peers/nchan.sh; same workloads, same bounds)
-//!         --tls h1|h2   (spawned viewtape) HTTPS: a self-signed certificate, the config given
-//!                       with --server-arg=--config (or none) plus tls_cert/tls_key; subscribers
-//!                       speak HTTP/1.1 over TLS (a connection each) or HTTP/2 (256 streams to
-//!                       a connection); ingest and the tape stay HTTP/1.1 (over TLS)
-//!         --pin         (durable, fanout, idle) server on CPU 0, bench on CPU 1 (bench/src/pin.rs)
-//!         --threads 2   client runtime worker threads (1 with --pin)
-//!         --publishers 8   fanout/replay: publish connections for nchan (one message per POST)
+//! viewtape-bench --help              the benchmarks
+//! viewtape-bench <command> --help    one benchmark's options, their bounds and defaults
 //! ```
+//!
+//! Every command line is parsed by [`cli::Cli`]: a subcommand per benchmark whose options are
+//! the `Options` of its module, plus the options several share (a running server with `--addr
+//! 127.0.0.1:PORT [--pid PID]`, or a spawned `target/<profile>/viewtape serve --demo-rate 0
+//! [--server-arg …]`, or the nchan peer with `--peer nchan --peer-url http://127.0.0.1:PORT`;
+//! `--pin`; `--threads`).
 //!
 //! Input goes through `POST /runtimes/demo/ingest` as ticker NDJSON with a global `seq`;
 //! subscribers are raw TCP + minimal HTTP/1.1 + SSE parsing (the `viewtape-tests` harness), so
 //! thousands fit next to the server on a 2-core box; with `--tls` the same over tokio-rustls,
-//! or HTTP/2 streams through hyper's client ([`transport`]). Latency is measured publish→receive: the
-//! publisher notes the send time of every `seq`, subscribers look it up on receipt.
+//! or HTTP/2 streams through hyper's client ([`transport`]). Latency is measured
+//! publish→receive: the publisher notes the send time of every `seq`, subscribers look it up on
+//! receipt.
 //!
 //! Against nchan the same ticks are published as one `POST /pub/prices` each (body = the tick
 //! JSON; nchan assigns `<time>:<tag>` ids), subscribers follow the eventsource `/sub/prices`
@@ -57,7 +35,7 @@
 //! fixed rate and deploys a new ticker build to `demo` again and again, timing each deploy
 //! and the ingest acks while one is in flight. See [`deploy`].
 
-mod args;
+mod cli;
 mod cluster;
 mod deploy;
 mod durable;
@@ -77,34 +55,42 @@ mod target;
 mod tls;
 mod transport;
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
+use clap::error::ErrorKind::ArgumentConflict;
+use clap::{CommandFactory as _, FromArgMatches as _};
 
-use crate::args::Args;
+use crate::cli::{Cli, Command, Load};
 use crate::target::Target;
 
-const USAGE: &str = "usage: viewtape-bench <fanout|replay|idle|stalled|cluster|durable|restart|deploy|stop|floor> [options]; see the module docs in bench/src/main.rs";
-
 fn main() -> anyhow::Result<()> {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let Some((command, rest)) = argv.split_first() else {
-        bail!("{USAGE}");
-    };
-    if command == "-h" || command == "--help" {
-        println!("{USAGE}");
-        return Ok(());
+    let mut command = Cli::command();
+    let matches = command.get_matches_mut();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Err(e) = cli.validate() {
+        // Refused like a parse error, with the benchmark's usage.
+        let benchmark = matches
+            .subcommand_name()
+            .and_then(|name| command.find_subcommand_mut(name));
+        let message = format!("{e:#}");
+        match benchmark {
+            Some(benchmark) => benchmark.error(ArgumentConflict, message).exit(),
+            None => command.error(ArgumentConflict, message).exit(),
+        }
     }
-    let args = Args::parse(rest)?;
-    if command == "floor" {
-        let options = floor::Options::from_args(&args)?;
-        args.finish()?;
-        return floor::run(&options);
+    match cli.command {
+        Command::Floor(options) => floor::run(&options),
+        Command::Load(load) => run(load),
     }
+}
+
+/// Runs one benchmark on a client runtime of `--threads` workers.
+fn run(load: Load) -> anyhow::Result<()> {
     // `--pin` pins this process to one CPU before any thread exists; kept to the end.
-    let pinned = match command.as_str() {
-        "durable" | "fanout" | "idle" => pin::pin_before_runtime(&args)?,
-        _ => None,
+    let pinned = match load.pinning() {
+        Some((pin, addr)) => pin::pin_before_runtime(pin, addr)?,
+        None => None,
     };
-    let threads = args.num("threads", if pinned.is_some() { 1 } else { 2 }, 1, 64)?;
+    let threads = load.client().threads(pinned.is_some());
     let nofile = target::raise_nofile()?;
     eprintln!("RLIMIT_NOFILE soft limit: {nofile}");
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -112,66 +98,45 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("tokio runtime")?;
-    let result = runtime.block_on(async move {
-        if command == "durable" {
-            let options = durable::Options::from_args(&args)?;
-            args.finish()?;
-            return durable::run(&options).await;
-        }
-        if command == "restart" {
-            let options = restart::Options::from_args(&args)?;
-            args.finish()?;
-            return restart::run(&options).await;
-        }
-        if command == "cluster" {
-            let options = cluster::Options::from_args(&args)?;
-            args.finish()?;
-            return cluster::run(&options).await;
-        }
-        if command == "stop" {
-            let options = stop::Options::from_args(&args)?;
-            args.finish()?;
-            return stop::run(&options).await;
-        }
-        if command == "deploy" {
-            let options = deploy::Options::from_args(&args)?;
-            args.finish()?;
-            return deploy::run(&options).await;
-        }
-        let target_and_run = async {
-            let target = Target::from_args(&args).await?;
-            let result = match command.as_str() {
-                "fanout" => {
-                    let options = fanout::Options::from_args(&args)?;
-                    args.finish()?;
-                    fanout::run(&target, &options).await
-                }
-                "replay" => {
-                    let options = replay::Options::from_args(&args)?;
-                    args.finish()?;
-                    replay::run(&target, &options).await
-                }
-                "idle" => {
-                    let options = idle::Options::from_args(&args, nofile)?;
-                    args.finish()?;
-                    idle::run(&target, &options).await
-                }
-                "stalled" => {
-                    let options = stalled::Options::from_args(&args)?;
-                    args.finish()?;
-                    stalled::run(&target, &options).await
-                }
-                other => bail!("unknown command {other:?}; {USAGE}"),
-            };
-            if result.is_err() {
-                if let Some(logs) = target.logs() {
-                    eprintln!("---- spawned server stderr (tail) ----\n{logs}");
-                }
-            }
-            result
-        };
-        target_and_run.await
-    });
+    let result = runtime.block_on(load_server(load, nofile));
     drop(pinned);
+    result
+}
+
+/// The benchmark itself; `nofile` is the file-descriptor limit.
+async fn load_server(load: Load, nofile: u64) -> anyhow::Result<()> {
+    match load {
+        Load::Durable(options) => durable::run(&options).await,
+        Load::Restart(options) => restart::run(&options).await,
+        Load::Cluster(options) => cluster::run(&options).await,
+        Load::Stop(options) => stop::run(&options).await,
+        Load::Deploy(options) => deploy::run(&options).await,
+        Load::Fanout(options) => {
+            let target = Target::start(&options.target).await?;
+            with_logs(&target, fanout::run(&target, &options).await)
+        }
+        Load::Replay(options) => {
+            let target = Target::start(&options.target).await?;
+            with_logs(&target, replay::run(&target, &options).await)
+        }
+        Load::Idle(options) => {
+            options.check_nofile(nofile)?;
+            let target = Target::start(&options.target).await?;
+            with_logs(&target, idle::run(&target, &options).await)
+        }
+        Load::Stalled(options) => {
+            let target = Target::start(&options.target).await?;
+            with_logs(&target, stalled::run(&target, &options).await)
+        }
+    }
+}
+
+/// A benchmark's `result`, after printing the spawned server's stderr when it failed.
+fn with_logs(target: &Target, result: anyhow::Result<()>) -> anyhow::Result<()> {
+    if result.is_err() {
+        if let Some(logs) = target.logs() {
+            eprintln!("---- spawned server stderr (tail) ----\n{logs}");
+        }
+    }
     result
 }

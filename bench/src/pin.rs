@@ -4,25 +4,29 @@
 //! `VIEWTAPE_BIN`; `taskset` execs it, so the pid the harness sees is the server's), the bench
 //! sets its own affinity to CPU 1 before its runtime starts and then defaults to `--threads 1`.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, ensure, Context as _};
 
-use crate::args::Args;
+use crate::cli::PinOptions;
 
 /// The CPU the server is pinned to with `--pin`; the bench takes [`BENCH_CPU`].
 const SERVER_CPU: usize = 0;
 const BENCH_CPU: usize = 1;
 
 /// `--pin`, before the client runtime exists (its threads inherit the affinity): pins this
-/// process to CPU 1 and, unless viewtape is at `--addr`, makes the harness spawn viewtape
+/// process to CPU 1 and, unless viewtape is at `addr` (`--addr`), makes the harness spawn viewtape
 /// under `taskset -c 0` through a wrapper script handed over as `VIEWTAPE_BIN`. Returns the
 /// wrapper's directory, to keep until the end, or `None` without `--pin`.
 ///
 /// # Errors
 /// With fewer than 2 CPUs, without `taskset`, or when the viewtape binary is not there.
-pub fn pin_before_runtime(args: &Args) -> anyhow::Result<Option<tempfile::TempDir>> {
-    if !args.switch("pin")? {
+pub fn pin_before_runtime(
+    options: &PinOptions,
+    addr: Option<SocketAddr>,
+) -> anyhow::Result<Option<tempfile::TempDir>> {
+    if !options.pin {
         return Ok(None);
     }
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
@@ -41,7 +45,7 @@ pub fn pin_before_runtime(args: &Args) -> anyhow::Result<Option<tempfile::TempDi
         .status()
         .context("taskset (Debian util-linux) is needed for --pin")?;
     ensure!(status.success(), "taskset -V failed: {status}");
-    if args.get("addr").is_none() {
+    if addr.is_none() {
         let bin = viewtape_binary()?;
         let wrapper = dir.path().join("viewtape-pinned");
         let quoted = bin.display().to_string().replace('\'', r"'\''");

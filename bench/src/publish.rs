@@ -6,14 +6,25 @@
 use std::net::SocketAddr;
 
 use anyhow::{bail, Context as _};
+use clap::Args;
 use tokio::task::JoinSet;
 use viewtape_tests::{http::HttpConn, Feed};
 
+use crate::cli::usize_in;
 use crate::target::{Peer, Target};
 use crate::transport::Conn;
 
 /// Ticks per viewtape ingest request (~50 B each, well under the 1 MiB body limit).
 pub const INGEST_BATCH: usize = 5_000;
+
+/// How many publish connections (`fanout`, `replay`).
+#[derive(Debug, Args)]
+pub struct PublishOptions {
+    /// Keep-alive publish connections for nchan, which takes one message per request (1..=64;
+    /// viewtape ingests each tick's events as one NDJSON batch on one connection)
+    #[arg(long, default_value_t = 8, value_parser = usize_in(1..=64))]
+    pub publishers: usize,
+}
 
 /// Publishes ticks of a [`Feed`] into the target.
 #[derive(Debug)]

@@ -5,35 +5,30 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure};
+use clap::Args;
 use viewtape_tests::feed::scan_seq;
 use viewtape_tests::Feed;
 
-use crate::args::Args;
-use crate::publish::{Publisher, INGEST_BATCH};
-use crate::target::{cpu_seconds, Peer, Target};
+use crate::cli::{u64_in, usize_in, ClientOptions};
+use crate::publish::{PublishOptions, Publisher, INGEST_BATCH};
+use crate::target::{cpu_seconds, Peer, Target, TargetOptions};
 use crate::transport::connect_all;
 
 /// What to run.
-#[derive(Debug)]
+#[derive(Debug, Args)]
 pub struct Options {
+    /// Events preloaded, then replayed (1..=10,000,000)
+    #[arg(long, default_value_t = 100_000, value_parser = u64_in(1..=10_000_000))]
     events: u64,
+    /// Timed replays (1..=50)
+    #[arg(long, default_value_t = 7, value_parser = usize_in(1..=50))]
     runs: usize,
-    publishers: usize,
-}
-
-impl Options {
-    /// `--events` (1..=10M, default 100k), `--runs` (1..=50, default 7), `--publishers`
-    /// (nchan preload connections, 1..=64, default 8).
-    ///
-    /// # Errors
-    /// On out-of-bounds values.
-    pub fn from_args(args: &Args) -> anyhow::Result<Self> {
-        Ok(Self {
-            events: args.num("events", 100_000u64, 1, 10_000_000)?,
-            runs: args.num("runs", 7usize, 1, 50)?,
-            publishers: args.num("publishers", 8usize, 1, 64)?,
-        })
-    }
+    #[command(flatten)]
+    publish: PublishOptions,
+    #[command(flatten)]
+    pub(crate) target: TargetOptions,
+    #[command(flatten)]
+    pub(crate) client: ClientOptions,
 }
 
 /// Runs it and prints the figures.
@@ -41,7 +36,7 @@ impl Options {
 /// # Errors
 /// On server errors, or a replay that is not exactly the preloaded events.
 pub async fn run(target: &Target, options: &Options) -> anyhow::Result<()> {
-    let mut publisher = Publisher::connect(target, options.publishers).await?;
+    let mut publisher = Publisher::connect(target, options.publish.publishers).await?;
     let mut feed = Feed::new(&[
         "ACME", "BOLT", "CORE", "DASH", "EXPO", "FIZZ", "GLOW", "HALO",
     ]);

@@ -46,12 +46,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
+use clap::Args;
 use tokio::task::JoinSet;
 use viewtape_tests::feed::{price_of, tick};
 use viewtape_tests::http::HttpConn;
 use viewtape_tests::Server;
 
-use crate::args::Args;
+use crate::cli::{u64_in, usize_in, ClientOptions};
 use crate::target::cpu_seconds;
 
 /// Most runtimes `viewtape serve` can host (its pool of guest instances).
@@ -60,32 +61,29 @@ const MAX_PRODUCERS: usize = 64;
 const REPLAYED_METRIC: &str = "viewtape_log_replayed_records_total";
 
 /// What to run.
-#[derive(Debug)]
+#[derive(Debug, Args)]
 pub struct Options {
+    /// Events ingested before the loaded restart (1..=10,000,000)
+    #[arg(long, default_value_t = 1_000_000, value_parser = u64_in(1..=10_000_000))]
     events: u64,
+    /// Events per ingest batch, one log record each (1..=10,000)
+    #[arg(long = "events-per-batch", value_name = "N", default_value_t = 1_000,
+          value_parser = usize_in(1..=10_000))]
     batch: usize,
+    /// Runs, each on fresh data directories (1..=20)
+    #[arg(long, default_value_t = 3, value_parser = usize_in(1..=20))]
     runs: usize,
+    /// Producers, each into a runtime of its own (1..=64)
+    #[arg(long, default_value_t = 4, value_parser = usize_in(1..=MAX_PRODUCERS as u64))]
     producers: usize,
+    /// The bound on each preload, in seconds (1..=3,600)
+    #[arg(long, default_value_t = 600, value_parser = u64_in(1..=3_600))]
     ingest_seconds: u64,
+    #[command(flatten)]
+    pub(crate) client: ClientOptions,
 }
 
 impl Options {
-    /// `--events` (1..=10M, default 1M), `--events-per-batch` (1..=10,000, default 1,000),
-    /// `--runs` (1..=20, default 3), `--producers` (1..=64, default 4), `--ingest-seconds`
-    /// (the bound on each preload, 1..=3,600, default 600).
-    ///
-    /// # Errors
-    /// On out-of-bounds values.
-    pub fn from_args(args: &Args) -> anyhow::Result<Self> {
-        Ok(Self {
-            events: args.num("events", 1_000_000u64, 1, 10_000_000)?,
-            batch: args.num("events-per-batch", 1_000usize, 1, 10_000)?,
-            runs: args.num("runs", 3usize, 1, 20)?,
-            producers: args.num("producers", 4usize, 1, MAX_PRODUCERS)?,
-            ingest_seconds: args.num("ingest-seconds", 600u64, 1, 3_600)?,
-        })
-    }
-
     fn batches(&self) -> u64 {
         self.events.div_ceil(self.batch as u64)
     }
@@ -441,11 +439,21 @@ mod tests {
     }
 
     #[test]
-    fn options() {
-        let args = Args::parse(&["--events".to_owned(), "2500".to_owned()]).unwrap();
-        let o = Options::from_args(&args).unwrap();
+    fn options() -> anyhow::Result<()> {
+        let options = |line: &str| match crate::cli::parse(&format!("restart {line}"))?.command {
+            crate::cli::Command::Load(crate::cli::Load::Restart(options)) => Ok(options),
+            other => bail!("not restart: {other:?}"),
+        };
+        let o = options("--events 2500")?;
         assert_eq!(o.batches(), 3);
+        assert_eq!(
+            (o.batch, o.runs, o.producers, o.ingest_seconds),
+            (1000, 3, 4, 600)
+        );
+        assert_eq!(options("--events-per-batch 7")?.batch, 7);
+        assert!(options("--producers 65").is_err());
         assert!((median(vec![3.0, 1.0, 2.0]) - 2.0).abs() < 1e-12);
         assert!((median(vec![4.0, 1.0]) - 2.5).abs() < 1e-12);
+        Ok(())
     }
 }

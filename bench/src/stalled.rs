@@ -6,37 +6,34 @@
 use std::time::Duration;
 
 use anyhow::{bail, ensure};
+use clap::Args;
 use tokio::io::AsyncWriteExt as _;
 use viewtape_tests::feed::big_state_batches;
 use viewtape_tests::http::{connect_with_recv_buffer, request};
 
-use crate::args::Args;
-use crate::target::{rss_kib, Target};
+use crate::cli::{u64_in, usize_in, ClientOptions};
+use crate::target::{rss_kib, Target, TargetOptions};
 use crate::transport::Transport;
 
 /// What to run.
-#[derive(Debug)]
+#[derive(Debug, Args)]
 pub struct Options {
+    /// Subscribers that never read (1..=1,000)
+    #[arg(long, default_value_t = 30, value_parser = usize_in(1..=1_000))]
     subscribers: usize,
+    /// Keys of the large state (1..=100,000)
+    #[arg(long, default_value_t = 2_000, value_parser = usize_in(1..=100_000))]
     keys: usize,
+    /// Bytes per value (1..=1 MiB)
+    #[arg(long, default_value_t = 20_000, value_parser = usize_in(1..=1 << 20))]
     size: usize,
+    /// Seconds the subscribers stay before the server's RSS is read (0..=60)
+    #[arg(long, default_value_t = 1, value_parser = u64_in(0..=60))]
     hold_seconds: u64,
-}
-
-impl Options {
-    /// `--subscribers` (1..=1,000, default 30), `--keys` (1..=100k, default 2,000), `--size`
-    /// bytes per value (1..=1 MiB, default 20,000), `--hold-seconds` (0..=60, default 1).
-    ///
-    /// # Errors
-    /// On out-of-bounds values.
-    pub fn from_args(args: &Args) -> anyhow::Result<Self> {
-        Ok(Self {
-            subscribers: args.num("subscribers", 30usize, 1, 1_000)?,
-            keys: args.num("keys", 2_000usize, 1, 100_000)?,
-            size: args.num("size", 20_000usize, 1, 1 << 20)?,
-            hold_seconds: args.num("hold-seconds", 1u64, 0, 60)?,
-        })
-    }
+    #[command(flatten)]
+    pub(crate) target: TargetOptions,
+    #[command(flatten)]
+    pub(crate) client: ClientOptions,
 }
 
 /// Runs it and prints the figures.

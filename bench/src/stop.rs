@@ -20,35 +20,29 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _};
+use clap::Args;
 use tokio::io::AsyncWriteExt as _;
 use tokio::task::JoinSet;
 use viewtape_tests::http::connect_with_recv_buffer;
 use viewtape_tests::stream::EventStream;
 use viewtape_tests::Server;
 
-use crate::args::Args;
+use crate::cli::{u64_in, usize_in, ClientOptions};
 
 /// What to run.
-#[derive(Debug)]
+#[derive(Debug, Args)]
 pub struct Options {
+    /// Reading subscribers of `state` on the node that stops (1..=5,000)
+    #[arg(long, default_value_t = 1_000, value_parser = usize_in(1..=5_000))]
     clients: usize,
+    /// Subscribers of `big` that never read (0..=1,000)
+    #[arg(long, default_value_t = 30, value_parser = usize_in(0..=1_000))]
     stalled: usize,
+    /// The servers' `reconnect_spread`, in seconds (1..=60)
+    #[arg(long, default_value_t = 5, value_parser = u64_in(1..=60))]
     spread_seconds: u64,
-}
-
-impl Options {
-    /// `--clients` (1..=5,000, default 1,000), `--stalled` (0..=1,000, default 30),
-    /// `--spread-seconds` (1..=60, default 5).
-    ///
-    /// # Errors
-    /// On out-of-bounds values.
-    pub fn from_args(args: &Args) -> anyhow::Result<Self> {
-        Ok(Self {
-            clients: args.num("clients", 1_000usize, 1, 5_000)?,
-            stalled: args.num("stalled", 30usize, 0, 1_000)?,
-            spread_seconds: args.num("spread-seconds", 5u64, 1, 60)?,
-        })
-    }
+    #[command(flatten)]
+    pub(crate) client: ClientOptions,
 }
 
 /// A node running the fixture with the spread.

@@ -5,19 +5,20 @@
 use std::net::SocketAddr;
 
 use anyhow::{bail, Context as _};
+use clap::{Args, ValueEnum};
 use std::time::Duration;
 
 use viewtape_journal::Cursor;
 use viewtape_tests::{expect, http::ensure_loopback, Server};
 
-use crate::args::Args;
+use crate::cli::ServerOptions;
 use crate::tls::ServerTls;
 use crate::transport::{Dialer, Transport};
 
 /// Which server speaks on the other end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Peer {
-    /// viewtape: ingest NDJSON into the `demo` runtime, follow `/views/prices/events`.
+    /// Ingest NDJSON into the `demo` runtime, follow `/views/prices/events`.
     Viewtape,
     /// nginx + nchan (`bench/peers/nchan.sh`): `POST /pub/prices` one message per request,
     /// eventsource on `/sub/prices`, ids `<time>:<tag>` assigned by nchan.
@@ -41,63 +42,90 @@ pub struct Target {
     _tls: Option<ServerTls>,
 }
 
-impl Target {
-    /// `--addr ADDR [--pid PID]`, or spawns `viewtape serve --demo-rate 0` plus each
-    /// `--server-arg` (e.g. `--server-arg=--config --server-arg=bench.toml`), over HTTPS with
-    /// `--tls h1|h2` (see [`crate::tls`]), or `--peer nchan --peer-url http://127.0.0.1:PORT
-    /// [--pid WORKER_PID]`.
+/// Which server the load goes to and how subscribers reach it (`fanout`, `replay`, `idle`,
+/// `stalled`).
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Server under test")]
+pub struct TargetOptions {
+    /// A running viewtape, or the one this tool spawns.
+    #[command(flatten)]
+    pub server: ServerOptions,
+    /// The server under test (nchan: nginx + nchan from bench/peers/nchan.sh, at --peer-url)
+    #[arg(long, value_enum, default_value_t = Peer::Viewtape)]
+    pub peer: Peer,
+    /// The nchan peer's address, as bench/peers/nchan.sh prints it
+    #[arg(long, value_name = "http://127.0.0.1:PORT", value_parser = peer_url)]
+    pub peer_url: Option<SocketAddr>,
+    /// HTTPS to the spawned viewtape, with a self-signed certificate added to its config (the
+    /// one given with --server-arg=--config, or none); ingest and the tape stay HTTP/1.1
+    #[arg(long, value_enum, value_name = "h1|h2")]
+    pub tls: Option<Transport>,
+}
+
+impl TargetOptions {
+    /// What subscribers speak: `--tls`, or plain HTTP/1.1.
+    pub fn transport(&self) -> Transport {
+        self.tls.unwrap_or(Transport::Plain)
+    }
+
+    /// Refuses flags that do not go with the chosen server.
     ///
     /// # Errors
-    /// On a non-loopback address, `--tls` without a spawned viewtape, or a server that does not
-    /// start.
-    pub async fn from_args(args: &Args) -> anyhow::Result<Self> {
-        let transport = Transport::from_args(args)?;
-        let pid = match args.get("pid") {
-            Some(pid) => Some(pid.parse().context("--pid")?),
-            None => None,
-        };
-        let server_args: Vec<&str> = args.all("server-arg");
-        let peer = match args.get("peer").unwrap_or("viewtape") {
-            "viewtape" => Peer::Viewtape,
-            "nchan" => Peer::Nchan,
-            other => bail!("--peer {other:?}: expected viewtape or nchan"),
-        };
-        let peer_url = args.get("peer-url");
-        if peer == Peer::Nchan {
-            let Some(url) = peer_url else {
-                bail!("--peer nchan needs --peer-url http://127.0.0.1:PORT (bench/peers/nchan.sh prints it)");
-            };
-            if !server_args.is_empty() || args.get("addr").is_some() {
-                bail!("--server-arg and --addr are for viewtape; nchan takes --peer-url");
+    /// `--peer nchan` without `--peer-url` or with `--addr`/`--server-arg`/`--tls`; `--peer-url`
+    /// without `--peer nchan`; `--tls` with `--addr`.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let server = &self.server;
+        match self.peer {
+            Peer::Nchan => {
+                if self.peer_url.is_none() {
+                    bail!("--peer nchan needs --peer-url http://127.0.0.1:PORT (bench/peers/nchan.sh prints it)");
+                }
+                if !server.server_args.is_empty() || server.addr.is_some() {
+                    bail!("--server-arg and --addr are for viewtape; nchan takes --peer-url");
+                }
+                if self.tls.is_some() {
+                    bail!("--tls is for a viewtape the tool spawns");
+                }
             }
-            let addr = parse_peer_url(url)?;
-            ensure_loopback(addr)?;
-            if transport != Transport::Plain {
-                bail!("--tls is for a viewtape the tool spawns");
+            Peer::Viewtape => {
+                if self.peer_url.is_some() {
+                    bail!("--peer-url needs --peer nchan (viewtape takes --addr)");
+                }
+                if server.addr.is_some() && self.tls.is_some() {
+                    bail!("--tls makes the certificate of a server the tool spawns: drop --addr");
+                }
             }
-            return Ok(Self::running(addr, peer, pid));
         }
-        if peer_url.is_some() {
-            bail!("--peer-url needs --peer nchan (viewtape takes --addr)");
+        Ok(())
+    }
+}
+
+impl Target {
+    /// Connects to the server `options` name, or spawns `viewtape serve --demo-rate 0` plus each
+    /// `--server-arg`, over HTTPS with `--tls h1|h2` (see [`crate::tls`]).
+    ///
+    /// # Errors
+    /// On options [`TargetOptions::validate`] refuses, or a server that does not start.
+    pub async fn start(options: &TargetOptions) -> anyhow::Result<Self> {
+        options.validate()?;
+        let pid = options.server.pid;
+        if let Some(addr) = options.peer_url.or(options.server.addr) {
+            return Ok(Self::running(addr, options.peer, pid));
         }
-        if let Some(addr) = args.get("addr") {
-            let addr: SocketAddr = addr.parse().context("--addr")?;
-            ensure_loopback(addr)?;
-            if !server_args.is_empty() {
-                bail!("--server-arg only applies to a spawned server (no --addr)");
-            }
-            if transport != Transport::Plain {
-                bail!("--tls makes the certificate of a server the tool spawns: drop --addr");
-            }
-            return Ok(Self::running(addr, peer, pid));
-        }
+        let transport = options.transport();
         let tls = match transport {
             Transport::Plain => None,
             Transport::TlsH1 | Transport::TlsH2 => Some(ServerTls::new()?),
         };
+        let server_args: Vec<&str> = options
+            .server
+            .server_args
+            .iter()
+            .map(String::as_str)
+            .collect();
         let server_args = match &tls {
             Some(tls) => tls.server_args(&server_args)?,
-            None => server_args.iter().map(|&arg| arg.to_owned()).collect(),
+            None => options.server.server_args.clone(),
         };
         let server_args: Vec<&str> = server_args.iter().map(String::as_str).collect();
         let server = Server::start(&server_args).await?;
@@ -110,7 +138,7 @@ impl Target {
         );
         Ok(Self {
             addr: server.addr(),
-            peer,
+            peer: options.peer,
             pid: Some(server.pid()),
             dialer: Dialer::new(server.addr(), transport, tls.as_ref()),
             server: Some(server),
@@ -175,6 +203,13 @@ impl Target {
         }
         Ok(head)
     }
+}
+
+/// `--peer-url`: [`parse_peer_url`], on loopback only.
+fn peer_url(url: &str) -> anyhow::Result<SocketAddr> {
+    let addr = parse_peer_url(url)?;
+    ensure_loopback(addr)?;
+    Ok(addr)
 }
 
 /// `http://127.0.0.1:PORT[/]` → the socket address (no path: the peer's paths are fixed).

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, ensure, Context as _};
 use bytes::Bytes;
+use clap::ValueEnum;
 use http_body_util::{BodyExt as _, Empty};
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
@@ -25,7 +26,6 @@ use tokio_util::either::Either;
 use viewtape_tests::http::{self, READ_TIMEOUT};
 use viewtape_tests::{EventBody, EventStream, SseEventRef, SseParser};
 
-use crate::args::Args;
 use crate::tls::{ServerTls, ALPN_H2};
 
 /// Concurrent connection (or stream) openings while subscribers connect.
@@ -37,31 +37,21 @@ pub const H2_STREAMS_PER_CONNECTION: usize = 256;
 /// A connection for HTTP/1.1: TCP, or TLS over it (boxed: a rustls connection is over 1 KB).
 pub type Conn = Either<TcpStream, Box<TlsStream<TcpStream>>>;
 
-/// What subscribers speak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What subscribers speak; `--tls h1|h2` names the TLS ones (without it: plain).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Transport {
     /// HTTP/1.1 over TCP.
+    #[value(skip)]
     Plain,
     /// HTTP/1.1 over TLS, one connection per stream.
+    #[value(name = "h1")]
     TlsH1,
-    /// HTTP/2 over TLS, up to [`H2_STREAMS_PER_CONNECTION`] streams per connection.
+    /// HTTP/2 over TLS, up to 256 streams per connection.
+    #[value(name = "h2")]
     TlsH2,
 }
 
 impl Transport {
-    /// `--tls h1|h2`; without it, plain.
-    ///
-    /// # Errors
-    /// On another value.
-    pub fn from_args(args: &Args) -> anyhow::Result<Self> {
-        match args.get("tls") {
-            None => Ok(Self::Plain),
-            Some("h1") => Ok(Self::TlsH1),
-            Some("h2") => Ok(Self::TlsH2),
-            Some(other) => bail!("--tls {other:?}: expected h1 or h2"),
-        }
-    }
-
     /// The name printed with every figure.
     pub fn name(self) -> &'static str {
         match self {
