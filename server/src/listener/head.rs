@@ -648,7 +648,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(1_000))]
+        #![proptest_config(ProptestConfig::with_cases(4_000))]
 
         /// Any bytes: no panic, and a verdict on a whole head does not change with what follows
         /// it (a pipelined request, a body).
