@@ -166,6 +166,11 @@ pub(super) fn parse_head(buf: &[u8]) -> Parsed {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut headers);
     let len = match parsed.parse(buf) {
+        // Whole, but longer than a head may be: the reads that brought it were large enough
+        // to carry it past the limit before it was looked at.
+        Ok(httparse::Status::Complete(len)) if len > MAX_HEAD => {
+            return Parsed::Bad(BadHead::TooLarge)
+        }
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Parsed::Partial,
         Err(httparse::Error::TooManyHeaders) => return Parsed::Bad(BadHead::TooLarge),
@@ -454,6 +459,19 @@ mod tests {
             "a: b\r\n".repeat(MAX_HEADERS + 1)
         );
         assert!(matches!(parse(&many), Parsed::Bad(BadHead::TooLarge)));
+        // A whole head past the limit in one buffer (one large read brought it) was served.
+        let head = |size: usize| {
+            let padding = "a".repeat(size - get_head("Host: h\r\nX-Pad: \r\n").len());
+            get_head(&format!("Host: h\r\nX-Pad: {padding}\r\n"))
+        };
+        assert!(matches!(
+            parse(&head(MAX_HEAD)),
+            Parsed::Request(_, MAX_HEAD)
+        ));
+        assert!(matches!(
+            parse(&head(MAX_HEAD + 1)),
+            Parsed::Bad(BadHead::TooLarge)
+        ));
         for malformed in [
             "GET / HTTP/1.1\r\nBad Header\r\n\r\n",
             "GET / HTTP/1.1\r\nHost : h\r\n\r\n",
