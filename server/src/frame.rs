@@ -367,4 +367,100 @@ mod tests {
             );
         }
     }
+
+    /// A payload that would be JSON but for bytes inside a string that are not UTF-8 was sent
+    /// as it was: the stream carried bytes no client decodes as the JSON they were taken for.
+    #[test]
+    fn a_payload_with_broken_utf8_becomes_a_json_string() {
+        let frame = encode(None, EventKind::Update, "k", b"{\"a\":\"\xff\"}");
+        assert_eq!(
+            &frame.bytes()[..],
+            "event: update\ndata: {\"key\":\"k\",\"value\":\"{\\\"a\\\":\\\"\u{fffd}\\\"}\"}\n\n"
+                .as_bytes()
+        );
+    }
+
+    /// The data of an SSE frame as a client reads it: its lines up to the blank line that
+    /// ends it, the `data:` ones joined with `\n`.
+    fn client_data(frame: &[u8]) -> Vec<u8> {
+        let body = frame
+            .strip_suffix(b"\n\n")
+            .expect("a frame ends with a blank line");
+        assert!(!body.contains(&b'\r'), "a CR would break a line");
+        let mut data: Vec<&[u8]> = Vec::new();
+        for line in body.split(|&b| b == b'\n') {
+            assert!(
+                !line.is_empty(),
+                "a blank line inside a frame ends it early"
+            );
+            match line.strip_prefix(b"data:") {
+                Some(value) => data.push(value.strip_prefix(b" ").unwrap_or(value)),
+                None => assert!(
+                    line.starts_with(b"id: ") || line.starts_with(b"event: "),
+                    "a stray field: {:?}",
+                    String::from_utf8_lossy(line)
+                ),
+            }
+        }
+        data.join(&b'\n')
+    }
+
+    /// Bytes like a payload: JSON-ish text with line breaks, spaces, escapes and broken UTF-8.
+    fn payloads() -> impl Strategy<Value = Vec<u8>> {
+        let alphabet = prop::sample::select(
+            b"{}[]\":,0123456789.-eE \t\r\n\\u00dfnulltrue\xff\xc3\xa9\x01x".to_vec(),
+        );
+        prop_oneof![
+            prop::collection::vec(alphabet, 0..40),
+            prop::collection::vec(any::<u8>(), 0..40),
+            prop::sample::select(vec![
+                &b"{\"a\":\n[1,\r\n2]}\r"[..],
+                b"\"\xff\"",
+                b"\"\\ud800\"",
+                b"\"\xc3\xa9\"",
+                b" 1 ",
+                b"{}\n\n{}",
+                b"\n\n",
+            ])
+            .prop_map(<[u8]>::to_vec),
+        ]
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        /// Whatever a guest publishes, the frame is one SSE event whose data is valid UTF-8
+        /// JSON of the key and the value: the payload itself (its line breaks as `\n`) when it
+        /// is JSON, else the JSON string of its text.
+        #[test]
+        fn any_payload_makes_one_well_formed_frame(
+            key in "\\PC{0,8}",
+            payload in payloads(),
+        ) {
+            let frame = encode(Some(cursor()), EventKind::Update, &key, &payload);
+            let data = client_data(frame.bytes());
+            let text = std::str::from_utf8(&data);
+            prop_assert!(text.is_ok(), "not UTF-8: {:?}", String::from_utf8_lossy(&data));
+            let key_json = serde_json::to_string(&key).unwrap();
+            let prefix = format!("{{\"key\":{key_json},\"value\":");
+            let enveloped = data.starts_with(prefix.as_bytes()) && data.ends_with(b"}");
+            prop_assert!(enveloped, "not the envelope: {:?}", String::from_utf8_lossy(&data));
+            let value = &data[prefix.len()..data.len() - 1];
+            let event = GuestEvent::new("v".into(), key.clone(), EventKind::Update, Bytes::from(payload.clone()));
+            if event.is_json() {
+                let unix = String::from_utf8_lossy(&payload).replace("\r\n", "\n").replace('\r', "\n");
+                prop_assert_eq!(value, unix.as_bytes());
+                prop_assert!(std::str::from_utf8(&payload).is_ok(), "a JSON payload is UTF-8");
+                prop_assert!(serde_json::from_slice::<serde::de::IgnoredAny>(&data).is_ok());
+            } else {
+                let parsed: serde_json::Value = serde_json::from_slice(&data).unwrap();
+                prop_assert_eq!(&parsed["value"], &serde_json::Value::from(String::from_utf8_lossy(&payload)));
+                prop_assert_eq!(&parsed["key"], &serde_json::Value::from(key.clone()));
+            }
+            let value_json = frame.value_json();
+            prop_assert_eq!(value_json.as_deref(), Some(value));
+        }
+    }
 }

@@ -14,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use viewtape_tests::http::{self, parse_head, ChunkedDecoder};
 use viewtape_tests::server::config_file;
-use viewtape_tests::token::hs256;
+use viewtape_tests::token::{hs256, hs256_claims, now};
 use viewtape_tests::Server;
 
 /// How long a stream may stay silent before its response counts as complete.
@@ -200,6 +200,20 @@ impl Case {
         })
     }
 
+    /// Refused before any route with `status` and the JSON error `code`, alike on both
+    /// transports: compared whole, unlike [`Case::refused`].
+    fn refused_alike(self, status: u16, code: &'static str) -> Self {
+        let mut case = self.refused(status, code);
+        case.refused = false;
+        case.expect(|seen| {
+            ensure!(
+                seen.header("connection") == Some("close"),
+                "the connection stays open"
+            );
+            Ok(())
+        })
+    }
+
     /// Every response must pass `check`.
     fn expect(mut self, check: impl Fn(&Seen) -> anyhow::Result<()> + 'static) -> Self {
         self.checks.push((None, Box::new(check)));
@@ -312,6 +326,29 @@ fn corpus() -> Vec<Case> {
         .refused(400, "bad_request"),
         Case::new("transfer-encoding gzip", get("/views/prices/events", "Transfer-Encoding: gzip\r\n"))
             .refused(400, "bad_request"),
+        // Framing and `Host` that hyper takes but no transport may serve: the lean transport's
+        // JSON error on a fresh connection, the same answer from hyper's before any route.
+        Case::new("no host", "GET /views HTTP/1.1\r\n\r\n").refused_alike(400, "bad_request"),
+        Case::new("two hosts", get("/views", "Host: y\r\n")).refused_alike(400, "bad_request"),
+        Case::new("host with user info", "GET /views HTTP/1.1\r\nHost: u@x\r\n\r\n")
+            .refused_alike(400, "bad_request"),
+        Case::new(
+            "gzip, chunked",
+            "POST /runtimes/demo/ingest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+        )
+        .refused_alike(400, "bad_request"),
+        // Refused by hyper itself on a connection it serves already (its empty answer); the
+        // lean transport's JSON error was missing on a fresh one.
+        Case::new(
+            "content-length past 2^64",
+            "POST /runtimes/demo/ingest HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n",
+        )
+        .refused(400, "bad_request"),
+        Case::new(
+            "HTTP/1.0 chunked",
+            "POST /runtimes/demo/ingest HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        )
+        .refused(400, "bad_request"),
         Case::new("connection close", get("/views", "Connection: close\r\n")).declined(),
     ]
 }
@@ -424,7 +461,87 @@ async fn both_transports_answer_every_request_alike() -> anyhow::Result<()> {
             b"{\"symbol\":\"ACME\",\"price\":1.5,\"seq\":1}\n",
         )
         .await?;
-    differential(&server, &corpus()).await
+    differential(&server, &corpus()).await?;
+    bad_framing_is_refused_and_closes_the_connection(&server).await
+}
+
+/// Reads one response, then requires the connection to close with nothing after it.
+async fn answered_then_closed(stream: &mut TcpStream) -> anyhow::Result<Seen> {
+    let mut buf = Vec::new();
+    let seen = read_response(stream, &mut buf, false).await?;
+    let mut rest = [0u8; 1024];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut rest)).await {
+            Ok(Ok(0) | Err(_)) => break,
+            Ok(Ok(n)) => buf.extend_from_slice(&rest[..n]),
+            Err(_) => bail!("the connection stays open after {seen:?}"),
+        }
+    }
+    ensure!(
+        buf.is_empty(),
+        "more after the answer: {:?}",
+        String::from_utf8_lossy(&buf)
+    );
+    Ok(seen)
+}
+
+/// A request with both `Content-Length` and `Transfer-Encoding` was served: a proxy in front
+/// may read its body by one and this server by the other, and take bytes it forwarded as body
+/// for a request of their own. It gets the JSON `400` now, and the connection closes with the
+/// request after it unanswered. On a connection hyper serves already, hyper reads it by the
+/// `Transfer-Encoding` alone and closes the connection after it: the request after it goes
+/// unanswered there too. Every other framing refusal closes the connection as well, on both
+/// transports.
+async fn bad_framing_is_refused_and_closes_the_connection(server: &Server) -> anyhow::Result<()> {
+    let body = "0\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+    let ingest = |fields: &str, body: &str| {
+        format!("POST /runtimes/demo/ingest HTTP/1.1\r\nHost: x\r\n{fields}\r\n{body}")
+    };
+    let length = format!("Content-Length: {}\r\n", body.len());
+    let chunked = "Transfer-Encoding: chunked\r\n";
+    let smuggling = [
+        ingest(&format!("{length}{chunked}"), body),
+        ingest(&format!("{chunked}{length}"), body),
+    ];
+    let others = [
+        "GET /views HTTP/1.1\r\n\r\n".to_owned(),
+        "GET /views HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n".to_owned(),
+        ingest("Transfer-Encoding: gzip, chunked\r\n", "0\r\n\r\n"),
+        ingest("Content-Length: 99999999999999999999\r\n", ""),
+        "POST /runtimes/demo/ingest HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+            .to_owned(),
+        "GET /views HTTP/1.1\r\nHost: x\r\nX-A: b\r\n folded\r\n\r\n".to_owned(),
+        "GET /views HTTP/1.1\r\nHost : x\r\n\r\n".to_owned(),
+    ];
+    for request in smuggling.iter().chain(&others) {
+        let mut fresh = TcpStream::connect(server.addr()).await?;
+        fresh.write_all(request.as_bytes()).await?;
+        let seen = answered_then_closed(&mut fresh)
+            .await
+            .with_context(|| format!("fresh: {request:?}"))?;
+        let json = seen.json().with_context(|| format!("fresh: {request:?}"))?;
+        ensure!(
+            seen.status == 400 && json["error"] == "bad_request",
+            "fresh: {request:?}: {seen:?}"
+        );
+
+        let mut handed_over = TcpStream::connect(server.addr()).await?;
+        handed_over
+            .write_all(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await?;
+        let mut buf = Vec::new();
+        let head = read_response(&mut handed_over, &mut buf, true).await?;
+        ensure!(head.status == 200 && buf.is_empty(), "{head:?}");
+        handed_over.write_all(request.as_bytes()).await?;
+        let seen = answered_then_closed(&mut handed_over)
+            .await
+            .with_context(|| format!("through hyper: {request:?}"))?;
+        ensure!(
+            smuggling.contains(request) || seen.status == 400,
+            "through hyper: {request:?}: {seen:?}"
+        );
+    }
+    Ok(())
 }
 
 /// The HS256 secret of the server with auth on.
@@ -650,6 +767,14 @@ fn access_corpus(query_tokens: bool) -> Vec<Case> {
     let expired = bearer(&hs256(SECRET, -600, AUDIENCE, &["prices"], &["demo"]));
     let forged = bearer(&hs256("another-secret", 600, AUDIENCE, &["prices"], &[]));
     let elsewhere = bearer(&hs256(SECRET, 600, "elsewhere", &["prices"], &[]));
+    let not_yet = bearer(&hs256_claims(
+        SECRET,
+        &serde_json::json!({"exp": now() + 7200, "nbf": now() + 3600, "aud": AUDIENCE, "views": ["prices"]}),
+    ));
+    let fractional = bearer(&hs256_claims(
+        SECRET,
+        &serde_json::json!({"exp": now() as f64 + 600.5, "iat": now() as f64 - 0.5, "aud": AUDIENCE, "views": ["prices"]}),
+    ));
     let cookie = format!("Cookie: theme=dark; viewtape_token={good}\r\n");
     let preflight_for = |path: &str, origin: &str, method: &str, headers: &str| {
         format!(
@@ -800,6 +925,19 @@ fn access_corpus(query_tokens: bool) -> Vec<Case> {
             .expect(refused(401)),
             Case::new("expired token on state", get("/views/prices", &expired))
                 .expect(refused(401)),
+            // A token whose `nbf` is an hour ahead was accepted.
+            Case::new(
+                "token not valid for an hour",
+                get("/views/prices", &not_yet),
+            )
+            .expect(refused(401))
+            .expect(naming("`nbf`")),
+            // A fractional `exp` (a NumericDate may have one) was refused.
+            Case::new(
+                "token with a fractional exp",
+                get("/views/prices", &fractional),
+            )
+            .expect(status(200)),
             Case::new(
                 "token signed with another secret",
                 get("/views/prices", &forged),

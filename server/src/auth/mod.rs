@@ -5,7 +5,9 @@
 //! read again by [`Auth::reload`], on SIGHUP). A token whose header names a `kid` is checked
 //! against the JWKS key of that id (and keys without one); a token without, against every key of
 //! its algorithm. A token is a JWT
-//! with a required `exp` (5 s leeway) and, when `[auth] audience` is set, that `aud`. Its
+//! with a required `exp`, an optional `nbf` (both with 5 s leeway; `exp`, `nbf` and `iat` are
+//! NumericDates, fractions allowed) and, when `[auth] audience` is set, that `aud`; one whose
+//! header lists `crit` extensions is refused, as this server understands none. Its
 //! claims grant access: `views` — view names it may read, `ingest` — runtime names it may push
 //! to; a trailing `*` matches a prefix (`"orders.*"`). A `views` entry may be narrowed to some
 //! keys of what it names, written as the query that narrows a read (`"prices?prefix=EU-"`,

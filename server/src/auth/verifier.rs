@@ -11,6 +11,9 @@ use super::token::{check, Key};
 use super::{Access, AuthConfigError, Grants, TokenError, VERIFIED_CACHE};
 use crate::config::AuthSection;
 
+/// Seconds a token is still accepted past its `exp`, and before its `nbf`.
+const LEEWAY: u64 = 5;
+
 /// Verifies tokens; see the module docs.
 pub struct Auth {
     /// The HS256 key of the secret, then those of the key file.
@@ -120,7 +123,9 @@ impl Auth {
     /// The checks of a token signed with `algorithm`.
     fn validation(&self, algorithm: Algorithm) -> Validation {
         let mut validation = Validation::new(algorithm);
-        validation.leeway = 5;
+        // For `exp` and `nbf` alike: clocks differ a little.
+        validation.leeway = LEEWAY;
+        validation.validate_nbf = true;
         match &self.audience {
             Some(audience) => {
                 validation.set_required_spec_claims(&["exp", "aud"]);
@@ -145,7 +150,7 @@ impl Auth {
         let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(access) = verified.get(&digest) {
             // The same leeway as the check that admitted it.
-            if access.expires_at + 5 > now {
+            if access.expires_at.saturating_add(LEEWAY) > now {
                 return Ok(access.clone());
             }
             verified.remove(&digest);
@@ -157,7 +162,7 @@ impl Auth {
         let access = check(&keys, token)?;
         let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
         if verified.len() >= VERIFIED_CACHE {
-            verified.retain(|_, access| access.expires_at + 5 > now);
+            verified.retain(|_, access| access.expires_at.saturating_add(LEEWAY) > now);
             if verified.len() >= VERIFIED_CACHE {
                 verified.clear();
             }
@@ -278,6 +283,117 @@ pub(super) mod tests {
             auth.verify(&soon).is_err(),
             "past exp + leeway, remembered or not"
         );
+    }
+
+    /// An HS256 token of `header` and `claims` as given, members the token library's header
+    /// type does not have included.
+    fn signed_as_is(header: serde_json::Value, claims: serde_json::Value) -> String {
+        use base64::Engine as _;
+        let part = |value: &serde_json::Value| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(value.to_string())
+        };
+        let message = format!("{}.{}", part(&header), part(&claims));
+        let signature = jsonwebtoken::crypto::sign(
+            message.as_bytes(),
+            &EncodingKey::from_secret(SECRET.as_bytes()),
+            jsonwebtoken::Algorithm::HS256,
+        )
+        .unwrap();
+        format!("{message}.{signature}")
+    }
+
+    /// A token whose `nbf` was an hour ahead was accepted: `nbf` was not checked at all.
+    #[test]
+    fn a_token_not_valid_yet_is_refused() {
+        let auth = auth(None);
+        let now = now();
+        let ahead = token(
+            serde_json::json!({"exp": now + 7200, "nbf": now + 3600, "views": ["v"]}),
+            SECRET,
+        );
+        let error = auth.verify(&ahead).unwrap_err();
+        assert!(error.to_string().contains("`nbf`"), "{error}");
+        // Within the leeway `exp` has, and past: valid.
+        for nbf in [now + 3, now, now - 3600] {
+            let claims = serde_json::json!({"exp": now + 60, "nbf": nbf});
+            assert!(auth.verify(&token(claims, SECRET)).is_ok(), "nbf {nbf}");
+        }
+        // Not a NumericDate: refused, not left unchecked.
+        for nbf in [
+            serde_json::json!("tomorrow"),
+            serde_json::json!(-1),
+            serde_json::json!([now]),
+        ] {
+            let claims = serde_json::json!({"exp": now + 60, "nbf": nbf});
+            let error = auth.verify(&token(claims, SECRET)).unwrap_err();
+            assert!(error.to_string().contains("NumericDate"), "{nbf}: {error}");
+        }
+    }
+
+    /// A token whose header marked an extension critical (`crit`) was accepted though the
+    /// server understands no extension.
+    #[test]
+    fn a_token_with_critical_extensions_is_refused() {
+        let auth = auth(None);
+        let claims = serde_json::json!({"exp": now() + 60, "views": ["v"]});
+        let plain = serde_json::json!({"alg": "HS256", "typ": "JWT", "x-note": 1});
+        assert!(
+            auth.verify(&signed_as_is(plain.clone(), claims.clone()))
+                .is_ok(),
+            "an unknown member that is not critical is ignored"
+        );
+        for crit in [
+            serde_json::json!(["x-note"]),
+            serde_json::json!(["exp"]),
+            serde_json::json!([]),
+            serde_json::json!(null),
+            serde_json::json!("x-note"),
+        ] {
+            let mut header = plain.clone();
+            header["crit"] = crit.clone();
+            let error = auth
+                .verify(&signed_as_is(header, claims.clone()))
+                .unwrap_err();
+            assert!(error.to_string().contains("`crit`"), "{crit}: {error}");
+        }
+    }
+
+    /// A fractional `exp` (a NumericDate may have one) was refused as "`exp` must be a
+    /// number"; a fractional `nbf` or `iat` is accepted too, and read as whole seconds.
+    #[test]
+    fn numeric_dates_may_have_fractions() {
+        let auth = auth(None);
+        let now = now();
+        let claims = serde_json::json!({
+            "exp": now as f64 + 60.75,
+            "nbf": now as f64 - 0.5,
+            "iat": now as f64 - 0.25,
+            "views": ["v"],
+        });
+        let access = auth.verify(&token(claims, SECRET)).unwrap();
+        assert_eq!(access.expires_at, now + 60, "rounded down");
+        assert!(access.views.allows("v"));
+        let past = serde_json::json!({"exp": now as f64 - 60.5});
+        assert!(auth.verify(&token(past, SECRET)).is_err());
+        for bad in [
+            serde_json::json!({"exp": -1.5}),
+            serde_json::json!({"exp": "soon"}),
+            serde_json::json!({"exp": now + 60, "iat": "today"}),
+        ] {
+            let error = auth.verify(&token(bad.clone(), SECRET)).unwrap_err();
+            assert!(error.to_string().contains("NumericDate"), "{bad}: {error}");
+        }
+    }
+
+    /// A token that never expires (`exp` at the largest NumericDate) overflowed the check of
+    /// the remembered tokens' expiry when presented a second time.
+    #[test]
+    fn a_token_that_never_expires_is_remembered() {
+        let auth = auth(None);
+        let forever = token(serde_json::json!({"exp": u64::MAX, "views": ["v"]}), SECRET);
+        for _ in 0..2 {
+            assert_eq!(auth.verify(&forever).unwrap().expires_at, u64::MAX);
+        }
     }
 
     #[test]

@@ -89,8 +89,10 @@ impl GuestEvent {
         self.json.unwrap_or_else(|| self.looks_json())
     }
 
+    /// JSON text is UTF-8: skipping a value (`IgnoredAny`) does not check that its strings are.
     fn looks_json(&self) -> bool {
         self.kind == EventKind::Update
+            && std::str::from_utf8(&self.payload).is_ok()
             && serde_json::from_slice::<serde::de::IgnoredAny>(&self.payload).is_ok()
     }
 }
@@ -276,5 +278,63 @@ mod tests {
         assert_eq!(count_events(&Bytes::from(unknown)), 3);
         let huge = [abi::TAG_UPDATE, 0xff, 0xff, 0xff, 0xff];
         assert_eq!(count_events(&Bytes::copy_from_slice(&huge)), 0);
+    }
+
+    use proptest::prelude::*;
+
+    /// An output buffer: records of every tag, fields whose declared lengths may lie, and
+    /// bytes of any kind between them.
+    fn buffers() -> impl Strategy<Value = Vec<u8>> {
+        let field = prop_oneof![
+            prop::sample::select(vec!["v", "w.x", "", "bad view", "k", "{}", "1"])
+                .prop_map(|text| text.as_bytes().to_vec()),
+            prop::collection::vec(any::<u8>(), 0..6),
+        ];
+        let length = prop_oneof![
+            4 => Just(None),
+            1 => any::<u32>().prop_map(Some),
+        ];
+        let record = (
+            prop::sample::select(vec![
+                abi::TAG_UPDATE,
+                abi::TAG_DELETE,
+                abi::TAG_GAP,
+                0,
+                0xee,
+            ]),
+            prop::collection::vec((field, length), 0..4),
+        )
+            .prop_map(|(tag, fields)| {
+                let mut out = vec![tag];
+                for (field, declared) in fields {
+                    let len = declared.unwrap_or(field.len() as u32);
+                    out.extend_from_slice(&len.to_le_bytes());
+                    out.extend_from_slice(&field);
+                }
+                out
+            });
+        prop_oneof![
+            prop::collection::vec(record, 0..6).prop_map(|records| records.concat()),
+            prop::collection::vec(any::<u8>(), 0..64),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        /// Whatever a guest leaves in its output buffer: no panic; a buffer that decodes has
+        /// as many events as were counted, each view a valid name, each update's payload
+        /// within the limit.
+        #[test]
+        fn any_output_buffer_decodes_or_is_refused(buf in buffers(), limit in 0usize..8) {
+            let counted = count_events(&Bytes::from(buf.clone()));
+            if let Ok(batch) = decode(Bytes::from(buf), &mut ViewNames::default(), limit) {
+                prop_assert_eq!(batch.events.len(), counted);
+                for event in &batch.events {
+                    prop_assert!(!event.view.is_empty() && event.view.len() <= 128);
+                    prop_assert!(event.payload.len() <= limit);
+                }
+            }
+        }
     }
 }

@@ -513,3 +513,165 @@ async fn exhausted_pool_is_an_instantiation_error() {
         .unwrap_err();
     assert!(matches!(err, GuestError::Instantiate(_)), "{err}");
 }
+
+fn logstats() -> &'static GuestModule {
+    static M: OnceLock<GuestModule> = OnceLock::new();
+    M.get_or_init(|| GuestModule::new(engine(), guests::LOGSTATS_WASM).unwrap())
+}
+
+fn json_guest() -> &'static GuestModule {
+    static M: OnceLock<GuestModule> = OnceLock::new();
+    M.get_or_init(|| GuestModule::new(engine(), guests::JSON_WASM).unwrap())
+}
+
+/// A line for the `json` guest, and whether it is one the guest must publish: an object of
+/// members (a view, a key, a value, `delete`, an unknown one) each well formed or not, in
+/// any order, with bytes replaced, inserted or removed (then whether it publishes is open).
+fn json_guest_lines() -> impl Strategy<Value = (Vec<u8>, bool)> {
+    let member = |name: &'static str, values: Vec<(&'static [u8], bool)>| {
+        prop::option::of(prop::sample::select(values)).prop_map(move |value| {
+            value.map(|(value, good)| ([b"\"", name.as_bytes(), b"\":", value].concat(), good))
+        })
+    };
+    let members = (
+        member(
+            "view",
+            vec![
+                (b"\"v\"", true),
+                (b"\"o.eu-1\"", true),
+                (b"\"bad view\"", false),
+                (b"\"\"", false),
+                (b"1", false),
+            ],
+        ),
+        member(
+            "key",
+            vec![
+                (b"\"k\"", true),
+                (b"\"\\u00e9 \\\"q\\\"\"", true),
+                (b"\"\"", false),
+                (b"2", false),
+            ],
+        ),
+        member(
+            "value",
+            vec![
+                (b"1.5", true),
+                (b"{\"a\": [1, null]}", true),
+                (b"\"x\\ny\"", true),
+                (b"null", true),
+                (b"\"\xff\"", false),
+                (b"1e999", false),
+                (b"[", false),
+                (b"tru", false),
+            ],
+        ),
+        member("delete", vec![(b"false", true), (b"1", false)]),
+        member("extra", vec![(b"1", false)]),
+    );
+    let edits = prop::collection::vec((0usize..80, any::<u8>(), 0u8..3), 0..3);
+    (
+        members,
+        Just(()).prop_perturb(|(), mut rng| rng.random::<u64>()),
+        edits,
+    )
+        .prop_map(|((view, key, value, delete, extra), order, edits)| {
+            let mut present: Vec<(Vec<u8>, bool)> =
+                [view.clone(), key.clone(), value.clone(), delete, extra]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+            let turn = (order as usize) % present.len().max(1);
+            present.rotate_left(turn);
+            let good = view.is_some()
+                && key.is_some()
+                && value.is_some()
+                && present.iter().all(|(_, good)| *good)
+                && edits.is_empty();
+            let mut line = b"{".to_vec();
+            line.extend(
+                present
+                    .iter()
+                    .map(|(text, _)| text.clone())
+                    .collect::<Vec<_>>()
+                    .join(&b","[..]),
+            );
+            line.push(b'}');
+            for (at, byte, how) in edits {
+                let at = at.min(line.len());
+                match how {
+                    0 if at < line.len() => line[at] = byte,
+                    1 => line.insert(at, byte),
+                    2 if at < line.len() => drop(line.remove(at)),
+                    _ => {}
+                }
+            }
+            (line, good)
+        })
+}
+
+use proptest::prelude::*;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1_000))]
+
+    /// The `json` guest's line parser, run by the host on any line: the batch is published or
+    /// refused — never a trap — and it agrees with `serde_json` read natively: what is not JSON
+    /// at all is refused, a well-formed line is published, and what is published is the line's
+    /// view, key and value.
+    #[test]
+    fn the_json_guest_publishes_or_refuses_any_line((line, good) in json_guest_lines()) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let result = runtime.block_on(async {
+            let mut g = instance(json_guest(), Limits::default()).await;
+            g.on_batch(&line).await
+        });
+        let shown = String::from_utf8_lossy(&line).into_owned();
+        match &result {
+            Ok(_) | Err(GuestError::GuestRejected { .. } | GuestError::InvalidView { .. }) => {}
+            Err(other) => prop_assert!(false, "{shown}: {other}"),
+        }
+        if serde_json::from_slice::<serde::de::IgnoredAny>(&line).is_err() {
+            prop_assert!(result.is_err(), "not JSON, yet published: {shown}");
+        }
+        if good {
+            prop_assert!(result.is_ok(), "well formed, yet refused: {shown}: {:?}", result.err());
+        }
+        if let (Ok(batch), Ok(native)) = (&result, serde_json::from_slice::<serde_json::Value>(&line)) {
+            prop_assert_eq!(batch.events.len(), 1, "{}", shown);
+            let event = &batch.events[0];
+            prop_assert_eq!(&*event.view, native["view"].as_str().unwrap_or_default());
+            prop_assert_eq!(event.key.as_str(), native["key"].as_str().unwrap_or_default());
+            let payload: serde_json::Value = serde_json::from_slice(&event.payload).unwrap();
+            prop_assert_eq!(&payload, &native["value"]);
+        }
+    }
+
+    /// Every built-in guest that parses ingest bodies, on any bytes — lines of JSON-ish and
+    /// log-ish text with bytes out of place, or noise: the batch is published or refused,
+    /// never a trap.
+    #[test]
+    fn builtin_guests_publish_or_refuse_any_bytes(
+        guest in 0usize..3,
+        input in prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..200),
+            prop::collection::vec(
+                prop::sample::select(
+                    b"{}[]\":,0123456789.-eE \t\r\n\\usymbolpriceseqviewkeyvalueERRORWARNINFOservice=\xff\xc3\xa9\x00".to_vec(),
+                ),
+                0..200,
+            ),
+        ],
+    ) {
+        let module = [ticker(), logstats(), json_guest()][guest];
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let result = runtime.block_on(async {
+            let mut g = instance(module, Limits::default()).await;
+            g.on_batch(&input).await
+        });
+        match result {
+            Ok(_) | Err(GuestError::GuestRejected { .. } | GuestError::InvalidView { .. }) => {}
+            Err(other) => prop_assert!(false, "guest {}: {}: {}", guest, String::from_utf8_lossy(&input), other),
+        }
+    }
+}

@@ -15,6 +15,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tower::ServiceExt;
 
+use super::head::refused_by_hyper;
 use super::lean::read_some;
 use super::stop::{stopped, BodyGuard, Guarded};
 use super::{Connection, Io, Shared, H2_MAX_STREAMS, H2_PREFACE, MAX_HEAD, MAX_HEADERS};
@@ -99,12 +100,20 @@ impl Connection {
         let (peer, shared) = (self.peer, Arc::clone(&self.shared));
         TowerToHyperService::new(tower::service_fn(
             move |mut request: hyper::Request<hyper::body::Incoming>| {
+                // Refused here, before any route, as the lean transport refuses it.
+                let refused = refused_by_hyper(&request);
                 request
                     .extensions_mut()
                     .insert(axum::extract::ConnectInfo(peer));
-                let guard = BodyGuard::of(request.method(), &shared);
+                let guard = refused
+                    .is_none()
+                    .then(|| BodyGuard::of(request.method(), &shared))
+                    .flatten();
                 let router = shared.router.clone();
                 async move {
+                    if let Some(refused) = refused {
+                        return Ok(refused.response());
+                    }
                     let response = router.oneshot(request).await?;
                     Ok(match guard {
                         Some(guard) => response.map(|body| {

@@ -19,10 +19,15 @@
 //! - **hyper** serves a connection from the first request the lean transport
 //!   declines on: one with a body or framing headers (`content-length`,
 //!   `transfer-encoding`), `HEAD` and other methods, HTTP/1.0, `expect`,
-//!   `upgrade`, `connection` other than `keep-alive`, a head over the limits,
-//!   or anything it cannot parse. The bytes already read are replayed to
-//!   hyper, so the hand-over is invisible to the client and every malformed
-//!   request gets hyper's answer.
+//!   `upgrade`, `connection` other than `keep-alive`. The bytes already read
+//!   are replayed to hyper, so the hand-over is invisible to the client.
+//!
+//! A head that is malformed, over the limits, or framed in a way a proxy in
+//! front could read differently (both `content-length` and
+//! `transfer-encoding`, a transfer coding besides `chunked`, no `host` or
+//! several) is refused with the JSON error, and the connection closed: by the
+//! lean transport when it reads the head, and before any route by hyper's
+//! service when hyper does (hyper itself refuses what it cannot parse).
 //!
 //! ## Limits
 //!

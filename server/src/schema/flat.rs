@@ -667,5 +667,27 @@ mod tests {
                 prop_assert!(validator.is_valid(&value), "{}", String::from_utf8_lossy(&payload));
             }
         }
+
+        /// Any bytes at all, and JSON-ish ones: no panic, and what fits is what `serde_json`
+        /// reads and the full validator accepts.
+        #[test]
+        fn any_bytes_fit_only_if_valid(
+            payload in prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..80),
+                prop::collection::vec(
+                    prop::sample::select(b"{}[]\":,0123456789.-+eE \t\n\\uabcdefsymbolpriceq\xff\xc3\xa9\x01".to_vec()),
+                    0..80,
+                ),
+            ],
+        ) {
+            let schema = tick_schema();
+            let flat = Flat::compile(&schema).unwrap();
+            if flat.fits(&payload) {
+                let value: Result<Value, _> = serde_json::from_slice(&payload);
+                prop_assert!(value.is_ok(), "{}", String::from_utf8_lossy(&payload));
+                let validator = jsonschema::validator_for(&schema).unwrap();
+                prop_assert!(validator.is_valid(&value.unwrap()), "{}", String::from_utf8_lossy(&payload));
+            }
+        }
     }
 }
