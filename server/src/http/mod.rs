@@ -22,6 +22,7 @@ mod ingest;
 pub mod openapi;
 #[cfg(test)]
 mod props;
+mod query;
 mod schema;
 mod views;
 

@@ -9,7 +9,7 @@ use viewtape_snapshots::{SnapshotError, SnapshotMeta};
 
 use super::{SnapshotActionError, SnapshotBody, Snapshots};
 use crate::hub::ViewStateDump;
-use crate::runtime::RuntimeSnapshot;
+use crate::runtime::{IngestError, RuntimeSnapshot};
 
 /// What a live restore checked and will put in place.
 #[derive(Debug)]
@@ -177,7 +177,15 @@ impl Snapshots {
                     .stage_restore(saved.clone())
                     .await
                     .map_err(|error| {
-                        SnapshotActionError::Unrestorable(format!("{name}: {error}"))
+                        // The guest's refusal in our words; its detail is logged, once.
+                        tracing::info!(file = %name, %error, "restore refused by a guest");
+                        let told = match &error {
+                            IngestError::Guest { runtime, source } => {
+                                format!("runtime `{runtime}`: {}", source.public_message())
+                            }
+                            other => other.to_string(),
+                        };
+                        SnapshotActionError::Unrestorable(format!("{name}: {told}"))
                     })?;
             }
         }

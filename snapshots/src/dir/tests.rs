@@ -20,6 +20,7 @@ fn meta(exact: bool, ms: u64) -> SnapshotMeta {
     SnapshotMeta {
         exact,
         created_at_ms: ms,
+        manual: false,
     }
 }
 
