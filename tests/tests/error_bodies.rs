@@ -74,7 +74,8 @@ async fn no_error_answer_carries_internal_detail() -> anyhow::Result<()> {
         let answer = get(path).await?;
         refused(&answer, 400, "bad_request")?;
         ensure!(
-            http::error_body_problem(&answer.text()).is_none() && !answer.text().contains("access_token"),
+            http::error_body_problem(&answer.text()).is_none()
+                && !answer.text().contains("access_token"),
             "{path}: {}",
             answer.text()
         );

@@ -441,12 +441,20 @@ async fn a_guest_failure_is_told_in_our_words_and_logged_in_full() -> anyhow::Re
     let (server, _config) = fixture_server("").await?;
     for (line, told) in [
         ("panic the guest gives up", "the guest panicked"),
-        ("fail no such symbol", "guest rejected the batch: no such symbol"),
+        (
+            "fail no such symbol",
+            "guest rejected the batch: no such symbol",
+        ),
         ("loop", "CPU budget"),
         ("oom", "memory limit"),
     ] {
         let resp = server.ingest("m", &format!("{line}\n")).await?;
-        ensure!(resp.status() == 422, "{line}: {} {}", resp.status(), resp.text());
+        ensure!(
+            resp.status() == 422,
+            "{line}: {} {}",
+            resp.status(),
+            resp.text()
+        );
         let message = resp.json()?["message"]
             .as_str()
             .context("a message")?

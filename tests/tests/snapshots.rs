@@ -377,8 +377,18 @@ async fn admin_routes_refuse_what_they_do_not_take_naming_it() -> anyhow::Result
     let at_start = snapshot_files(server.data_dir())?;
     for (method, path, body, named) in [
         ("POST", "/admin/snapshot?kind=exact", &b""[..], "\"kind\""),
-        ("POST", "/admin/snapshot", b"{\"label\":\"before upgrade\"}", "\"label\""),
-        ("POST", "/admin/snapshot", b"not json", "expected a JSON body"),
+        (
+            "POST",
+            "/admin/snapshot",
+            b"{\"label\":\"before upgrade\"}",
+            "\"label\"",
+        ),
+        (
+            "POST",
+            "/admin/snapshot",
+            b"not json",
+            "expected a JSON body",
+        ),
         ("GET", "/admin/snapshots?verbose=1", b"", "\"verbose\""),
         ("GET", "/admin/runtimes?name=demo", b"", "\"name\""),
         ("GET", "/admin/?x=1", b"", "\"x\""),
@@ -388,10 +398,25 @@ async fn admin_routes_refuse_what_they_do_not_take_naming_it() -> anyhow::Result
             b"{\"name\":\"snap-x.vtsnap\",\"force\":true}",
             "\"force\"",
         ),
-        ("POST", "/admin/restore", b"{\"nam\":\"snap-x.vtsnap\"}", "\"nam\""),
+        (
+            "POST",
+            "/admin/restore",
+            b"{\"nam\":\"snap-x.vtsnap\"}",
+            "\"nam\"",
+        ),
         ("POST", "/admin/restore", b"[]", "expected a JSON body"),
-        ("POST", "/admin/restore?dry_run=1", b"{\"name\":\"x\"}", "\"dry_run\""),
-        ("PUT", "/admin/runtimes/demo/module?force=1", b"\0asm", "\"force\""),
+        (
+            "POST",
+            "/admin/restore?dry_run=1",
+            b"{\"name\":\"x\"}",
+            "\"dry_run\"",
+        ),
+        (
+            "PUT",
+            "/admin/runtimes/demo/module?force=1",
+            b"\0asm",
+            "\"force\"",
+        ),
     ] {
         let resp = admin(&server, method, path, Some(TOKEN), body).await?;
         let error = expect::json_error(&resp, 400).with_context(|| format!("{method} {path}"))?;

@@ -354,7 +354,8 @@ async fn every_view_refuses_a_value_nested_past_the_one_bound() -> anyhow::Resul
                 nested(depth)
             );
             let resp = server.ingest("json", &line).await?;
-            let error = expect::json_error(&resp, 422).with_context(|| format!("{view} {depth}"))?;
+            let error =
+                expect::json_error(&resp, 422).with_context(|| format!("{view} {depth}"))?;
             ensure!(error["error"] == "batch_rejected", "{error}");
             let message = error["message"].as_str().unwrap_or_default();
             ensure!(
@@ -370,10 +371,23 @@ async fn every_view_refuses_a_value_nested_past_the_one_bound() -> anyhow::Resul
             nested(100)
         );
         let resp = server.ingest("json", &line).await?;
-        ensure!(resp.status() == 200, "{view}: {} {}", resp.status(), resp.text());
+        ensure!(
+            resp.status() == 200,
+            "{view}: {} {}",
+            resp.status(),
+            resp.text()
+        );
         let state = server.get(&format!("/views/{view}")).await?;
-        ensure!(state.text().contains(&nested(100)), "{view}: {}", state.text());
-        ensure!(!state.text().contains("\"deep\""), "{view}: {}", state.text());
+        ensure!(
+            state.text().contains(&nested(100)),
+            "{view}: {}",
+            state.text()
+        );
+        ensure!(
+            !state.text().contains("\"deep\""),
+            "{view}: {}",
+            state.text()
+        );
     }
     Ok(())
 }

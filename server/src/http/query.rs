@@ -123,7 +123,10 @@ mod tests {
         assert_eq!(params.get("from"), Some("tape"));
         assert_eq!(params.get("until"), None);
         assert!(Params::parse(None, &[], &[]).unwrap().get("x").is_none());
-        assert!(Params::parse(Some(""), &[], &[]).unwrap().get("x").is_none());
+        assert!(Params::parse(Some(""), &[], &[])
+            .unwrap()
+            .get("x")
+            .is_none());
     }
 
     #[test]
@@ -157,8 +160,7 @@ mod tests {
         let params = Params::parse(Some("access_token=t"), &["cursor"], &["access_token"]).unwrap();
         assert_eq!(params.get("access_token"), Some("t"));
         let refused = message(
-            Params::parse(Some("access_token=t&x=1"), &["cursor"], &["access_token"])
-                .unwrap_err(),
+            Params::parse(Some("access_token=t&x=1"), &["cursor"], &["access_token"]).unwrap_err(),
         );
         assert!(!refused.contains("access_token"), "{refused}");
     }

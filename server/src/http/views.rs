@@ -41,7 +41,11 @@ pub(super) fn reading_query(
     takes: &[&'static str],
 ) -> Result<Params, ApiError> {
     const TOKEN: &str = "access_token";
-    if state.auth.as_ref().is_some_and(|auth| auth.allows_query_token()) {
+    if state
+        .auth
+        .as_ref()
+        .is_some_and(|auth| auth.allows_query_token())
+    {
         let takes: Vec<&'static str> = takes.iter().copied().chain([TOKEN]).collect();
         Params::parse(query, &takes, &[])
     } else {

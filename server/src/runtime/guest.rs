@@ -295,10 +295,7 @@ fn typed(
     let schemas = schemas.filter(|schemas| !schemas.is_empty());
     for event in &mut batch.events {
         // Text that is not JSON is published as a JSON string of it: only a value is bounded.
-        if checked
-            && event.kind == EventKind::Update
-            && too_deep(&event.payload)
-            && event.is_json()
+        if checked && event.kind == EventKind::Update && too_deep(&event.payload) && event.is_json()
         {
             return Err(GuestError::TooDeep {
                 view: event.view.to_string(),
@@ -387,7 +384,10 @@ mod tests {
                     matches!(&error, GuestError::TooDeep { view: v, .. } if v == view),
                     "{view}: {error}"
                 );
-                assert!(error.to_string().contains("nested deeper than 128"), "{error}");
+                assert!(
+                    error.to_string().contains("nested deeper than 128"),
+                    "{error}"
+                );
                 assert!(error.is_input_error());
             }
             let within = GuestBatch::of_events(vec![event(view, nested(crate::schema::MAX_DEPTH))]);
@@ -396,7 +396,11 @@ mod tests {
         }
         // Text that is not JSON is no value, whatever its brackets: published as a string.
         let text = Bytes::from("[".repeat(1_000).into_bytes());
-        let batch = typed(None, Some(&schemas), GuestBatch::of_events(vec![event("plain", text)]));
+        let batch = typed(
+            None,
+            Some(&schemas),
+            GuestBatch::of_events(vec![event("plain", text)]),
+        );
         assert!(!batch.unwrap().events[0].is_json());
         // A logged batch run again is not held to it: it committed as it was.
         let known = GuestBatch::of_events(vec![event("plain", nested(1_000))]);

@@ -296,7 +296,11 @@ fn a_manual_snapshot_is_named_so_and_kept_as_a_periodic_one() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let dir = SnapshotDir::open(tmp.path())?.with_keep_periodic(2);
     let manual = dir.write(&State { epoch: 1, n: 0 }, &SnapshotMeta::manual_now())?;
-    assert!(manual.file_name().ends_with("-manual.vtsnap"), "{}", manual.file_name());
+    assert!(
+        manual.file_name().ends_with("-manual.vtsnap"),
+        "{}",
+        manual.file_name()
+    );
     assert_eq!(manual.kind(), SnapshotKind::Manual);
     assert!(!manual.is_exact());
     let listed = dir.list()?;
