@@ -300,6 +300,49 @@ mod tests {
         assert_eq!(entries["k777"], serde_json::json!({ "n": 777 }));
     }
 
+    /// A bad path or query was answered in axum's and serde's words ("Invalid URL: …",
+    /// "Failed to deserialize query string: …", listing `access_token` with query tokens off).
+    #[tokio::test]
+    async fn bad_paths_and_queries_are_refused_in_our_words() {
+        let (router, hub) = test_app();
+        hub.declare("prices");
+        for (uri, said) in [
+            ("/views/%FF", "the view in the path is not UTF-8"),
+            ("/views/%FF/events", "the view in the path is not UTF-8"),
+            ("/views/%FF/schema", "the view in the path is not UTF-8"),
+            (
+                "/views?verbose=1",
+                "unknown query parameter \"verbose\"; this route takes no query parameter",
+            ),
+            (
+                "/views/prices?cursor=1",
+                "unknown query parameter \"cursor\"; this route takes: keys, prefix",
+            ),
+            (
+                "/views/prices/events?form=tape",
+                "unknown query parameter \"form\"; this route takes: cursor, from, until, keys, prefix",
+            ),
+            ("/views/prices/events?from=bogus", "from=\"bogus\""),
+            (
+                "/views/prices/events?cursor=a&cursor=b",
+                "query parameter \"cursor\" is given more than once",
+            ),
+        ] {
+            let request = axum::http::Request::get(uri)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let response = router.clone().oneshot(request).await.unwrap();
+            assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{uri}");
+            let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+                .await
+                .unwrap();
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let message = body["message"].as_str().unwrap();
+            assert_eq!(body["error"], "bad_request", "{uri}");
+            assert!(message.contains(said), "{uri}: {message}");
+        }
+    }
+
     #[tokio::test]
     async fn bad_paths_and_queries_are_json_errors() {
         let (router, hub) = test_app();

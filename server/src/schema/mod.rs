@@ -266,6 +266,30 @@ mod tests {
         );
     }
 
+    /// A value nested past 128 was "not JSON" with serde's text: the check says what it is,
+    /// reads every value within the bound (128 itself, one past serde's own limit), and words
+    /// text that is not JSON itself.
+    #[test]
+    fn the_check_names_a_value_nested_too_deep_and_reads_every_one_within() {
+        let schema = ViewSchema::new("v", json!({"type": "array"})).unwrap();
+        let nested = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+        assert!(schema.check("v", "k", nested(MAX_DEPTH).as_bytes()).is_ok());
+        for depth in [MAX_DEPTH + 1, 200_000] {
+            let violation = schema
+                .check("v", "k", nested(depth).as_bytes())
+                .unwrap_err();
+            assert!(
+                violation.message.contains("nested deeper than 128"),
+                "{violation}"
+            );
+        }
+        let violation = schema.check("v", "k", b"[1,").unwrap_err();
+        assert_eq!(
+            violation.message,
+            "the value is not JSON (line 1, column 3)"
+        );
+    }
+
     #[test]
     fn a_flat_schema_words_violations_as_the_full_check_does() {
         let flat = json!({

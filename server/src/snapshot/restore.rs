@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use viewtape_journal::{JournalEpoch, JournalSnapshot};
-use viewtape_snapshots::{SnapshotError, SnapshotMeta};
+use viewtape_snapshots::{FormatError, SnapshotError, SnapshotMeta};
 
 use super::{SnapshotActionError, SnapshotBody, Snapshots};
 use crate::hub::ViewStateDump;
@@ -115,7 +115,17 @@ impl Snapshots {
                 {
                     SnapshotActionError::Unrestorable(format!("{name} is a directory"))
                 }
-                // Named by its file name: the answer carries no path.
+                // Named by its file name: the answer carries no path. A body that does not
+                // decode is told in our words: the decoder's text names our types.
+                SnapshotError::Invalid {
+                    source: source @ FormatError::Body { .. },
+                    ..
+                } => {
+                    tracing::warn!(file = %name, error = %source, "snapshot body does not decode");
+                    SnapshotActionError::Unrestorable(format!(
+                        "{name} is refused: its body is not a snapshot this server reads (the server log says why)"
+                    ))
+                }
                 SnapshotError::Invalid { source, .. } => {
                     SnapshotActionError::Unrestorable(format!("{name} is refused: {source}"))
                 }
