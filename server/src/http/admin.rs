@@ -226,7 +226,11 @@ impl From<SnapshotActionError> for ApiError {
             SnapshotActionError::Unrestorable(_) => {
                 ApiError::unprocessable("snapshot_unrestorable", error.to_string())
             }
-            SnapshotActionError::Shared(_) => ApiError::unavailable(error.to_string()),
+            // The stream's and the bucket's own words (the NATS client's) stay in the log.
+            SnapshotActionError::Shared(_) => ApiError::unavailable_hiding(
+                "the restore did not go through the cluster's stream in time (the server log says why)",
+                &error,
+            ),
             other => ApiError::internal(other),
         }
     }
