@@ -30,7 +30,7 @@ pub enum DeployActionError {
     Load {
         /// The runtime.
         runtime: String,
-        /// The compiler's or the ABI check's message.
+        /// Why, in the server's words ([`crate::host::LoadError::public_message`]).
         message: String,
     },
     /// The runtime refused it or could not log it.
@@ -92,9 +92,12 @@ impl Deployer {
         let compile = wasm.clone();
         let module = tokio::task::spawn_blocking(move || GuestModule::new(&engine, &compile))
             .await?
-            .map_err(|error| DeployActionError::Load {
-                runtime: runtime.to_owned(),
-                message: error.to_string(),
+            .map_err(|error| {
+                tracing::info!(%runtime, %error, "deploy refused: the module does not load");
+                DeployActionError::Load {
+                    runtime: runtime.to_owned(),
+                    message: error.public_message().into_owned(),
+                }
             })?;
         if let Some(cluster) = &self.cluster {
             cluster

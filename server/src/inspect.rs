@@ -119,6 +119,7 @@ pub fn verify_dir(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
                 match entry.kind {
                     SnapshotKind::Exact if header.is_exact() => "exact",
                     SnapshotKind::Consumed => "consumed",
+                    SnapshotKind::Manual => "manual",
                     _ => "periodic",
                 },
                 header.file_len(),

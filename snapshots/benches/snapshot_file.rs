@@ -93,6 +93,7 @@ fn bench(c: &mut Criterion) {
     let meta = SnapshotMeta {
         exact: true,
         created_at_ms: 1,
+        manual: false,
     };
 
     let body = body(RECORDS);

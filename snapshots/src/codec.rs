@@ -161,6 +161,7 @@ pub(crate) mod tests {
         SnapshotMeta {
             exact,
             created_at_ms: 1_764_409_200_123,
+            manual: false,
         }
     }
 
@@ -365,7 +366,7 @@ pub(crate) mod tests {
             exact in any::<bool>(),
             flips in proptest::collection::vec((any::<proptest::sample::Index>(), 1u8..=255), 1..4),
         ) {
-            let bytes = encode(&body, &SnapshotMeta { exact, created_at_ms: 42 })
+            let bytes = encode(&body, &SnapshotMeta { exact, created_at_ms: 42, manual: false })
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             let mut bad = bytes.clone();
             let len = bad.len();
@@ -384,7 +385,7 @@ pub(crate) mod tests {
 
         #[test]
         fn any_truncation_is_refused(body in arb_body(), cut in any::<proptest::sample::Index>()) {
-            let bytes = encode(&body, &SnapshotMeta { exact: true, created_at_ms: 1 })
+            let bytes = encode(&body, &SnapshotMeta { exact: true, created_at_ms: 1, manual: false })
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             let len = cut.index(bytes.len());
             prop_assert!(decode::<Body>(&bytes[..len]).is_err());

@@ -50,6 +50,9 @@ pub struct SnapshotMeta {
     pub exact: bool,
     /// Creation time, unix milliseconds.
     pub created_at_ms: u64,
+    /// Taken because an operator asked for it, not by a timer (never exact): its file is named
+    /// `manual`, and it loads and is retained as a periodic one. Only the name says so.
+    pub manual: bool,
 }
 
 impl SnapshotMeta {
@@ -58,6 +61,7 @@ impl SnapshotMeta {
         SnapshotMeta {
             exact: true,
             created_at_ms: unix_ms_now(),
+            manual: false,
         }
     }
 
@@ -66,6 +70,15 @@ impl SnapshotMeta {
         SnapshotMeta {
             exact: false,
             created_at_ms: unix_ms_now(),
+            manual: false,
+        }
+    }
+
+    /// A snapshot an operator asked for, created now: periodic, named `manual`.
+    pub fn manual_now() -> Self {
+        SnapshotMeta {
+            manual: true,
+            ..Self::periodic_now()
         }
     }
 }

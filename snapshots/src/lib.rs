@@ -58,8 +58,9 @@
 //! listing and loading ignore ([`SnapshotDir::remove_temp_files`] clears them at start).
 //!
 //! File names sort by time and write sequence:
-//! `snap-<unix_ms:016>-<seq:010>-<exact|periodic|consumed>.vtsnap`. The writer keeps both numbers
-//! non-decreasing (even if the clock steps back), so newest-first is descending `(ms, seq)`.
+//! `snap-<unix_ms:016>-<seq:010>-<exact|periodic|manual|consumed>.vtsnap` (`manual`: a periodic
+//! one an operator asked for). The writer keeps both numbers non-decreasing (even if the clock
+//! steps back), so newest-first is descending `(ms, seq)`.
 //!
 //! ## Validation
 //!
@@ -77,7 +78,8 @@
 //! ## Retention
 //!
 //! [`SnapshotDir::prune`] keeps the newest exact snapshot plus the newest N (default
-//! [`DEFAULT_KEEP_PERIODIC`] = 5) periodic or consumed ones, and removes older valid snapshots.
+//! [`DEFAULT_KEEP_PERIODIC`] = 5) periodic, manual or consumed ones, and removes older valid
+//! snapshots.
 //! A file that fails validation is **never** deleted: it is kept for inspection and does not count
 //! towards N. `write` does not prune; the server calls `prune` after each write.
 //!

@@ -422,7 +422,9 @@ pub fn record_error_body(status: u16, body: &[u8]) {
 }
 
 /// What is wrong with an error body, if anything: it is not the JSON error, or its message
-/// carries internal detail — a file path, an OS error, a nested error chain, `Debug` text.
+/// carries internal detail — a file path, an OS error, a nested error chain, `Debug` text — or
+/// words that are not the server's own (a library's refusal, the engine's trap text, a panic's
+/// source location).
 pub fn error_body_problem(body: &str) -> Option<&'static str> {
     if body.is_empty() {
         return Some("an empty body");
@@ -457,6 +459,19 @@ pub fn error_body_problem(body: &str) -> Option<&'static str> {
     }
     if DEBUG.iter().any(|d| message.contains(d)) {
         return Some("Debug text");
+    }
+    // axum's and serde's refusals, wasmtime's trap text, a Rust panic's location.
+    const FOREIGN: [&str; 7] = [
+        "Failed to deserialize",
+        "Invalid URL",
+        "wasm backtrace",
+        "wasm trap",
+        "error while executing",
+        "panicked at",
+        ".rs:",
+    ];
+    if FOREIGN.iter().any(|f| message.contains(f)) {
+        return Some("words that are not ours");
     }
     let mut depth = 0i32;
     for c in message.chars() {
@@ -652,5 +667,9 @@ mod error_body_tests {
         let ours = r#"{"error":"unauthorized","message":"invalid token: it has expired (`exp`): get a new one"}"#;
         assert_eq!(error_body_problem(ours), None);
         assert_eq!(error_body_problem(""), Some("an empty body"));
+        let axum = r#"{"error":"bad_request","message":"bad query: Failed to deserialize query string: unknown field `x`, expected `access_token`"}"#;
+        assert_eq!(error_body_problem(axum), Some("words that are not ours"));
+        let trap = r#"{"error":"batch_rejected","message":"runtime `m`: guest panicked: boom (at src/lib.rs:77:28; wasm trap: wasm `unreachable` instruction executed)"}"#;
+        assert_eq!(error_body_problem(trap), Some("words that are not ours"));
     }
 }

@@ -431,3 +431,52 @@ async fn running_out_of_descriptors_is_one_log_line_and_the_server_recovers() ->
     ensure!(server.metric("viewtape_accept_errors_total").await? >= 1.0);
     Ok(())
 }
+
+/// A guest's failure reached its `422` in other words than the server's: a panic's source
+/// location and wasmtime's trap text. Every kind of failure is told in our words now; what the
+/// guest wrote for its client (an error it returned) is passed on, and the rest of the detail
+/// (the panic's message among it) is in the server's log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_failure_is_told_in_our_words_and_logged_in_full() -> anyhow::Result<()> {
+    let (server, _config) = fixture_server("").await?;
+    for (line, told) in [
+        ("panic the guest gives up", "the guest panicked"),
+        (
+            "fail no such symbol",
+            "guest rejected the batch: no such symbol",
+        ),
+        ("loop", "CPU budget"),
+        ("oom", "memory limit"),
+    ] {
+        let resp = server.ingest("m", &format!("{line}\n")).await?;
+        ensure!(
+            resp.status() == 422,
+            "{line}: {} {}",
+            resp.status(),
+            resp.text()
+        );
+        let message = resp.json()?["message"]
+            .as_str()
+            .context("a message")?
+            .to_owned();
+        ensure!(message.contains(told), "{line}: {message}");
+        ensure!(
+            http::error_body_problem(&resp.text()).is_none(),
+            "{line}: {message}"
+        );
+        ensure!(
+            !message.contains("gives up") && !message.contains("wasm"),
+            "{line}: {message}"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server.logs().contains("the guest gives up") {
+        ensure!(
+            Instant::now() < deadline,
+            "the panic's message is in the log:\n{}",
+            server.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}

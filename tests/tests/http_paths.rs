@@ -273,7 +273,9 @@ fn corpus() -> Vec<Case> {
     vec![
         Case::new("stream", get("/views/prices/events", "")),
         Case::new("percent-encoded view", get("/views/pri%63es/events", "")),
-        Case::new("invalid UTF-8 view", get("/views/%FF/events", "")),
+        Case::new("invalid UTF-8 view", get("/views/%FF/events", ""))
+            .expect(naming("not UTF-8"))
+            .expect(not_naming("Invalid URL")),
         Case::new("unknown view", get("/views/nope/events", "")),
         Case::new("view name with a slash", get("/views/a/b/events", "")),
         Case::new("repeated query", get("/views/prices/events?cursor=a&cursor=b", "")),
@@ -591,6 +593,14 @@ fn refused(want: u16) -> impl Fn(&Seen) -> anyhow::Result<()> {
 fn naming(text: &'static str) -> impl Fn(&Seen) -> anyhow::Result<()> {
     move |seen| {
         ensure!(seen.body.contains(text), "{text:?} not in {:?}", seen.body);
+        Ok(())
+    }
+}
+
+/// The body does not mention `text`.
+fn not_naming(text: &'static str) -> impl Fn(&Seen) -> anyhow::Result<()> {
+    move |seen| {
+        ensure!(!seen.body.contains(text), "{text:?} in {:?}", seen.body);
         Ok(())
     }
 }
@@ -1132,6 +1142,20 @@ fn access_corpus(query_tokens: bool) -> Vec<Case> {
         ),
     ];
     let [stream_case, state_case, list_case] = by_query;
+    // A parameter a route does not take is refused in our words, listing what it takes: the
+    // token parameter only where it may carry a token.
+    let unknown = Case::new(
+        "unknown query parameter",
+        get("/views/prices/events?verbose=1", ""),
+    )
+    .expect(refused(400))
+    .expect(naming("unknown query parameter"))
+    .expect(naming("verbose"))
+    .expect(not_naming("Failed to deserialize"));
+    cases.push(match query_tokens {
+        true => unknown.expect(naming("access_token")),
+        false => unknown.expect(not_naming("access_token")),
+    });
     if query_tokens {
         cases.extend([
             stream_case.expect(stream("ACME")).expect(shared_with_app),

@@ -1,4 +1,4 @@
-//! `POST /runtimes/{runtime}/ingest`: all-or-nothing batches, 404, 413, 422.
+//! `POST /runtimes/{runtime}/ingest`: all-or-nothing batches, 400, 404, 413, 422.
 
 use std::time::Duration;
 
@@ -68,6 +68,68 @@ async fn malformed_and_invalid_ticks_are_422() -> anyhow::Result<()> {
     ensure!(
         view["entries"].as_object().is_none_or(|e| e.is_empty()),
         "nothing published: {view}"
+    );
+    Ok(())
+}
+
+/// An empty body took a log position of its own (a record of nothing, and a `200` receipt
+/// for it): it is a `400` now, and the next batch takes the very next position. A query
+/// parameter, which ingest does not take, was ignored: it is a `400` naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_batch_or_a_query_is_400_and_takes_no_log_position() -> anyhow::Result<()> {
+    let server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME"]);
+    let first = server.ingest_ok(&feed.batch(1)).await?;
+    let position = first["position"].as_u64().context("a position")?;
+    for (producer, headers) in [
+        (false, Vec::new()),
+        (true, vec![("Producer-Id", "p"), ("Producer-Seq", "0")]),
+    ] {
+        let resp = viewtape_tests::http::request(
+            server.addr(),
+            "POST",
+            "/runtimes/demo/ingest",
+            &headers,
+            b"",
+        )
+        .await?;
+        let error = expect::json_error(&resp, 400).with_context(|| format!("{producer}"))?;
+        ensure!(
+            error["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("the body is empty")),
+            "{error}"
+        );
+    }
+    let query = server
+        .post("/runtimes/demo/ingest?verbose=1", feed.batch(1).as_bytes())
+        .await?;
+    let error = expect::json_error(&query, 400)?;
+    ensure!(
+        error["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("\"verbose\"")),
+        "{error}"
+    );
+    let next = server.ingest_ok(&feed.batch(1)).await?;
+    ensure!(
+        next["position"].as_u64() == Some(position + 1),
+        "nothing took a position in between: {first} then {next}"
+    );
+    // The producer's seq 0 is still to come: the empty batch did not take it.
+    let resp = viewtape_tests::http::request(
+        server.addr(),
+        "POST",
+        "/runtimes/demo/ingest",
+        &[("Producer-Id", "p"), ("Producer-Seq", "0")],
+        feed.batch(1).as_bytes(),
+    )
+    .await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    ensure!(
+        resp.json()?["position"].as_u64() == Some(position + 2),
+        "{}",
+        resp.text()
     );
     Ok(())
 }

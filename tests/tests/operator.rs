@@ -289,16 +289,24 @@ async fn the_runtimes_route_reports_each_module_state_and_last_failure() -> anyh
         "{refused}"
     );
 
-    // A trap replaces it; a success after it does not clear it.
-    send(&server, "panic the guest gives up\n", 422).await?;
+    // A trap replaces it; a success after it does not clear it. It is told in our words, as
+    // its sender was: the panic's message and location are in the server's log.
+    let panicked = send(&server, "panic the guest gives up\n", 422).await?;
     send(&server, &"count\n".repeat(88), 200).await?;
     let trapped = counter(&server).await?;
     ensure!(trapped["last_error"]["kind"] == "failed", "{trapped}");
+    let message = trapped["last_error"]["message"]
+        .as_str()
+        .context("message")?;
     ensure!(
-        trapped["last_error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("guest panicked: the guest gives up")),
+        message.contains("the guest panicked") && !message.contains("gives up"),
         "{trapped}"
+    );
+    ensure!(
+        panicked["message"]
+            .as_str()
+            .is_some_and(|told| told.ends_with(message)),
+        "the sender was told {panicked}, the operator sees {message:?}"
     );
     ensure!(
         trapped["state_bytes"] == 11 && trapped["batches"] == 2,

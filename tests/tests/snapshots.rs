@@ -344,7 +344,9 @@ async fn admin_token_is_required_and_checked() -> anyhow::Result<()> {
         "{written}"
     );
     ensure!(written["size"].as_u64().is_some_and(|s| s > 0), "{written}");
-    ensure!(name.ends_with("-periodic.vtsnap"), "{name}");
+    // An operator's snapshot was named and listed as the timer's ("periodic"): it says
+    // "manual" now, wherever it is labelled.
+    ensure!(name.ends_with("-manual.vtsnap"), "{name}");
 
     let resp = admin(&server, "GET", "/admin/snapshots", Some(TOKEN), b"").await?;
     ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
@@ -356,7 +358,7 @@ async fn admin_token_is_required_and_checked() -> anyhow::Result<()> {
     ensure!(
         entry["valid"] == true
             && entry["exact"] == false
-            && entry["kind"] == "periodic"
+            && entry["kind"] == "manual"
             && entry["size"] == written["size"]
             && entry["error"].is_null()
             && entry["age_seconds"]
@@ -364,6 +366,79 @@ async fn admin_token_is_required_and_checked() -> anyhow::Result<()> {
                 .is_some_and(|a| (0.0..60.0).contains(&a)),
         "{entry}"
     );
+    Ok(())
+}
+
+/// Unknown query parameters and body fields on the admin routes were accepted and ignored:
+/// each is a `400` naming it now, after the token is checked, and nothing is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_routes_refuse_what_they_do_not_take_naming_it() -> anyhow::Result<()> {
+    let server = Server::start_with_env(&[], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
+    let at_start = snapshot_files(server.data_dir())?;
+    for (method, path, body, named) in [
+        ("POST", "/admin/snapshot?kind=exact", &b""[..], "\"kind\""),
+        (
+            "POST",
+            "/admin/snapshot",
+            b"{\"label\":\"before upgrade\"}",
+            "\"label\"",
+        ),
+        (
+            "POST",
+            "/admin/snapshot",
+            b"not json",
+            "expected a JSON body",
+        ),
+        ("GET", "/admin/snapshots?verbose=1", b"", "\"verbose\""),
+        ("GET", "/admin/runtimes?name=demo", b"", "\"name\""),
+        ("GET", "/admin/?x=1", b"", "\"x\""),
+        (
+            "POST",
+            "/admin/restore",
+            b"{\"name\":\"snap-x.vtsnap\",\"force\":true}",
+            "\"force\"",
+        ),
+        (
+            "POST",
+            "/admin/restore",
+            b"{\"nam\":\"snap-x.vtsnap\"}",
+            "\"nam\"",
+        ),
+        ("POST", "/admin/restore", b"[]", "expected a JSON body"),
+        (
+            "POST",
+            "/admin/restore?dry_run=1",
+            b"{\"name\":\"x\"}",
+            "\"dry_run\"",
+        ),
+        (
+            "PUT",
+            "/admin/runtimes/demo/module?force=1",
+            b"\0asm",
+            "\"force\"",
+        ),
+    ] {
+        let resp = admin(&server, method, path, Some(TOKEN), body).await?;
+        let error = expect::json_error(&resp, 400).with_context(|| format!("{method} {path}"))?;
+        let message = error["message"].as_str().unwrap_or_default();
+        ensure!(message.contains(named), "{method} {path}: {message}");
+        ensure!(
+            http::error_body_problem(&resp.text()).is_none(),
+            "{method} {path}: {message}"
+        );
+    }
+    // The token first: without it, a 401 whatever the query.
+    let resp = admin(&server, "POST", "/admin/snapshot?kind=exact", None, b"").await?;
+    ensure!(resp.status() == 401, "{} {}", resp.status(), resp.text());
+    ensure!(
+        snapshot_files(server.data_dir())? == at_start,
+        "nothing was written"
+    );
+    // An empty body and `{}` are what a snapshot takes.
+    for body in [&b""[..], b"{}", b" { } "] {
+        let resp = admin(&server, "POST", "/admin/snapshot", Some(TOKEN), body).await?;
+        ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    }
     Ok(())
 }
 

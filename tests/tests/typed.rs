@@ -331,6 +331,67 @@ async fn a_deploy_whose_state_does_not_fit_the_new_schema_is_refused() -> anyhow
     Ok(())
 }
 
+/// A `builtin:json` view without a schema took a value nested 200,000 deep, which most JSON
+/// parsers (the clients' among them) cannot read; a typed view refused one past 128 calling it
+/// "not JSON". One bound holds for every view now, typed or not, and says what it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_view_refuses_a_value_nested_past_the_one_bound() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let schema = dir.path().join("deep.schema.json");
+    std::fs::write(&schema, json!({ "type": "array" }).to_string())?;
+    let config = config_file(&format!(
+        "[[runtime]]\nname = \"json\"\nwasm = \"builtin:json\"\nviews = [\"plain\", \"typed\"]\n\
+         schemas = {{ typed = {:?} }}\n",
+        schema.display().to_string()
+    ))?;
+    let path = config.path().display().to_string();
+    let server = Server::start(&["--config", &path]).await?;
+    let nested = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+    for view in ["plain", "typed"] {
+        for depth in [129, 200_000] {
+            let line = format!(
+                "{{\"view\":\"{view}\",\"key\":\"deep\",\"value\":{}}}\n",
+                nested(depth)
+            );
+            let resp = server.ingest("json", &line).await?;
+            let error =
+                expect::json_error(&resp, 422).with_context(|| format!("{view} {depth}"))?;
+            ensure!(error["error"] == "batch_rejected", "{error}");
+            let message = error["message"].as_str().unwrap_or_default();
+            ensure!(
+                message.contains("nested deeper than 128")
+                    && message.contains(view)
+                    && !message.contains("not JSON"),
+                "{view} {depth}: {message}"
+            );
+        }
+        // Within the bound, a value is taken and read back as written.
+        let line = format!(
+            "{{\"view\":\"{view}\",\"key\":\"ok\",\"value\":{}}}\n",
+            nested(100)
+        );
+        let resp = server.ingest("json", &line).await?;
+        ensure!(
+            resp.status() == 200,
+            "{view}: {} {}",
+            resp.status(),
+            resp.text()
+        );
+        let state = server.get(&format!("/views/{view}")).await?;
+        ensure!(
+            state.text().contains(&nested(100)),
+            "{view}: {}",
+            state.text()
+        );
+        ensure!(
+            !state.text().contains("\"deep\""),
+            "{view}: {}",
+            state.text()
+        );
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn builtin_json_publishes_ndjson_typed_by_a_schema_file() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;

@@ -132,13 +132,17 @@ export class Producer {
 
   /**
    * Sends one batch (lines are joined with `\n`); resolves with the receipt once it is durable.
-   * Batches go out one at a time, in the order of the calls.
+   * Batches go out one at a time, in the order of the calls. An empty batch is refused here
+   * (`rejected`), as the server refuses it, without taking a seq.
    *
    * @throws ProducerError `fenced`, `unauthorized`, `rejected`, `out_of_order`, `seq_reused`,
    * `seq_stale`, `closed`, `store`.
    */
   send(batch: Batch): Promise<Receipt> {
     const body = toBody(batch);
+    if (body.length === 0) {
+      return Promise.reject(new ProducerError('rejected', 'an empty batch: the server takes none; nothing was sent'));
+    }
     return this.#enqueue(async () => {
       await this.#load();
       const pending = this.#saved?.pending;

@@ -349,6 +349,21 @@ test('a producer without a store, run twice under one id, publishes both runs (e
   }
 });
 
+test('an empty batch is refused by the producer, as the server refuses it, and takes no seq', async () => {
+  const sent = [];
+  const counting = async (url, init) => {
+    if (String(url).endsWith('/ingest')) sent.push(init.headers['Producer-Seq']);
+    return fetch(url, init);
+  };
+  const producer = openProducer(base, 'fixture', { id: 'node-empty', fetch: counting, ...fast });
+  for (const empty of [[], '', new Uint8Array()]) {
+    const refused = await producer.send(empty).then(() => undefined, error => error);
+    check(refused?.code === 'rejected', `refused: ${refused}`);
+  }
+  const receipt = await producer.send(batch(0));
+  check(receipt.seq === 0 && JSON.stringify(sent) === '["0"]', `${JSON.stringify(receipt)} after ${JSON.stringify(sent)}`);
+});
+
 test('keys narrow a view: only those keys are applied, and the map equals GET /views/notes?keys= at the same cursor', async () => {
   const view = openView(base, 'notes', { keys: ['k1', 'k3'], ...fast });
   const record = recordChanges(view);

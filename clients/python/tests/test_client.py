@@ -298,6 +298,18 @@ async def test_keys_and_prefix_together_refused_with_400_close_the_view_without_
     proxy.server.close()
 
 
+async def test_an_empty_batch_is_refused_without_taking_a_seq() -> None:
+    """The server refuses an empty batch (400): the producer refuses it first, taking no seq, so
+    the next batch goes out as if it had never been asked for (seq 0 of a fresh producer)."""
+    async with viewtape.Producer(BASE, "fixture", producer_id="py-empty", **FAST) as producer:
+        for empty in ([], "", b""):
+            with pytest.raises(viewtape.ProducerError) as refused:
+                await producer.send(empty)
+            assert refused.value.code == "rejected", refused.value
+        receipt = await producer.send(batch(0))
+        assert receipt["events"] == {"notes": 1}, receipt
+
+
 if __name__ == "__main__":
     os.environ["VIEWTAPE_URL"] = sys.argv[1]
     sys.exit(pytest.main([__file__, "-s", "-v", "-p", "no:cacheprovider", "-o", "asyncio_mode=auto"]))

@@ -60,6 +60,26 @@ pub enum LoadError {
     Engine(#[source] BoxError),
 }
 
+impl LoadError {
+    /// What a deployer is told: the server's own words; the compiler's and the linker's text
+    /// (the engine's internals) stays in the server's log, which has the full [`Display`] text.
+    ///
+    /// [`Display`]: std::fmt::Display
+    pub fn public_message(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Self::Compile(_) => {
+                "the module is not WebAssembly this server compiles (the server log says why)"
+                    .into()
+            }
+            Self::Engine(_) => "the wasm engine failed (the server log says why)".into(),
+            Self::AbiVersion { .. }
+            | Self::MissingExport { .. }
+            | Self::ExportType { .. }
+            | Self::Link(_) => self.to_string().into(),
+        }
+    }
+}
+
 /// Why a call into a guest failed. After any of these the instance must not be reused.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -140,6 +160,14 @@ pub enum GuestError {
     /// The guest published a value that does not fit its view's schema.
     #[error("{0}")]
     SchemaViolation(#[from] crate::schema::Violation),
+    /// The guest published a JSON value nested deeper than any view takes, typed or not.
+    #[error("the value of key {key:?} in view `{view}` is nested deeper than {} arrays and objects, which no view takes", crate::schema::MAX_DEPTH)]
+    TooDeep {
+        /// The view.
+        view: String,
+        /// The key.
+        key: String,
+    },
     /// The guest declared schemas the host cannot use.
     #[error("{0}")]
     Schema(#[from] crate::schema::SchemaError),
@@ -182,13 +210,53 @@ fn human_bytes(bytes: usize) -> String {
 }
 
 impl GuestError {
+    /// What the batch's sender and the operator's `/admin/runtimes` are told: the server's own
+    /// words, and the guest's where the guest wrote them for its client (the message of an
+    /// error it returned or a config or state it refused, as the SDK documents). A panic's
+    /// message, its source location, the trap as wasmtime words it, an ABI breach's detail and
+    /// an instantiation's cause stay in the server's log, which has the full [`Display`] text
+    /// once: they name paths on the machine that built the guest, or the engine's internals.
+    ///
+    /// [`Display`]: std::fmt::Display
+    pub fn public_message(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Self::Trap {
+                message: Some(_), ..
+            } => "the guest panicked (its message is in the server log)".into(),
+            Self::Trap { message: None, .. } => {
+                "the guest trapped (the server log says where)".into()
+            }
+            Self::Protocol(_) => {
+                "the guest broke the viewtape ABI (the server log says how)".into()
+            }
+            Self::Instantiate(_) => {
+                "the guest could not be instantiated (the server log says why)".into()
+            }
+            Self::GuestRejected { .. }
+            | Self::FuelExhausted { .. }
+            | Self::Timeout { .. }
+            | Self::MemoryExceeded { .. }
+            | Self::EventTooLarge { .. }
+            | Self::Refused { .. }
+            | Self::InvalidView { .. }
+            | Self::UndeclaredView { .. }
+            | Self::SchemaViolation(_)
+            | Self::TooDeep { .. }
+            | Self::Schema(_)
+            | Self::BatchTooLarge { .. } => self.to_string().into(),
+        }
+    }
+
     /// Whether the input itself was refused (the guest rejected it, it is too large, or it made
-    /// the guest publish a value its view's schema does not allow), as opposed to the guest
-    /// failing.
+    /// the guest publish a value its view's schema does not allow or one nested too deep), as
+    /// opposed to the guest failing.
     pub fn is_input_error(&self) -> bool {
         matches!(
             self,
-            Self::GuestRejected { .. } | Self::BatchTooLarge { .. } | Self::SchemaViolation(_)
+            Self::GuestRejected { .. }
+                | Self::BatchTooLarge { .. }
+                | Self::SchemaViolation(_)
+                | Self::TooDeep { .. }
         )
     }
 }

@@ -178,6 +178,42 @@ async fn panic_is_a_trap_with_its_message() {
         err.to_string().starts_with("guest panicked: kaboom"),
         "the panic message first: {err}"
     );
+    // What a client is told holds neither the message nor the location nor the trap's text:
+    // the log has them (the SDK documents a panic's message as the log's).
+    assert_eq!(
+        err.public_message(),
+        "the guest panicked (its message is in the server log)"
+    );
+}
+
+/// Each kind of guest failure is told in the server's words: a trap without a panic hides the
+/// engine's text, the limits name the setting, a returned error is the guest's own.
+#[tokio::test]
+async fn every_guest_failure_is_told_in_our_words() {
+    for (line, told) in [
+        (
+            &b"fail no such symbol"[..],
+            "guest rejected the batch: no such symbol",
+        ),
+        (b"loop", "CPU budget"),
+        (b"oom", "memory limit"),
+    ] {
+        let mut g = instance(misbehave(), Limits::default()).await;
+        let err = g.on_batch(line).await.unwrap_err();
+        let public = err.public_message();
+        assert!(public.contains(told), "{public}");
+        assert!(!public.contains("wasm"), "{public}");
+    }
+    let trap = GuestError::Trap {
+        trap: "wasm trap: out of bounds memory access".into(),
+        message: None,
+    };
+    assert_eq!(
+        trap.public_message(),
+        "the guest trapped (the server log says where)"
+    );
+    let abi = GuestError::Protocol("export `x`: wasmtime detail".into());
+    assert!(!abi.public_message().contains("wasmtime"));
 }
 
 #[tokio::test]

@@ -4,7 +4,7 @@
 //! | route | what |
 //! |---|---|
 //! | `GET /admin/` | the operator page: views, runtimes, the log, the cluster, snapshots, live plots of deliveries and ingest (from `/metrics` and the routes here, with the token the operator gives it) |
-//! | `POST /admin/snapshot` | a periodic snapshot now, through the same consistency cut as the timer: `{"name","size","records","exact":false}` |
+//! | `POST /admin/snapshot` | a snapshot now, through the same consistency cut as the timer, its file named `…-manual.vtsnap`: `{"name","size","records","exact":false}`; an empty body (or `{}`) |
 //! | `GET /admin/snapshots` | every file in `<data-dir>/snapshots`, newest first: `{"snapshots":[{"name","kind","exact","age_seconds","size","valid","error"}]}` |
 //! | `POST /admin/restore` | body `{"name": "snap-….vtsnap"}`: replace the running server's state with that snapshot's |
 //! | `GET /admin/runtimes` | every runtime, in name order: `{"runtimes":[{"name","module","state_bytes","batches","last_error"}]}`, `last_error` being `null` or `{"kind","message","at_ms"}` ([`GuestFailure`]) |
@@ -22,6 +22,12 @@
 //! A live restore is [`Snapshots::restore_live`]: validated before anything changes, carried
 //! out inside one consistency cut, always with a fresh epoch. Admin actions are logged at `info`
 //! with their outcome.
+//!
+//! ## Strict inputs
+//!
+//! No admin route takes a query parameter, and a JSON body holds exactly the fields its route
+//! names: anything else is a `400` naming it, checked after the token. An operator's typo is
+//! never silently ignored.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -37,6 +43,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use super::query::Params;
 use super::ApiError;
 use crate::cluster::Cluster;
 use crate::deploy::{DeployActionError, Deployer, MAX_MODULE_BYTES};
@@ -47,8 +54,8 @@ use crate::snapshot::{SnapshotActionError, Snapshots};
 /// The environment variable holding the admin token.
 pub const TOKEN_ENV: &str = "VIEWTAPE_ADMIN_TOKEN";
 
-/// Largest `POST /admin/restore` body: a JSON object naming one file.
-const MAX_RESTORE_BODY: usize = 4 * 1024;
+/// Largest JSON body of an admin route (`POST /admin/restore`: an object naming one file).
+const MAX_JSON_BODY: usize = 4 * 1024;
 
 /// What the admin routes share: the token's digest, the runtimes and the snapshot actions.
 #[derive(Debug)]
@@ -151,18 +158,22 @@ pub(super) fn routes(admin: Option<Arc<Admin>>) -> axum::Router {
 /// `GET /admin/`: the operator page. Static HTML and script holding no data, so it is served
 /// without the token (a browser cannot send one with a page load); everything it shows it
 /// fetches with the token the operator gives it (`#token=…`, or typed in).
-async fn page() -> ([(header::HeaderName, &'static str); 2], &'static str) {
-    (
+async fn page(
+    uri: axum::http::Uri,
+) -> Result<([(header::HeaderName, &'static str); 2], &'static str), ApiError> {
+    Params::parse(uri.query(), &[], &[])?;
+    Ok((
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
         include_str!("../../static/admin.html"),
-    )
+    ))
 }
 
-/// Proof that the request carried the admin token. Extracted before any body, so an
-/// unauthenticated request learns nothing from body parsing.
+/// Proof that the request carried the admin token, and no query parameter (no admin route
+/// takes one). Extracted before any body, so an unauthenticated request learns nothing from
+/// body parsing.
 struct Authorized;
 
 impl FromRequestParts<Arc<Admin>> for Authorized {
@@ -171,8 +182,41 @@ impl FromRequestParts<Arc<Admin>> for Authorized {
     async fn from_request_parts(parts: &mut Parts, admin: &Arc<Admin>) -> Result<Self, ApiError> {
         let authorization = parts.headers.get(header::AUTHORIZATION);
         admin.check(authorization.map(|value| value.as_bytes()))?;
+        Params::parse(parts.uri.query(), &[], &[])?;
         Ok(Self)
     }
+}
+
+/// The JSON object of an admin route's `body` (at most [`MAX_JSON_BODY`] bytes; an empty body
+/// is `{}`), holding only the `fields` its route takes, as a `T`. `shape` is what the route
+/// takes, as a refusal says it.
+///
+/// # Errors
+/// `400 bad_request`, in our words: the body is too large, not a JSON object, holds a field the
+/// route does not take (named), or a field is missing or of the wrong type.
+async fn json_body<T: serde::de::DeserializeOwned>(
+    body: axum::body::Body,
+    fields: &[&str],
+    shape: &str,
+) -> Result<T, ApiError> {
+    let bytes: Bytes = axum::body::to_bytes(body, MAX_JSON_BODY)
+        .await
+        .map_err(|_| ApiError::bad_request(format!("body larger than {MAX_JSON_BODY} bytes")))?;
+    let expected = || ApiError::bad_request(format!("expected a JSON body {shape}"));
+    let object = match bytes.trim_ascii() {
+        [] => serde_json::Map::new(),
+        text => match serde_json::from_slice(text) {
+            Ok(serde_json::Value::Object(object)) => object,
+            _ => return Err(expected()),
+        },
+    };
+    if let Some(unknown) = object.keys().find(|key| !fields.contains(&key.as_str())) {
+        let unknown: String = unknown.chars().take(64).collect();
+        return Err(ApiError::bad_request(format!(
+            "unknown field {unknown:?} in the body; expected {shape}"
+        )));
+    }
+    serde_json::from_value(serde_json::Value::Object(object)).map_err(|_| expected())
 }
 
 impl From<SnapshotActionError> for ApiError {
@@ -182,19 +226,30 @@ impl From<SnapshotActionError> for ApiError {
             SnapshotActionError::Unrestorable(_) => {
                 ApiError::unprocessable("snapshot_unrestorable", error.to_string())
             }
-            SnapshotActionError::Shared(_) => ApiError::unavailable(error.to_string()),
+            // The stream's and the bucket's own words (the NATS client's) stay in the log.
+            SnapshotActionError::Shared(_) => ApiError::unavailable_hiding(
+                "the restore did not go through the cluster's stream in time (the server log says why)",
+                &error,
+            ),
             other => ApiError::internal(other),
         }
     }
 }
 
-/// `POST /admin/snapshot`: a periodic snapshot now,
+/// What `POST /admin/snapshot` takes: nothing (an empty body, or `{}`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SnapshotRequest {}
+
+/// `POST /admin/snapshot`: a manual snapshot now,
 /// `{"name","size","records","exact":false}`.
 async fn snapshot_now(
     _: Authorized,
     State(admin): State<Arc<Admin>>,
+    body: axum::body::Body,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let written = admin.snapshots.write().await?;
+    let SnapshotRequest {} = json_body(body, &[], "{} or none").await?;
+    let written = admin.snapshots.write_manual().await?;
     let name = written.info.file_name();
     tracing::info!(
         action = "snapshot",
@@ -263,7 +318,9 @@ fn failure_json(failure: &GuestFailure) -> serde_json::Value {
     })
 }
 
+/// What `POST /admin/restore` takes.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RestoreRequest {
     name: String,
 }
@@ -274,14 +331,8 @@ async fn restore(
     State(admin): State<Arc<Admin>>,
     body: axum::body::Body,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let body: Bytes = axum::body::to_bytes(body, MAX_RESTORE_BODY)
-        .await
-        .map_err(|_| ApiError::bad_request(format!("body larger than {MAX_RESTORE_BODY} bytes")))?;
-    let request: RestoreRequest = serde_json::from_slice(&body).map_err(|error| {
-        ApiError::bad_request(format!(
-            "expected {{\"name\": \"<snapshot file>\"}}: {error}"
-        ))
-    })?;
+    let request: RestoreRequest =
+        json_body(body, &["name"], "{\"name\": \"<snapshot file>\"}").await?;
     let restored = match &admin.cluster {
         Some(cluster) => cluster.restore(&admin.snapshots, &request.name).await?,
         None => admin.snapshots.restore_live(&request.name).await?,
@@ -305,9 +356,23 @@ impl From<DeployActionError> for ApiError {
     fn from(error: DeployActionError) -> Self {
         match error {
             DeployActionError::NoSuchRuntime(_) => ApiError::not_found(error.to_string()),
-            DeployActionError::Load { .. }
-            | DeployActionError::Runtime(DeployError::Refused { .. }) => {
+            DeployActionError::Load { .. } => {
                 ApiError::unprocessable("module_refused", error.to_string())
+            }
+            // What the new module did, in our words; the detail (a trap's text, a panic's
+            // location) is logged here, once.
+            DeployActionError::Runtime(DeployError::Refused {
+                ref runtime,
+                ref source,
+            }) => {
+                tracing::info!(%runtime, error = %source, "deploy refused by the new module");
+                ApiError::unprocessable(
+                    "module_refused",
+                    format!(
+                        "runtime `{runtime}`: the new module cannot take over: {}",
+                        source.public_message()
+                    ),
+                )
             }
             DeployActionError::Runtime(DeployError::Stale { .. }) => {
                 ApiError::conflict("deploy_stale", error.to_string())

@@ -1,7 +1,8 @@
 //! The one error type of every route: a status, a stable code and a short message, sent as
 //! `{"error": code, "message": message}`. Internal detail is logged, never sent.
 
-use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::path::ErrorKind;
+use axum::extract::rejection::PathRejection;
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -195,14 +196,18 @@ pub async fn json_errors(response: Response) -> Response {
     json
 }
 
+/// A path whose parameters cannot be read, in our words: axum's own text names its internals.
 impl From<PathRejection> for ApiError {
     fn from(rejection: PathRejection) -> Self {
-        Self::bad_request(format!("bad path: {}", rejection.body_text()))
-    }
-}
-
-impl From<QueryRejection> for ApiError {
-    fn from(rejection: QueryRejection) -> Self {
-        Self::bad_request(format!("bad query: {}", rejection.body_text()))
+        match &rejection {
+            PathRejection::FailedToDeserializePathParams(failed) => match failed.kind() {
+                ErrorKind::InvalidUtf8InPathParam { key } => Self::bad_request(format!(
+                    "the {key} in the path is not UTF-8 after percent-decoding"
+                )),
+                _ => Self::bad_request("the path cannot be read"),
+            },
+            // Every route names the parameters its handler reads: a missing one is ours.
+            _ => Self::internal(rejection),
+        }
     }
 }

@@ -9,13 +9,14 @@
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 
 use super::access::Caller;
+use super::query::Params;
 use super::{ApiError, AppState};
 use crate::host::GuestError;
 use crate::log::producer::{ProducerEpoch, ProducerSeq, ProducerStamp, MAX_PRODUCER_ID};
@@ -32,18 +33,21 @@ pub(super) fn routes() -> Router<AppState> {
 }
 
 /// 200 with the receipt (events per view, gaps, log position, durability; `Producer-Duplicate:
-/// true` for a batch committed before); 400 for bad producer headers; 403 for a fenced producer
+/// true` for a batch committed before); 400 for bad producer headers, a query parameter (the
+/// route takes none) or an empty body; 403 for a fenced producer
 /// epoch; 404 for an unknown runtime; 409 with `Producer-Expected-Seq` for a producer's batch
 /// out of order; 413 past `max_body`; 422 when the guest refused or failed on the batch
 /// (nothing was committed); 503 (with `Retry-After`) when the runtime or the log cannot take it.
 async fn ingest(
     State(state): State<AppState>,
     runtime: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let Path(runtime) = runtime?;
     Caller::of(&state, &headers, None)?.ingest(&runtime)?;
+    Params::parse(query.as_deref(), &[], &[])?;
     let registered = state
         .runtimes
         .get(&runtime)
@@ -60,6 +64,14 @@ async fn ingest(
         state.metrics.ingest_rejected.inc();
         body_refusal(&error, limit)
     })?;
+    // An empty batch means nothing, and would take a log position (and a producer's seq) for
+    // it: most likely a client's mistake, refused as one.
+    if input.is_empty() {
+        state.metrics.ingest_rejected.inc();
+        return Err(ApiError::bad_request(
+            "the body is empty: a batch is at least one byte of input; nothing was committed",
+        ));
+    }
     let accepted = registered
         .handle
         .ingest(input, producer)
@@ -104,8 +116,15 @@ fn refusal(error: IngestError) -> ApiError {
                 .with_field("key", violation.key.as_str())
                 .with_field("pointer", violation.pointer.as_str())
         }
-        IngestError::Guest { .. } => {
-            return ApiError::unprocessable("batch_rejected", error.to_string())
+        // The guest's failure in our words: a trap's text and a panic's location are logged.
+        IngestError::Guest {
+            ref runtime,
+            ref source,
+        } => {
+            return ApiError::unprocessable(
+                "batch_rejected",
+                format!("runtime `{runtime}`: {}", source.public_message()),
+            )
         }
         IngestError::OutOfOrder { expected, .. } => {
             return with_next_seq(

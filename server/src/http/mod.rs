@@ -29,6 +29,7 @@ mod ingest;
 pub mod openapi;
 #[cfg(test)]
 mod props;
+mod query;
 mod schema;
 mod views;
 

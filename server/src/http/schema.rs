@@ -4,8 +4,8 @@
 //! A view's schema is its runtime's now: a deploy that changes it is seen here from the
 //! deploy's position on.
 
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use serde_json::{json, Map, Value};
 
 use super::access::Caller;
-use super::views::TokenQuery;
+use super::views::reading_query;
 use super::{ApiError, AppState};
 use crate::narrow::Narrow;
 use crate::schema::ViewSchema;
@@ -28,12 +28,12 @@ pub(super) fn routes() -> Router<AppState> {
 async fn view_schema(
     State(state): State<AppState>,
     view: Result<Path<String>, PathRejection>,
-    query: Result<Query<TokenQuery>, QueryRejection>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let Path(view) = view?;
-    let Query(query) = query?;
-    let caller = Caller::of(&state, &headers, query.access_token.as_deref())?;
+    let query = reading_query(&state, query.as_deref(), &[])?;
+    let caller = Caller::of(&state, &headers, query.get("access_token"))?;
     if caller.grants(&view).is_empty() {
         caller.read(&view, Narrow::All)?;
     }

@@ -3,17 +3,17 @@
 use std::collections::BTreeMap;
 
 use axum::body::Body;
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
 use bytes::{BufMut, Bytes, BytesMut};
-use serde::Deserialize;
 use viewtape_journal::EventJournal;
 
 use super::access::Caller;
+use super::query::Params;
 use super::{ApiError, AppState};
 use crate::hub::View;
 use crate::narrow::Narrow;
@@ -32,20 +32,25 @@ pub(super) fn stream_routes() -> Router<AppState> {
     Router::new().route("/views/{view}/events", get(events))
 }
 
-/// `?access_token=` on the reading routes; any other parameter is a `400`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct TokenQuery {
-    pub(super) access_token: Option<String>,
-}
-
-/// The query of `GET /views/{view}`: a token, and the keys to read (`?keys=`/`?prefix=`).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StateQuery {
-    access_token: Option<String>,
-    keys: Option<String>,
-    prefix: Option<String>,
+/// The query of a reading route: the parameters it `takes`, and `?access_token=`, listed in
+/// refusals only where `[auth] allow_query_token` lets it carry a token (elsewhere it is taken
+/// only so that [`Caller::of`] can say why it is refused).
+pub(super) fn reading_query(
+    state: &AppState,
+    query: Option<&str>,
+    takes: &[&'static str],
+) -> Result<Params, ApiError> {
+    const TOKEN: &str = "access_token";
+    if state
+        .auth
+        .as_ref()
+        .is_some_and(|auth| auth.allows_query_token())
+    {
+        let takes: Vec<&'static str> = takes.iter().copied().chain([TOKEN]).collect();
+        Params::parse(query, &takes, &[])
+    } else {
+        Params::parse(query, takes, &[TOKEN])
+    }
 }
 
 /// `?keys=`/`?prefix=`, or a `400` saying what is wrong with them.
@@ -57,11 +62,11 @@ fn narrow(keys: Option<&str>, prefix: Option<&str>) -> Result<Narrow, ApiError> 
 /// `keys` counts only those; the tape's counts and window stay the view's, as its cursors do).
 async fn list_views(
     State(state): State<AppState>,
-    query: Result<Query<TokenQuery>, QueryRejection>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let Query(query) = query?;
-    let caller = Caller::of(&state, &headers, query.access_token.as_deref())?;
+    let query = reading_query(&state, query.as_deref(), &[])?;
+    let caller = Caller::of(&state, &headers, query.get("access_token"))?;
     let journal = state.hub.journal();
     let counts: BTreeMap<String, u64> = journal.entry_counts_now().into_iter().collect();
     let bytes: BTreeMap<String, u64> = journal.retained_bytes_now().into_iter().collect();
@@ -112,13 +117,13 @@ fn granted_keys(view: &View, journal: &EventJournal, grants: &[&Narrow]) -> usiz
 async fn view_state(
     State(state): State<AppState>,
     view: Result<Path<String>, PathRejection>,
-    query: Result<Query<StateQuery>, QueryRejection>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let Path(view) = view?;
-    let Query(query) = query?;
-    let asked = narrow(query.keys.as_deref(), query.prefix.as_deref())?;
-    let narrow = Caller::of(&state, &headers, query.access_token.as_deref())?.read(&view, asked)?;
+    let query = reading_query(&state, query.as_deref(), &["keys", "prefix"])?;
+    let asked = narrow(query.get("keys"), query.get("prefix"))?;
+    let narrow = Caller::of(&state, &headers, query.get("access_token"))?.read(&view, asked)?;
     let view = state
         .hub
         .view(&view)
@@ -155,27 +160,6 @@ async fn view_state(
         .into_response())
 }
 
-/// The query of `GET /views/{view}/events`: exactly the parameters it accepts; any other, or a
-/// value it does not know, is a `400`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct EventsQuery {
-    cursor: Option<String>,
-    from: Option<FromQuery>,
-    until: Option<String>,
-    access_token: Option<String>,
-    keys: Option<String>,
-    prefix: Option<String>,
-}
-
-/// `?from=`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum FromQuery {
-    /// The retained tape, then live.
-    Tape,
-}
-
 /// The response headers of every SSE stream.
 const SSE_HEADERS: [(header::HeaderName, &str); 3] = [
     (header::CONTENT_TYPE, "text/event-stream"),
@@ -190,13 +174,26 @@ const SSE_HEADERS: [(header::HeaderName, &str); 3] = [
 async fn events(
     State(state): State<AppState>,
     view: Result<Path<String>, PathRejection>,
-    query: Result<Query<EventsQuery>, QueryRejection>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
     socket: Option<Extension<SharedTcp>>,
 ) -> Result<Response, ApiError> {
     let Path(view) = view?;
-    let Query(query) = query?;
-    let until_head = match query.until.as_deref() {
+    let query = reading_query(
+        &state,
+        query.as_deref(),
+        &["cursor", "from", "until", "keys", "prefix"],
+    )?;
+    let from_tape = match query.get("from") {
+        None => false,
+        Some("tape") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "from={other:?}: the one value is \"tape\""
+            )))
+        }
+    };
+    let until_head = match query.get("until") {
         None => false,
         Some("head") => true,
         Some(other) => {
@@ -205,8 +202,8 @@ async fn events(
             )))
         }
     };
-    let asked = narrow(query.keys.as_deref(), query.prefix.as_deref())?;
-    let caller = Caller::of(&state, &headers, query.access_token.as_deref())?;
+    let asked = narrow(query.get("keys"), query.get("prefix"))?;
+    let caller = Caller::of(&state, &headers, query.get("access_token"))?;
     // Under a narrowed grant, the grant's keys: for the state, the tape after a cursor, every
     // reset and `?until=head` alike — the stream holds this one narrowing to its end.
     let narrow = caller.read(&view, asked)?;
@@ -214,11 +211,12 @@ async fn events(
         .get("last-event-id")
         .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
     let start = match last_event_id
-        .or(query.cursor)
+        .as_deref()
+        .or(query.get("cursor"))
         .filter(|text| !text.is_empty())
     {
         Some(text) => text.parse().map_or(Start::Malformed, Start::Cursor),
-        None if query.from == Some(FromQuery::Tape) => Start::Tape,
+        None if from_tape => Start::Tape,
         None => Start::State,
     };
     if let (Some(cluster), Start::Cursor(cursor)) = (&state.cluster, &start) {
@@ -300,6 +298,49 @@ mod tests {
         let entries = state["entries"].as_object().unwrap();
         assert_eq!(entries.len(), 1_200);
         assert_eq!(entries["k777"], serde_json::json!({ "n": 777 }));
+    }
+
+    /// A bad path or query was answered in axum's and serde's words ("Invalid URL: …",
+    /// "Failed to deserialize query string: …", listing `access_token` with query tokens off).
+    #[tokio::test]
+    async fn bad_paths_and_queries_are_refused_in_our_words() {
+        let (router, hub) = test_app();
+        hub.declare("prices");
+        for (uri, said) in [
+            ("/views/%FF", "the view in the path is not UTF-8"),
+            ("/views/%FF/events", "the view in the path is not UTF-8"),
+            ("/views/%FF/schema", "the view in the path is not UTF-8"),
+            (
+                "/views?verbose=1",
+                "unknown query parameter \"verbose\"; this route takes no query parameter",
+            ),
+            (
+                "/views/prices?cursor=1",
+                "unknown query parameter \"cursor\"; this route takes: keys, prefix",
+            ),
+            (
+                "/views/prices/events?form=tape",
+                "unknown query parameter \"form\"; this route takes: cursor, from, until, keys, prefix",
+            ),
+            ("/views/prices/events?from=bogus", "from=\"bogus\""),
+            (
+                "/views/prices/events?cursor=a&cursor=b",
+                "query parameter \"cursor\" is given more than once",
+            ),
+        ] {
+            let request = axum::http::Request::get(uri)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let response = router.clone().oneshot(request).await.unwrap();
+            assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{uri}");
+            let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+                .await
+                .unwrap();
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let message = body["message"].as_str().unwrap();
+            assert_eq!(body["error"], "bad_request", "{uri}");
+            assert!(message.contains(said), "{uri}: {message}");
+        }
     }
 
     #[tokio::test]

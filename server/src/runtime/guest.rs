@@ -11,7 +11,7 @@ use super::task::Task;
 use super::{BatchSink, FailureKind, IngestError, RuntimeStats};
 use crate::host::{EventKind, GuestBatch, GuestError, GuestInstance, GuestModule, Limits};
 use crate::log::BatchEntry;
-use crate::schema::{ConfiguredSchemas, ViewSchemas};
+use crate::schema::{too_deep, ConfiguredSchemas, ViewSchemas};
 
 /// Why a batch did not run through a [`GuestSlot`].
 #[derive(Debug)]
@@ -270,8 +270,10 @@ pub enum Fit {
     Known,
 }
 
-/// `batch`, if it publishes only to `views` (what its runtime declares; `None`: anywhere) and
-/// every update fits its view's schema, with every event's JSON verdict settled.
+/// `batch`, if it publishes only to `views` (what its runtime declares; `None`: anywhere) and,
+/// with `schemas` (new input; `None`: a logged batch run again, whose events fitted when it
+/// committed), every update's JSON value is within [`crate::schema::MAX_DEPTH`] and fits its view's schema;
+/// with every event's JSON verdict settled.
 fn typed(
     views: Option<&[String]>,
     schemas: Option<&ViewSchemas>,
@@ -289,8 +291,17 @@ fn typed(
             });
         }
     }
+    let checked = schemas.is_some();
     let schemas = schemas.filter(|schemas| !schemas.is_empty());
     for event in &mut batch.events {
+        // Text that is not JSON is published as a JSON string of it: only a value is bounded.
+        if checked && event.kind == EventKind::Update && too_deep(&event.payload) && event.is_json()
+        {
+            return Err(GuestError::TooDeep {
+                view: event.view.to_string(),
+                key: event.key.to_string(),
+            });
+        }
         let schema = schemas
             .filter(|_| event.kind == EventKind::Update)
             .and_then(|schemas| schemas.get(&event.view));
@@ -348,5 +359,51 @@ mod tests {
             typed(None, Some(&schemas), refused),
             Err(GuestError::SchemaViolation(_))
         ));
+    }
+
+    /// A value nested 200,000 deep was taken by an untyped view (a `builtin:json` one), and
+    /// called "not JSON" by a typed one: one bound now refuses it in every view, by name.
+    #[test]
+    fn every_view_refuses_a_value_nested_past_the_one_bound() {
+        let nested = |depth: usize| {
+            let text = format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+            Bytes::from(text.into_bytes())
+        };
+        let event = |view: &str, payload: Bytes| {
+            GuestEvent::unsettled(Arc::from(view), "k", EventKind::Update, payload)
+        };
+        let declaration =
+            serde_json::to_vec(&serde_json::json!({"schemas": {"typed": {"type": "array"}}}))
+                .unwrap();
+        let schemas = ViewSchemas::declared(Some(&declaration), &BTreeMap::new(), None).unwrap();
+        for view in ["typed", "plain"] {
+            for depth in [crate::schema::MAX_DEPTH + 1, 200_000] {
+                let batch = GuestBatch::of_events(vec![event(view, nested(depth))]);
+                let error = typed(None, Some(&schemas), batch).unwrap_err();
+                assert!(
+                    matches!(&error, GuestError::TooDeep { view: v, .. } if v == view),
+                    "{view}: {error}"
+                );
+                assert!(
+                    error.to_string().contains("nested deeper than 128"),
+                    "{error}"
+                );
+                assert!(error.is_input_error());
+            }
+            let within = GuestBatch::of_events(vec![event(view, nested(crate::schema::MAX_DEPTH))]);
+            let batch = typed(None, Some(&schemas), within).unwrap();
+            assert!(batch.events[0].is_json(), "{view}");
+        }
+        // Text that is not JSON is no value, whatever its brackets: published as a string.
+        let text = Bytes::from("[".repeat(1_000).into_bytes());
+        let batch = typed(
+            None,
+            Some(&schemas),
+            GuestBatch::of_events(vec![event("plain", text)]),
+        );
+        assert!(!batch.unwrap().events[0].is_json());
+        // A logged batch run again is not held to it: it committed as it was.
+        let known = GuestBatch::of_events(vec![event("plain", nested(1_000))]);
+        assert!(typed(None, None, known).is_ok());
     }
 }

@@ -241,7 +241,7 @@ impl RuntimeStats {
     pub(crate) fn failed(&self, kind: FailureKind, error: &GuestError) {
         let failure = GuestFailure {
             kind,
-            message: error.to_string(),
+            message: error.public_message().into_owned(),
             at_ms: crate::log::unix_ms_now(),
         };
         *self
@@ -262,7 +262,8 @@ impl RuntimeStats {
 pub struct GuestFailure {
     /// What kind of failure.
     pub kind: FailureKind,
-    /// The error, as the batch's sender was told it.
+    /// The error, as the batch's sender was told it ([`GuestError::public_message`]; the full
+    /// detail is in the server's log).
     pub message: String,
     /// When, in Unix milliseconds.
     pub at_ms: u64,

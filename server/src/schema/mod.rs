@@ -4,13 +4,16 @@
 //! A [`ViewSchemas`] is one runtime's: compiled once when its module is made to run (at start,
 //! at a deploy), shared with every batch's check and with the routes that serve it.
 
+mod depth;
 mod flat;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use serde::Deserialize as _;
 use serde_json::Value;
 
+pub use depth::{too_deep, MAX_DEPTH};
 use flat::Flat;
 
 /// A view's schema: the document as declared, its compiled validator, and the fast path of a
@@ -62,7 +65,8 @@ impl ViewSchema {
     /// Whether `payload`, a value published to `view` under `key`, fits.
     ///
     /// # Errors
-    /// The first [`Violation`]: the payload is not JSON, or a part of it does not fit.
+    /// The first [`Violation`]: the payload is not JSON, is nested deeper than [`MAX_DEPTH`], or
+    /// a part of it does not fit.
     pub fn check(&self, view: &str, key: &str, payload: &[u8]) -> Result<(), Violation> {
         if self.flat.as_ref().is_some_and(|flat| flat.fits(payload)) {
             return Ok(());
@@ -73,8 +77,27 @@ impl ViewSchema {
             pointer,
             message,
         };
-        let value: Value = serde_json::from_slice(payload)
-            .map_err(|error| violation(String::new(), format!("the value is not JSON: {error}")))?;
+        if too_deep(payload) {
+            return Err(violation(
+                String::new(),
+                format!("the value is nested deeper than {MAX_DEPTH} arrays and objects"),
+            ));
+        }
+        let mut reader = serde_json::Deserializer::from_slice(payload);
+        // Within the bound just checked: no deeper recursion than that.
+        reader.disable_recursion_limit();
+        let value = Value::deserialize(&mut reader)
+            .and_then(|value| reader.end().map(|()| value))
+            .map_err(|error| {
+                violation(
+                    String::new(),
+                    format!(
+                        "the value is not JSON (line {}, column {})",
+                        error.line(),
+                        error.column()
+                    ),
+                )
+            })?;
         self.validator.validate(&value).map_err(|error| {
             violation(
                 error.instance_path().as_str().to_owned(),
@@ -240,6 +263,30 @@ mod tests {
         assert!(
             !violation.to_string().contains("secret-1234"),
             "{violation}"
+        );
+    }
+
+    /// A value nested past 128 was "not JSON" with serde's text: the check says what it is,
+    /// reads every value within the bound (128 itself, one past serde's own limit), and words
+    /// text that is not JSON itself.
+    #[test]
+    fn the_check_names_a_value_nested_too_deep_and_reads_every_one_within() {
+        let schema = ViewSchema::new("v", json!({"type": "array"})).unwrap();
+        let nested = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+        assert!(schema.check("v", "k", nested(MAX_DEPTH).as_bytes()).is_ok());
+        for depth in [MAX_DEPTH + 1, 200_000] {
+            let violation = schema
+                .check("v", "k", nested(depth).as_bytes())
+                .unwrap_err();
+            assert!(
+                violation.message.contains("nested deeper than 128"),
+                "{violation}"
+            );
+        }
+        let violation = schema.check("v", "k", b"[1,").unwrap_err();
+        assert_eq!(
+            violation.message,
+            "the value is not JSON (line 1, column 3)"
         );
     }
 

@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use viewtape_journal::{JournalEpoch, JournalSnapshot};
-use viewtape_snapshots::{SnapshotError, SnapshotMeta};
+use viewtape_snapshots::{FormatError, SnapshotError, SnapshotMeta};
 
 use super::{SnapshotActionError, SnapshotBody, Snapshots};
 use crate::hub::ViewStateDump;
-use crate::runtime::RuntimeSnapshot;
+use crate::runtime::{IngestError, RuntimeSnapshot};
 
 /// What a live restore checked and will put in place.
 #[derive(Debug)]
@@ -115,7 +115,17 @@ impl Snapshots {
                 {
                     SnapshotActionError::Unrestorable(format!("{name} is a directory"))
                 }
-                // Named by its file name: the answer carries no path.
+                // Named by its file name: the answer carries no path. A body that does not
+                // decode is told in our words: the decoder's text names our types.
+                SnapshotError::Invalid {
+                    source: source @ FormatError::Body { .. },
+                    ..
+                } => {
+                    tracing::warn!(file = %name, error = %source, "snapshot body does not decode");
+                    SnapshotActionError::Unrestorable(format!(
+                        "{name} is refused: its body is not a snapshot this server reads (the server log says why)"
+                    ))
+                }
                 SnapshotError::Invalid { source, .. } => {
                     SnapshotActionError::Unrestorable(format!("{name} is refused: {source}"))
                 }
@@ -177,7 +187,15 @@ impl Snapshots {
                     .stage_restore(saved.clone())
                     .await
                     .map_err(|error| {
-                        SnapshotActionError::Unrestorable(format!("{name}: {error}"))
+                        // The guest's refusal in our words; its detail is logged, once.
+                        tracing::info!(file = %name, %error, "restore refused by a guest");
+                        let told = match &error {
+                            IngestError::Guest { runtime, source } => {
+                                format!("runtime `{runtime}`: {}", source.public_message())
+                            }
+                            other => other.to_string(),
+                        };
+                        SnapshotActionError::Unrestorable(format!("{name}: {told}"))
                     })?;
             }
         }

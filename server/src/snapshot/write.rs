@@ -27,10 +27,22 @@ impl Snapshots {
     /// # Errors
     /// A runtime could not be paused, or the file could not be written.
     pub async fn write(&self) -> Result<WrittenSnapshot, SnapshotActionError> {
+        self.write_as(SnapshotMeta::periodic_now()).await
+    }
+
+    /// [`Snapshots::write`] for an operator who asked for it: the file is named `manual`.
+    ///
+    /// # Errors
+    /// As [`Snapshots::write`].
+    pub async fn write_manual(&self) -> Result<WrittenSnapshot, SnapshotActionError> {
+        self.write_as(SnapshotMeta::manual_now()).await
+    }
+
+    async fn write_as(&self, meta: SnapshotMeta) -> Result<WrittenSnapshot, SnapshotActionError> {
         let _busy = self.busy.lock().await;
         let (body, cut) = self.dump(false).await?;
         drop(cut);
-        self.store(body, SnapshotMeta::periodic_now()).await
+        self.store(body, meta).await
     }
 
     /// What a graceful stop writes last: seals the journal inside the cut, dumps and writes an

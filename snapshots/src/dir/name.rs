@@ -12,15 +12,19 @@ pub enum SnapshotKind {
     Periodic,
     /// Was exact, and a server life has adopted its epoch: from now on it loads as periodic.
     Consumed,
+    /// Taken while running because an operator asked for it: loads and is retained as a
+    /// periodic one; only its name says who took it.
+    Manual,
 }
 
 impl SnapshotKind {
-    /// The word used in file names: `exact`, `periodic` or `consumed`.
+    /// The word used in file names: `exact`, `periodic`, `consumed` or `manual`.
     pub fn as_str(self) -> &'static str {
         match self {
             SnapshotKind::Exact => "exact",
             SnapshotKind::Periodic => "periodic",
             SnapshotKind::Consumed => "consumed",
+            SnapshotKind::Manual => "manual",
         }
     }
 
@@ -29,6 +33,7 @@ impl SnapshotKind {
             "exact" => Some(SnapshotKind::Exact),
             "periodic" => Some(SnapshotKind::Periodic),
             "consumed" => Some(SnapshotKind::Consumed),
+            "manual" => Some(SnapshotKind::Manual),
             _ => None,
         }
     }

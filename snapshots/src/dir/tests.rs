@@ -20,6 +20,7 @@ fn meta(exact: bool, ms: u64) -> SnapshotMeta {
     SnapshotMeta {
         exact,
         created_at_ms: ms,
+        manual: false,
     }
 }
 
@@ -285,6 +286,35 @@ fn prune_keeps_n_periodic_plus_newest_exact_and_never_invalid_files() -> TestRes
     assert_eq!(report.removed.len(), 10 - 4 - 1);
     // Idempotent.
     assert!(dir.prune()?.removed.is_empty());
+    Ok(())
+}
+
+/// A snapshot an operator asked for was named `periodic`, like the timer's: it is named
+/// `manual`, listed so, and otherwise loads and is retained as a periodic one.
+#[test]
+fn a_manual_snapshot_is_named_so_and_kept_as_a_periodic_one() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = SnapshotDir::open(tmp.path())?.with_keep_periodic(2);
+    let manual = dir.write(&State { epoch: 1, n: 0 }, &SnapshotMeta::manual_now())?;
+    assert!(
+        manual.file_name().ends_with("-manual.vtsnap"),
+        "{}",
+        manual.file_name()
+    );
+    assert_eq!(manual.kind(), SnapshotKind::Manual);
+    assert!(!manual.is_exact());
+    let listed = dir.list()?;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].kind, SnapshotKind::Manual);
+    assert!(listed[0].is_valid());
+    let newest = dir.load_newest_valid::<State>()?;
+    assert_eq!(newest.loaded.map(|l| l.body.n), Some(0));
+    // Two periodic ones later, it is the oldest of three: retention removes it.
+    for n in 1..=2 {
+        dir.write(&State { epoch: 1, n }, &SnapshotMeta::periodic_now())?;
+    }
+    let report = dir.prune()?;
+    assert_eq!(report.removed, vec![manual.path().to_owned()]);
     Ok(())
 }
 

@@ -26,7 +26,7 @@ impl SnapshotDir {
         let history = self.history.map(|h| h.history.id);
         let bytes =
             codec::encode_in_history(body, meta, history, 0).map_err(SnapshotError::Encode)?;
-        self.write_encoded(&bytes)
+        self.write_named(&bytes, meta.manual)
     }
 
     /// Writes an already encoded snapshot ([`crate::encode`]) atomically: a temp file in this
@@ -39,9 +39,15 @@ impl SnapshotDir {
     /// [`SnapshotError::Invalid`] when `bytes` do not verify (nothing is written), or
     /// [`SnapshotError::Io`].
     pub fn write_encoded(&self, bytes: &[u8]) -> Result<SnapshotInfo, SnapshotError> {
+        self.write_named(bytes, false)
+    }
+
+    /// [`SnapshotDir::write_encoded`], its file named `manual` when `manual` and the header
+    /// is not exact.
+    fn write_named(&self, bytes: &[u8], manual: bool) -> Result<SnapshotInfo, SnapshotError> {
         let header = codec::verify(bytes)
             .map_err(|e| SnapshotError::invalid("<encoded bytes to write>", e))?;
-        let name = self.next_name(&header);
+        let name = self.next_name(&header, manual);
         let path = self.dir.join(name.render());
         let tmp = self.dir.join(format!("{TEMP_PREFIX}{}", name.render()));
         if let Err(err) = write_durably(&tmp, bytes).and_then(|()| {
@@ -55,7 +61,7 @@ impl SnapshotDir {
         Ok(SnapshotInfo { path, name, header })
     }
 
-    fn next_name(&self, header: &SnapshotHeader) -> FileName {
+    fn next_name(&self, header: &SnapshotHeader, manual: bool) -> FileName {
         let mut state = self.names.lock().unwrap_or_else(PoisonError::into_inner);
         // Names stay in write order even if the clock steps back.
         state.last_ms = state.last_ms.max(header.created_at_ms());
@@ -63,16 +69,16 @@ impl SnapshotDir {
         FileName {
             unix_ms: state.last_ms,
             seq: state.last_seq,
-            kind: if header.is_exact() {
-                SnapshotKind::Exact
-            } else {
-                SnapshotKind::Periodic
+            kind: match (header.is_exact(), manual) {
+                (true, _) => SnapshotKind::Exact,
+                (false, true) => SnapshotKind::Manual,
+                (false, false) => SnapshotKind::Periodic,
             },
         }
     }
 
     /// Applies retention: keeps the newest exact snapshot and the newest `keep_periodic`
-    /// periodic or consumed ones, and removes the other valid snapshots. A file that fails
+    /// periodic, manual or consumed ones, and removes the other valid snapshots. A file that fails
     /// validation is never removed (it is kept for inspection) and does not count towards the
     /// kept ones. Verifies every file's checksum before deciding.
     ///
@@ -88,7 +94,7 @@ impl SnapshotDir {
                 report.kept_invalid.push(entry.path);
                 continue;
             };
-            // Whatever does not load as exact (periodic, consumed, or a name and header that
+            // Whatever does not load as exact (periodic, manual, consumed, or a name and header that
             // disagree) is retained as periodic.
             let keep = if info.is_exact() {
                 !std::mem::replace(&mut kept_exact, true)

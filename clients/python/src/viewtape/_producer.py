@@ -131,8 +131,11 @@ class Producer:
     async def send(self, batch: Batch) -> dict[str, Any]:
         """Sends one batch (lines joined with newlines); returns the receipt once it is durable.
         Raises ``ProducerError`` (``fenced``, ``unauthorized``, ``rejected``, ``out_of_order``,
-        ``seq_reused``, ``seq_stale``, ``closed``)."""
+        ``seq_reused``, ``seq_stale``, ``closed``); an empty batch is refused here (``rejected``),
+        as the server refuses it, without taking a seq."""
         body = _body(batch)
+        if not body:
+            raise ProducerError("rejected", "an empty batch: the server takes none; nothing was sent")
         async with self._lock:
             await self._load()
             assert self._saved is not None
