@@ -61,8 +61,20 @@
 //! writes nothing). A cursor at or after the gap record replays normally; so
 //! the head cursor read right after a gap is already valid. A view that has
 //! issued no offset in this epoch has nothing to protect and takes none.
-//! An ingestion runtime running inside [`EventJournal::scope`] reports a gap
-//! with the free function [`report_gap`], without being handed the journal.
+//!
+//! # Scopes
+//!
+//! An ingestion runtime is not handed the journal. It is handed a
+//! [`JournalScope`] ([`EventJournal::scope`]) naming the views it publishes
+//! to, and reports through it that its input was lost
+//! ([`JournalScope::report_gap`]): a gap on those views only, so one runtime's
+//! loss never resets another runtime's subscribers. The scope is a value the
+//! runtime holds, not a task-local set around the code it runs: an ambient
+//! scope can be missing where a report is made (a forgotten wrapper, a task
+//! spawned from inside), and such a report could only be dropped at run time;
+//! a runtime without a [`JournalScope`] does not compile.
+//! [`EventJournal::mark_gap`] stays for a loss that is no one runtime's (a
+//! restore that replaces every view's state); both mark a gap the same way.
 //!
 //! # Snapshots
 //!
@@ -96,6 +108,7 @@
 //! | follow the tape | [`EventJournal::frames_after`] | frames only, in pages, not counted as replays |
 //! | resume with keys | [`EventJournal::replay_after`] | records with offsets and keys |
 //! | list views | [`EventJournal::entry_counts_now`], [`EventJournal::retained_bytes_now`] | |
+//! | report a runtime's lost input | [`JournalScope::report_gap`] | a gap on that runtime's views only |
 //! | snapshot and restore | [`EventJournal::seal`], [`EventJournal::dump`], [`EventJournal::hydrate`], [`EventJournal::mark_gap`] | |
 #![deny(missing_docs)]
 
@@ -118,7 +131,7 @@ pub use cursor::{Cursor, CursorParseError, CursorText};
 pub use epoch::{EpochParseError, JournalEpoch};
 pub use error::ReplayError;
 pub use journal::{Appender, EventJournal, FramesWhere, JournalRecord, ReplayWindow};
-pub use scope::{current, report_gap, GapReport};
+pub use scope::JournalScope;
 pub use snapshot::{JournalSnapshot, SnapshotInvalid, SnapshotRecord, SnapshotView};
 pub use stats::JournalStats;
 pub use view::{ViewName, ViewNameError};

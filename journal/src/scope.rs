@@ -1,98 +1,232 @@
-//! Reaching the journal from inside an ingestion runtime.
+//! A runtime's scope on the journal: the views it publishes to, and the one
+//! thing it does to their tapes from inside — report that its input was lost.
 //!
-//! [`EventJournal::scope`] runs a future with the journal stored in a tokio
-//! task-local. Code inside that future — however deep, without being handed
-//! the journal — reaches it through [`current`] or reports a discontinuity
-//! with [`report_gap`]. The task-local belongs to the future, not the thread:
-//! a task spawned from inside the scope is outside it.
+//! ## Why a value, not an ambient journal
+//!
+//! An ingestion runtime must be able to report a discontinuity without being
+//! handed the whole journal. The scope could have been ambient — a task-local
+//! set around each command the runtime runs, read back by a free function —
+//! but then a report made outside it (a forgotten wrapper, a task spawned
+//! from inside) could only be dropped, at run time, and the journal reachable
+//! from the ambient scope would be the whole journal, every view included.
+//! A [`JournalScope`] is instead a value handed to the runtime once, when it
+//! starts: holding one is the proof that a gap reaches a journal, so a report
+//! cannot be lost, and the views it may mark are fixed when it is made, so a
+//! runtime's lost input never resets another runtime's subscribers.
+//!
+//! ## Invariants
+//!
+//! - A gap reported through a scope is marked on exactly its views, as
+//!   [`EventJournal::mark_gap`] marks one on every view: cursors of those
+//!   views issued before it fail closed with
+//!   [`ReplayError::Gap`](crate::ReplayError::Gap), every other cursor stays
+//!   valid. There is one implementation of a gap; a scope only narrows it.
+//! - A scope names views, not tapes: a view that issues its first offset after
+//!   the scope was made is covered all the same.
 
-use std::future::Future;
 use std::sync::Arc;
 
 use crate::journal::EventJournal;
 
-tokio::task_local! {
-    static JOURNAL: Arc<EventJournal>;
-}
-
-/// What [`report_gap`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[must_use = "a gap report outside a journal scope is lost"]
-pub enum GapReport {
-    /// The gap was marked on the journal in scope.
-    Marked,
-    /// The caller is not running inside [`EventJournal::scope`]; nothing was
-    /// marked.
-    NoJournalInScope,
+/// A runtime's scope on an [`EventJournal`]: reports a gap on the views it
+/// was made for ([`EventJournal::scope`]), and nothing else.
+///
+/// # Examples
+///
+/// ```
+/// use std::convert::Infallible;
+/// use std::sync::Arc;
+/// use bytes::Bytes;
+/// use viewtape_journal::{Cursor, EventJournal, JournalConfig, ReplayError};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let journal = Arc::new(EventJournal::new(JournalConfig::default()));
+/// for view in ["prices", "orders"] {
+///     let frame = Arc::new(Bytes::from_static(b"data: 1\n\n"));
+///     journal.append_with(view, "k", |_| Ok::<_, Infallible>(frame)).await?;
+/// }
+/// let cursor = Cursor::new(journal.epoch().await, 1);
+///
+/// // The runtime that publishes `prices` is handed its scope, not the journal...
+/// let scope = journal.scope(["prices"]);
+/// // ...and reports through it that some of its input was lost.
+/// scope.report_gap();
+///
+/// assert!(matches!(
+///     journal.replay_after("prices", Some(&cursor)).await,
+///     Err(ReplayError::Gap { .. })
+/// ));
+/// // Another runtime's view is untouched.
+/// assert!(journal.replay_after("orders", Some(&cursor)).await?.is_empty());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct JournalScope {
+    journal: Arc<EventJournal>,
+    /// The views a reported gap is marked on: sorted, each named once, fixed
+    /// when the scope is made.
+    views: Box<[String]>,
 }
 
 impl EventJournal {
-    /// Runs `future` with this journal reachable from inside it through
-    /// [`current`] and [`report_gap`].
-    pub async fn scope<F: Future>(self: &Arc<Self>, future: F) -> F::Output {
-        JOURNAL.scope(Arc::clone(self), future).await
+    /// The scope of a runtime that publishes to `views`: what it is handed,
+    /// instead of the journal, to report a gap with
+    /// ([`JournalScope::report_gap`]).
+    pub fn scope<V: Into<String>>(
+        self: &Arc<Self>,
+        views: impl IntoIterator<Item = V>,
+    ) -> JournalScope {
+        let mut views: Vec<String> = views.into_iter().map(Into::into).collect();
+        views.sort_unstable();
+        views.dedup();
+        JournalScope {
+            journal: Arc::clone(self),
+            views: views.into_boxed_slice(),
+        }
     }
 }
 
-/// The journal of the enclosing [`EventJournal::scope`], if any.
-pub fn current() -> Option<Arc<EventJournal>> {
-    JOURNAL.try_with(Arc::clone).ok()
-}
+impl JournalScope {
+    /// Records that input of this scope's runtime was lost *now*:
+    /// [`EventJournal::mark_gap`] on this scope's views only. Cursors of those
+    /// views issued before this call fail closed with
+    /// [`ReplayError::Gap`](crate::ReplayError::Gap); cursors of every other
+    /// view stay valid, and so do cursors issued afterwards.
+    ///
+    /// Never waits: it takes the journal's lock for as long as one gap record
+    /// per view takes, so it may be called between two appends of a runtime
+    /// that is publishing, or under a lock of the caller's.
+    pub fn report_gap(&self) {
+        debug_assert!(
+            self.views.windows(2).all(|pair| pair[0] < pair[1]),
+            "a scope's views are sorted and each named once"
+        );
+        self.journal.mark_gap_where(|view| {
+            self.views
+                .binary_search_by(|v| v.as_str().cmp(view))
+                .is_ok()
+        });
+    }
 
-/// Marks a gap on the journal of the enclosing [`EventJournal::scope`]
-/// (see [`EventJournal::mark_gap`]).
-///
-/// Outside any scope this is a no-op that returns
-/// [`GapReport::NoJournalInScope`]; it never panics.
-pub async fn report_gap() -> GapReport {
-    match current() {
-        Some(journal) => {
-            journal.mark_gap().await;
-            GapReport::Marked
-        }
-        None => GapReport::NoJournalInScope,
+    /// The views a gap reported through this scope is marked on, sorted.
+    pub fn views(&self) -> &[String] {
+        &self.views
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
-    use crate::{Cursor, JournalConfig, ReplayError};
+    use crate::{Cursor, JournalConfig, ManualClock, ReplayError};
 
-    #[tokio::test]
-    async fn report_gap_reaches_the_journal_in_scope_only() {
-        let journal = Arc::new(EventJournal::new(JournalConfig::default()));
-        let frame = Arc::new(bytes::Bytes::from_static(b"x"));
-        journal
-            .append_with("v", "k", |_| Ok::<_, ()>(frame.clone()))
-            .await
-            .unwrap();
-        let cursor = Cursor::new(journal.epoch().await, 1);
+    fn journal_with(config: JournalConfig) -> (Arc<EventJournal>, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        let journal = EventJournal::with_clock(config, clock.clone());
+        (Arc::new(journal), clock)
+    }
 
-        assert_eq!(report_gap().await, GapReport::NoJournalInScope);
-        assert!(current().is_none());
-        assert!(journal.replay_after("v", Some(&cursor)).await.is_ok());
-
-        let report = journal.scope(async { report_gap().await }).await;
-        assert_eq!(report, GapReport::Marked);
-        assert_eq!(journal.stats().gaps_marked, 1);
-        assert!(matches!(
-            journal.replay_after("v", Some(&cursor)).await,
-            Err(ReplayError::Gap {
-                cursor: 1,
-                resume_from: 2
-            })
-        ));
+    async fn append(journal: &EventJournal, view: &str, key: &str) {
+        let frame = Arc::new(Bytes::from(format!("{view}:{key}")));
+        let appended = journal.append_with(view, key, |_| Ok::<_, ()>(frame)).await;
+        assert!(matches!(appended, Ok(Some(_))), "{view}: {appended:?}");
     }
 
     #[tokio::test]
-    async fn scope_is_reachable_deep_inside_the_future() {
-        let journal = Arc::new(EventJournal::new(JournalConfig::default()));
-        async fn deep() -> Option<Arc<EventJournal>> {
-            tokio::task::yield_now().await;
-            current()
+    async fn a_gap_reaches_the_scope_views_and_no_other() {
+        let (journal, _) = journal_with(JournalConfig::default());
+        for view in ["a", "b", "c"] {
+            append(&journal, view, "k").await;
+            append(&journal, view, "k").await;
         }
-        let found = journal.scope(deep()).await.unwrap();
-        assert!(Arc::ptr_eq(&found, &journal));
+        let epoch = journal.epoch().await;
+        let scope = journal.scope(["c", "a", "a"]);
+        assert_eq!(scope.views(), ["a", "c"]);
+
+        scope.report_gap();
+
+        for view in ["a", "c"] {
+            assert_eq!(
+                journal
+                    .replay_after(view, Some(&Cursor::new(epoch, 1)))
+                    .await,
+                Err(ReplayError::Gap {
+                    cursor: 1,
+                    resume_from: 3
+                }),
+                "{view}"
+            );
+            assert_eq!(
+                journal.window(view).await.next,
+                4,
+                "the gap took an offset in {view}"
+            );
+        }
+        let b = journal
+            .replay_after("b", Some(&Cursor::new(epoch, 1)))
+            .await
+            .unwrap();
+        assert_eq!(b.iter().map(|r| r.offset).collect::<Vec<_>>(), [2]);
+        assert_eq!(journal.window("b").await.next, 3, "no offset taken in b");
+        assert_eq!(journal.stats().gaps_marked, 1);
+        // A cursor issued after the gap replays normally.
+        append(&journal, "a", "k").await;
+        let after = journal
+            .replay_after("a", Some(&Cursor::new(epoch, 3)))
+            .await
+            .unwrap();
+        assert_eq!(after.iter().map(|r| r.offset).collect::<Vec<_>>(), [4]);
+    }
+
+    #[tokio::test]
+    async fn a_scope_covers_a_view_that_began_after_it_was_made() {
+        let (journal, _) = journal_with(JournalConfig::default());
+        let scope = journal.scope(["late"]);
+        // Nothing issued yet: nothing to protect, no offset taken.
+        scope.report_gap();
+        assert_eq!(journal.window("late").await.next, 1);
+
+        append(&journal, "late", "k").await;
+        let epoch = journal.epoch().await;
+        scope.report_gap();
+        assert!(matches!(
+            journal
+                .replay_after("late", Some(&Cursor::new(epoch, 1)))
+                .await,
+            Err(ReplayError::Gap { .. })
+        ));
+        assert_eq!(journal.stats().gaps_marked, 2);
+    }
+
+    #[tokio::test]
+    async fn a_gap_reported_while_sealed_takes_its_offset_in_the_next_life_on_its_views_only() {
+        let (journal, clock) = journal_with(JournalConfig::default());
+        for view in ["a", "b"] {
+            append(&journal, view, "k").await;
+        }
+        journal.seal();
+        journal.scope(["a"]).report_gap();
+        let epoch = journal.epoch().await;
+
+        let next = EventJournal::with_clock(JournalConfig::default(), clock);
+        next.hydrate(journal.dump().await, true).await;
+        assert_eq!(
+            next.window("a").await.next,
+            3,
+            "the pending gap took its offset"
+        );
+        assert_eq!(next.window("b").await.next, 2, "b took none");
+        assert!(matches!(
+            next.replay_after("a", Some(&Cursor::new(epoch, 1))).await,
+            Err(ReplayError::Gap { .. })
+        ));
+        assert!(next
+            .replay_after("b", Some(&Cursor::new(epoch, 1)))
+            .await
+            .unwrap()
+            .is_empty());
     }
 }

@@ -1,5 +1,6 @@
 //! Property test: the journal against a small model of the contract, over
-//! random sequences of appends, seals, gaps, time steps, dumps, and exact
+//! random sequences of appends, seals, gaps (on every view, and reported
+//! through a runtime's scope on some views), time steps, dumps, and exact
 //! (graceful restart) and periodic (crash restore) hydrates.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -23,6 +24,11 @@ enum Op {
     },
     Seal,
     Gap,
+    /// A gap reported through the scope of a runtime publishing to the views
+    /// whose bits are set in `views`.
+    ReportGap {
+        views: u8,
+    },
     Advance {
         ms: u64,
     },
@@ -42,6 +48,7 @@ fn op() -> impl Strategy<Value = Op> {
         8 => (0..3usize, 1..16usize).prop_map(|(view, len)| Op::Append { view, len }),
         1 => Just(Op::Seal),
         1 => Just(Op::Gap),
+        1 => (0..8u8).prop_map(|views| Op::ReportGap { views }),
         // Round steps land exactly on the age bound; 1 ms steps just past it.
         3 => prop_oneof![0..2_000u64, Just(1), Just(500), Just(1_000), Just(1_500)]
             .prop_map(|ms| Op::Advance { ms }),
@@ -107,6 +114,24 @@ struct Model {
     now_ms: u64,
 }
 
+impl Model {
+    /// A gap on the views `affected` selects that have issued an offset: the
+    /// floor moves now, or at the next exact hydrate while sealed.
+    fn gap(&mut self, affected: impl Fn(&str) -> bool) {
+        let views = self
+            .views
+            .iter_mut()
+            .filter(|(name, view)| view.next() > 1 && affected(name));
+        for (_, view) in views {
+            if self.sealed {
+                view.floor = view.next();
+            } else {
+                push_gap(view, self.now_ms);
+            }
+        }
+    }
+}
+
 fn config() -> JournalConfig {
     JournalConfig {
         enabled: true,
@@ -160,7 +185,7 @@ proptest! {
     fn journal_follows_the_contract(ops in prop::collection::vec(op(), 1..120)) {
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         let clock = Arc::new(ManualClock::new(1_700_000_000_000));
-        let mut journal = EventJournal::with_clock(config(), clock.clone());
+        let mut journal = Arc::new(EventJournal::with_clock(config(), clock.clone()));
         let mut model = Model {
             epoch: rt.block_on(journal.epoch()),
             sealed: false,
@@ -206,13 +231,14 @@ proptest! {
                 }
                 Op::Gap => {
                     rt.block_on(journal.mark_gap());
-                    for view in model.views.values_mut().filter(|view| view.next() > 1) {
-                        if model.sealed {
-                            view.floor = view.next();
-                        } else {
-                            push_gap(view, model.now_ms);
-                        }
-                    }
+                    model.gap(|_| true);
+                }
+                Op::ReportGap { views } => {
+                    let covered = |name: &str| {
+                        VIEWS.iter().position(|v| *v == name).is_some_and(|i| views & (1 << i) != 0)
+                    };
+                    journal.scope(VIEWS.into_iter().filter(|v| covered(v))).report_gap();
+                    model.gap(covered);
                 }
                 Op::Advance { ms } => {
                     clock.advance(Duration::from_millis(ms));
@@ -234,7 +260,7 @@ proptest! {
                     let dump = rt.block_on(journal.dump());
                     let next = EventJournal::with_clock(config(), clock.clone());
                     rt.block_on(next.hydrate(dump, true));
-                    journal = next;
+                    journal = Arc::new(next);
                     model.sealed = false;
                     for view in model.views.values_mut() {
                         if view.floor == view.next() && view.next() > 1 {

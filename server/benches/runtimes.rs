@@ -30,14 +30,14 @@ use viewtape_server::schema::{ViewSchema, ViewSchemas, Violation};
 
 const BATCH: usize = 1000;
 
-/// Appends each event to the journal with an SSE frame built from its offset.
-struct JournalSink;
+/// Appends each event to its journal with an SSE frame built from its offset.
+struct JournalSink {
+    journal: Arc<EventJournal>,
+}
 
 impl BatchSink for JournalSink {
     async fn commit(&self, _runtime: &str, batch: GuestBatch, _at_ms: u64) {
-        let Some(journal) = viewtape_journal::current() else {
-            return;
-        };
+        let journal = &self.journal;
         let epoch = journal.epoch().await.to_string();
         for e in batch.events {
             let _ = journal
@@ -137,8 +137,8 @@ fn ticker_end_to_end(c: &mut Criterion) {
             module.clone(),
             RuntimeConfig::new("ticker", ["prices"]),
             None,
-            journal,
-            Arc::new(JournalSink),
+            Arc::clone(&journal),
+            Arc::new(JournalSink { journal }),
             Arc::default(),
         ))
         .expect("spawn");
@@ -197,8 +197,8 @@ fn publish_path(c: &mut Criterion) {
             module,
             RuntimeConfig::new("bench", ["prices"]),
             None,
-            journal,
-            Arc::new(JournalSink),
+            Arc::clone(&journal),
+            Arc::new(JournalSink { journal }),
             Arc::default(),
         ))
         .expect("spawn");

@@ -151,14 +151,10 @@ impl EventJournal {
         self.mark_gap_where(|_| true);
     }
 
-    /// [`EventJournal::mark_gap`] on the named views only: cursors of every other view stay
-    /// valid. For a runtime that lost input, whose loss touches only the views it publishes to.
-    pub fn mark_gap_in<'a>(&self, views: impl IntoIterator<Item = &'a str>) {
-        let views: Vec<&str> = views.into_iter().collect();
-        self.mark_gap_where(|view| views.contains(&view));
-    }
-
-    fn mark_gap_where(&self, affected: impl Fn(&str) -> bool) {
+    /// [`EventJournal::mark_gap`] on the views `affected` selects: the one
+    /// implementation of a gap, which a [`JournalScope`](crate::JournalScope)
+    /// narrows to its runtime's views.
+    pub(crate) fn mark_gap_where(&self, affected: impl Fn(&str) -> bool) {
         let now = self.now();
         let mut inner = self.lock();
         let Inner {
@@ -234,34 +230,6 @@ mod tests {
             .unwrap()
             .is_empty());
         assert_eq!(journal.stats().replays_refused_gap, 3);
-    }
-
-    #[tokio::test]
-    async fn a_gap_in_some_views_leaves_the_others_alone() {
-        let (journal, _) = journal_with(JournalConfig::default());
-        for view in ["a", "b"] {
-            append(&journal, view, "k").await;
-            append(&journal, view, "k").await;
-        }
-        journal.mark_gap_in(["a"]);
-        let epoch = journal.epoch().await;
-        assert!(matches!(
-            journal
-                .replay_after("a", Some(&Cursor::new(epoch, 1)))
-                .await,
-            Err(ReplayError::Gap { .. })
-        ));
-        assert_eq!(
-            journal.window("a").await.next,
-            4,
-            "the gap took an offset in a"
-        );
-        let b = journal
-            .replay_after("b", Some(&Cursor::new(epoch, 1)))
-            .await
-            .unwrap();
-        assert_eq!(b.iter().map(|r| r.offset).collect::<Vec<_>>(), [2]);
-        assert_eq!(journal.window("b").await.next, 3, "no offset taken in b");
     }
 
     #[tokio::test]

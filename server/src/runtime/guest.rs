@@ -252,11 +252,11 @@ impl<S: BatchSink> Task<S> {
         self.slot.reset();
     }
 
-    /// Marks a gap on this runtime's views: the loss of its input touches nothing else.
+    /// Marks a gap on this runtime's views, through its scope: the loss of its input touches
+    /// nothing else.
     pub(super) fn mark_gap(&self) {
         self.stats.gaps.fetch_add(1, Ordering::Relaxed);
-        self.journal
-            .mark_gap_in(self.views.iter().map(String::as_str));
+        self.scope.report_gap();
     }
 }
 

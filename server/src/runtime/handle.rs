@@ -172,7 +172,8 @@ pub struct RuntimeHandle {
 
 impl RuntimeHandle {
     /// Instantiates `module` (restoring `restore.state` if given) and spawns the runtime task
-    /// on the current tokio runtime, appending to `log`.
+    /// on the current tokio runtime, appending to `log`. The task keeps only its scope of
+    /// `journal` (its declared views), to report gaps through; its events go to `sink`.
     ///
     /// # Errors
     /// The guest's first instantiation failed (its `init` or `restore` refused, or no instance
@@ -223,11 +224,10 @@ impl RuntimeHandle {
             guest_config_crc: handle.guest_config,
             slot,
             last,
-            journal,
+            scope: journal.scope(views.iter().map(String::as_str)),
             sink,
             log,
             stats: Arc::clone(&handle.stats),
-            views,
             module_now: Arc::clone(&handle.module),
             schemas_now: Arc::clone(&handle.schemas),
             verdicts: Arc::clone(&handle.verdicts),

@@ -155,7 +155,7 @@ pub struct Deployed {
 /// subscribers); tests implement it with a `Vec`.
 pub trait BatchSink: Send + Sync + 'static {
     /// Commits one successful batch: its events, in order, accepted at `at_ms` (wall clock, Unix
-    /// milliseconds). Runs inside the journal's scope.
+    /// milliseconds).
     ///
     /// The batch's `gaps` have already been logged, counted and marked on the journal by the
     /// runtime task before this is called; they are passed along for information only.

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
-use viewtape_journal::EventJournal;
+use viewtape_journal::JournalScope;
 
 use super::guest::GuestSlot;
 use super::handle::Command;
@@ -24,12 +24,12 @@ pub(super) struct Task<S> {
     /// The state, checkpoint and producers after the last batch that ran: between groups, the
     /// last committed ones.
     pub last: RuntimeSnapshot,
-    pub journal: Arc<EventJournal>,
+    /// Its scope on the journal: the one way a gap it reports (its guest's, its source's, a
+    /// fresh start) reaches its views' tapes.
+    pub scope: JournalScope,
     pub sink: Arc<S>,
     pub log: Arc<Log>,
     pub stats: Arc<RuntimeStats>,
-    /// The views it declares: a gap it reports affects these.
-    pub views: Arc<[String]>,
     /// The module it runs, shared with the handles.
     pub module_now: Arc<Mutex<GuestModule>>,
     /// The schemas of `module`, shared with the handles.
@@ -54,8 +54,7 @@ impl<S: BatchSink> Task<S> {
                             Err(_) => break,
                         }
                     }
-                    let journal = Arc::clone(&self.journal);
-                    journal.scope(self.group(group)).await;
+                    self.group(group).await;
                     held
                 }
                 other => Some(other),
@@ -78,16 +77,14 @@ impl<S: BatchSink> Task<S> {
     async fn other(&mut self, cmd: Command) {
         match cmd {
             Command::Ingest(ingest) => {
-                let journal = Arc::clone(&self.journal);
-                journal.scope(self.group(vec![ingest])).await;
+                self.group(vec![ingest]).await;
             }
             Command::Apply {
                 record,
                 position,
                 reply,
             } => {
-                let journal = Arc::clone(&self.journal);
-                let result = journal.scope(self.apply(record, position)).await;
+                let result = self.apply(record, position).await;
                 let _ = reply.send(result);
             }
             Command::Deploy {
@@ -95,8 +92,7 @@ impl<S: BatchSink> Task<S> {
                 fresh_if_refused,
                 reply,
             } => {
-                let journal = Arc::clone(&self.journal);
-                let result = journal.scope(self.deploy(module, fresh_if_refused)).await;
+                let result = self.deploy(module, fresh_if_refused).await;
                 let _ = reply.send(result);
             }
             Command::Save { reply } => {

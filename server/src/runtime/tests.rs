@@ -14,22 +14,30 @@ use crate::host::{guests, EngineConfig, GuestBatch, GuestEngine, GuestError, Gue
 use crate::source::FileTailConfig;
 use crate::source::{FileTail, SourceCheckpoint};
 
-/// Appends every event to the journal (frame = `key=payload`) and remembers them.
-#[derive(Default)]
+/// Appends every event to its journal (frame = `key=payload`) and remembers them.
 struct TestSink {
+    journal: Arc<EventJournal>,
     events: Mutex<Vec<(String, String, String)>>,
+}
+
+impl TestSink {
+    fn new(journal: &Arc<EventJournal>) -> Arc<Self> {
+        Arc::new(Self {
+            journal: Arc::clone(journal),
+            events: Mutex::default(),
+        })
+    }
 }
 
 impl BatchSink for TestSink {
     async fn commit(&self, _runtime: &str, batch: GuestBatch, _at_ms: u64) {
-        let journal = viewtape_journal::current().unwrap();
         for e in batch.events {
             let frame = Arc::new(Bytes::from(format!(
                 "{}={}",
                 e.key,
                 String::from_utf8_lossy(&e.payload)
             )));
-            journal
+            self.journal
                 .append_with(&e.view, &e.key, |_| Ok::<_, ()>(frame))
                 .await
                 .unwrap();
@@ -64,7 +72,7 @@ fn engine() -> GuestEngine {
 async fn spawn(wasm: &[u8], limits: Limits) -> (RuntimeHandle, Arc<EventJournal>, Arc<TestSink>) {
     let module = GuestModule::new(&engine(), wasm).unwrap();
     let journal = Arc::new(EventJournal::new(JournalConfig::default()));
-    let sink = Arc::new(TestSink::default());
+    let sink = TestSink::new(&journal);
     let config = RuntimeConfig {
         limits,
         ..RuntimeConfig::new("t", ["v", "state", "prices"])
@@ -231,7 +239,7 @@ async fn infinite_loop_does_not_stop_the_runtime() {
 async fn restore_from_a_snapshot() {
     let module = GuestModule::new(&engine(), guests::MISBEHAVE_WASM).unwrap();
     let journal = Arc::new(EventJournal::new(JournalConfig::default()));
-    let sink = Arc::new(TestSink::default());
+    let sink = TestSink::new(&journal);
     let snapshot = RuntimeSnapshot {
         state: Bytes::from_static(b"41"),
         ..RuntimeSnapshot::default()
@@ -332,7 +340,8 @@ async fn misbehave_on_log(
     RuntimeHandle,
 ) {
     let module = GuestModule::new(&engine(), guests::MISBEHAVE_WASM).unwrap();
-    let sink = Arc::new(TestSink::default());
+    let journal = Arc::new(EventJournal::new(JournalConfig::default()));
+    let sink = TestSink::new(&journal);
     let log = Arc::new(crate::log::Log::new(
         true,
         viewtape_snapshots::log::Durability::Fsync,
@@ -342,7 +351,7 @@ async fn misbehave_on_log(
         module.clone(),
         RuntimeConfig::new("t", ["v", "state"]),
         None,
-        Arc::new(EventJournal::new(JournalConfig::default())),
+        journal,
         Arc::clone(&sink),
         Arc::clone(&log),
     )
