@@ -74,6 +74,8 @@ impl LoadError {
             Self::Engine(_) => "the wasm engine failed (the server log says why)".into(),
             Self::AbiVersion { .. }
             | Self::MissingExport { .. }
+            | Self::NotWasm
+            | Self::NotModule
             | Self::ExportType { .. }
             | Self::Link(_) => self.to_string().into(),
         }
