@@ -131,7 +131,7 @@ fn memory_per_key() {
     let frame = hub
         .view("prices")
         .expect("view")
-        .cut(hub.journal(), &viewtape_server::narrow::Narrow::All)
+        .cut(hub.journal(), &viewtape_server::hub::narrow::Narrow::All)
         .entries[0]
         .bytes()
         .len();

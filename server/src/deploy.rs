@@ -12,7 +12,7 @@ use bytes::Bytes;
 
 use crate::cluster::Cluster;
 use crate::host::{GuestEngine, GuestModule};
-use crate::registry::{ModuleStore, Runtimes};
+use crate::runtime::registry::{ModuleStore, Runtimes};
 use crate::runtime::{DeployError, Deployed};
 
 /// Largest module a deploy takes.

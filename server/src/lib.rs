@@ -19,35 +19,22 @@
 #![deny(missing_docs)]
 
 pub mod auth;
-pub mod check;
+pub mod cli;
 pub mod cluster;
 pub mod config;
-pub mod demo;
 pub mod deploy;
-pub mod frame;
-pub mod history;
 pub mod host;
 pub mod http;
 pub mod hub;
-pub mod inspect;
 pub mod listener;
 pub mod log;
-#[cfg(test)]
-mod log_props;
 pub mod metrics;
-pub mod narrow;
-pub mod recovery;
-pub mod registry;
-pub mod run;
-pub mod runtime;
-pub mod scaffold;
-pub mod schema;
-pub mod server;
-pub mod snapshot;
 #[cfg(test)]
-mod snapshot_props;
-pub mod socket;
+mod proptests;
+pub mod recovery;
+pub mod runtime;
+pub mod schema;
+pub mod serve;
+pub mod snapshot;
 pub mod source;
 pub mod sse;
-pub mod startup;
-pub mod tls;

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
-use viewtape_server::check;
+use viewtape_server::cli::check;
 use viewtape_server::config::Config;
-use viewtape_server::server::{serve, ServeOptions};
+use viewtape_server::serve::{serve, ServeOptions};
 
 /// The variable that sets `--log-format`.
 const LOG_FORMAT_ENV: &str = "VIEWTAPE_LOG_FORMAT";
@@ -282,15 +282,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Snapshot(SnapshotCommand::Inspect { file }) => {
-            let ok = viewtape_server::inspect::inspect_file(&file, &mut std::io::stdout())?;
+            let ok = viewtape_server::cli::inspect::inspect_file(&file, &mut std::io::stdout())?;
             std::process::exit(if ok { 0 } else { 1 })
         }
         Command::New { name, dir, sdk } => {
             let sdk = sdk.map_or_else(
-                viewtape_server::scaffold::Sdk::this_release,
-                viewtape_server::scaffold::Sdk::Path,
+                viewtape_server::cli::scaffold::Sdk::this_release,
+                viewtape_server::cli::scaffold::Sdk::Path,
             );
-            let created = viewtape_server::scaffold::new_guest(&name, &dir, &sdk)?;
+            let created = viewtape_server::cli::scaffold::new_guest(&name, &dir, &sdk)?;
             println!(
                 "created {}: cd there, then `cargo test`; its README says how to build and run it",
                 created.display()
@@ -309,7 +309,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 std::fs::read(path)
                     .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))
             };
-            let options = viewtape_server::run::RunOptions {
+            let options = viewtape_server::cli::run::RunOptions {
                 wasm: read(&wasm)?,
                 config: config.as_ref().map(read).transpose()?.unwrap_or_default(),
                 state: state.as_ref().map(read).transpose()?,
@@ -320,7 +320,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 },
             };
             let stdin = std::io::stdin().lock();
-            let ran = viewtape_server::run::run(options, stdin, &mut std::io::stdout())
+            let ran = viewtape_server::cli::run::run(options, stdin, &mut std::io::stdout())
                 .await
                 .with_context(|| wasm.display().to_string())?;
             if let Some(path) = save_state {
@@ -357,7 +357,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Log(LogCommand::Dump { dir, runtime }) => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            let dumped = viewtape_server::inspect::dump_log(&dir, &runtime, &mut out)?;
+            let dumped = viewtape_server::cli::inspect::dump_log(&dir, &runtime, &mut out)?;
             std::io::Write::flush(&mut out)?;
             match dumped {
                 Ok(batches) => {
@@ -368,11 +368,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Log(LogCommand::Inspect { dir }) => {
-            let ok = viewtape_server::inspect::inspect_log(&dir, &mut std::io::stdout())?;
+            let ok = viewtape_server::cli::inspect::inspect_log(&dir, &mut std::io::stdout())?;
             std::process::exit(if ok { 0 } else { 1 })
         }
         Command::Snapshot(SnapshotCommand::Verify { dir }) => {
-            let ok = viewtape_server::inspect::verify_dir(&dir, &mut std::io::stdout())?;
+            let ok = viewtape_server::cli::inspect::verify_dir(&dir, &mut std::io::stdout())?;
             std::process::exit(if ok { 0 } else { 1 })
         }
     }

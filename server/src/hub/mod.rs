@@ -28,12 +28,14 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
 use viewtape_journal::{CompactString, Cursor, EventJournal, JournalConfig, JournalSnapshot};
 
-use crate::frame::{self, Frame};
 use crate::host::{EventKind, GuestBatch, GuestEvent};
-use crate::narrow::Narrow;
+use crate::hub::frame::Frame;
+use crate::hub::narrow::Narrow;
 use crate::runtime::BatchSink;
 use crate::schema::{ViewSchema, Violation};
 
+pub mod frame;
+pub mod narrow;
 pub mod wake;
 
 pub use wake::KeyWake;

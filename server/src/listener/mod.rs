@@ -76,9 +76,9 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 use crate::config::ServerConfig;
+use crate::listener::tls::Tls;
 use crate::metrics::Metrics;
-use crate::socket::SharedTcp;
-use crate::tls::Tls;
+use crate::sse::socket::SharedTcp;
 
 mod accept;
 mod handover;
@@ -86,6 +86,7 @@ mod handshake;
 mod head;
 mod lean;
 mod stop;
+pub mod tls;
 mod trim;
 mod write;
 

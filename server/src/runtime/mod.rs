@@ -65,6 +65,7 @@ pub mod guest;
 pub mod handle;
 mod pause;
 mod publish;
+pub mod registry;
 mod task;
 #[cfg(test)]
 mod tests;

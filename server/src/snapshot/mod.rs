@@ -9,8 +9,8 @@
 //! source checkpoint with the [`ModuleFingerprint`] of the module that saved it. All of it is
 //! taken inside one [`Cut`], so it is one consistent moment.
 //!
-//! [`ModuleFingerprint`]: crate::registry::ModuleFingerprint
-//! [`Cut`]: crate::registry::Cut
+//! [`ModuleFingerprint`]: crate::runtime::registry::ModuleFingerprint
+//! [`Cut`]: crate::runtime::registry::Cut
 //!
 //! ## Start-up: the one-life rule
 //!
@@ -50,7 +50,7 @@ use viewtape_snapshots::{SnapshotDir, SnapshotEntry, SnapshotError};
 
 use crate::hub::Hub;
 use crate::log::Log;
-use crate::registry::Runtimes;
+use crate::runtime::registry::Runtimes;
 use crate::runtime::IngestError;
 
 mod body;
@@ -160,7 +160,7 @@ mod tests {
 
     use super::*;
     use crate::host::{guests, EngineConfig, GuestEngine, GuestModule};
-    use crate::registry::ModuleFingerprint;
+    use crate::runtime::registry::ModuleFingerprint;
     use crate::runtime::{RuntimeConfig, RuntimeHandle};
 
     /// A server's snapshot actions with one `demo` runtime running the ticker.

@@ -53,13 +53,14 @@ use tokio::time::Sleep;
 use viewtape_journal::{CompactString, Cursor};
 
 use crate::config::ServerConfig;
+use crate::hub::narrow::Narrow;
 use crate::hub::{Hub, StateCut, View};
 use crate::metrics::Metrics;
-use crate::narrow::Narrow;
-use crate::socket::SharedTcp;
+use crate::sse::socket::SharedTcp;
 
 mod chunk;
 mod direct;
+pub mod socket;
 mod subscriber;
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,7 @@
 //!
 //! 1. Read the config (or take the embedded default).
 //! 2. The snapshot, the runtimes and the log after it, in every mode
-//!    ([`crate::startup::start`]): the same epoch, offsets and frames as before
+//!    ([`crate::serve::start::start`]): the same epoch, offsets and frames as before
 //!    the stop, whatever the stop was; or a fresh epoch where continuity cannot
 //!    be proven, followed at once by a snapshot.
 //! 3. Start the pull sources and the demo feed (on a cluster, once per cluster:
@@ -33,11 +33,11 @@ use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::http::admin::Admin;
 use crate::http::{app, AppState};
+use crate::listener::tls::Tls;
 use crate::log::Log;
-use crate::registry::Runtimes;
+use crate::runtime::registry::Runtimes;
+use crate::serve::start::{start, Started};
 use crate::source::{FileTail, FileTailConfig, SourceCheckpoint};
-use crate::startup::{start, Started};
-use crate::tls::Tls;
 
 /// How `viewtape serve` was invoked.
 #[derive(Debug, Clone)]
@@ -116,7 +116,7 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
 
     if let Some(demo) = runtimes.get("demo").filter(|_| options.demo_rate > 0) {
         let (handle, hub, rate) = (demo.handle.clone(), Arc::clone(&hub), options.demo_rate);
-        let feed = move || crate::demo::spawn_feed(handle.clone(), Arc::clone(&hub), rate);
+        let feed = move || crate::serve::demo::spawn_feed(handle.clone(), Arc::clone(&hub), rate);
         sources.push(match &cluster {
             // Once per cluster: the node holding its lease feeds it.
             Some(cluster) => cluster.spawn_once("demo-feed".into(), Arc::clone(&log), feed),
@@ -350,3 +350,6 @@ fn stop_signals() -> std::io::Result<watch::Receiver<u32>> {
     });
     Ok(counted)
 }
+
+pub mod demo;
+pub mod start;
