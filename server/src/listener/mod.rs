@@ -62,6 +62,7 @@
 //! | `write` | the one answer written on a connection whose request is not read |
 //! | `stop` | the drain when the server stops, and the requests with bodies it waits for |
 //! | `trim` | memory freed by closed connections handed back to the OS |
+//! | [`tls`] | the certificate and key, reloadable; the TLS acceptor with HTTP/2 by ALPN |
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -15,6 +15,7 @@
 //! |---|---|
 //! | this one | steps 1 and 2: the snapshot, the log's scan and torn tail, the plan |
 //! | `replay` | step 3: the records replayed, a break's fresh epoch, the writer started |
+//! | [`history`] | the data directory's identity: its history id, foreign files set aside, the end of the log |
 //!
 //! Anything that breaks continuity — a record missing or damaged before the tail, a segment
 //! missing, a replay that produces something else, a record of another module or guest config,

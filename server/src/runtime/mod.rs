@@ -16,6 +16,7 @@
 //! | `pause` | the runtime's side of the consistency cut, and a restore inside it |
 //! | [`guest`] | the guest slot: the instance, re-made from the last good state after a failure |
 //! | `follow` | a file source feeding the runtime |
+//! | [`registry`] | the running runtimes by name, the module store, and the consistency cut over all of them |
 //!
 //! ## A group of batches
 //!
