@@ -7,9 +7,11 @@
 //!
 //! | file | job |
 //! |---|---|
-//! | [`handle`] | the way in: commands to the task, their answers, the pause guard |
-//! | `publish` | on a cluster: a batch or a deploy published to the stream, and its verdict |
-//! | `task` | the task's loop: one command at a time, batches taken as groups |
+//! | [`handle`] | the way in: the handle, its requests and their answers, the pause guard |
+//! | `command` | what a handle sends its task, and what a pause's holder asks meanwhile |
+//! | `publish` | on a cluster: a batch or a deploy published to the stream, waiting for its verdict |
+//! | `verdict` | on a cluster: the verdicts the task gives, kept for the publishers waiting |
+//! | `task` | the task's loop: one command at a time, batches taken as groups; a batch through the guest |
 //! | `group` | group commit: stage a group, log it, commit it in log order |
 //! | `apply` | one logged record applied at its position: a replay at start, or a cluster's stream |
 //! | `deploy` | a new module swapped in between two batches, state carried over |
@@ -58,6 +60,7 @@
 //! [`ProducerTable`]: crate::log::producer::ProducerTable
 
 mod apply;
+mod command;
 mod deploy;
 mod error;
 mod follow;
@@ -70,6 +73,7 @@ pub mod registry;
 mod task;
 #[cfg(test)]
 mod tests;
+mod verdict;
 
 use std::future::Future;
 use std::sync::atomic::AtomicU64;
