@@ -23,23 +23,51 @@
 //! of a layer below, and no folder's files name each other in a circle.
 #![deny(missing_docs)]
 
-pub mod auth;
-pub mod cli;
-pub mod cluster;
-pub mod config;
-pub mod deploy;
-pub mod host;
-pub mod http;
-pub mod hub;
-pub mod listener;
-pub mod log;
-pub mod metrics;
+mod auth;
+mod cli;
+mod cluster;
+mod config;
+mod deploy;
+mod host;
+mod http;
+mod hub;
+mod listener;
+mod log;
+mod metrics;
 #[cfg(test)]
 mod proptests;
-pub mod recovery;
-pub mod runtime;
-pub mod schema;
-pub mod serve;
-pub mod snapshot;
-pub mod source;
-pub mod sse;
+mod recovery;
+mod runtime;
+mod schema;
+mod serve;
+mod snapshot;
+mod source;
+mod sse;
+
+// What the `viewtape` binary, the benchmarks and other users outside the crate call; everything
+// else stays inside.
+
+// The command line.
+pub use cli::check::check_file;
+pub use cli::inspect::{dump_log, inspect_file, inspect_log, verify_dir};
+pub use cli::run::{run, RunOptions};
+pub use cli::scaffold::{new_guest, Sdk};
+pub use serve::{serve, ServeOptions};
+
+// Settings and the environment the server reads.
+pub use auth::{Auth, SECRET_ENV};
+pub use config::{AuthSection, Config, ServerConfig};
+pub use http::admin::TOKEN_ENV as ADMIN_TOKEN_ENV;
+
+// The host, a runtime, the views and the router, for benchmarks that drive them in-process.
+pub use host::{
+    decode_output, guests, EngineConfig, EventKind, GuestBatch, GuestEngine, GuestEvent,
+    GuestInstance, GuestModule, Limits, DEFAULT_FUEL,
+};
+pub use http::{app, AppState};
+pub use hub::narrow::Narrow;
+pub use hub::Hub;
+pub use log::{unix_ms_now, LogMetrics};
+pub use runtime::{BatchSink, RuntimeConfig, RuntimeHandle};
+pub use schema::{ViewSchema, ViewSchemas, Violation};
+pub use snapshot::SnapshotBody;

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
-use viewtape_server::cli::check;
-use viewtape_server::config::Config;
-use viewtape_server::serve::{serve, ServeOptions};
+use viewtape_server::check_file;
+use viewtape_server::Config;
+use viewtape_server::{serve, ServeOptions};
 
 /// The variable that sets `--log-format`.
 const LOG_FORMAT_ENV: &str = "VIEWTAPE_LOG_FORMAT";
@@ -127,7 +127,7 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         batch_lines: usize,
         /// CPU per batch, in fuel (`[runtime.limits] fuel`).
-        #[arg(long, default_value_t = viewtape_server::host::DEFAULT_FUEL)]
+        #[arg(long, default_value_t = viewtape_server::DEFAULT_FUEL)]
         fuel: u64,
     },
 }
@@ -172,8 +172,8 @@ fn serve_environment() -> String {
   {format:<21} the log format, as --log-format
   RUST_LOG              which log lines are written (default: info; e.g. viewtape_server=debug)
   NO_COLOR              set (and not empty): log lines without colours, even on a terminal",
-        secret = viewtape_server::auth::SECRET_ENV,
-        admin = viewtape_server::http::admin::TOKEN_ENV,
+        secret = viewtape_server::SECRET_ENV,
+        admin = viewtape_server::ADMIN_TOKEN_ENV,
         format = LOG_FORMAT_ENV,
     )
 }
@@ -252,7 +252,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             };
             let config = match &config {
-                Some(path) => check::check_file(path, override_nats)?,
+                Some(path) => check_file(path, override_nats)?,
                 None => {
                     let mut config = Config::default();
                     override_nats(&mut config);
@@ -268,7 +268,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             .await
         }
         Command::CheckConfig { file } => {
-            let config = check::check_file(&file, |_| {})?;
+            let config = check_file(&file, |_| {})?;
             let runtimes: Vec<String> = config
                 .runtimes
                 .iter()
@@ -282,15 +282,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Snapshot(SnapshotCommand::Inspect { file }) => {
-            let ok = viewtape_server::cli::inspect::inspect_file(&file, &mut std::io::stdout())?;
+            let ok = viewtape_server::inspect_file(&file, &mut std::io::stdout())?;
             std::process::exit(if ok { 0 } else { 1 })
         }
         Command::New { name, dir, sdk } => {
             let sdk = sdk.map_or_else(
-                viewtape_server::cli::scaffold::Sdk::this_release,
-                viewtape_server::cli::scaffold::Sdk::Path,
+                viewtape_server::Sdk::this_release,
+                viewtape_server::Sdk::Path,
             );
-            let created = viewtape_server::cli::scaffold::new_guest(&name, &dir, &sdk)?;
+            let created = viewtape_server::new_guest(&name, &dir, &sdk)?;
             println!(
                 "created {}: cd there, then `cargo test`; its README says how to build and run it",
                 created.display()
@@ -309,18 +309,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 std::fs::read(path)
                     .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))
             };
-            let options = viewtape_server::cli::run::RunOptions {
+            let options = viewtape_server::RunOptions {
                 wasm: read(&wasm)?,
                 config: config.as_ref().map(read).transpose()?.unwrap_or_default(),
                 state: state.as_ref().map(read).transpose()?,
                 batch_lines,
-                limits: viewtape_server::host::Limits {
+                limits: viewtape_server::Limits {
                     fuel,
-                    ..viewtape_server::host::Limits::default()
+                    ..viewtape_server::Limits::default()
                 },
             };
             let stdin = std::io::stdin().lock();
-            let ran = viewtape_server::cli::run::run(options, stdin, &mut std::io::stdout())
+            let ran = viewtape_server::run(options, stdin, &mut std::io::stdout())
                 .await
                 .with_context(|| wasm.display().to_string())?;
             if let Some(path) = save_state {
@@ -343,10 +343,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let module = std::fs::read(&wasm)
                 .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", wasm.display()))?;
-            let token = std::env::var(viewtape_server::http::admin::TOKEN_ENV).map_err(|_| {
+            let token = std::env::var(viewtape_server::ADMIN_TOKEN_ENV).map_err(|_| {
                 anyhow::anyhow!(
                     "set {} to the server's admin token",
-                    viewtape_server::http::admin::TOKEN_ENV
+                    viewtape_server::ADMIN_TOKEN_ENV
                 )
             })?;
             let target = Target::parse(&server)?;
@@ -357,7 +357,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Log(LogCommand::Dump { dir, runtime }) => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            let dumped = viewtape_server::cli::inspect::dump_log(&dir, &runtime, &mut out)?;
+            let dumped = viewtape_server::dump_log(&dir, &runtime, &mut out)?;
             std::io::Write::flush(&mut out)?;
             match dumped {
                 Ok(batches) => {
@@ -368,11 +368,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Log(LogCommand::Inspect { dir }) => {
-            let ok = viewtape_server::cli::inspect::inspect_log(&dir, &mut std::io::stdout())?;
+            let ok = viewtape_server::inspect_log(&dir, &mut std::io::stdout())?;
             std::process::exit(if ok { 0 } else { 1 })
         }
         Command::Snapshot(SnapshotCommand::Verify { dir }) => {
-            let ok = viewtape_server::cli::inspect::verify_dir(&dir, &mut std::io::stdout())?;
+            let ok = viewtape_server::verify_dir(&dir, &mut std::io::stdout())?;
             std::process::exit(if ok { 0 } else { 1 })
         }
     }

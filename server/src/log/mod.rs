@@ -40,9 +40,8 @@ use viewtape_snapshots::log::{Durability, LogDir, LogError, LogWriter};
 use viewtape_snapshots::log::{Lineage, WriterOptions};
 
 pub use entry::{BatchEntry, DeployEntry, Digest, Entry, Outcome, RestoreEntry};
-pub use gather::Placed;
-pub use metrics::{LogMetrics, RECORD_KINDS};
-pub use publisher::{PublishError, Published};
+pub use metrics::LogMetrics;
+pub use publisher::PublishError;
 pub use stream::{StreamDurability, StreamLog};
 
 /// What an acknowledged batch was promised: the body of an ingest `200`.

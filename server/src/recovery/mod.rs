@@ -440,4 +440,4 @@ fn boot_id() -> String {
 pub mod history;
 mod replay;
 
-pub use replay::{replay, Replayed};
+pub use replay::replay;

@@ -57,9 +57,8 @@ mod body;
 mod restore;
 mod write;
 
-pub use body::{OtherModule, RuntimeDump, SnapshotBody};
+pub use body::{RuntimeDump, SnapshotBody};
 pub use restore::{RestoreAt, Restored};
-pub use write::WrittenSnapshot;
 
 /// Why a snapshot action failed.
 #[derive(Debug, thiserror::Error)]
