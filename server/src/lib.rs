@@ -49,6 +49,7 @@ mod sse;
 
 // The command line.
 pub use cli::check::check_file;
+pub use cli::deploy::{deploy_module, DeployAnswer, DeployOptions};
 pub use cli::inspect::{dump_log, inspect_file, inspect_log, verify_dir};
 pub use cli::run::{run, RunOptions};
 pub use cli::scaffold::{new_guest, Sdk};
