@@ -5,8 +5,8 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
-use viewtape_server::auth::Auth;
-use viewtape_server::config::AuthSection;
+use viewtape_server::Auth;
+use viewtape_server::AuthSection;
 
 const ES256_PRIVATE: &[u8] = include_bytes!("keys/es256-private.pem");
 const SECRET: &str = "bench-secret";
@@ -15,7 +15,7 @@ const SECRET: &str = "bench-secret";
 const DISTINCT: usize = 20_000;
 
 fn claims(n: usize) -> serde_json::Value {
-    let exp = viewtape_server::log::unix_ms_now() / 1000 + 3600;
+    let exp = viewtape_server::unix_ms_now() / 1000 + 3600;
     serde_json::json!({ "exp": exp, "aud": "viewtape", "views": ["prices", "orders.*"], "ingest": ["demo"], "jti": n })
 }
 

@@ -21,12 +21,12 @@ use std::time::{Duration, Instant};
 use bytes::{BufMut, Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use viewtape_journal::{EventJournal, JournalConfig};
-use viewtape_server::host::{
+use viewtape_server::{
     decode_output, guests, EngineConfig, GuestBatch, GuestEngine, GuestInstance, GuestModule,
     Limits,
 };
-use viewtape_server::runtime::{BatchSink, RuntimeConfig, RuntimeHandle};
-use viewtape_server::schema::{ViewSchema, ViewSchemas, Violation};
+use viewtape_server::{BatchSink, RuntimeConfig, RuntimeHandle};
+use viewtape_server::{ViewSchema, ViewSchemas, Violation};
 
 const BATCH: usize = 1000;
 

@@ -18,10 +18,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use viewtape_journal::{EventJournal, JournalConfig};
-use viewtape_server::host::{EventKind, GuestBatch, GuestEvent};
-use viewtape_server::hub::Hub;
-use viewtape_server::runtime::BatchSink;
-use viewtape_server::snapshot::SnapshotBody;
+use viewtape_server::BatchSink;
+use viewtape_server::Hub;
+use viewtape_server::SnapshotBody;
+use viewtape_server::{EventKind, GuestBatch, GuestEvent};
 use viewtape_snapshots::SnapshotMeta;
 
 const RECORDS: usize = 1_000_000;
@@ -67,7 +67,7 @@ fn filled(rt: &tokio::runtime::Runtime) -> Hub {
                     events,
                     gaps: vec![],
                 },
-                viewtape_server::log::unix_ms_now(),
+                viewtape_server::unix_ms_now(),
             )
             .await;
         }

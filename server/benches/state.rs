@@ -15,11 +15,11 @@ use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use tokio::sync::watch;
 use tower::ServiceExt;
 use viewtape_journal::{EventJournal, JournalConfig};
-use viewtape_server::config::ServerConfig;
-use viewtape_server::host::{EventKind, GuestBatch, GuestEvent};
-use viewtape_server::http::{app, AppState};
-use viewtape_server::hub::Hub;
-use viewtape_server::runtime::BatchSink;
+use viewtape_server::BatchSink;
+use viewtape_server::Hub;
+use viewtape_server::ServerConfig;
+use viewtape_server::{app, AppState};
+use viewtape_server::{EventKind, GuestBatch, GuestEvent};
 
 #[global_allocator]
 static ALLOCATOR: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -60,7 +60,7 @@ async fn filled(journal: JournalConfig) -> Arc<Hub> {
                 events,
                 gaps: vec![],
             },
-            viewtape_server::log::unix_ms_now(),
+            viewtape_server::unix_ms_now(),
         )
         .await;
     }
@@ -83,7 +83,7 @@ fn state_transfer(c: &mut Criterion) {
         AppState::new(
             hub,
             Arc::default(),
-            &viewtape_server::log::LogMetrics::default(),
+            &viewtape_server::LogMetrics::default(),
             None,
             config,
             shutdown,
@@ -131,7 +131,7 @@ fn memory_per_key() {
     let frame = hub
         .view("prices")
         .expect("view")
-        .cut(hub.journal(), &viewtape_server::narrow::Narrow::All)
+        .cut(hub.journal(), &viewtape_server::Narrow::All)
         .entries[0]
         .bytes()
         .len();

@@ -5,6 +5,24 @@
 //! [`Deployer::deploy`]. On a cluster the module goes to the bucket too, by SHA-256, and the
 //! deploy is a record of the stream: every node fetches the module and switches at its
 //! position.
+//!
+//! ## Where a deploy goes
+//!
+//! This file is the home of deploys; the other files a deploy passes through are the layers
+//! it crosses, each doing its own part:
+//!
+//! | file | part |
+//! |---|---|
+//! | `cli/deploy.rs` | `viewtape deploy`: the client that sends the module to the admin route |
+//! | `http/admin.rs` | `PUT /admin/runtimes/{runtime}/module`, answered from [`Deployer::deploy`] |
+//! | this one | [`Deployer`]: compile, keep (store, bucket), hand to the runtime |
+//! | `runtime/registry.rs` | the [`ModuleStore`]: every module ever deployed, by fingerprint |
+//! | `runtime/deploy.rs` | the runtime's side: the swap between two batches, a deploy record logged |
+//! | `recovery/replay.rs`, `cluster/apply.rs` | a logged deploy replayed at start, or applied from a cluster's stream |
+//! | `serve/start.rs` | a module changed in the config while the server was stopped: a deploy at start |
+//!
+//! The module store stays beside the registry, below the cluster: the cluster's apply loop
+//! keeps the modules it fetches there, and the deployer names the cluster.
 
 use std::sync::Arc;
 
@@ -12,7 +30,7 @@ use bytes::Bytes;
 
 use crate::cluster::Cluster;
 use crate::host::{GuestEngine, GuestModule};
-use crate::registry::{ModuleStore, Runtimes};
+use crate::runtime::registry::{ModuleStore, Runtimes};
 use crate::runtime::{DeployError, Deployed};
 
 /// Largest module a deploy takes.

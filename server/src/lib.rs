@@ -3,51 +3,72 @@
 //!
 //! ## Layers
 //!
-//! Modules form layers, top to bottom; each uses only the layers below it, never one above.
+//! Modules form layers, top to bottom; each names only modules of its own layer or of a layer
+//! below it, never one above.
 //!
 //! | layer | modules |
 //! |---|---|
-//! | process | [`server`] (`viewtape serve`: serving, shutdown), [`check`] (`viewtape check-config`, and what `serve` checks first), [`startup`] (start-up in every mode: local log, log off, cluster), [`inspect`] (`viewtape snapshot …`, `viewtape log …`), [`run`] (`viewtape run`: a guest over recorded input), [`scaffold`] (`viewtape new`: a guest crate) |
-//! | transport | [`listener`] — the accept loop; HTTP/1.1 carried to a router, lean or through hyper, and HTTP/2 over TLS; [`tls`] — the certificate, reloadable |
+//! | process | [`serve`] (`viewtape serve`: start-up in every mode, listening, graceful stop), [`cli`] (the other subcommands: `check-config`, `snapshot …`, `log …`, `run`, `new`, and `deploy`, the admin client) |
+//! | transport | [`listener`] — the accept loop; HTTP/1.1 carried to a router, lean or through hyper, and HTTP/2 over TLS with a reloadable certificate |
 //! | HTTP | [`http`] — the one router: routes, layers, the API error; [`http::admin`] |
-//! | operations | [`snapshot`] — snapshot body, cut, write, restore; [`recovery`] — a snapshot and the local log at start-up; [`history`] — the data directory's identity, foreign files, the end of the log; [`cluster`] — replicas applying a JetStream stream as their log; [`deploy`] — a new module into a running runtime; [`demo`] — the demo feed |
-//! | streams | [`sse`] — one subscriber: replay or state, then live |
+//! | operations | [`deploy`] — a new module into a running runtime; [`snapshot`] — snapshot body, cut, write, restore; [`recovery`] — a snapshot and the local log at start-up, the data directory's identity; [`cluster`] — replicas applying a JetStream stream as their log |
+//! | streams | [`sse`] — one subscriber: replay or state, then live; the socket its transport and the fan-out pass share |
 //! | observation | [`metrics`] — Prometheus metrics, reading the counters of the layers below |
-//! | views | [`hub`] — views, their state, the commit path into the journal; [`registry`] — runtimes by name, the module store, the consistency cut |
-//! | runtimes | [`runtime`] — the task owning one guest; [`log`] — log records, receipts, idempotent producers, commit order, the two backends (local segments, a cluster's stream); [`source`] — pull sources and their checkpoints |
-//! | foundation | [`host`] — the wasmtime host; [`frame`] — the SSE wire format; [`auth`] — tokens and grants; [`narrow`] — reads and grants of some keys of a view; [`socket`] — a TCP connection written by its transport and the fan-out pass in turn, HTTP/1.1 chunks; [`config`] — settings; [`schema`] — typed views' schemas and the check of their values |
+//! | settings | [`config`] — settings; [`auth`] — tokens and grants of views and their keys |
+//! | views | [`hub`] — views, their state, the commit path into the journal, the SSE wire format, narrowed reads of some keys |
+//! | runtimes | [`runtime`] — the task owning one guest, and the registry of runtimes by name with the consistency cut; [`log`] — log records, receipts, idempotent producers, commit order, the two backends (local segments, a cluster's stream); [`source`] — pull sources and their checkpoints |
+//! | foundation | [`host`] — the wasmtime host; [`schema`] — typed views' schemas and the check of their values |
+//!
+//! The table is checked (`tests/layers.rs`): a module names only modules of its own layer or
+//! of a layer below, and no folder's files name each other in a circle.
 #![deny(missing_docs)]
 
-pub mod auth;
-pub mod check;
-pub mod cluster;
-pub mod config;
-pub mod demo;
-pub mod deploy;
-pub mod frame;
-pub mod history;
-pub mod host;
-pub mod http;
-pub mod hub;
-pub mod inspect;
-pub mod listener;
-pub mod log;
+mod auth;
+mod cli;
+mod cluster;
+mod config;
+mod deploy;
+mod host;
+mod http;
+mod hub;
+mod listener;
+mod log;
+mod metrics;
 #[cfg(test)]
-mod log_props;
-pub mod metrics;
-pub mod narrow;
-pub mod recovery;
-pub mod registry;
-pub mod run;
-pub mod runtime;
-pub mod scaffold;
-pub mod schema;
-pub mod server;
-pub mod snapshot;
-#[cfg(test)]
-mod snapshot_props;
-pub mod socket;
-pub mod source;
-pub mod sse;
-pub mod startup;
-pub mod tls;
+mod proptests;
+mod recovery;
+mod runtime;
+mod schema;
+mod serve;
+mod snapshot;
+mod source;
+mod sse;
+
+// What the `viewtape` binary, the benchmarks and other users outside the crate call; everything
+// else stays inside.
+
+// The command line.
+pub use cli::check::check_file;
+pub use cli::deploy::{deploy_module, DeployAnswer, DeployOptions};
+pub use cli::inspect::{dump_log, inspect_file, inspect_log, verify_dir};
+pub use cli::run::{run, RunOptions};
+pub use cli::scaffold::{new_guest, Sdk};
+pub use serve::{serve, ServeOptions};
+
+// Settings and the environment the server reads.
+pub use auth::{Auth, SECRET_ENV};
+pub use config::{AuthSection, Config, ServerConfig};
+pub use http::admin::TOKEN_ENV as ADMIN_TOKEN_ENV;
+
+// The host, a runtime, the views and the router, for benchmarks that drive them in-process.
+pub use host::{
+    decode_output, guests, EngineConfig, EventKind, GuestBatch, GuestEngine, GuestEvent,
+    GuestInstance, GuestModule, Limits, DEFAULT_FUEL,
+};
+pub use http::{app, AppState};
+pub use hub::narrow::Narrow;
+pub use hub::Hub;
+pub use log::{unix_ms_now, LogMetrics};
+pub use runtime::{BatchSink, RuntimeConfig, RuntimeHandle};
+pub use schema::{ViewSchema, ViewSchemas, Violation};
+pub use snapshot::SnapshotBody;

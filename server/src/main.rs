@@ -6,15 +6,14 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::io::IsTerminal as _;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
-use viewtape_server::check;
-use viewtape_server::config::Config;
-use viewtape_server::server::{serve, ServeOptions};
+use viewtape_server::check_file;
+use viewtape_server::Config;
+use viewtape_server::{serve, ServeOptions};
 
 /// The variable that sets `--log-format`.
 const LOG_FORMAT_ENV: &str = "VIEWTAPE_LOG_FORMAT";
@@ -127,7 +126,7 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         batch_lines: usize,
         /// CPU per batch, in fuel (`[runtime.limits] fuel`).
-        #[arg(long, default_value_t = viewtape_server::host::DEFAULT_FUEL)]
+        #[arg(long, default_value_t = viewtape_server::DEFAULT_FUEL)]
         fuel: u64,
     },
 }
@@ -172,8 +171,8 @@ fn serve_environment() -> String {
   {format:<21} the log format, as --log-format
   RUST_LOG              which log lines are written (default: info; e.g. viewtape_server=debug)
   NO_COLOR              set (and not empty): log lines without colours, even on a terminal",
-        secret = viewtape_server::auth::SECRET_ENV,
-        admin = viewtape_server::http::admin::TOKEN_ENV,
+        secret = viewtape_server::SECRET_ENV,
+        admin = viewtape_server::ADMIN_TOKEN_ENV,
         format = LOG_FORMAT_ENV,
     )
 }
@@ -252,7 +251,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             };
             let config = match &config {
-                Some(path) => check::check_file(path, override_nats)?,
+                Some(path) => check_file(path, override_nats)?,
                 None => {
                     let mut config = Config::default();
                     override_nats(&mut config);
@@ -268,7 +267,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             .await
         }
         Command::CheckConfig { file } => {
-            let config = check::check_file(&file, |_| {})?;
+            let config = check_file(&file, |_| {})?;
             let runtimes: Vec<String> = config
                 .runtimes
                 .iter()
@@ -282,15 +281,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Snapshot(SnapshotCommand::Inspect { file }) => {
-            let ok = viewtape_server::inspect::inspect_file(&file, &mut std::io::stdout())?;
+            let ok = viewtape_server::inspect_file(&file, &mut std::io::stdout())?;
             std::process::exit(if ok { 0 } else { 1 })
         }
         Command::New { name, dir, sdk } => {
             let sdk = sdk.map_or_else(
-                viewtape_server::scaffold::Sdk::this_release,
-                viewtape_server::scaffold::Sdk::Path,
+                viewtape_server::Sdk::this_release,
+                viewtape_server::Sdk::Path,
             );
-            let created = viewtape_server::scaffold::new_guest(&name, &dir, &sdk)?;
+            let created = viewtape_server::new_guest(&name, &dir, &sdk)?;
             println!(
                 "created {}: cd there, then `cargo test`; its README says how to build and run it",
                 created.display()
@@ -309,18 +308,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 std::fs::read(path)
                     .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))
             };
-            let options = viewtape_server::run::RunOptions {
+            let options = viewtape_server::RunOptions {
                 wasm: read(&wasm)?,
                 config: config.as_ref().map(read).transpose()?.unwrap_or_default(),
                 state: state.as_ref().map(read).transpose()?,
                 batch_lines,
-                limits: viewtape_server::host::Limits {
+                limits: viewtape_server::Limits {
                     fuel,
-                    ..viewtape_server::host::Limits::default()
+                    ..viewtape_server::Limits::default()
                 },
             };
             let stdin = std::io::stdin().lock();
-            let ran = viewtape_server::run::run(options, stdin, &mut std::io::stdout())
+            let ran = viewtape_server::run(options, stdin, &mut std::io::stdout())
                 .await
                 .with_context(|| wasm.display().to_string())?;
             if let Some(path) = save_state {
@@ -341,23 +340,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             server,
             cacert,
         } => {
-            let module = std::fs::read(&wasm)
-                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", wasm.display()))?;
-            let token = std::env::var(viewtape_server::http::admin::TOKEN_ENV).map_err(|_| {
-                anyhow::anyhow!(
-                    "set {} to the server's admin token",
-                    viewtape_server::http::admin::TOKEN_ENV
-                )
-            })?;
-            let target = Target::parse(&server)?;
-            let (status, body) =
-                deploy(&target, cacert.as_deref(), &runtime, module, &token).await?;
-            println!("{body}");
-            std::process::exit(if status == 200 { 0 } else { 1 })
+            let answer = viewtape_server::deploy_module(&viewtape_server::DeployOptions {
+                runtime,
+                wasm,
+                server,
+                cacert,
+            })
+            .await?;
+            println!("{}", answer.body);
+            std::process::exit(if answer.status == 200 { 0 } else { 1 })
         }
         Command::Log(LogCommand::Dump { dir, runtime }) => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            let dumped = viewtape_server::inspect::dump_log(&dir, &runtime, &mut out)?;
+            let dumped = viewtape_server::dump_log(&dir, &runtime, &mut out)?;
             std::io::Write::flush(&mut out)?;
             match dumped {
                 Ok(batches) => {
@@ -368,173 +363,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Log(LogCommand::Inspect { dir }) => {
-            let ok = viewtape_server::inspect::inspect_log(&dir, &mut std::io::stdout())?;
+            let ok = viewtape_server::inspect_log(&dir, &mut std::io::stdout())?;
             std::process::exit(if ok { 0 } else { 1 })
         }
         Command::Snapshot(SnapshotCommand::Verify { dir }) => {
-            let ok = viewtape_server::inspect::verify_dir(&dir, &mut std::io::stdout())?;
+            let ok = viewtape_server::verify_dir(&dir, &mut std::io::stdout())?;
             std::process::exit(if ok { 0 } else { 1 })
-        }
-    }
-}
-
-/// Where `viewtape deploy` sends the module.
-#[derive(Debug, PartialEq, Eq)]
-struct Target {
-    https: bool,
-    host: String,
-    port: u16,
-}
-
-impl Target {
-    /// `host:port`, `http://host[:port][/]` or `https://host[:port][/]`.
-    fn parse(text: &str) -> anyhow::Result<Self> {
-        let (https, rest) = match text.split_once("://") {
-            Some(("http", rest)) => (false, rest),
-            Some(("https", rest)) => (true, rest),
-            Some((scheme, _)) => anyhow::bail!("--server {text}: {scheme}:// is not http or https"),
-            None => (false, text),
-        };
-        let authority = rest.trim_end_matches('/');
-        anyhow::ensure!(
-            !authority.is_empty() && !authority.contains('/'),
-            "--server {text}: give host:port or a URL without a path"
-        );
-        let (host, port) = match authority.rsplit_once(':') {
-            Some((host, port)) if !port.contains(']') => (
-                host,
-                port.parse()
-                    .map_err(|_| anyhow::anyhow!("--server {text}: {port:?} is not a port"))?,
-            ),
-            _ if https => (authority, 443),
-            _ if text.contains("://") => (authority, 80),
-            _ => anyhow::bail!("--server {text}: give host:port or a URL"),
-        };
-        Ok(Self {
-            https,
-            host: host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_owned(),
-            port,
-        })
-    }
-
-    /// The `Host` header.
-    fn authority(&self) -> String {
-        match self.host.contains(':') {
-            true => format!("[{}]:{}", self.host, self.port),
-            false => format!("{}:{}", self.host, self.port),
-        }
-    }
-}
-
-/// The TLS client of `viewtape deploy --server https://…`, trusting `cacert` or the system's
-/// certificates.
-fn tls_connector(cacert: Option<&Path>) -> anyhow::Result<tokio_rustls::TlsConnector> {
-    use tokio_rustls::rustls;
-    use tokio_rustls::rustls::pki_types::pem::PemObject as _;
-    use tokio_rustls::rustls::pki_types::CertificateDer;
-
-    let bundle = match cacert {
-        Some(path) => path.to_owned(),
-        None => std::env::var_os("SSL_CERT_FILE").map_or_else(
-            || PathBuf::from("/etc/ssl/certs/ca-certificates.crt"),
-            PathBuf::from,
-        ),
-    };
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(&bundle)
-        .map_err(|e| anyhow::anyhow!("cannot read certificates from {}: {e}", bundle.display()))?
-    {
-        let cert = cert.map_err(|e| anyhow::anyhow!("{}: {e}", bundle.display()))?;
-        roots
-            .add(cert)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", bundle.display()))?;
-    }
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
-}
-
-/// `PUT /admin/runtimes/{runtime}/module` with `module` as the body, over HTTP/1.1 (TLS for
-/// https); the status and the body.
-async fn deploy(
-    target: &Target,
-    cacert: Option<&Path>,
-    runtime: &str,
-    module: Vec<u8>,
-    token: &str,
-) -> anyhow::Result<(u16, String)> {
-    use http_body_util::{BodyExt as _, Full};
-
-    let authority = target.authority();
-    let stream = tokio::net::TcpStream::connect((target.host.as_str(), target.port))
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot connect to {authority}: {e}"))?;
-    let request = hyper::Request::put(format!("/admin/runtimes/{runtime}/module"))
-        .header(hyper::header::HOST, &authority)
-        .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
-        .header(hyper::header::CONTENT_TYPE, "application/wasm")
-        .body(Full::new(bytes::Bytes::from(module)))?;
-    let response = if target.https {
-        let name = tokio_rustls::rustls::pki_types::ServerName::try_from(target.host.clone())
-            .map_err(|e| anyhow::anyhow!("{}: {e}", target.host))?;
-        let stream = tls_connector(cacert)?
-            .connect(name, stream)
-            .await
-            .map_err(|e| anyhow::anyhow!("TLS with {authority}: {e}"))?;
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-        tokio::spawn(connection);
-        sender.send_request(request).await?
-    } else {
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-        tokio::spawn(connection);
-        sender.send_request(request).await?
-    };
-    let status = response.status().as_u16();
-    let body = response.into_body().collect().await?.to_bytes();
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Target;
-
-    #[test]
-    fn deploy_targets_are_addresses_or_urls() {
-        let target = |https, host: &str, port| Target {
-            https,
-            host: host.to_owned(),
-            port,
-        };
-        for (text, expected) in [
-            ("127.0.0.1:8080", target(false, "127.0.0.1", 8080)),
-            ("localhost:8080", target(false, "localhost", 8080)),
-            ("http://localhost:8080/", target(false, "localhost", 8080)),
-            ("http://example.com", target(false, "example.com", 80)),
-            ("https://example.com", target(true, "example.com", 443)),
-            (
-                "https://example.com:8443/",
-                target(true, "example.com", 8443),
-            ),
-            ("[::1]:8080", target(false, "::1", 8080)),
-        ] {
-            assert_eq!(Target::parse(text).unwrap(), expected, "{text}");
-        }
-        assert_eq!(
-            Target::parse("[::1]:8080").unwrap().authority(),
-            "[::1]:8080"
-        );
-        for bad in ["localhost", "ftp://x:1", "http://x:1/admin", "x:port"] {
-            assert!(Target::parse(bad).is_err(), "{bad}");
         }
     }
 }

@@ -1,7 +1,7 @@
 //! What a token grants: exact names and prefixes of views or runtimes, maybe narrowed to some
 //! keys.
 
-use crate::narrow::Narrow;
+use crate::hub::narrow::Narrow;
 
 /// Names a grant covers: exact names, or prefixes written with a trailing `*`; each maybe
 /// narrowed to some keys of what it names by a query after a `?` — `prices?prefix=EU-`,
@@ -136,7 +136,7 @@ mod tests {
             assert!(grants.narrowings("prices").next().is_none(), "{bad}");
             assert!(grants.narrowings(bad).next().is_none(), "{bad}");
         }
-        let many: Vec<String> = (0..=crate::narrow::MAX_KEYS)
+        let many: Vec<String> = (0..=crate::hub::narrow::MAX_KEYS)
             .map(|i| format!("k{i}"))
             .collect();
         let too_many = format!("prices?keys={}", many.join(","));

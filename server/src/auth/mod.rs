@@ -11,7 +11,7 @@
 //! claims grant access: `views` — view names it may read, `ingest` — runtime names it may push
 //! to; a trailing `*` matches a prefix (`"orders.*"`). A `views` entry may be narrowed to some
 //! keys of what it names, written as the query that narrows a read (`"prices?prefix=EU-"`,
-//! `"prices?keys=ACME,BOLT"`; see [`crate::narrow`] and [`Grants`]). `[auth] public_views` may
+//! `"prices?keys=ACME,BOLT"`; see [`crate::hub::narrow`] and [`Grants`]). `[auth] public_views` may
 //! be read without a token. A token that is presented and fails is always refused — never a
 //! fallback to anonymous.
 //!

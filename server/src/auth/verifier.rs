@@ -190,7 +190,7 @@ pub(super) mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::narrow::Narrow;
+    use crate::hub::narrow::Narrow;
 
     const SECRET: &str = "test-secret";
 

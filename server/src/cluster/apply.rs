@@ -26,8 +26,8 @@ use super::{Cluster, APPLY_ATTEMPTS, RETRY, STREAM_CHECK};
 use crate::host::{GuestEngine, GuestModule, ModuleFingerprint};
 use crate::log::stream::{RECORD_HEADER, RECORD_VERSION, SHARED_VERSION};
 use crate::log::{BatchEntry, Entry, Log, Outcome};
-use crate::registry::{ModuleStore, Registered, Runtimes};
 use crate::runtime::handle::Record;
+use crate::runtime::registry::{ModuleStore, Registered, Runtimes};
 use crate::runtime::{ApplyError, RuntimeSnapshot};
 use crate::snapshot::Snapshots;
 
@@ -545,7 +545,7 @@ async fn apply_record(
 /// Applies a record of several runtimes' batches at `sequence`: each runtime its own part, side
 /// by side, and the position counts as applied once all have. No snapshot is cut meanwhile; a
 /// part that cannot be applied leaves the record half applied, and none is cut from then on
-/// ([`crate::registry::CutsHeld::tear`]).
+/// ([`crate::runtime::registry::CutsHeld::tear`]).
 async fn apply_shared(
     appliers: &Appliers,
     log: &Log,

@@ -27,7 +27,7 @@ mod spans;
 mod validate;
 
 pub use error::{ConfigError, Problem, Source};
-pub use runtime::{LimitsSection, RuntimeSection, SourceSection, BUILTIN_GUESTS};
+pub use runtime::{LimitsSection, RuntimeSection, BUILTIN_GUESTS};
 pub use sections::{
     AuthSection, ClusterSection, FsyncMode, JournalSection, LogSection, ServerConfig,
 };
@@ -81,6 +81,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
+    use runtime::SourceSection;
 
     /// The README's config reference: the TOML block after its marker.
     fn readme_reference() -> String {

@@ -126,7 +126,7 @@ fn validate_views(i: usize, runtime: &RuntimeSection) -> Result<(), Problem> {
 fn validate_public_views(auth: &AuthSection) -> Result<(), Problem> {
     for entry in &auth.public_views {
         if let Some((_, query)) = entry.split_once('?') {
-            crate::narrow::Narrow::from_query(query).map_err(|error| {
+            crate::hub::narrow::Narrow::from_query(query).map_err(|error| {
                 Problem::new(
                     "auth.public_views",
                     format!("{entry:?} narrows in a way this server does not read: {error}"),

@@ -76,8 +76,6 @@ impl LoadError {
             | Self::NotModule
             | Self::AbiVersion { .. }
             | Self::MissingExport { .. }
-            | Self::NotWasm
-            | Self::NotModule
             | Self::ExportType { .. }
             | Self::Link(_) => self.to_string().into(),
         }

@@ -14,7 +14,7 @@ use axum::http::{header, HeaderMap};
 
 use super::{ApiError, AppState};
 use crate::auth::{Access, Auth};
-use crate::narrow::{Narrow, NotGranted};
+use crate::hub::narrow::{Narrow, NotGranted};
 
 /// What a read without auth, or under a full grant, carries.
 static EVERY_KEY: Narrow = Narrow::All;

@@ -47,7 +47,7 @@ use super::query::Params;
 use super::ApiError;
 use crate::cluster::Cluster;
 use crate::deploy::{DeployActionError, Deployer, MAX_MODULE_BYTES};
-use crate::registry::Runtimes;
+use crate::runtime::registry::Runtimes;
 use crate::runtime::{DeployError, GuestFailure};
 use crate::snapshot::{SnapshotActionError, Snapshots};
 
@@ -435,7 +435,7 @@ pub(crate) fn test_admin(token: &str) -> Option<Admin> {
         ..crate::host::EngineConfig::default()
     })
     .expect("engine");
-    let store = crate::registry::ModuleStore::open(std::env::temp_dir()).expect("store");
+    let store = crate::runtime::registry::ModuleStore::open(std::env::temp_dir()).expect("store");
     Admin::new(
         token,
         Arc::default(),

@@ -133,7 +133,8 @@ impl ApiError {
         }
     }
 
-    /// The status.
+    /// The status (what the tests of the routes check).
+    #[cfg(test)]
     pub fn status(&self) -> StatusCode {
         self.status
     }

@@ -55,7 +55,7 @@ use crate::config::ServerConfig;
 use crate::hub::Hub;
 use crate::log::LogMetrics;
 use crate::metrics::Metrics;
-use crate::registry::Runtimes;
+use crate::runtime::registry::Runtimes;
 use crate::sse::Streams;
 
 /// Time limit for every request but an SSE stream; past it, 408.

@@ -15,7 +15,7 @@ use serde_json::{json, Map, Value};
 use super::access::Caller;
 use super::views::reading_query;
 use super::{ApiError, AppState};
-use crate::narrow::Narrow;
+use crate::hub::narrow::Narrow;
 use crate::schema::ViewSchema;
 
 pub(super) fn routes() -> Router<AppState> {

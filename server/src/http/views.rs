@@ -15,9 +15,9 @@ use viewtape_journal::EventJournal;
 use super::access::Caller;
 use super::query::Params;
 use super::{ApiError, AppState};
+use crate::hub::narrow::Narrow;
 use crate::hub::View;
-use crate::narrow::Narrow;
-use crate::socket::SharedTcp;
+use crate::sse::socket::SharedTcp;
 use crate::sse::{OpenError, Start, MAX_FRAMES_PER_CHUNK};
 
 /// The bounded routes: list and state.
@@ -170,7 +170,7 @@ const SSE_HEADERS: [(header::HeaderName, &str); 3] = [
 /// `GET /views/{view}/events`: 404 for an unknown view, 503 past the connection limit. The
 /// cursor comes from `Last-Event-ID`, else `?cursor=`; the header wins. `?until=head` ends the
 /// stream once it has delivered everything up to the view's head at open. `?keys=`/`?prefix=`
-/// narrow it to those keys (see [`crate::narrow`]); a narrowed grant, to its keys.
+/// narrow it to those keys (see [`crate::hub::narrow`]); a narrowed grant, to its keys.
 async fn events(
     State(state): State<AppState>,
     view: Result<Path<String>, PathRejection>,
@@ -293,7 +293,7 @@ mod tests {
         let cut = hub
             .view("v")
             .unwrap()
-            .cut(hub.journal(), &crate::narrow::Narrow::All);
+            .cut(hub.journal(), &crate::hub::narrow::Narrow::All);
         assert_eq!(state["cursor"], cut.cursor.to_string());
         let entries = state["entries"].as_object().unwrap();
         assert_eq!(entries.len(), 1_200);

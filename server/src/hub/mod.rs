@@ -17,6 +17,13 @@
 //! lock, with the head cursor read in the same section, is exactly "every
 //! event up to that cursor". Lock order: view lock, then the journal's lock.
 //! Subscribers are woken after the lock is released.
+//!
+//! | file | job |
+//! |---|---|
+//! | this one | [`Hub`] and [`View`]: the views, their state, the commit path into the journal |
+//! | [`wake`] | narrowed subscribers woken by the keys a commit touches |
+//! | [`frame`] | the SSE wire format: an event encoded once, as every subscriber receives it |
+//! | [`narrow`] | reads and grants of some keys of a view |
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -28,12 +35,14 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
 use viewtape_journal::{CompactString, Cursor, EventJournal, JournalConfig, JournalSnapshot};
 
-use crate::frame::{self, Frame};
 use crate::host::{EventKind, GuestBatch, GuestEvent};
-use crate::narrow::Narrow;
+use crate::hub::frame::Frame;
+use crate::hub::narrow::Narrow;
 use crate::runtime::BatchSink;
 use crate::schema::{ViewSchema, Violation};
 
+pub mod frame;
+pub mod narrow;
 pub mod wake;
 
 pub use wake::KeyWake;

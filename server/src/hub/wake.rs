@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::Notify;
 use viewtape_journal::CompactString;
 
-use crate::narrow::Narrow;
+use crate::hub::narrow::Narrow;
 
 /// The narrowed subscribers of one view, by key and by prefix.
 #[derive(Debug)]

@@ -19,7 +19,7 @@ use super::head::refused_by_hyper;
 use super::lean::read_some;
 use super::stop::{stopped, BodyGuard, Guarded};
 use super::{Connection, Io, Shared, H2_MAX_STREAMS, H2_PREFACE, MAX_HEAD, MAX_HEADERS};
-use crate::socket::Stall;
+use crate::sse::socket::Stall;
 
 impl Connection {
     /// Serves the rest of the connection with hyper, starting with the bytes

@@ -7,8 +7,8 @@ use tokio::net::TcpStream;
 
 use super::write::answer_and_close;
 use super::{Connection, Limits};
-use crate::socket::SharedTcp;
-use crate::tls::Tls;
+use crate::listener::tls::Tls;
+use crate::sse::socket::SharedTcp;
 
 /// Answers a plain HTTP request on the TLS port: `400` with a JSON error saying to use HTTPS,
 /// in plain text since the client speaks no TLS, then closes.
@@ -55,7 +55,7 @@ impl Connection {
                 return tracing::debug!("TLS handshake timed out");
             }
         };
-        if stream.get_ref().1.alpn_protocol() == Some(crate::tls::H2) {
+        if stream.get_ref().1.alpn_protocol() == Some(crate::listener::tls::H2) {
             return self.serve_h2(stream).await;
         }
         self.run(stream).await;

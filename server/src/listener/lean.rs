@@ -14,7 +14,7 @@ use tower::ServiceExt;
 use super::head::{parse_head, BadHead, Parsed};
 use super::stop::stopped;
 use super::{Connection, Io, Limits, MAX_HEAD, PROBE};
-use crate::socket::{chunk_head, write_all};
+use crate::sse::socket::{chunk_head, write_all};
 
 /// What waiting for a request head gave.
 enum Next {

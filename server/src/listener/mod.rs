@@ -62,6 +62,7 @@
 //! | `write` | the one answer written on a connection whose request is not read |
 //! | `stop` | the drain when the server stops, and the requests with bodies it waits for |
 //! | `trim` | memory freed by closed connections handed back to the OS |
+//! | [`tls`] | the certificate and key, reloadable; the TLS acceptor with HTTP/2 by ALPN |
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -76,9 +77,9 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 use crate::config::ServerConfig;
+use crate::listener::tls::Tls;
 use crate::metrics::Metrics;
-use crate::socket::SharedTcp;
-use crate::tls::Tls;
+use crate::sse::socket::SharedTcp;
 
 mod accept;
 mod handover;
@@ -86,6 +87,7 @@ mod handshake;
 mod head;
 mod lean;
 mod stop;
+pub mod tls;
 mod trim;
 mod write;
 

@@ -5,7 +5,7 @@ use std::io::IoSlice;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::Limits;
-use crate::socket::write_all;
+use crate::sse::socket::write_all;
 
 /// Writes one JSON answer with `status` (and the header lines `extra`, each ending in CRLF)
 /// on a connection whose request is not read, then closes it.

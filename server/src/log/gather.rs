@@ -19,7 +19,7 @@ use tracing::Instrument as _;
 
 use super::entry::{BatchEntry, Entry};
 use super::producer::InputDigest;
-use super::stream::{subject_token, PublishError, Publisher, RECORD_VERSION, SHARED_VERSION};
+use super::publisher::{subject_token, PublishError, Publisher, RECORD_VERSION, SHARED_VERSION};
 
 /// What a batch adds to a message beside its input, at most (its runtime's name aside).
 const BATCH_OVERHEAD: usize = 256;

@@ -20,12 +20,14 @@
 //! | `producer` | idempotent producers |
 //! | `stream` | a cluster's stream as the log |
 //! | `gather` | a cluster's group commit: a runtime's waiting batches in one stream message |
+//! | `publisher` | publishing to the stream: the shared connection, message ids, the record header and versions |
 //! | `metrics` | what `/metrics` renders of the log and the stream |
 
 mod entry;
 mod gather;
 mod metrics;
 pub mod producer;
+mod publisher;
 pub mod stream;
 
 use std::collections::BTreeMap;
@@ -38,9 +40,9 @@ use viewtape_snapshots::log::{Durability, LogDir, LogError, LogWriter};
 use viewtape_snapshots::log::{Lineage, WriterOptions};
 
 pub use entry::{BatchEntry, DeployEntry, Digest, Entry, Outcome, RestoreEntry};
-pub use gather::Placed;
-pub use metrics::{LogMetrics, RECORD_KINDS};
-pub use stream::{PublishError, Published, StreamDurability, StreamLog};
+pub use metrics::LogMetrics;
+pub use publisher::PublishError;
+pub use stream::{StreamDurability, StreamLog};
 
 /// What an acknowledged batch was promised: the body of an ingest `200`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

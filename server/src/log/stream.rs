@@ -9,50 +9,17 @@
 //! again.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use async_nats::jetstream;
-use bytes::Bytes;
 use viewtape_journal::JournalEpoch;
 
 use super::gather::{Gather, Placed};
+use super::publisher::Publisher;
+use super::publisher::{PublishError, Published};
+/// The record format, for the readers of the stream.
+pub use super::publisher::{RECORD_HEADER, RECORD_VERSION, SHARED_VERSION};
 use super::BatchEntry;
-
-/// The header every record a node publishes carries, with the record format's version: a
-/// message without it was not published by a node.
-pub const RECORD_HEADER: &str = "Viewtape-Record";
-/// The record format's version (the value of [`RECORD_HEADER`]).
-pub const RECORD_VERSION: &str = "1";
-/// The version of a record holding batches of several runtimes, which each apply theirs at its
-/// position: a viewtape that reads only [`RECORD_VERSION`] stops at it and says to upgrade.
-pub const SHARED_VERSION: &str = "2";
-
-/// A published record: where the stream put it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Published {
-    /// Its stream sequence: its log position.
-    pub sequence: u64,
-    /// JetStream already held a message with its id (at `sequence`).
-    pub duplicate: bool,
-}
-
-/// Why a record was not published.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum PublishError {
-    /// This node takes no records now, and says why (it stopped applying the stream, or it
-    /// runs another build than the cluster).
-    #[error("{0}")]
-    Refusing(String),
-    /// NATS is not connected.
-    #[error("not connected to NATS at {0}")]
-    Disconnected(String),
-    /// NATS did not acknowledge in time.
-    #[error("NATS did not acknowledge within {0:?}")]
-    Timeout(Duration),
-}
 
 /// Whether a node publishes.
 #[derive(Debug)]
@@ -96,28 +63,10 @@ pub struct StreamLog {
     passed_over: Mutex<BTreeMap<String, u64>>,
 }
 
-/// What publishing needs, shared with the tasks that publish gathered batches.
-#[derive(Clone, Debug)]
-pub(super) struct Publisher {
-    js: jetstream::Context,
-    client: async_nats::Client,
-    url: Arc<str>,
-    /// How long a publish may wait for its acknowledgement, and an ingest for its verdict.
-    timeout: Duration,
-    ids: Arc<Ids>,
-}
-
-/// This process's part of the message ids it makes, and how many it made.
-#[derive(Debug)]
-struct Ids {
-    nonce: u64,
-    published: AtomicU64,
-}
-
 impl StreamLog {
     /// How long a publish may wait for its acknowledgement, and an ingest for its verdict.
     pub fn timeout(&self) -> Duration {
-        self.publisher.timeout
+        self.publisher.timeout()
     }
 
     /// The subject `runtime`'s records are published on.
@@ -136,16 +85,7 @@ impl StreamLog {
         batches_per_message: usize,
     ) -> Self {
         Self {
-            publisher: Publisher {
-                js: jetstream::new(client.clone()),
-                client,
-                url: url.into(),
-                timeout,
-                ids: Arc::new(Ids {
-                    nonce: process_nonce(),
-                    published: AtomicU64::new(0),
-                }),
-            },
+            publisher: Publisher::new(client, url, timeout),
             durability,
             refusing: Mutex::new(Refusing::Settling),
             epoch,
@@ -289,96 +229,5 @@ impl StreamLog {
         self.publisher
             .send(subject, RECORD_VERSION, payload, id)
             .await
-    }
-}
-
-impl Publisher {
-    /// A message id unique to this process.
-    pub(super) fn own_id(&self) -> String {
-        format!(
-            "{:016x}-{}",
-            self.ids.nonce,
-            self.ids.published.fetch_add(1, Ordering::Relaxed)
-        )
-    }
-
-    /// The largest message the NATS server takes.
-    pub(super) fn max_payload(&self) -> usize {
-        self.client.server_info().max_payload
-    }
-
-    /// Publishes `payload`, a record of format `version`, on `subject` under the message id
-    /// `id`, sending it again while its acknowledgement is lost, for at most the publish timeout.
-    pub(super) async fn send(
-        &self,
-        subject: String,
-        version: &'static str,
-        payload: Vec<u8>,
-        id: String,
-    ) -> Result<Published, PublishError> {
-        if self.client.connection_state() != async_nats::connection::State::Connected {
-            return Err(PublishError::Disconnected(self.url.to_string()));
-        }
-        let message = jetstream::message::PublishMessage::build()
-            .payload(Bytes::from(payload))
-            .header(RECORD_HEADER, version)
-            .message_id(id);
-        let published = async {
-            loop {
-                let sent = async {
-                    self.js
-                        .send_publish(subject.clone(), message.clone())
-                        .await
-                        .map_err(|error| error.to_string())?
-                        .await
-                        .map_err(|error| error.to_string())
-                };
-                match sent.await {
-                    Ok(ack) => break ack,
-                    Err(error) => {
-                        tracing::debug!(%error, "cluster: publish not acknowledged; sending it again");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
-            }
-        };
-        let ack = tokio::time::timeout(self.timeout, published)
-            .await
-            .map_err(|_| PublishError::Timeout(self.timeout))?;
-        Ok(Published {
-            sequence: ack.sequence,
-            duplicate: ack.duplicate,
-        })
-    }
-}
-
-/// A runtime's name as one token of a NATS subject.
-pub fn subject_token(runtime: &str) -> String {
-    runtime
-        .chars()
-        .map(|c| match c {
-            '.' | '*' | '>' | ' ' | '\t' => '_',
-            c => c,
-        })
-        .collect()
-}
-
-/// 64 random bits for this process (std's `RandomState` keys from the OS's randomness).
-fn process_nonce() -> u64 {
-    use std::hash::{BuildHasher as _, Hasher as _};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u32(std::process::id());
-    hasher.finish()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn runtime_names_become_one_subject_token() {
-        assert_eq!(subject_token("orders.eu"), "orders_eu");
-        assert_eq!(subject_token("a*b>c d"), "a_b_c_d");
-        assert_eq!(subject_token("demo"), "demo");
     }
 }

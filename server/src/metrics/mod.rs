@@ -28,7 +28,7 @@ use prometheus_client::registry::Registry;
 
 use crate::hub::Hub;
 use crate::log::LogMetrics;
-use crate::registry::Runtimes;
+use crate::runtime::registry::Runtimes;
 
 mod log;
 mod owners;

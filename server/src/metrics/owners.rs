@@ -12,7 +12,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::TypedMetric;
 
 use crate::hub::Hub;
-use crate::registry::Runtimes;
+use crate::runtime::registry::Runtimes;
 use crate::runtime::RuntimeStats;
 
 /// Reads the counters the hub, the journal and the runtimes own, on every scrape.

@@ -15,6 +15,7 @@
 //! |---|---|
 //! | this one | steps 1 and 2: the snapshot, the log's scan and torn tail, the plan |
 //! | `replay` | step 3: the records replayed, a break's fresh epoch, the writer started |
+//! | [`history`] | the data directory's identity: its history id, foreign files set aside, the end of the log |
 //!
 //! Anything that breaks continuity — a record missing or damaged before the tail, a segment
 //! missing, a replay that produces something else, a record of another module or guest config,
@@ -48,9 +49,9 @@ use viewtape_snapshots::log::{Durability, LogDamageKind, LogDir, LogError, LogSc
 use viewtape_snapshots::{SnapshotDir, SnapshotError};
 
 use crate::config::{FsyncMode, LogSection};
-use crate::history::EndMark;
 use crate::hub::Hub;
 use crate::log::{Break, Log, LogMetrics};
+use crate::recovery::history::EndMark;
 use crate::snapshot::{RuntimeDump, SnapshotBody};
 
 /// Where the boot id of a life that wrote with `fsync = "os"` is kept.
@@ -183,7 +184,7 @@ pub async fn begin(
     };
     let from = body.as_ref().and_then(|b| b.log_position);
     let log = Arc::new(Log::new(true, durability, from.unwrap_or(0)));
-    crate::history::note_skipped_snapshots(&newest.skipped, log.metrics());
+    crate::recovery::history::note_skipped_snapshots(&newest.skipped, log.metrics());
     let dir = LogDir::create(log_dir)?;
     let history = snapshots.history();
     let prepared = {
@@ -305,11 +306,11 @@ fn prepare(
     let mut mark = EndMark::Unneeded;
     if let Some(history) = history {
         let before = scan.clone();
-        if crate::history::set_aside_foreign(dir, &scan, history, metrics)? {
+        if crate::recovery::history::set_aside_foreign(dir, &scan, history, metrics)? {
             scan = dir.scan()?;
         }
         if watermark {
-            mark = crate::history::end_mark(dir, &before, history, metrics)?;
+            mark = crate::recovery::history::end_mark(dir, &before, history, metrics)?;
         }
     }
     if let Some(ours) = mark.ours() {
@@ -436,6 +437,7 @@ fn boot_id() -> String {
         .unwrap_or_else(|_| "unknown".to_owned())
 }
 
+pub mod history;
 mod replay;
 
-pub use replay::{replay, Replayed};
+pub use replay::replay;

@@ -11,8 +11,8 @@ use super::{Begun, Plan, RecoveryError};
 use crate::host::{GuestEngine, GuestModule};
 use crate::hub::Hub;
 use crate::log::{Break, DeployEntry, Entry, Log};
-use crate::registry::{ModuleStore, Runtimes};
 use crate::runtime::handle::{Applied, Record};
+use crate::runtime::registry::{ModuleStore, Runtimes};
 use crate::runtime::RuntimeHandle;
 
 /// How [`replay`] ended.

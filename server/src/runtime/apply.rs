@@ -26,11 +26,11 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::command::Record;
 use super::group::{Staged, Staging};
 use super::guest::Fit;
-use super::handle::Record;
-use super::publish::{Place, Verdict};
 use super::task::Task;
+use super::verdict::{Place, Verdict};
 use super::{ApplyError, BatchSink, DeployError, Deployed, IngestError};
 use crate::host::GuestModule;
 use crate::log::producer::{InputDigest, Undo};

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::command::{Ingest, Reply};
 use super::guest::Fit;
-use super::handle::{Ingest, Reply};
 use super::task::Task;
 use super::{Accepted, BatchSink, IngestError};
 use crate::host::GuestBatch;

@@ -7,10 +7,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::task::Task;
-use super::{BatchSink, FailureKind, IngestError, RuntimeStats};
+use super::{FailureKind, RuntimeStats};
 use crate::host::{EventKind, GuestBatch, GuestError, GuestInstance, GuestModule, Limits};
-use crate::log::BatchEntry;
 use crate::schema::{too_deep, ConfiguredSchemas, ViewSchemas};
 
 /// Why a batch did not run through a [`GuestSlot`].
@@ -215,48 +213,6 @@ impl GuestSlot {
         self.instance
             .as_mut()
             .ok_or_else(|| GuestError::Protocol("instance vanished".into()))
-    }
-}
-
-impl<S: BatchSink> Task<S> {
-    /// Runs `entry`'s input through the guest (an empty input from a source runs nothing). On
-    /// success the guest's new state is the last good one; on failure the instance is made
-    /// again from the last good state.
-    pub(super) async fn run_guest(
-        &mut self,
-        entry: &BatchEntry,
-        fit: Fit,
-    ) -> Result<GuestBatch, IngestError> {
-        if entry.input.is_empty() && entry.checkpoint.is_some() {
-            return Ok(GuestBatch::default());
-        }
-        let runtime = self.name.to_string();
-        match self.slot.run(&entry.input, &mut self.last.state, fit).await {
-            Ok(batch) => Ok(batch),
-            Err(SlotError::Unavailable(source)) => {
-                tracing::error!(error = %source, "runtime unavailable: re-instantiation failed");
-                Err(IngestError::Unavailable { runtime, source })
-            }
-            // The wall-clock backstop is a fault of the moment, not a verdict on the batch.
-            Err(SlotError::Failed(source @ GuestError::Timeout { .. })) => {
-                Err(IngestError::Unavailable { runtime, source })
-            }
-            Err(SlotError::Failed(source)) => Err(IngestError::Guest { runtime, source }),
-        }
-    }
-
-    /// Puts the guest back to `state`, an earlier good one: the next batch makes its instance
-    /// again from it.
-    pub(super) fn rewind(&mut self, state: Bytes) {
-        self.last.state = state;
-        self.slot.reset();
-    }
-
-    /// Marks a gap on this runtime's views, through its scope: the loss of its input touches
-    /// nothing else.
-    pub(super) fn mark_gap(&self) {
-        self.stats.gaps.fetch_add(1, Ordering::Relaxed);
-        self.scope.report_gap();
     }
 }
 

@@ -12,84 +12,22 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 use viewtape_journal::EventJournal;
 
+pub use super::command::Record;
+use super::command::{Command, Ingest, PauseOp};
 use super::guest::{GuestSlot, Typing};
-use super::publish::Verdicts;
 use super::task::Task;
+use super::verdict::Verdicts;
 use super::{Accepted, BatchSink, Deployed, RuntimeConfig, RuntimeSnapshot, RuntimeStats};
 use super::{ApplyError, DeployError, IngestError};
 use crate::host::{GuestError, GuestModule, ModuleFingerprint};
 use crate::log::producer::ProducerStamp;
-use crate::log::{unix_ms_now, BatchEntry, DeployEntry, Log, Outcome};
+use crate::log::{unix_ms_now, BatchEntry, Log, Outcome};
 use crate::schema::ViewSchemas;
 use crate::source::SourceCheckpoint;
-
-pub(super) type Reply = oneshot::Sender<Result<Accepted, IngestError>>;
-
-/// One batch on its way in.
-pub(super) struct Ingest {
-    pub input: Bytes,
-    pub checkpoint: Option<SourceCheckpoint>,
-    pub source_gap: Option<String>,
-    pub producer: Option<ProducerStamp>,
-    pub reply: Reply,
-}
 
 /// A record's outcome to come ([`RuntimeHandle::hand_over`]).
 pub type Applied =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ApplyError>> + Send>>;
-
-/// A logged record, ready to apply.
-#[derive(Clone, Debug)]
-pub enum Record {
-    /// A batch.
-    Batch(BatchEntry),
-    /// Batches a node gathered into one record of a cluster's stream, judged in order, each
-    /// with its index among the record's batches.
-    Batches {
-        /// The batches, with their indices.
-        batches: Vec<(u32, BatchEntry)>,
-        /// The record holds other runtimes' batches too: its position counts as applied once
-        /// all of them are, which the caller marks ([`Log::turn`]); this runtime takes no turn.
-        shared: bool,
-    },
-    /// A deploy, with its module loaded.
-    Deploy(DeployEntry, GuestModule),
-}
-
-pub(super) enum Command {
-    Ingest(Ingest),
-    Apply {
-        record: Record,
-        position: u64,
-        reply: oneshot::Sender<Result<(), ApplyError>>,
-    },
-    Save {
-        reply: oneshot::Sender<RuntimeSnapshot>,
-    },
-    Deploy {
-        module: GuestModule,
-        /// Start fresh (a gap on the runtime's views) if the module refuses the state.
-        fresh_if_refused: bool,
-        reply: oneshot::Sender<Result<Deployed, DeployError>>,
-    },
-    Pause {
-        reply: oneshot::Sender<RuntimeSnapshot>,
-        /// Closed when the [`PauseGuard`] is dropped; carries what the holder of the cut asks of
-        /// the paused runtime meanwhile.
-        control: mpsc::Receiver<PauseOp>,
-    },
-}
-
-/// What the holder of a [`PauseGuard`] may ask of the paused runtime.
-pub(super) enum PauseOp {
-    /// Instantiate a guest from this state, and keep it aside.
-    Stage {
-        snapshot: RuntimeSnapshot,
-        reply: oneshot::Sender<Result<(), GuestError>>,
-    },
-    /// Swap the staged guest in (`false`: nothing was staged).
-    Commit { reply: oneshot::Sender<bool> },
-}
 
 /// Holds a runtime paused (see [`RuntimeHandle::pause`]); dropping it
 /// lets the runtime run again.

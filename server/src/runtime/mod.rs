@@ -7,15 +7,18 @@
 //!
 //! | file | job |
 //! |---|---|
-//! | [`handle`] | the way in: commands to the task, their answers, the pause guard |
-//! | `publish` | on a cluster: a batch or a deploy published to the stream, and its verdict |
-//! | `task` | the task's loop: one command at a time, batches taken as groups |
+//! | [`handle`] | the way in: the handle, its requests and their answers, the pause guard |
+//! | `command` | what a handle sends its task, and what a pause's holder asks meanwhile |
+//! | `publish` | on a cluster: a batch or a deploy published to the stream, waiting for its verdict |
+//! | `verdict` | on a cluster: the verdicts the task gives, kept for the publishers waiting |
+//! | `task` | the task's loop: one command at a time, batches taken as groups; a batch through the guest |
 //! | `group` | group commit: stage a group, log it, commit it in log order |
 //! | `apply` | one logged record applied at its position: a replay at start, or a cluster's stream |
 //! | `deploy` | a new module swapped in between two batches, state carried over |
 //! | `pause` | the runtime's side of the consistency cut, and a restore inside it |
 //! | [`guest`] | the guest slot: the instance, re-made from the last good state after a failure |
 //! | `follow` | a file source feeding the runtime |
+//! | [`registry`] | the running runtimes by name, the module store, and the consistency cut over all of them |
 //!
 //! ## A group of batches
 //!
@@ -57,6 +60,7 @@
 //! [`ProducerTable`]: crate::log::producer::ProducerTable
 
 mod apply;
+mod command;
 mod deploy;
 mod error;
 mod follow;
@@ -65,9 +69,11 @@ pub mod guest;
 pub mod handle;
 mod pause;
 mod publish;
+pub mod registry;
 mod task;
 #[cfg(test)]
 mod tests;
+mod verdict;
 
 use std::future::Future;
 use std::sync::atomic::AtomicU64;

@@ -3,7 +3,7 @@
 
 use tokio::sync::mpsc;
 
-use super::handle::PauseOp;
+use super::command::PauseOp;
 use super::task::Task;
 use super::{BatchSink, RuntimeSnapshot};
 use crate::host::GuestInstance;

@@ -1,66 +1,13 @@
 //! What a runtime publishes to a cluster's stream — a batch, a deploy — and the verdict on it,
 //! which the runtime's task gives when it applies the record at its position.
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::PoisonError;
 
-use tokio::sync::oneshot;
-
+use super::verdict::{Place, Verdict};
 use super::{Accepted, DeployError, Deployed, IngestError, RuntimeHandle};
 use crate::host::ModuleFingerprint;
 use crate::log::StreamLog;
 use crate::log::{unix_ms_now, BatchEntry, DeployEntry, Entry, PublishError};
-
-/// Verdicts of applied stream positions kept for the publisher that has not asked yet.
-const VERDICTS_KEPT: usize = 8192;
-
-/// The verdict on a record published to a cluster's stream, given when it was applied.
-#[derive(Debug)]
-pub(crate) enum Verdict {
-    Batch(Result<Accepted, IngestError>),
-    Deploy(Result<Deployed, DeployError>),
-}
-
-/// A record's place on the stream: its position, and its index among the batches of that
-/// position (0 for a record alone).
-pub(crate) type Place = (u64, u32);
-
-/// Verdicts of recently applied stream positions, and the publishers waiting for theirs.
-#[derive(Debug, Default)]
-pub(crate) struct Verdicts {
-    done: BTreeMap<Place, Verdict>,
-    waiting: HashMap<Place, oneshot::Sender<Verdict>>,
-}
-
-impl Verdicts {
-    /// The verdict on `place`, if it was given and is still kept.
-    pub fn take(&mut self, place: Place) -> Option<Verdict> {
-        self.done.remove(&place)
-    }
-
-    /// The acceptance given on `place`, if it was accepted and is still kept.
-    pub fn accepted(&self, place: Place) -> Option<Verdict> {
-        match self.done.get(&place) {
-            Some(Verdict::Batch(Ok(accepted))) => Some(Verdict::Batch(Ok(accepted.clone()))),
-            _ => None,
-        }
-    }
-
-    /// Hands the verdict on `place` to its publisher, or keeps it for one that will ask.
-    pub fn give(&mut self, place: Place, verdict: Verdict) {
-        match self.waiting.remove(&place) {
-            Some(waiter) => {
-                let _ = waiter.send(verdict);
-            }
-            None => {
-                self.done.insert(place, verdict);
-                while self.done.len() > VERDICTS_KEPT {
-                    self.done.pop_first();
-                }
-            }
-        }
-    }
-}
 
 impl RuntimeHandle {
     /// Publishes `entry` to the cluster's stream and waits for this node's verdict on it.
@@ -139,11 +86,7 @@ impl RuntimeHandle {
             if self.log.committed() >= sequence {
                 return Ok(None);
             }
-            claim.then(|| {
-                let (tx, rx) = oneshot::channel();
-                verdicts.waiting.insert(place, tx);
-                rx
-            })
+            claim.then(|| verdicts.wait(place))
         };
         let mine = waiting.is_some();
         let applied = async {
@@ -168,8 +111,7 @@ impl RuntimeHandle {
                     self.verdicts
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
-                        .waiting
-                        .remove(&place);
+                        .stop_waiting(place);
                 }
                 Err(format!(
                     "published at sequence {sequence}, not applied by this node within {:?}; send it again with its Producer-* headers to learn its outcome",

@@ -6,13 +6,15 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 use viewtape_journal::JournalScope;
 
-use super::guest::GuestSlot;
-use super::handle::Command;
-use super::publish::Verdicts;
-use super::{BatchSink, RuntimeSnapshot, RuntimeStats, MAX_GROUP};
-use crate::host::GuestModule;
+use super::command::Command;
+use super::guest::{Fit, GuestSlot, SlotError};
+use super::verdict::Verdicts;
+use super::{BatchSink, IngestError, RuntimeSnapshot, RuntimeStats, MAX_GROUP};
+use crate::host::{GuestBatch, GuestError, GuestModule};
+use crate::log::BatchEntry;
 use crate::log::Log;
 use crate::schema::ViewSchemas;
+use bytes::Bytes;
 
 /// The task owning one runtime's guest.
 pub(super) struct Task<S> {
@@ -105,5 +107,47 @@ impl<S: BatchSink> Task<S> {
                 }
             }
         }
+    }
+}
+
+impl<S: BatchSink> Task<S> {
+    /// Runs `entry`'s input through the guest (an empty input from a source runs nothing). On
+    /// success the guest's new state is the last good one; on failure the instance is made
+    /// again from the last good state.
+    pub(super) async fn run_guest(
+        &mut self,
+        entry: &BatchEntry,
+        fit: Fit,
+    ) -> Result<GuestBatch, IngestError> {
+        if entry.input.is_empty() && entry.checkpoint.is_some() {
+            return Ok(GuestBatch::default());
+        }
+        let runtime = self.name.to_string();
+        match self.slot.run(&entry.input, &mut self.last.state, fit).await {
+            Ok(batch) => Ok(batch),
+            Err(SlotError::Unavailable(source)) => {
+                tracing::error!(error = %source, "runtime unavailable: re-instantiation failed");
+                Err(IngestError::Unavailable { runtime, source })
+            }
+            // The wall-clock backstop is a fault of the moment, not a verdict on the batch.
+            Err(SlotError::Failed(source @ GuestError::Timeout { .. })) => {
+                Err(IngestError::Unavailable { runtime, source })
+            }
+            Err(SlotError::Failed(source)) => Err(IngestError::Guest { runtime, source }),
+        }
+    }
+
+    /// Puts the guest back to `state`, an earlier good one: the next batch makes its instance
+    /// again from it.
+    pub(super) fn rewind(&mut self, state: Bytes) {
+        self.last.state = state;
+        self.slot.reset();
+    }
+
+    /// Marks a gap on this runtime's views, through its scope: the loss of its input touches
+    /// nothing else.
+    pub(super) fn mark_gap(&self) {
+        self.stats.gaps.fetch_add(1, Ordering::Relaxed);
+        self.scope.report_gap();
     }
 }

@@ -367,7 +367,7 @@ async fn misbehave_on_log(
 async fn a_replayed_record_whose_turn_is_abandoned_is_undone() {
     use crate::host::{EventKind, GuestEvent};
     use crate::log::{BatchEntry, Digest, Outcome};
-    use handle::Record;
+    use command::Record;
 
     let (module, sink, log, handle) = misbehave_on_log(0).await;
     let event = |view: &str, key: &str, payload: &'static [u8]| {
@@ -422,8 +422,8 @@ async fn a_replayed_record_whose_turn_is_abandoned_is_undone() {
 async fn gathered_batches_are_judged_alone_at_one_position() {
     use crate::log::producer::{ProducerEpoch, ProducerSeq, ProducerStamp};
     use crate::log::{BatchEntry, Outcome};
-    use handle::Record;
-    use publish::Verdict;
+    use command::Record;
+    use verdict::Verdict;
 
     let (module, sink, log, handle) = misbehave_on_log(6).await;
     let batch = |input: &'static [u8], seq: Option<u64>| BatchEntry {
@@ -497,8 +497,8 @@ async fn gathered_batches_are_judged_alone_at_one_position() {
 #[tokio::test]
 async fn a_shared_part_leaves_the_position_to_the_caller() {
     use crate::log::{BatchEntry, Outcome};
-    use handle::Record;
-    use publish::Verdict;
+    use command::Record;
+    use verdict::Verdict;
 
     let (module, sink, log, handle) = misbehave_on_log(4).await;
     let batch = |input: &'static [u8]| BatchEntry {

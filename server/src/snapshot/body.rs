@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use viewtape_journal::{JournalEpoch, JournalSnapshot};
 
 use crate::hub::{Hub, ViewStateDump};
-use crate::registry::ModuleFingerprint;
+use crate::runtime::registry::ModuleFingerprint;
 use crate::runtime::RuntimeSnapshot;
 
 /// What a snapshot file holds.

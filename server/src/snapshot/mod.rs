@@ -9,8 +9,8 @@
 //! source checkpoint with the [`ModuleFingerprint`] of the module that saved it. All of it is
 //! taken inside one [`Cut`], so it is one consistent moment.
 //!
-//! [`ModuleFingerprint`]: crate::registry::ModuleFingerprint
-//! [`Cut`]: crate::registry::Cut
+//! [`ModuleFingerprint`]: crate::runtime::registry::ModuleFingerprint
+//! [`Cut`]: crate::runtime::registry::Cut
 //!
 //! ## Start-up: the one-life rule
 //!
@@ -50,16 +50,15 @@ use viewtape_snapshots::{SnapshotDir, SnapshotEntry, SnapshotError};
 
 use crate::hub::Hub;
 use crate::log::Log;
-use crate::registry::Runtimes;
+use crate::runtime::registry::Runtimes;
 use crate::runtime::IngestError;
 
 mod body;
 mod restore;
 mod write;
 
-pub use body::{OtherModule, RuntimeDump, SnapshotBody};
+pub use body::{RuntimeDump, SnapshotBody};
 pub use restore::{RestoreAt, Restored};
-pub use write::WrittenSnapshot;
 
 /// Why a snapshot action failed.
 #[derive(Debug, thiserror::Error)]
@@ -160,7 +159,7 @@ mod tests {
 
     use super::*;
     use crate::host::{guests, EngineConfig, GuestEngine, GuestModule};
-    use crate::registry::ModuleFingerprint;
+    use crate::runtime::registry::ModuleFingerprint;
     use crate::runtime::{RuntimeConfig, RuntimeHandle};
 
     /// A server's snapshot actions with one `demo` runtime running the ticker.

@@ -255,7 +255,7 @@ mod tests {
 
     use super::super::tests::server;
     use super::*;
-    use crate::registry::ModuleFingerprint;
+    use crate::runtime::registry::ModuleFingerprint;
 
     #[tokio::test]
     async fn a_live_restore_refuses_what_it_cannot_restore_and_changes_nothing() {

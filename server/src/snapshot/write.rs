@@ -9,7 +9,7 @@ use tracing::Instrument;
 use viewtape_snapshots::{SnapshotError, SnapshotInfo, SnapshotMeta};
 
 use super::{RuntimeDump, SnapshotActionError, SnapshotBody, Snapshots};
-use crate::registry::Cut;
+use crate::runtime::registry::Cut;
 
 /// A snapshot that [`Snapshots::write`] or [`Snapshots::write_exact`] wrote.
 #[derive(Debug)]

@@ -11,7 +11,7 @@ mod file_tail;
 
 use serde::{Deserialize, Serialize};
 
-pub use file_tail::{FileCheckpoint, FileTail, FileTailConfig, TailBatch};
+pub use file_tail::{FileCheckpoint, FileTail, FileTailConfig};
 
 /// Where a pull source stands: what a snapshot stores next to the runtime's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,7 +5,7 @@ use bytes::{Bytes, BytesMut};
 use viewtape_journal::{Cursor, FramesWhere, ReplayError};
 
 use super::{Phase, Subscriber, MAX_CHUNK_BYTES, MAX_FRAMES_PER_CHUNK, SHARED_FRAME_BYTES};
-use crate::frame::{self, ResetReason};
+use crate::hub::frame::{self, ResetReason};
 use crate::hub::StateCut;
 
 /// The last event of a stream whose token expired (no `id`: the client's cursor stays where it

@@ -42,7 +42,7 @@ use viewtape_journal::Cursor;
 use super::{Phase, Subscriber, MAX_CHUNK_BYTES, MAX_FRAMES_PER_CHUNK, SHARED_FRAME_BYTES};
 use crate::hub::{Hub, View};
 use crate::metrics::Metrics;
-use crate::socket::{chunk_head, write_all, SharedTcp};
+use crate::sse::socket::{chunk_head, write_all, SharedTcp};
 
 /// The parked subscribers of one view and the task that writes to them.
 #[derive(Debug)]

@@ -39,6 +39,7 @@
 //! | `chunk` | the next chunk: the state's entries, then the tape's frames, copied or shared |
 //! | `wake` | waiting: the tape moves, a cursorless frame, a heartbeat, the token expires, a stop |
 //! | `direct` | parked at the head: the view's pass writes each commit's frames to the socket |
+//! | [`socket`] | a TCP connection written by its transport and the fan-out pass in turn; HTTP/1.1 chunks |
 //! | `tests` | a client that applies the stream ends equal to the view's state; chunk sizes |
 
 use std::collections::HashMap;
@@ -53,13 +54,14 @@ use tokio::time::Sleep;
 use viewtape_journal::{CompactString, Cursor};
 
 use crate::config::ServerConfig;
+use crate::hub::narrow::Narrow;
 use crate::hub::{Hub, StateCut, View};
 use crate::metrics::Metrics;
-use crate::narrow::Narrow;
-use crate::socket::SharedTcp;
+use crate::sse::socket::SharedTcp;
 
 mod chunk;
 mod direct;
+pub mod socket;
 mod subscriber;
 #[cfg(test)]
 mod tests;

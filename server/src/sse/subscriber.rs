@@ -11,11 +11,11 @@ use viewtape_journal::{Cursor, ReplayError};
 use super::direct::Pass;
 use super::wake::Wake;
 use super::{Phase, Start, Streams, Subscriber};
-use crate::frame::{self, ResetReason};
+use crate::hub::frame::{self, ResetReason};
+use crate::hub::narrow::Narrow;
 use crate::hub::{Hub, View};
 use crate::metrics::Metrics;
-use crate::narrow::Narrow;
-use crate::socket::SharedTcp;
+use crate::sse::socket::SharedTcp;
 
 impl Subscriber {
     pub(super) fn new(

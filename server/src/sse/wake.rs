@@ -10,9 +10,9 @@ use tokio::time::Sleep;
 
 use super::direct::Place;
 use super::{Phase, Subscriber};
-use crate::frame::ResetReason;
+use crate::hub::frame::ResetReason;
+use crate::hub::narrow::Narrow;
 use crate::hub::{KeyWake, View};
-use crate::narrow::Narrow;
 
 /// What ended a wait.
 enum Woke {

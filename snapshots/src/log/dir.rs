@@ -3,7 +3,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::read::{scan_segment, SegmentReader};
-use super::scan::{Damage, LogRecord, LogScan};
+use super::scan::{LogRecord, LogScan};
+use super::segment::Damage;
 use super::segment::{parse_header, record_at};
 use super::watermark::Watermark;
 use super::{LogError, SEGMENT_PREFIX, SEGMENT_SUFFIX, WATERMARK_FILE};

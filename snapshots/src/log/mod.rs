@@ -9,9 +9,9 @@
 //! |---|---|
 //! | this one | the format's constants and the public names |
 //! | `error` | [`LogError`] |
-//! | `segment` | a segment's bytes: its header, record frames, and what a scan makes of damage |
+//! | `segment` | a segment's bytes: its header, record frames, and what a scan makes of damage ([`Damage`]) |
 //! | `read` | reading a segment's records front to back, and scanning it |
-//! | `scan` | what a scan reports: [`LogScan`], [`SegmentScan`], [`Damage`], [`LogDamage`] |
+//! | `scan` | what a scan reports: [`LogScan`], [`SegmentScan`], [`LogDamage`] |
 //! | `dir` | the directory: [`LogDir`] lists, scans, repairs, reads, cuts and deletes segments |
 //! | `watermark` | the end-of-log [`Watermark`] and its file |
 //! | `writer` | [`LogWriter`]: group commit on a thread of its own |
@@ -119,8 +119,8 @@ mod tests;
 
 pub use dir::LogDir;
 pub use error::LogError;
-pub use scan::{Damage, LogDamage, LogDamageKind, LogRecord, LogScan, SegmentScan};
-pub use segment::Lineage;
+pub use scan::{LogDamage, LogDamageKind, LogRecord, LogScan, SegmentScan};
+pub use segment::{Damage, Lineage};
 pub use watermark::Watermark;
 pub use writer::{Completion, Durability, GroupWritten, LogWriter, Observer, WriterOptions};
 

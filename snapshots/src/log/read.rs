@@ -6,7 +6,8 @@ use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use super::scan::{Damage, LogRecord, SegmentScan};
+use super::scan::{LogRecord, SegmentScan};
+use super::segment::Damage;
 use super::segment::{
     intact, parse_header, payload_len, read_header, tail_damage, torn_header, u64_at, Header,
 };

@@ -1,5 +1,6 @@
 use std::path::PathBuf;
 
+use super::segment::Damage;
 use super::watermark::Watermark;
 use crate::history::HistoryId;
 
@@ -10,25 +11,6 @@ pub struct LogRecord {
     pub position: u64,
     /// Its payload.
     pub payload: Vec<u8>,
-}
-
-/// Damage a scan found in one segment.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Damage {
-    /// The last record is partly written: safe to cut at `valid_len`.
-    TornTail {
-        /// Bytes of the segment that hold intact records.
-        valid_len: u64,
-    },
-    /// Damage that cannot be repaired silently, at `offset`.
-    Corrupt {
-        /// Where the first bad byte range starts (0: the header; records start after it).
-        offset: u64,
-        /// What is wrong.
-        reason: String,
-        /// The highest position of an intact record found after the damage (`None`: none).
-        intact_after: Option<u64>,
-    },
 }
 
 /// One segment as a scan found it.

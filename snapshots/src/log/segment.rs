@@ -1,9 +1,27 @@
-use super::scan::Damage;
 use super::{
     LOG_MAGIC, LOG_VERSION, MAX_RECORD_BYTES, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN,
     SEGMENT_HEADER_LEN_V1,
 };
 use crate::history::HistoryId;
+
+/// Damage a scan found in one segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Damage {
+    /// The last record is partly written: safe to cut at `valid_len`.
+    TornTail {
+        /// Bytes of the segment that hold intact records.
+        valid_len: u64,
+    },
+    /// Damage that cannot be repaired silently, at `offset`.
+    Corrupt {
+        /// Where the first bad byte range starts (0: the header; records start after it).
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+        /// The highest position of an intact record found after the damage (`None`: none).
+        intact_after: Option<u64>,
+    },
+}
 
 /// What `rest`, the bytes from offset `at` (after the last intact record) to the end of the
 /// file, are: a torn tail only when the file ends inside a record or they are all zeros, and no

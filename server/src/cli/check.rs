@@ -14,7 +14,7 @@ use std::path::Path;
 use crate::auth::Auth;
 use crate::config::{Config, ConfigError, Problem};
 use crate::host::{EngineConfig, GuestEngine, GuestModule, ModuleFingerprint};
-use crate::tls::{Tls, TlsError};
+use crate::listener::tls::{Tls, TlsError};
 
 /// Reads and checks the config file at `path`, with `adjust` (command-line flags) applied to it
 /// before the checks; the config, ready for `viewtape serve`.

@@ -24,8 +24,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::frame;
 use crate::host::{EngineConfig, EventKind, GuestEngine, GuestEvent, GuestModule, Limits};
+use crate::hub::frame;
 use crate::runtime::guest::{Fit, GuestSlot, SlotError, Typing};
 
 /// How to run.

@@ -2,7 +2,7 @@
 //! runtimes, snapshots, graceful stops, crashes (everything dropped, no snapshot) — with a torn
 //! write of an unacknowledged record left at the end of the log, or with a batch that was made
 //! durable but never answered — and restarts through the server's own start-up
-//! ([`crate::startup::start`]), the epoch never changes, every cursor ever served names one frame
+//! ([`crate::serve::start::start`]), the epoch never changes, every cursor ever served names one frame
 //! only, every acknowledged batch is in the tape after every restart, and each runtime runs the
 //! module last deployed to it (modules deployed without a restart are replayed where they took
 //! over).
@@ -22,7 +22,7 @@ use proptest::prelude::*;
 
 use crate::config::Config;
 use crate::host::guests;
-use crate::startup::{start, Started};
+use crate::serve::start::{start, Started};
 
 const RUNTIMES: [&str; 2] = ["a", "b"];
 const VIEWS: [&str; 2] = ["v0", "v1"];

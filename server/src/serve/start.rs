@@ -30,7 +30,7 @@ use crate::deploy::Deployer;
 use crate::host::{EngineConfig, GuestEngine, GuestModule};
 use crate::hub::Hub;
 use crate::log::Log;
-use crate::registry::{ModuleFingerprint, ModuleStore, Runtimes};
+use crate::runtime::registry::{ModuleFingerprint, ModuleStore, Runtimes};
 use crate::runtime::{RuntimeConfig, RuntimeHandle};
 use crate::snapshot::{RuntimeDump, Snapshots};
 
@@ -73,7 +73,7 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
     let dir = SnapshotDir::open(data_dir.join("snapshots"))?
         .with_keep_periodic(config.server.keep_snapshots);
     // A cluster's nodes share snapshots across data directories and check the stream's epoch.
-    let (history, _) = crate::history::open(data_dir, &dir, &data_dir.join("log"))?;
+    let (history, _) = crate::recovery::history::open(data_dir, &dir, &data_dir.join("log"))?;
     let dir = Arc::new(dir.with_history(history, config.cluster.nats_url.is_none()));
     if let Err(error) = dir.remove_temp_files() {
         tracing::warn!(%error, "could not remove leftover temporary snapshot files");

@@ -1,0 +1,15 @@
+//! The `viewtape` subcommands besides `serve`: what the binary's command line hands over to.
+//!
+//! | file | job |
+//! |---|---|
+//! | `check.rs` | `viewtape check-config`, and the checks `serve --config` makes first |
+//! | `deploy.rs` | `viewtape deploy`: a new module sent to a running server's admin route |
+//! | `inspect.rs` | `viewtape snapshot …` and `viewtape log …`: read snapshot and log files |
+//! | `run.rs` | `viewtape run`: a guest over recorded input |
+//! | `scaffold.rs` | `viewtape new`: a guest crate |
+
+pub mod check;
+pub mod deploy;
+pub mod inspect;
+pub mod run;
+pub mod scaffold;

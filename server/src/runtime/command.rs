@@ -1,0 +1,75 @@
+//! What a [`RuntimeHandle`](super::RuntimeHandle) sends its task: one [`Command`] at a time,
+//! each carrying a oneshot for its answer; and what the holder of a pause asks meanwhile.
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Accepted, ApplyError, DeployError, Deployed, IngestError, RuntimeSnapshot};
+use crate::host::{GuestError, GuestModule};
+use crate::log::producer::ProducerStamp;
+use crate::log::{BatchEntry, DeployEntry};
+use crate::source::SourceCheckpoint;
+
+pub(super) type Reply = oneshot::Sender<Result<Accepted, IngestError>>;
+
+/// One batch on its way in.
+pub(super) struct Ingest {
+    pub input: Bytes,
+    pub checkpoint: Option<SourceCheckpoint>,
+    pub source_gap: Option<String>,
+    pub producer: Option<ProducerStamp>,
+    pub reply: Reply,
+}
+
+/// A logged record, ready to apply.
+#[derive(Clone, Debug)]
+pub enum Record {
+    /// A batch.
+    Batch(BatchEntry),
+    /// Batches a node gathered into one record of a cluster's stream, judged in order, each
+    /// with its index among the record's batches.
+    Batches {
+        /// The batches, with their indices.
+        batches: Vec<(u32, BatchEntry)>,
+        /// The record holds other runtimes' batches too: its position counts as applied once
+        /// all of them are, which the caller marks ([`Log::turn`](crate::log::Log::turn)); this runtime takes no turn.
+        shared: bool,
+    },
+    /// A deploy, with its module loaded.
+    Deploy(DeployEntry, GuestModule),
+}
+
+pub(super) enum Command {
+    Ingest(Ingest),
+    Apply {
+        record: Record,
+        position: u64,
+        reply: oneshot::Sender<Result<(), ApplyError>>,
+    },
+    Save {
+        reply: oneshot::Sender<RuntimeSnapshot>,
+    },
+    Deploy {
+        module: GuestModule,
+        /// Start fresh (a gap on the runtime's views) if the module refuses the state.
+        fresh_if_refused: bool,
+        reply: oneshot::Sender<Result<Deployed, DeployError>>,
+    },
+    Pause {
+        reply: oneshot::Sender<RuntimeSnapshot>,
+        /// Closed when the [`PauseGuard`](super::PauseGuard) is dropped; carries what the holder of the cut asks of
+        /// the paused runtime meanwhile.
+        control: mpsc::Receiver<PauseOp>,
+    },
+}
+
+/// What the holder of a [`PauseGuard`](super::PauseGuard) may ask of the paused runtime.
+pub(super) enum PauseOp {
+    /// Instantiate a guest from this state, and keep it aside.
+    Stage {
+        snapshot: RuntimeSnapshot,
+        reply: oneshot::Sender<Result<(), GuestError>>,
+    },
+    /// Swap the staged guest in (`false`: nothing was staged).
+    Commit { reply: oneshot::Sender<bool> },
+}
