@@ -187,7 +187,7 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         }
         // A full disk, say: the stop still ends cleanly. With positions, every acknowledged
         // batch is in the log (or the stream) and the next start replays it.
-        Err(error) if log.has_positions() => {
+        Err(error) if log.position().is_some() => {
             tracing::error!(%error, "could not write the exact snapshot at stop; everything acknowledged is in the log and replays at the next start; bye");
             None
         }

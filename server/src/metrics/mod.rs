@@ -26,6 +26,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::cluster::Halt;
 use crate::hub::Hub;
 use crate::log::LogMetrics;
 use crate::registry::Runtimes;
@@ -61,6 +62,9 @@ pub struct Metrics {
     pub ingest_rejected: Counter,
     /// `viewtape_ready`: set by whoever renders the metrics, from what `/readyz` says.
     pub ready: Gauge,
+    /// `viewtape_cluster_halted`, by `reason`: 1 for the kind of halt `/readyz` names, 0 for the
+    /// others; set with [`Metrics::set_halt`] by whoever renders the metrics.
+    halted: Family<[(&'static str, &'static str); 1], Gauge>,
     /// HTTP connections served by the lean transport.
     pub lean_connections: Counter,
     /// HTTP connections handed to hyper.
@@ -109,15 +113,29 @@ impl Metrics {
             http_refused: Counter::default(),
             accept_errors: Counter::default(),
             ready: Gauge::default(),
+            halted: Family::default(),
             streams,
             registry: Registry::default(),
         };
+        // Present from the start, at 0, so that a dashboard sees every kind.
+        metrics.set_halt(None);
         metrics.register_server(&ingest, &transports, &passes);
         metrics
             .registry
             .register_collector(Box::new(OwnerCounters { hub, runtimes }));
         register_log(&mut metrics.registry, log);
         metrics
+    }
+
+    /// Sets `viewtape_cluster_halted` from the kind of halt `/readyz` names now ([`Halt::kind`];
+    /// `None` while the node applies, or is not a cluster's).
+    pub fn set_halt(&self, halt: Option<&str>) {
+        for kind in Halt::KINDS {
+            let halted = Some(kind) == halt;
+            self.halted
+                .get_or_create(&[("reason", kind)])
+                .set(i64::from(halted));
+        }
     }
 
     /// Counts a stream reset by `reason`.
@@ -171,6 +189,7 @@ mod tests {
             "viewtape_http_connections_refused_total counter",
             "viewtape_accept_errors_total counter",
             "viewtape_ready gauge",
+            "viewtape_cluster_halted gauge",
             "viewtape_tls_handshake_failures_total counter",
             "viewtape_log_position gauge",
             "viewtape_log_bytes gauge",
@@ -227,6 +246,31 @@ mod tests {
         }
         assert!(!text.contains(".."), "{text}");
         assert!(!text.contains("# EOF"), "{text}");
+    }
+
+    #[test]
+    fn the_halt_readyz_names_is_the_one_labelled_1() {
+        let metrics = metrics();
+        let text = metrics.render().unwrap();
+        for kind in Halt::KINDS {
+            let line = format!("viewtape_cluster_halted{{reason=\"{kind}\"}} 0");
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        metrics.set_halt(Some("gone"));
+        let text = metrics.render().unwrap();
+        assert!(text
+            .lines()
+            .any(|l| l == "viewtape_cluster_halted{reason=\"gone\"} 1"));
+        let ones = text
+            .lines()
+            .filter(|l| l.starts_with("viewtape_cluster_halted{") && l.ends_with(" 1"));
+        assert_eq!(ones.count(), 1, "{text}");
+        metrics.set_halt(None);
+        assert!(!metrics
+            .render()
+            .unwrap()
+            .lines()
+            .any(|l| l.starts_with("viewtape_cluster_halted{") && l.ends_with(" 1")));
     }
 
     #[test]

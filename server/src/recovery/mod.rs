@@ -50,7 +50,7 @@ use viewtape_snapshots::{SnapshotDir, SnapshotError};
 use crate::config::{FsyncMode, LogSection};
 use crate::history::EndMark;
 use crate::hub::Hub;
-use crate::log::{Break, Log, LogMetrics};
+use crate::log::{Backend, Break, Log, LogMetrics, Segments};
 use crate::snapshot::{RuntimeDump, SnapshotBody};
 
 /// Where the boot id of a life that wrote with `fsync = "os"` is kept.
@@ -168,7 +168,7 @@ pub async fn begin(
         let dumps = restore_at_start(hub, snapshots).await?;
         return Ok(Begun {
             dumps,
-            log: Arc::new(Log::new(false, durability, 0)),
+            log: Arc::new(Log::new(Backend::Off, 0)),
             plan: None,
         });
     }
@@ -182,7 +182,10 @@ pub async fn begin(
         None => (None, None, false),
     };
     let from = body.as_ref().and_then(|b| b.log_position);
-    let log = Arc::new(Log::new(true, durability, from.unwrap_or(0)));
+    let log = Arc::new(Log::new(
+        Backend::Segments(Segments::new(durability)),
+        from.unwrap_or(0),
+    ));
     crate::history::note_skipped_snapshots(&newest.skipped, log.metrics());
     let dir = LogDir::create(log_dir)?;
     let history = snapshots.history();
