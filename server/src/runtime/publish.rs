@@ -21,6 +21,17 @@ pub(crate) enum Verdict {
     Deploy(Result<Deployed, DeployError>),
 }
 
+/// This node did not apply what it published within the publish timeout: the outcome is
+/// unknown here (the record may yet be applied).
+#[derive(Debug, thiserror::Error)]
+#[error("published at sequence {sequence}, not applied by this node within {waited:?}; send it again with its Producer-* headers to learn its outcome")]
+pub(crate) struct NotApplied {
+    /// Where the record was published.
+    sequence: u64,
+    /// How long this node waited.
+    waited: std::time::Duration,
+}
+
 /// A record's place on the stream: its position, and its index among the batches of that
 /// position (0 for a record alone).
 pub(crate) type Place = (u64, u32);
@@ -86,7 +97,12 @@ impl RuntimeHandle {
             .map_err(|error| shared(error.to_string()))?;
         let mut place = (placed.sequence, placed.index);
         let mut mine = !placed.duplicate;
-        let verdict = match self.verdict(stream, place, mine).await.map_err(shared)? {
+        let not_applied = |error: NotApplied| shared(error.to_string());
+        let verdict = match self
+            .verdict(stream, place, mine)
+            .await
+            .map_err(not_applied)?
+        {
             Some(verdict) => Some(verdict),
             None => match again {
                 Some(entry) => {
@@ -95,7 +111,9 @@ impl RuntimeHandle {
                         .await
                         .map_err(|error| shared(error.to_string()))?;
                     (place, mine) = ((published.sequence, 0), true);
-                    self.verdict(stream, place, mine).await.map_err(shared)?
+                    self.verdict(stream, place, mine)
+                        .await
+                        .map_err(not_applied)?
                 }
                 None => None,
             },
@@ -125,7 +143,7 @@ impl RuntimeHandle {
         stream: &StreamLog,
         place: Place,
         claim: bool,
-    ) -> Result<Option<Verdict>, String> {
+    ) -> Result<Option<Verdict>, NotApplied> {
         let sequence = place.0;
         let waiting = {
             let mut verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner);
@@ -171,10 +189,10 @@ impl RuntimeHandle {
                         .waiting
                         .remove(&place);
                 }
-                Err(format!(
-                    "published at sequence {sequence}, not applied by this node within {:?}; send it again with its Producer-* headers to learn its outcome",
-                    stream.timeout()
-                ))
+                Err(NotApplied {
+                    sequence,
+                    waited: stream.timeout(),
+                })
             }
         }
     }
@@ -210,7 +228,7 @@ impl RuntimeHandle {
         match self
             .verdict(stream, (published.sequence, 0), true)
             .await
-            .map_err(shared)?
+            .map_err(|error| shared(error.to_string()))?
         {
             Some(Verdict::Deploy(outcome)) => outcome,
             _ => Err(shared(format!(
