@@ -1,12 +1,11 @@
 //! Replicas: nodes that share one input log, a JetStream stream (`[cluster]`, `--nats URL`).
 //!
 //! The stream is the log ([`Backend::Stream`]), and the cluster owns it: a node that accepts a
-//! batch publishes it and
-//! answers once it has applied that stream sequence itself; every node applies every record in
-//! stream order through the same deterministic guests, at the record's stream sequence as its
-//! log position, so every node issues the same offsets and frames under the same epoch: a
-//! cursor from one node resumes on any other. A single node is the same runtime over its local
-//! log; only where the records come from differs.
+//! batch publishes it and answers once it has applied that stream sequence itself; every node
+//! applies every record in stream order through the same deterministic guests, at the record's
+//! stream sequence as its log position, so every node issues the same offsets and frames under
+//! the same epoch: a cursor from one node resumes on any other. A single node is the same
+//! runtime over its local log; only where the records come from differs.
 //!
 //! | file | job |
 //! |---|---|
@@ -25,8 +24,8 @@
 //! - **Every change is a record**: a batch, a deploy (the module in the bucket by SHA-256), a
 //!   live restore (the snapshot in the bucket). Every node applies each at its position; a node
 //!   that cannot (a record of a newer kind, a module it cannot fetch) stops applying and says
-//!   why in `/readyz` (a [`Halt`]), never skipping one. A message on the stream that no node published is
-//!   passed over alike on every node.
+//!   why in `/readyz` (a [`Halt`]), never skipping one. A message on the stream that no node
+//!   published is passed over alike on every node.
 //! - **The stream decides which module runs.** A runtime's first module on the stream is
 //!   declared by the first node to catch up; later ones come by deploys through any node. A
 //!   node runs the stream's module (fetching it from the bucket), and a node whose config names
