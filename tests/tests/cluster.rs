@@ -399,6 +399,12 @@ async fn a_late_node_starts_from_a_shared_snapshot_and_an_uncovered_one_fails_cl
             .is_some_and(|b| b.contains("no snapshot")),
         "{body}"
     );
+    // The halt is named by its kind, on /readyz and as the metric's label.
+    ensure!(body["halt"] == "uncovered", "{body}");
+    let halted = |reason| format!("viewtape_cluster_halted{{reason=\"{reason}\"}}");
+    ensure!(uncovered.metric(&halted("uncovered")).await? == 1.0);
+    ensure!(uncovered.metric(&halted("gone")).await? == 0.0);
+    ensure!(first.metric(&halted("uncovered")).await? == 0.0);
     ensure!(
         epoch(&uncovered).await? != epoch(&first).await?,
         "an epoch of its own"
@@ -476,6 +482,7 @@ async fn a_recreated_stream_is_another_history_and_nodes_fail_closed() -> anyhow
         let resp = nodes[0].get("/readyz").await?;
         if resp.status() == 503 {
             ensure!(resp.text().contains("created again"), "{}", resp.text());
+            ensure!(resp.json()?["halt"] == "recreated", "{}", resp.text());
             break;
         }
         ensure!(Instant::now() < deadline, "still ready: {}", resp.text());

@@ -124,6 +124,7 @@ async fn the_dashboard_and_the_alert_rules_name_only_metrics_the_server_exports(
         "ViewtapeFsyncSlow",
         "ViewtapeLogFailedClosed",
         "ViewtapeNotReady",
+        "ViewtapeClusterHalted",
         "ViewtapeApplyLag",
     ] {
         ensure!(

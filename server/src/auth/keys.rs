@@ -3,14 +3,28 @@
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey};
 
+/// Why a public-key file yields no key.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum KeysError {
+    /// It looks like a JWKS and is not one.
+    #[error("JWKS: {0}")]
+    Jwks(#[source] serde_json::Error),
+    /// A JWKS none of whose keys this server verifies with (of how many).
+    #[error("none of the JWKS's {0} keys")]
+    NoneUsable(usize),
+    /// Not a JWKS, and no PEM public key of a kind this server verifies with.
+    #[error("not a PEM public key")]
+    NotPem,
+}
+
 /// The keys of a public-key file: a JWKS (`{"keys": [...]}`), or one PEM public key. Each comes
 /// with its `kid` and the algorithm it verifies. JWKS keys for encryption, symmetric keys,
 /// curves this server does not verify and keys whose `alg` does not fit them are left out.
 pub(super) fn read_keys(
     text: &[u8],
-) -> Result<Vec<(Option<String>, DecodingKey, Algorithm)>, String> {
+) -> Result<Vec<(Option<String>, DecodingKey, Algorithm)>, KeysError> {
     if text.trim_ascii_start().starts_with(b"{") {
-        let set: JwkSet = serde_json::from_slice(text).map_err(|error| format!("JWKS: {error}"))?;
+        let set: JwkSet = serde_json::from_slice(text).map_err(KeysError::Jwks)?;
         let keys: Vec<_> = set
             .keys
             .iter()
@@ -54,7 +68,7 @@ pub(super) fn read_keys(
             })
             .collect();
         if keys.is_empty() {
-            return Err(format!("none of the JWKS's {} keys", set.keys.len()));
+            return Err(KeysError::NoneUsable(set.keys.len()));
         }
         return Ok(keys);
     }
@@ -63,7 +77,7 @@ pub(super) fn read_keys(
         .or_else(|_| DecodingKey::from_rsa_pem(text).map(|k| (k, Algorithm::RS256)))
         .or_else(|_| DecodingKey::from_ed_pem(text).map(|k| (k, Algorithm::EdDSA)))
         .map(|(key, algorithm)| vec![(None, key, algorithm)])
-        .map_err(|_| "not a PEM public key".into())
+        .map_err(|_| KeysError::NotPem)
 }
 
 #[cfg(test)]

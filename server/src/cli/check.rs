@@ -14,7 +14,7 @@ use std::path::Path;
 use crate::auth::Auth;
 use crate::config::{Config, ConfigError, Problem};
 use crate::host::{EngineConfig, GuestEngine, GuestModule, ModuleFingerprint};
-use crate::listener::tls::{Tls, TlsError};
+use crate::listener::tls::{Tls, TlsError, TlsFile};
 
 /// Reads and checks the config file at `path`, with `adjust` (command-line flags) applied to it
 /// before the checks; the config, ready for `viewtape serve`.
@@ -55,8 +55,9 @@ pub fn check_files(config: &Config) -> Result<(), Problem> {
     if let (Some(cert), Some(key)) = (&config.server.tls_cert, &config.server.tls_key) {
         Tls::load(cert, key).map_err(|error| {
             let key = match &error {
-                TlsError::File { what, .. } if what.contains("tls_cert") => "server.tls_cert",
-                _ => "server.tls_key",
+                TlsError::File { what, .. } => what.config_key(),
+                // The key does not go with the certificate: the key is named.
+                TlsError::Pair { .. } => TlsFile::Key.config_key(),
             };
             Problem::new(key, error.to_string())
         })?;

@@ -2,9 +2,9 @@
 //! and `viewtape log dump DIR RUNTIME`. None of them creates or changes anything.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use viewtape_snapshots::log::{Damage, LogDir};
+use viewtape_snapshots::log::{Damage, LogDir, LogError};
 use viewtape_snapshots::{load_file, SnapshotDir, SnapshotKind};
 
 use crate::snapshot::SnapshotBody;
@@ -242,10 +242,38 @@ pub fn inspect_log(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
     Ok(corruption.is_none() && !torn)
 }
 
+/// Why `viewtape log dump` had nothing to dump.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DumpError {
+    /// The log could not be opened or read.
+    #[error("{}: {source}", dir.display())]
+    Log {
+        /// The log's directory.
+        dir: PathBuf,
+        /// Why.
+        source: LogError,
+    },
+    /// The directory holds no log segments.
+    #[error("{}", nothing_in(dir, "log segments", "log"))]
+    NoSegments {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// The log holds no batch of the runtime.
+    #[error("{}: no batch of runtime {runtime:?} in the log", dir.display())]
+    NoBatches {
+        /// The log's directory.
+        dir: PathBuf,
+        /// The runtime.
+        runtime: String,
+    },
+}
+
 /// Writes the input of every batch `runtime` committed that the log in `dir` still holds (since
 /// the oldest kept snapshot), in order, as it arrived — NDJSON for a runtime fed NDJSON, ready
 /// for `viewtape run` — each batch ending with a newline. Stops at the first damage. Returns the
-/// number of batches written, or a message when there is nothing to dump from (no log there, or
+/// number of batches written, or why there is nothing to dump ([`DumpError`]: no log there, or
 /// no batch of that runtime).
 ///
 /// # Errors
@@ -254,17 +282,23 @@ pub fn dump_log(
     dir: &Path,
     runtime: &str,
     out: &mut impl Write,
-) -> std::io::Result<Result<u64, String>> {
+) -> std::io::Result<Result<u64, DumpError>> {
+    let unreadable = |source| DumpError::Log {
+        dir: dir.to_owned(),
+        source,
+    };
     let log = match LogDir::open_existing(dir) {
         Ok(log) => log,
-        Err(error) => return Ok(Err(format!("{}: {error}", dir.display()))),
+        Err(error) => return Ok(Err(unreadable(error))),
     };
     match log.scan() {
         Ok(scan) if scan.segments.is_empty() => {
-            return Ok(Err(nothing_in(dir, "log segments", "log")))
+            return Ok(Err(DumpError::NoSegments {
+                dir: dir.to_owned(),
+            }))
         }
         Ok(_) => {}
-        Err(error) => return Ok(Err(format!("{}: {error}", dir.display()))),
+        Err(error) => return Ok(Err(unreadable(error))),
     }
     let mut batches = 0u64;
     let mut written: std::io::Result<()> = Ok(());
@@ -289,13 +323,13 @@ pub fn dump_log(
     });
     written?;
     if let Err(error) = read {
-        return Ok(Err(format!("{}: {error}", dir.display())));
+        return Ok(Err(unreadable(error)));
     }
     match batches {
-        0 => Ok(Err(format!(
-            "{}: no batch of runtime {runtime:?} in the log",
-            dir.display()
-        ))),
+        0 => Ok(Err(DumpError::NoBatches {
+            dir: dir.to_owned(),
+            runtime: runtime.to_owned(),
+        })),
         n => Ok(Ok(n)),
     }
 }

@@ -22,13 +22,13 @@ use tokio::task::JoinHandle;
 use tracing::Instrument as _;
 
 use super::bucket::BoxError;
-use super::{Cluster, APPLY_ATTEMPTS, RETRY, STREAM_CHECK};
+use super::{Cluster, Halt, APPLY_ATTEMPTS, RETRY, STREAM_CHECK};
 use crate::host::{GuestEngine, GuestModule, ModuleFingerprint};
 use crate::log::stream::{RECORD_HEADER, RECORD_VERSION, SHARED_VERSION};
 use crate::log::{BatchEntry, Entry, Log, Outcome};
 use crate::runtime::handle::Record;
 use crate::runtime::registry::{ModuleStore, Registered, Runtimes};
-use crate::runtime::{ApplyError, RuntimeSnapshot};
+use crate::runtime::{ApplyError, DeployError, IngestError, RuntimeSnapshot};
 use crate::snapshot::Snapshots;
 
 /// What the apply loop applies records to.
@@ -55,15 +55,14 @@ impl Cluster {
     /// See the module docs; returns only when the node stops applying for good.
     async fn apply_loop(self: Arc<Self>, appliers: Arc<Appliers>, log: Arc<Log>) {
         if let Some(broken) = self.readiness.borrow().broken.clone() {
-            if let Some(stream) = log.stream() {
-                stream.refuse(format!("this node stopped applying the stream: {broken}"));
-            }
+            self.stream_log
+                .refuse(format!("this node stopped applying the stream: {broken}"));
             return;
         }
         let mut next = log.committed() + 1;
         self.note_applied(&appliers, &log, next - 1);
         loop {
-            let messages = match self.subscribe(&log, next).await {
+            let messages = match self.subscribe(next).await {
                 Ok(Some(messages)) => messages,
                 Ok(None) => return,
                 Err(error) => {
@@ -82,7 +81,7 @@ impl Cluster {
                     _ = check.tick() => {
                         // The consumer follows a stream of the same name by itself; whether it
                         // is still the same stream, holding what comes next, is checked here.
-                        match self.check_stream(&log, next).await {
+                        match self.check_stream(next).await {
                             Ok(Some(_)) => {}
                             Ok(None) => return,
                             Err(error) => tracing::debug!(%error, "cluster: cannot check the stream"),
@@ -119,20 +118,22 @@ impl Cluster {
                     continue;
                 }
                 if sequence > next {
-                    return self.break_off(&log, format!(
-                        "the stream delivered sequence {sequence} where {next} was next: messages {next}..{sequence} are gone (purged or aged out) before this node applied them"
-                    ));
+                    let halt = Halt::Skipped {
+                        next,
+                        delivered: sequence,
+                    };
+                    return self.break_off(halt);
                 }
                 let ours = message
                     .headers
                     .as_ref()
                     .and_then(|headers| headers.get(RECORD_HEADER))
                     .map(|version| version.as_str().to_owned());
-                if let Err(reason) = self
+                if let Err(halt) = self
                     .apply_one(&appliers, &log, sequence, ours, &message.payload)
                     .await
                 {
-                    return self.break_off(&log, reason);
+                    return self.break_off(halt);
                 }
                 let lag_ns = crate::log::unix_ms_now() as i128 * 1_000_000
                     - published.unix_timestamp_nanos();
@@ -148,12 +149,8 @@ impl Cluster {
 
     /// An ordered consumer from `next`; `None` when the stream no longer holds `next` (the
     /// node has then stopped applying).
-    async fn subscribe(
-        &self,
-        log: &Log,
-        next: u64,
-    ) -> Result<Option<consumer::pull::Ordered>, BoxError> {
-        let Some(stream) = self.check_stream(log, next).await? else {
+    async fn subscribe(&self, next: u64) -> Result<Option<consumer::pull::Ordered>, BoxError> {
+        let Some(stream) = self.check_stream(next).await? else {
             return Ok(None);
         };
         let consumer = stream
@@ -169,24 +166,20 @@ impl Cluster {
 
     /// The stream, if it is still the one this node joined and still holds `next` (or has not
     /// reached it yet); else the node stops applying and `None`.
-    async fn check_stream(&self, log: &Log, next: u64) -> Result<Option<stream::Stream>, BoxError> {
+    async fn check_stream(&self, next: u64) -> Result<Option<stream::Stream>, BoxError> {
         let mut stream = self.js.get_stream(&self.stream).await?;
         let info = stream.info().await?;
         if info.created.unix_timestamp_nanos() != self.created_ns {
-            self.break_off(log, format!(
-                "the stream was deleted and created again (created {}): its sequences are another history, under another epoch; restart this node to join it",
-                info.created
-            ));
+            let created = info.created.to_string();
+            self.break_off(Halt::Recreated { created });
             return Ok(None);
         }
         let state = info.state.clone();
         self.stream_last
             .fetch_max(state.last_sequence, Ordering::Relaxed);
         if state.first_sequence > next && state.last_sequence >= next.max(1) {
-            self.break_off(log, format!(
-                "the stream starts at sequence {}, but this node needs {next} next: messages are gone (purged or aged out) before this node applied them",
-                state.first_sequence
-            ));
+            let first = state.first_sequence;
+            self.break_off(Halt::Purged { first, next });
             return Ok(None);
         }
         Ok(Some(stream))
@@ -201,20 +194,22 @@ impl Cluster {
         sequence: u64,
         ours: Option<String>,
         payload: &[u8],
-    ) -> Result<(), String> {
+    ) -> Result<(), Halt> {
         let kind = |kind: &'static str| log.metrics().counted_record(kind);
         let entry = match ours {
             // Published by a viewtape from before the header: a batch still to run.
             None => match Entry::decode(payload) {
-                Ok(entry @ Entry::Batch(BatchEntry {
-                    outcome: Outcome::Pending,
-                    ..
-                })) => entry,
+                Ok(
+                    entry @ Entry::Batch(BatchEntry {
+                        outcome: Outcome::Pending,
+                        ..
+                    }),
+                ) => entry,
                 _ => {
                     // Not published by a node (another client on the stream's subjects):
                     // every node passes over it alike, committing nothing at its position.
                     tracing::warn!(
-                    sequence,
+                        sequence,
                         "cluster: a message on the stream that no node published; passed over"
                     );
                     kind("foreign");
@@ -223,10 +218,11 @@ impl Cluster {
                 }
             },
             Some(version) if version != RECORD_VERSION && version != SHARED_VERSION => {
-                return Err(format!("sequence {sequence} is a record of format {version}, which this viewtape cannot read (it reads {RECORD_VERSION} and {SHARED_VERSION}): upgrade this node"));
+                return Err(Halt::Format { sequence, version });
             }
-            Some(_) => Entry::decode(payload).map_err(|error| {
-                format!("sequence {sequence} is a record this viewtape cannot read (a kind of a newer viewtape?): {error}")
+            Some(_) => Entry::decode(payload).map_err(|error| Halt::Unreadable {
+                sequence,
+                source: Arc::new(error),
             })?,
         };
         let (registered, record) = match entry {
@@ -256,7 +252,7 @@ impl Cluster {
                     return self.pass_over(log, passed, sequence).await;
                 }
                 for runtime in passed {
-                    self.passed_over(log, runtime, sequence);
+                    self.passed_over(runtime, sequence);
                 }
                 kind("batches");
                 let [(registered, batches)] = match <[_; 1]>::try_from(ran) {
@@ -271,9 +267,17 @@ impl Cluster {
                     return self.pass_over(log, [deploy.runtime], sequence).await;
                 };
                 kind("deploy");
-                let module = self.load_module(appliers, &deploy.module).await.map_err(|error| {
-                    format!("sequence {sequence} deploys module {} to runtime {:?}, which this node cannot load: {error}", deploy.module, deploy.runtime)
-                })?;
+                let module = match self.load_module(appliers, &deploy.module).await {
+                    Ok(module) => module,
+                    Err(error) => {
+                        return Err(Halt::Module {
+                            sequence,
+                            module: deploy.module,
+                            runtime: deploy.runtime,
+                            source: Arc::from(error),
+                        })
+                    }
+                };
                 (registered, Record::Deploy(deploy, module))
             }
             Entry::Restore(restore) => {
@@ -296,20 +300,18 @@ impl Cluster {
         log: &Log,
         runtimes: impl IntoIterator<Item = String>,
         sequence: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), Halt> {
         log.metrics().counted_record("passed_over");
         for runtime in runtimes {
-            self.passed_over(log, runtime, sequence);
+            self.passed_over(runtime, sequence);
         }
         drop(log.turn(Some(sequence), 1).await);
         Ok(())
     }
 
     /// Notes that this node passes over the records of `runtime` (one at `sequence`).
-    fn passed_over(&self, log: &Log, runtime: String, sequence: u64) {
-        if let Some(stream) = log.stream() {
-            stream.pass_over(&runtime, sequence);
-        }
+    fn passed_over(&self, runtime: String, sequence: u64) {
+        self.stream_log.pass_over(&runtime, sequence);
         self.readiness.send_if_modified(|readiness| {
             if readiness.passed_over.contains(&runtime) {
                 return false;
@@ -437,15 +439,11 @@ impl Cluster {
         if !refused.is_empty() {
             let reason = refused.join("; ");
             tracing::error!(%reason, "cluster: this node runs another build than the cluster: not ready, no ingest; it applies the stream with the cluster's modules meanwhile");
-            if let Some(stream) = log.stream() {
-                stream.refuse(reason.clone());
-            }
+            self.stream_log.refuse(reason.clone());
             self.readiness
                 .send_modify(|readiness| readiness.refused = Some(reason));
         }
-        if let Some(stream) = log.stream() {
-            stream.open();
-        }
+        self.stream_log.open();
         self.settled.store(true, Ordering::Relaxed);
         self.update_readiness(log.committed(), self.stream_last.load(Ordering::Relaxed));
     }
@@ -461,61 +459,54 @@ impl Cluster {
         log: &Log,
         name: &str,
         registered: &Registered,
-    ) -> Result<Option<RuntimeSnapshot>, String> {
-        let saved = registered.handle.save().await.map_err(|e| e.to_string())?;
+    ) -> Result<Option<RuntimeSnapshot>, DeclareError> {
+        let saved = registered.handle.save().await?;
         if saved.modules.is_empty() {
             // Its records on its own subject, and any this node passed over before (also those
             // in messages of several runtimes, and those the stream no longer holds).
-            let first = match log.stream() {
-                Some(stream) => self
-                    .first_record_on(stream.subject(name))
-                    .await?
-                    .into_iter()
-                    .chain(stream.first_passed_over(name))
-                    .min(),
-                None => None,
-            };
+            let stream = &self.stream_log;
+            let first = self
+                .first_record_on(stream.subject(name))
+                .await?
+                .into_iter()
+                .chain(stream.first_passed_over(name))
+                .min();
             if let Some(first) = first {
                 if first <= log.committed() {
                     return Ok(None);
                 }
             }
             let running = registered.handle.module();
-            let wasm = appliers.modules.get(&running).map_err(|e| e.to_string())?;
-            self.put_module(&wasm).await.map_err(|e| e.to_string())?;
-            registered
-                .handle
-                .declare_module()
-                .await
-                .map_err(|e| e.to_string())?;
+            let wasm = appliers.modules.get(&running)?;
+            self.put_module(&wasm).await.map_err(DeclareError::Bucket)?;
+            registered.handle.declare_module().await?;
         }
-        let saved = registered.handle.save().await.map_err(|e| e.to_string())?;
+        let saved = registered.handle.save().await?;
         Ok(Some(saved))
     }
 
     /// The sequence of the first record on `subject` the stream holds, if it holds any.
-    async fn first_record_on(&self, subject: String) -> Result<Option<u64>, String> {
+    async fn first_record_on(&self, subject: String) -> Result<Option<u64>, DeclareError> {
         let stream = self
             .js
             .get_stream_no_info(&self.stream)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|error| DeclareError::Stream(error.into()))?;
         match stream.get_first_raw_message_by_subject(subject, 1).await {
             Ok(message) => Ok(Some(message.sequence)),
             Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
-            Err(error) => Err(error.to_string()),
+            Err(error) => Err(DeclareError::Stream(error.into())),
         }
     }
 
     /// Stops applying for good: the node is not ready, takes no ingest, and says why.
-    pub(super) fn break_off(&self, log: &Log, reason: String) {
-        tracing::error!(%reason, stream = %self.stream, "cluster: this node stopped applying the stream and is not ready; it keeps serving what it has");
-        if let Some(stream) = log.stream() {
-            stream.refuse(format!("this node stopped applying the stream: {reason}"));
-        }
+    pub(super) fn break_off(&self, halt: Halt) {
+        tracing::error!(reason = %halt, halt = halt.kind(), stream = %self.stream, "cluster: this node stopped applying the stream and is not ready; it keeps serving what it has");
+        self.stream_log
+            .refuse(format!("this node stopped applying the stream: {halt}"));
         self.readiness.send_modify(|readiness| {
             readiness.ready = false;
-            readiness.broken = Some(reason);
+            readiness.broken = Some(halt);
         });
     }
 }
@@ -523,11 +514,7 @@ impl Cluster {
 /// Applies `record` at `sequence` to `registered`, again while the runtime is unavailable (a
 /// fault of this node), at most [`APPLY_ATTEMPTS`] times; `Err` says why the node must stop
 /// applying.
-async fn apply_record(
-    registered: &Registered,
-    record: Record,
-    sequence: u64,
-) -> Result<(), String> {
+async fn apply_record(registered: &Registered, record: Record, sequence: u64) -> Result<(), Halt> {
     let mut attempt = 0;
     loop {
         match registered.handle.apply(record.clone(), sequence).await {
@@ -537,7 +524,12 @@ async fn apply_record(
                 tracing::warn!(%error, sequence, attempt, "cluster: applying again");
                 tokio::time::sleep(RETRY).await;
             }
-            Err(error) => return Err(format!("sequence {sequence}: {error}")),
+            Err(error) => {
+                return Err(Halt::Apply {
+                    sequence,
+                    source: Arc::new(error),
+                })
+            }
         }
     }
 }
@@ -551,7 +543,7 @@ async fn apply_shared(
     log: &Log,
     sequence: u64,
     parts: Vec<(&Registered, Vec<(u32, BatchEntry)>)>,
-) -> Result<(), String> {
+) -> Result<(), Halt> {
     let mut held = appliers.runtimes.hold_cuts().await;
     let turn = log.turn(Some(sequence), 1).await;
     let applied = parts.into_iter().map(|(registered, batches)| async move {
@@ -564,9 +556,9 @@ async fn apply_shared(
     });
     let mut failed = None;
     for (runtime, applied) in futures_util::future::join_all(applied).await {
-        if let Err(reason) = applied {
-            held.tear(runtime, &reason);
-            failed.get_or_insert(reason);
+        if let Err(halt) = applied {
+            held.tear(runtime, &halt.to_string());
+            failed.get_or_insert(halt);
         }
     }
     match failed {
@@ -581,6 +573,26 @@ async fn apply_shared(
             Err(reason)
         }
     }
+}
+
+/// Why a runtime's module could not be declared on the stream yet (tried again until it is).
+#[derive(Debug, thiserror::Error)]
+enum DeclareError {
+    /// The runtime's state could not be read.
+    #[error(transparent)]
+    Save(#[from] IngestError),
+    /// The module is not in this node's store.
+    #[error(transparent)]
+    Store(#[from] std::io::Error),
+    /// The module could not be put in the bucket.
+    #[error(transparent)]
+    Bucket(BoxError),
+    /// The stream could not be read.
+    #[error(transparent)]
+    Stream(BoxError),
+    /// The declaration was not applied.
+    #[error(transparent)]
+    Declare(#[from] DeployError),
 }
 
 /// `n` as a gauge's value.

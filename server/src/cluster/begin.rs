@@ -10,7 +10,7 @@ use viewtape_journal::{JournalEpoch, JournalSnapshot};
 use viewtape_snapshots::{Loaded, SnapshotDir};
 
 use super::bucket::shared_position;
-use super::{Cluster, ClusterError};
+use super::{Cluster, ClusterError, Halt};
 use crate::hub::Hub;
 use crate::log::Log;
 use crate::snapshot::{RuntimeDump, SnapshotBody};
@@ -21,7 +21,7 @@ impl Cluster {
     /// Returns the runtimes' states and the log of stream positions, at the snapshot's.
     ///
     /// When the stream dropped messages that no snapshot holds, the node starts empty under an
-    /// epoch of its own and stays not ready ([`ClusterError::Uncovered`] says why).
+    /// epoch of its own and stays not ready ([`Halt::Uncovered`] says why).
     ///
     /// # Errors
     /// The snapshot directory cannot be read.
@@ -54,12 +54,12 @@ impl Cluster {
                 // Fail closed: the history before `first` is unknown here, so nothing this node
                 // could serve may carry the cluster's epoch. It serves an empty state under an
                 // epoch of its own, refuses ingest, and stays not ready.
-                let reason = ClusterError::Uncovered {
+                let halt = Halt::Uncovered {
                     stream: self.stream.clone(),
                     first,
                     needed: first - 1,
                 };
-                self.break_off(&log, reason.to_string());
+                self.break_off(halt);
                 JournalEpoch::random_other_than(self.epoch)
             }
         };

@@ -1,11 +1,11 @@
 //! Replicas: nodes that share one input log, a JetStream stream (`[cluster]`, `--nats URL`).
 //!
-//! The stream is the log ([`Log::on_stream`]): a node that accepts a batch publishes it and
-//! answers once it has applied that stream sequence itself; every node applies every record in
-//! stream order through the same deterministic guests, at the record's stream sequence as its
-//! log position, so every node issues the same offsets and frames under the same epoch: a
-//! cursor from one node resumes on any other. A single node is the same runtime over its local
-//! log; only where the records come from differs.
+//! The stream is the log ([`Backend::Stream`]), and the cluster owns it: a node that accepts a
+//! batch publishes it and answers once it has applied that stream sequence itself; every node
+//! applies every record in stream order through the same deterministic guests, at the record's
+//! stream sequence as its log position, so every node issues the same offsets and frames under
+//! the same epoch: a cursor from one node resumes on any other. A single node is the same
+//! runtime over its local log; only where the records come from differs.
 //!
 //! | file | job |
 //! |---|---|
@@ -14,6 +14,7 @@
 //! | `bucket` | the object store: shared snapshots, modules by SHA-256, snapshots to restore |
 //! | `lease` | what runs once per cluster (the demo feed, file sources) |
 //! | `apply` | the apply loop: every record in order |
+//! | `halt` | why a node stops applying, for good: [`Halt`] |
 //! | `restore` | a live restore, published by any node and applied by all |
 //!
 //! - **The epoch** is derived from the stream's name and creation time: the same on every node,
@@ -23,8 +24,8 @@
 //! - **Every change is a record**: a batch, a deploy (the module in the bucket by SHA-256), a
 //!   live restore (the snapshot in the bucket). Every node applies each at its position; a node
 //!   that cannot (a record of a newer kind, a module it cannot fetch) stops applying and says
-//!   why in `/readyz`, never skipping one. A message on the stream that no node published is
-//!   passed over alike on every node.
+//!   why in `/readyz` (a [`Halt`]), never skipping one. A message on the stream that no node
+//!   published is passed over alike on every node.
 //! - **The stream decides which module runs.** A runtime's first module on the stream is
 //!   declared by the first node to catch up; later ones come by deploys through any node. A
 //!   node runs the stream's module (fetching it from the bucket), and a node whose config names
@@ -44,6 +45,7 @@
 mod apply;
 mod begin;
 mod bucket;
+mod halt;
 mod lease;
 mod restore;
 
@@ -58,10 +60,11 @@ use tokio::sync::watch;
 use viewtape_journal::{Cursor, JournalEpoch};
 
 pub use apply::Appliers;
+pub use halt::Halt;
 
 use crate::config::ClusterSection;
 use crate::hub::Hub;
-use crate::log::{Log, StreamDurability, StreamLog};
+use crate::log::{Backend, Log, StreamDurability, StreamLog};
 
 /// Times a record the runtime could not apply now is applied again before the node gives up.
 const APPLY_ATTEMPTS: u32 = 10;
@@ -89,23 +92,15 @@ pub enum ClusterError {
         /// Why.
         reason: String,
     },
-    /// No snapshot covers the messages the stream no longer holds.
-    #[error("cluster: stream {stream:?} starts at sequence {first}, and no snapshot of its epoch reaches sequence {needed}: this node cannot know the history before it")]
-    Uncovered {
-        /// The stream.
-        stream: String,
-        /// The stream's first sequence.
-        first: u64,
-        /// The last sequence a snapshot would have to reach.
-        needed: u64,
-    },
     /// The snapshot directory could not be read.
     #[error(transparent)]
     Snapshots(#[from] viewtape_snapshots::SnapshotError),
 }
 
-/// Whether this node serves what the cluster has; `/readyz` renders it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// Whether this node serves what the cluster has; `/readyz` renders it, with the halt as two
+/// members: `broken` (why, in words) and `halt` (its kind, [`Halt::kind`]), both `null` while
+/// the node applies.
+#[derive(Clone, Debug)]
 pub struct Readiness {
     /// Caught up with what the stream held when the node joined, its modules settled, and
     /// applying.
@@ -115,7 +110,7 @@ pub struct Readiness {
     /// The stream's last sequence, as last seen.
     pub stream_last: u64,
     /// Why the node stopped applying, if it did.
-    pub broken: Option<String>,
+    pub broken: Option<Halt>,
     /// Why the node takes no ingest although it applies (its config names another build than
     /// the cluster runs), if it does not.
     pub refused: Option<String>,
@@ -124,9 +119,24 @@ pub struct Readiness {
     pub passed_over: BTreeSet<String>,
 }
 
+impl Serialize for Readiness {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct as _;
+        let mut fields = serializer.serialize_struct("Readiness", 7)?;
+        fields.serialize_field("ready", &self.ready)?;
+        fields.serialize_field("applied", &self.applied)?;
+        fields.serialize_field("stream_last", &self.stream_last)?;
+        let broken = self.broken.as_ref();
+        fields.serialize_field("broken", &broken.map(ToString::to_string))?;
+        fields.serialize_field("halt", &broken.map(Halt::kind))?;
+        fields.serialize_field("refused", &self.refused)?;
+        fields.serialize_field("passed_over", &self.passed_over)?;
+        fields.end()
+    }
+}
+
 /// A node's place in its cluster.
 pub struct Cluster {
-    client: async_nats::Client,
     js: jetstream::Context,
     /// Shared snapshots, modules and snapshots to restore.
     bucket: object_store::ObjectStore,
@@ -134,14 +144,12 @@ pub struct Cluster {
     leases: kv::Store,
     stream: String,
     url: String,
+    /// This node's way into the stream: the backend of its log.
+    stream_log: Arc<StreamLog>,
     epoch: JournalEpoch,
     /// When the stream was created (Unix nanoseconds): its identity, with its name.
     created_ns: i128,
-    apply_timeout: Duration,
-    /// Most batches of one runtime in one stream message.
-    batches_per_message: usize,
     ahead_wait: Duration,
-    durability: StreamDurability,
     /// The last sequence the stream held when this node joined.
     joined_at: u64,
     /// The stream's first sequence when this node joined.
@@ -271,19 +279,24 @@ impl Cluster {
             last = info.state.last_sequence,
             "cluster: joined the stream"
         );
-        Ok(Arc::new(Self {
+        let stream_log = Arc::new(StreamLog::new(
             client,
+            url,
+            (&section.stream, epoch),
+            section.apply_timeout,
+            durability,
+            section.batches_per_message,
+        ));
+        Ok(Arc::new(Self {
             js,
+            stream_log,
             bucket,
             leases,
             stream: section.stream.clone(),
             url: url.to_owned(),
             epoch,
             created_ns,
-            apply_timeout: section.apply_timeout,
-            batches_per_message: section.batches_per_message,
             ahead_wait: section.ahead_wait,
-            durability,
             joined_at: info.state.last_sequence,
             stream_first: info.state.first_sequence,
             stream_last: AtomicU64::new(info.state.last_sequence),
@@ -306,19 +319,12 @@ impl Cluster {
         self.epoch
     }
 
-    /// This node's way into the stream, as its log from `position` on, having passed over the
-    /// records of the runtimes in `passed_over` ([`StreamLog::passed_over`]).
+    /// The log of this node: the stream from `position` on, having passed over the records of
+    /// the runtimes in `passed_over` ([`StreamLog::passed_over`]).
     fn log_at(&self, position: u64, passed_over: BTreeMap<String, u64>) -> Arc<Log> {
-        let stream = StreamLog::new(
-            self.client.clone(),
-            &self.url,
-            (&self.stream, self.epoch),
-            self.apply_timeout,
-            self.durability,
-            self.batches_per_message,
-        )
-        .with_passed_over(passed_over);
-        Arc::new(Log::on_stream(stream, position))
+        self.stream_log.take_passed_over(passed_over);
+        let backend = Backend::Stream(Arc::clone(&self.stream_log));
+        Arc::new(Log::new(backend, position))
     }
 
     /// Waits, at most `[cluster] ahead_wait`, until this node's `view` has reached `cursor`: a
@@ -393,6 +399,35 @@ mod tests {
         assert_eq!(a, stream_epoch("viewtape", 1_700_000_000_000_000_000));
         assert_ne!(a, stream_epoch("viewtape", 1_700_000_000_000_000_001));
         assert_ne!(a, stream_epoch("other", 1_700_000_000_000_000_000));
+    }
+
+    #[test]
+    fn readyz_names_the_halt_and_says_why() {
+        let mut readiness = Readiness {
+            ready: true,
+            applied: 7,
+            stream_last: 7,
+            broken: None,
+            refused: None,
+            passed_over: BTreeSet::new(),
+        };
+        let body = serde_json::to_value(&readiness).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "ready": true, "applied": 7, "stream_last": 7, "broken": null, "halt": null,
+                "refused": null, "passed_over": [],
+            })
+        );
+        let halt = Halt::Recreated {
+            created: "2026-01-01 0:00:00.0 +00:00:00".into(),
+        };
+        readiness.ready = false;
+        readiness.broken = Some(halt.clone());
+        let body = serde_json::to_value(&readiness).unwrap();
+        assert_eq!(body["halt"], "recreated");
+        assert_eq!(body["broken"], halt.to_string());
+        assert!(body["broken"].as_str().unwrap().contains("created again"));
     }
 
     #[test]

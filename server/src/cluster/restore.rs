@@ -4,16 +4,18 @@
 //! node.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use tokio::sync::watch;
 
 use super::apply::Appliers;
-use super::{restored_epoch, Cluster};
+use super::{restored_epoch, Cluster, Halt};
 use crate::log::{unix_ms_now, Entry, Log, RestoreEntry};
 use crate::snapshot::{RestoreAt, Restored, SnapshotActionError, Snapshots};
 
 /// Outcomes of restores applied, by sequence, for the node that published them.
-pub(super) type RestoreOutcomes = watch::Sender<BTreeMap<u64, Result<Restored, String>>>;
+pub(super) type RestoreOutcomes =
+    watch::Sender<BTreeMap<u64, Result<Restored, SnapshotActionError>>>;
 
 /// Restore outcomes kept.
 const OUTCOMES_KEPT: usize = 64;
@@ -33,10 +35,7 @@ impl Cluster {
         name: &str,
     ) -> Result<Restored, SnapshotActionError> {
         let shared = |reason: String| SnapshotActionError::Shared(reason);
-        let log = snapshots.log();
-        let Some(stream) = log.stream() else {
-            return Err(shared("this node's log is not the cluster's stream".into()));
-        };
+        let stream = &self.stream_log;
         let bytes = match snapshots.restorable_bytes(name).await {
             Err(SnapshotActionError::NoSuchSnapshot(_)) => self
                 .get_shared(name)
@@ -75,7 +74,7 @@ impl Cluster {
             .send_modify(|outcomes| outcome = outcomes.remove(&sequence));
         match outcome {
             Some(Ok(restored)) => Ok(restored),
-            Some(Err(reason)) => Err(SnapshotActionError::Unrestorable(reason)),
+            Some(Err(error)) => Err(SnapshotActionError::Unrestorable(error.to_string())),
             None => Err(shared(format!(
                 "no outcome for the restore at sequence {sequence}"
             ))),
@@ -85,22 +84,26 @@ impl Cluster {
     /// Restores the snapshot a restore record names, at its position, under the epoch every
     /// node takes there. A snapshot that cannot be restored here cannot be anywhere (every node
     /// runs the same modules at this position): it is refused alike, nothing changes.
+    ///
+    /// # Errors
+    /// [`Halt::Restore`]: the snapshot cannot be fetched, and the node must stop applying.
     pub(super) async fn apply_restore(
         &self,
         appliers: &Appliers,
         log: &Log,
         sequence: u64,
         restore: RestoreEntry,
-    ) -> Result<(), String> {
-        let bytes = self
-            .get_restore(&restore.object, &restore.sha256)
-            .await
-            .map_err(|error| {
-                format!(
-                    "sequence {sequence} restores {}, which this node cannot fetch: {error}",
-                    restore.object
-                )
-            })?;
+    ) -> Result<(), Halt> {
+        let bytes = match self.get_restore(&restore.object, &restore.sha256).await {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                return Err(Halt::Restore {
+                    sequence,
+                    object: restore.object,
+                    source: Arc::from(error),
+                })
+            }
+        };
         let at = RestoreAt {
             epoch: restored_epoch(self.epoch, sequence),
             position: sequence,
@@ -113,7 +116,7 @@ impl Cluster {
             Err(error) => {
                 tracing::warn!(%error, sequence, "cluster: the restore is refused; nothing changed");
                 drop(log.turn(Some(sequence), 1).await);
-                Err(error.to_string())
+                Err(error)
             }
         };
         self.restores.send_modify(|outcomes| {

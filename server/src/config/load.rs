@@ -34,8 +34,8 @@ impl Config {
             let message = error.message().trim_end().to_owned();
             let mut key = at.and_then(|at| source.spans.key_at(at)).map(str::to_owned);
             // A required key left out: the error is at its table; name the key itself.
-            if let (Some(table), Some(missing)) = (&key, missing_field(&message)) {
-                key = Some(format!("{table}.{missing}"));
+            if let Some(missing) = key.as_deref().and_then(|t| missing_key(&source.spans, t)) {
+                key = Some(missing);
             }
             let message = match (&key, line) {
                 // Not TOML: no key to name, so show the line.
@@ -58,9 +58,35 @@ impl Config {
     }
 }
 
-/// The key serde's "missing field `key`" names.
-fn missing_field(message: &str) -> Option<&str> {
-    message.strip_prefix("missing field `")?.split('`').next()
+/// The keys a table of a config must have (the sections' fields without a default), by the
+/// table's path with its indices left out.
+const REQUIRED: [(&str, &[&str]); 2] = [
+    ("runtime[]", &["name", "wasm"]),
+    ("runtime[].source", &["file"]),
+];
+
+/// The first key the table at `path` (`runtime[0]`) must have and the file leaves out, as a
+/// path (`runtime[0].wasm`); `None` when it has them all, or is no table that has any.
+fn missing_key(spans: &spans::Spans, path: &str) -> Option<String> {
+    let mut shape = String::with_capacity(path.len());
+    let mut in_index = false;
+    for c in path.chars() {
+        match c {
+            '[' => in_index = true,
+            ']' => in_index = false,
+            _ if in_index => continue,
+            _ => {}
+        }
+        shape.push(c);
+    }
+    let (_, required) = REQUIRED.iter().find(|(table, _)| *table == shape)?;
+    if !spans.is_table(path) {
+        return None;
+    }
+    required
+        .iter()
+        .map(|key| format!("{path}.{key}"))
+        .find(|key| !spans.has(key))
 }
 
 #[cfg(test)]
@@ -127,6 +153,24 @@ pub(super) mod tests {
             error.contains("line 2, key runtime[0].wasm: missing field"),
             "{error}"
         );
+        let error = load("[[runtime]]\nwasm = \"builtin:ticker\"\n[[runtime]]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("line 1, key runtime[0].name: missing field"),
+            "{error}"
+        );
+        let error =
+            load("[[runtime]]\nname = \"a\"\nwasm = \"builtin:ticker\"\n[runtime.source]\n")
+                .unwrap_err()
+                .to_string();
+        assert!(
+            error.contains("line 4, key runtime[0].source.file: missing field"),
+            "{error}"
+        );
+        // Not a table at all: the item is named, not a key of it.
+        let error = load("runtime = [1]\n").unwrap_err().to_string();
+        assert!(error.contains("key runtime[0]: invalid type"), "{error}");
         let error = load("[server\n").unwrap_err().to_string();
         assert!(
             error.contains("line 1: ") && error.contains("`[server`"),

@@ -11,6 +11,8 @@ use toml::Spanned;
 pub(super) struct Spans {
     /// Path, the key's span, the value's span; parents before their children.
     keys: Vec<(String, Range<usize>, Range<usize>)>,
+    /// The paths whose values are tables (`runtime[0]`, `runtime[0].source`).
+    tables: Vec<String>,
     /// Byte offset of the start of every line.
     lines: Vec<usize>,
 }
@@ -20,6 +22,7 @@ impl Spans {
     pub(super) fn of(text: &str) -> Self {
         let mut spans = Self {
             keys: Vec::new(),
+            tables: Vec::new(),
             lines: std::iter::once(0)
                 .chain(text.match_indices('\n').map(|(i, _)| i + 1))
                 .collect(),
@@ -43,7 +46,10 @@ impl Spans {
 
     fn value(&mut self, path: &str, value: &Spanned<DeValue<'_>>) {
         match value.get_ref() {
-            DeValue::Table(table) => self.table(path, table),
+            DeValue::Table(table) => {
+                self.tables.push(path.to_owned());
+                self.table(path, table);
+            }
             DeValue::Array(items) => {
                 for (i, item) in items.iter().enumerate() {
                     let path = format!("{path}[{i}]");
@@ -59,6 +65,16 @@ impl Spans {
     #[cfg(test)]
     pub(super) fn paths(&self) -> impl Iterator<Item = &str> {
         self.keys.iter().map(|(path, _, _)| path.as_str())
+    }
+
+    /// Whether the file has the key `path`.
+    pub(super) fn has(&self, path: &str) -> bool {
+        self.keys.iter().any(|(p, _, _)| p == path)
+    }
+
+    /// Whether `path`'s value is a table.
+    pub(super) fn is_table(&self, path: &str) -> bool {
+        self.tables.iter().any(|table| table == path)
     }
 
     /// The line (from 1) holding byte `offset`.

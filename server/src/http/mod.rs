@@ -50,7 +50,7 @@ use tower_http::trace::{DefaultOnFailure, TraceLayer};
 pub use error::ApiError;
 
 use crate::auth::Auth;
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, Halt};
 use crate::config::ServerConfig;
 use crate::hub::Hub;
 use crate::log::LogMetrics;
@@ -264,6 +264,11 @@ async fn metrics(
         }
     }
     state.metrics.ready.set(i64::from(readiness(&state).0));
+    let halt = state
+        .cluster
+        .as_ref()
+        .and_then(|cluster| cluster.readiness().broken.map(|halt| halt.kind()));
+    state.metrics.set_halt(&Halt::KINDS, halt);
     let body = state.metrics.render().map_err(ApiError::internal)?;
     Ok(([(header::CONTENT_TYPE, Metrics::CONTENT_TYPE)], body).into_response())
 }

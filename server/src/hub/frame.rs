@@ -113,10 +113,21 @@ impl Frame {
     }
 }
 
-impl TryFrom<(Bytes, u32, u32)> for Frame {
-    type Error = String;
+/// Why stored bytes are not an event frame (a snapshot damaged in a way its checksum missed, or
+/// not written by this server).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("not an event frame: data at {data_at}, value at {value_at}")]
+pub struct NotAFrame {
+    /// Where the bytes said the `data:` line starts.
+    pub data_at: u32,
+    /// Where they said the value starts (0: none).
+    pub value_at: u32,
+}
 
-    fn try_from((bytes, data_at, value_at): (Bytes, u32, u32)) -> Result<Self, String> {
+impl TryFrom<(Bytes, u32, u32)> for Frame {
+    type Error = NotAFrame;
+
+    fn try_from((bytes, data_at, value_at): (Bytes, u32, u32)) -> Result<Self, NotAFrame> {
         let (data, value) = (data_at as usize, value_at as usize);
         let well_formed = bytes.get(data..).is_some_and(|d| d.starts_with(KEY_PREFIX))
             && bytes.ends_with(FRAME_END)
@@ -131,9 +142,7 @@ impl TryFrom<(Bytes, u32, u32)> for Frame {
                 value_at,
             })
         } else {
-            Err(format!(
-                "not an event frame: data at {data_at}, value at {value_at}"
-            ))
+            Err(NotAFrame { data_at, value_at })
         }
     }
 }

@@ -27,8 +27,8 @@ pub enum TlsError {
     /// A file could not be read or holds no PEM of the expected kind.
     #[error("{what} {path}: {reason}")]
     File {
-        /// `[server] tls_cert` or `tls_key`.
-        what: &'static str,
+        /// Which of the two.
+        what: TlsFile,
         /// The file.
         path: PathBuf,
         /// Why.
@@ -44,6 +44,34 @@ pub enum TlsError {
         /// Why.
         reason: String,
     },
+}
+
+/// One of the two files of the server's TLS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsFile {
+    /// `[server] tls_cert`: the certificate chain.
+    Cert,
+    /// `[server] tls_key`: its private key.
+    Key,
+}
+
+impl TlsFile {
+    /// Its key in a config, as a refusal names it: `server.tls_cert`, `server.tls_key`.
+    pub fn config_key(self) -> &'static str {
+        match self {
+            Self::Cert => "server.tls_cert",
+            Self::Key => "server.tls_key",
+        }
+    }
+}
+
+impl std::fmt::Display for TlsFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Cert => "[server] tls_cert",
+            Self::Key => "[server] tls_key",
+        })
+    }
 }
 
 /// The server's TLS: an acceptor whose certificate can be replaced while it serves.
@@ -129,12 +157,12 @@ fn certified(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
     };
     let chain = CertificateDer::pem_file_iter(cert)
         .and_then(Iterator::collect::<Result<Vec<_>, _>>)
-        .map_err(|error| file("[server] tls_cert", cert, error.to_string()))?;
+        .map_err(|error| file(TlsFile::Cert, cert, error.to_string()))?;
     if chain.is_empty() {
-        return Err(file("[server] tls_cert", cert, "no certificate".into()));
+        return Err(file(TlsFile::Cert, cert, "no certificate".into()));
     }
     let private = PrivateKeyDer::from_pem_file(key)
-        .map_err(|error| file("[server] tls_key", key, error.to_string()))?;
+        .map_err(|error| file(TlsFile::Key, key, error.to_string()))?;
     CertifiedKey::from_der(chain, private, &default_provider()).map_err(|error| TlsError::Pair {
         path: key.to_owned(),
         cert: cert.to_owned(),
@@ -172,7 +200,10 @@ mod tests {
         ));
         assert!(matches!(
             Tls::load(&dir.path().join("missing.crt"), &key),
-            Err(TlsError::File { .. })
+            Err(TlsError::File {
+                what: TlsFile::Cert,
+                ..
+            })
         ));
         std::fs::write(dir.path().join("empty.crt"), "not pem").unwrap();
         assert!(matches!(

@@ -10,12 +10,16 @@
 //! happen in log order across all runtimes: [`Log::turn`] waits until every earlier position has
 //! committed, so a replay, which applies records in log order, issues the same offsets.
 //!
-//! With the log disabled (`[log] enabled = false`) [`Log::append`] returns at once with no
-//! position, and nothing is replayed at a restart.
+//! ## Backends
+//!
+//! A server runs in one of three modes, and its log says which by its [`Backend`]: off
+//! (`[log] enabled = false`: [`Log::append`] returns at once with no position, and nothing is
+//! replayed at a restart), this node's own [`Segments`], or a cluster's [`StreamLog`]. Each
+//! variant holds what its mode owns; the commit order is the same for all three.
 //!
 //! | file | job |
 //! |---|---|
-//! | this one | [`Log`]: appends, turns, the writer's reopen after a failure; the receipt |
+//! | this one | [`Log`] and its [`Backend`]: appends, turns, the segments' reopen after a failure; the receipt |
 //! | `entry` | what a record holds |
 //! | `producer` | idempotent producers |
 //! | `stream` | a cluster's stream as the log |
@@ -128,7 +132,24 @@ impl std::fmt::Display for Break {
     }
 }
 
-/// The log as the runtimes use it.
+/// Where a log's records go: the three modes a server runs in, each holding what it owns.
+///
+/// The runtimes never ask which one they have, but for the way in: a batch is appended here
+/// ([`Log::append`]) on the first two, published to the stream on the third. Commit order
+/// ([`Log::turn`]) is the same for all three.
+#[derive(Debug)]
+pub enum Backend {
+    /// The log off (`[log] enabled = false`): nothing is appended, nothing is replayed at a
+    /// restart, and batches have no positions.
+    Off,
+    /// This node's own segment files in its data directory.
+    Segments(Segments),
+    /// A cluster's stream: positions are its sequences, records are published there by any
+    /// node and applied by every node in its order. The cluster owns it too.
+    Stream(Arc<StreamLog>),
+}
+
+/// The local segment log: its writer, and what its reopen after a failure needs.
 ///
 /// ## After a failure
 ///
@@ -139,83 +160,86 @@ impl std::fmt::Display for Break {
 /// acknowledged), checks what is left, and starts a new writer on a new file descriptor — the
 /// old one is never trusted again. It retries every second until it succeeds.
 #[derive(Debug)]
-pub struct Log {
-    /// `None` before start-up has replayed the log, while it is reopened, and forever with the
-    /// log off.
+pub struct Segments {
+    /// `None` before start-up has replayed the log, and while it is reopened.
     writer: Mutex<Option<LogWriter>>,
     /// The log's directory and segment size, once the writer runs.
     dir: OnceLock<(LogDir, u64)>,
-    enabled: bool,
-    /// The positions are those of a cluster's stream, appended to by publishing there.
-    stream: Option<StreamLog>,
     durability: Durability,
-    /// The last position committed to the journal.
-    committed: watch::Sender<u64>,
-    /// Set while a replay that broke off drains the records it had in flight: their turns
-    /// will never come, and [`Log::turn_unless_abandoned`] says so.
-    abandoned: watch::Sender<bool>,
     /// The last position made durable.
     durable: AtomicU64,
     /// A reopen is under way.
     reopening: AtomicBool,
     /// What new segments' headers carry, and whether the end-of-log watermark is kept.
     lineage: Mutex<(Lineage, bool)>,
+}
+
+impl Segments {
+    /// Segments written with `durability`; the writer comes with [`Log::start_writer`].
+    pub fn new(durability: Durability) -> Self {
+        Self {
+            writer: Mutex::new(None),
+            dir: OnceLock::new(),
+            durability,
+            durable: AtomicU64::new(0),
+            reopening: AtomicBool::new(false),
+            lineage: Mutex::new((Lineage::default(), true)),
+        }
+    }
+}
+
+/// The log as the runtimes use it: its backend ([`Backend`]) and the order in which records
+/// commit, whatever the backend.
+#[derive(Debug)]
+pub struct Log {
+    backend: Backend,
+    /// The last position committed to the journal.
+    committed: watch::Sender<u64>,
+    /// Set while a replay that broke off drains the records it had in flight: their turns
+    /// will never come, and [`Log::turn_unless_abandoned`] says so.
+    abandoned: watch::Sender<bool>,
     metrics: LogMetrics,
 }
 
 impl Log {
-    /// A log whose records up to `committed` are already applied (a snapshot's position). Its
-    /// writer comes with [`Log::start_writer`]; until then, and forever when `enabled` is
-    /// false, nothing is appended.
-    pub fn new(enabled: bool, durability: Durability, committed: u64) -> Self {
+    /// A log on `backend` whose records up to `committed` are already applied (a snapshot's
+    /// position). Segments get their writer with [`Log::start_writer`]; until then nothing is
+    /// appended.
+    pub fn new(backend: Backend, committed: u64) -> Self {
+        if let Backend::Segments(segments) = &backend {
+            segments.durable.store(committed, Ordering::Relaxed);
+        }
         Self {
-            writer: Mutex::new(None),
-            dir: OnceLock::new(),
-            enabled,
-            stream: None,
-            durability,
+            backend,
             committed: watch::Sender::new(committed),
             abandoned: watch::Sender::new(false),
-            durable: AtomicU64::new(committed),
-            reopening: AtomicBool::new(false),
-            lineage: Mutex::new((Lineage::default(), true)),
             metrics: LogMetrics::default(),
         }
     }
 
-    /// The positions of a cluster's stream, applied up to `committed`: records are published
-    /// there ([`Log::stream`]), [`Log::turn`] keeps the commit order of what is applied.
-    pub fn on_stream(stream: StreamLog, committed: u64) -> Self {
-        Self {
-            stream: Some(stream),
-            ..Self::new(false, Durability::Fsync, committed)
+    /// Its backend: what the mode it runs in owns.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// The last position committed, when committed batches have positions (in this node's
+    /// segments, or in a cluster's stream); `None` with the log off. What a snapshot records.
+    pub fn position(&self) -> Option<u64> {
+        match self.backend {
+            Backend::Off => None,
+            Backend::Segments(_) | Backend::Stream(_) => Some(self.committed()),
         }
     }
 
-    /// The cluster's stream, when it is this log.
-    pub fn stream(&self) -> Option<&StreamLog> {
-        self.stream.as_ref()
-    }
-
-    /// Whether batches are logged here.
-    pub fn is_enabled(&self) -> bool {
-        self.enabled
-    }
-
-    /// Whether committed batches have positions (in this log, or in a cluster's shared one):
-    /// what a snapshot records.
-    pub fn has_positions(&self) -> bool {
-        self.enabled || self.stream.is_some()
-    }
-
-    /// How durable an acknowledged batch is.
+    /// How durable an acknowledged batch is; `None` with the log off.
     pub fn durability(&self) -> Option<DurabilityName> {
-        match &self.stream {
-            Some(stream) => Some(match stream.durability() {
+        match &self.backend {
+            Backend::Off => None,
+            Backend::Segments(segments) => Some(segments.durability.into()),
+            Backend::Stream(stream) => Some(match stream.durability() {
                 StreamDurability::Replicated => DurabilityName::Stream,
                 StreamDurability::Unsynced => DurabilityName::StreamOs,
             }),
-            None => self.enabled.then_some(self.durability.into()),
         }
     }
 
@@ -231,25 +255,37 @@ impl Log {
 
     /// Sets what the headers of segments made from now on carry (the data directory's history,
     /// the journal's epoch), and whether the end-of-log watermark is kept; call it before
-    /// [`Log::start_writer`].
+    /// [`Log::start_writer`]. Other backends have no segments: nothing to set.
     pub fn set_lineage(&self, lineage: Lineage, watermark: bool) {
-        *self.lineage.lock().unwrap_or_else(PoisonError::into_inner) = (lineage, watermark);
+        if let Backend::Segments(segments) = &self.backend {
+            *segments
+                .lineage
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = (lineage, watermark);
+        }
     }
 
     /// Starts writing at position `next` of `dir`, segments of `segment_bytes`.
     ///
     /// # Errors
     /// The newest segment cannot be opened or a new one created, or the directory cannot be
-    /// listed.
+    /// listed; [`LogError::Stopped`] when the backend is not segments (nothing to start).
     pub fn start_writer(
         &self,
         dir: &LogDir,
         next: u64,
         segment_bytes: u64,
     ) -> Result<(), LogError> {
-        let (lineage, watermark) = *self.lineage.lock().unwrap_or_else(PoisonError::into_inner);
+        let Backend::Segments(segments) = &self.backend else {
+            debug_assert!(false, "a writer started on a log without segments");
+            return Err(LogError::Stopped);
+        };
+        let (lineage, watermark) = *segments
+            .lineage
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let options = WriterOptions {
-            durability: self.durability,
+            durability: segments.durability,
             segment_bytes,
             lineage,
             watermark,
@@ -257,28 +293,35 @@ impl Log {
         let writer = LogWriter::start(dir, next, options, self.metrics.observer())?;
         self.metrics.position.set(gauge(next.saturating_sub(1)));
         self.measure(dir)?;
-        self.durable
+        segments
+            .durable
             .fetch_max(next.saturating_sub(1), Ordering::Relaxed);
-        *self.writer.lock().unwrap_or_else(PoisonError::into_inner) = Some(writer);
-        let _ = self
+        *segments
+            .writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(writer);
+        let _ = segments
             .dir
             .set((LogDir::open_existing(dir.path())?, segment_bytes));
         Ok(())
     }
 
-    /// Reopens the log after a failure; see the type's docs.
+    /// Reopens the segments after a failure; see [`Segments`].
     async fn reopen(self: Arc<Self>) {
-        let old = self
+        let Backend::Segments(segments) = &self.backend else {
+            return;
+        };
+        let old = segments
             .writer
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         // Dropping it waits for its thread, which fails what is still queued.
         let _ = tokio::task::spawn_blocking(move || drop(old)).await;
-        let durable = self.durable.load(Ordering::Relaxed);
+        let durable = segments.durable.load(Ordering::Relaxed);
         let mut committed = self.committed.subscribe();
         let _ = committed.wait_for(|c| *c >= durable).await;
-        let Some((dir, segment_bytes)) = self.dir.get() else {
+        let Some((dir, segment_bytes)) = segments.dir.get() else {
             return;
         };
         loop {
@@ -303,7 +346,7 @@ impl Log {
             match reopened {
                 Ok(Ok(last)) => {
                     tracing::warn!(through = last, "log reopened and verified; ingest resumes");
-                    self.reopening.store(false, Ordering::Relaxed);
+                    segments.reopening.store(false, Ordering::Relaxed);
                     return;
                 }
                 Ok(Err(error)) => {
@@ -316,12 +359,15 @@ impl Log {
     }
 
     /// Deletes the segments whose records are all at or before `position` (no snapshot kept
-    /// needs them any more). Returns how many went.
+    /// needs them any more). Returns how many went: none but of segments that run.
     ///
     /// # Errors
     /// Listing or deleting fails.
     pub fn delete_before(&self, position: u64) -> Result<usize, LogError> {
-        let Some((dir, _)) = self.dir.get() else {
+        let Backend::Segments(segments) = &self.backend else {
+            return Ok(0);
+        };
+        let Some((dir, _)) = segments.dir.get() else {
             return Ok(0);
         };
         let deleted = dir.delete_before(position)?;
@@ -340,21 +386,26 @@ impl Log {
     }
 
     /// Appends `records` at consecutive positions and waits until they are durable. Returns the
-    /// position of the first, or `None` with the log off.
+    /// position of the first, or `None` with the log off. A cluster's records are published to
+    /// its stream instead, never appended here: `None` too.
     ///
     /// # Errors
-    /// The log failed (a reopen starts; see the type's docs), is being reopened, or is not
+    /// The segments failed (a reopen starts; see [`Segments`]), are being reopened, or are not
     /// started.
     pub async fn append(self: &Arc<Self>, records: Vec<Vec<u8>>) -> Result<Option<u64>, LogError> {
-        if !self.enabled {
-            return Ok(None);
-        }
+        let segments = match &self.backend {
+            Backend::Off | Backend::Stream(_) => return Ok(None),
+            Backend::Segments(segments) => segments,
+        };
         let count = records.len() as u64;
         let (done, durable) = oneshot::channel();
         {
-            let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+            let writer = segments
+                .writer
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             let Some(writer) = writer.as_ref() else {
-                return Err(match self.reopening.load(Ordering::Relaxed) {
+                return Err(match segments.reopening.load(Ordering::Relaxed) {
                     true => LogError::Poisoned("the log is being reopened after a failure".into()),
                     false => LogError::Stopped,
                 });
@@ -368,12 +419,13 @@ impl Log {
         }
         match durable.await.map_err(|_| LogError::Stopped)? {
             Ok(first) => {
-                self.durable
+                segments
+                    .durable
                     .fetch_max(first + count.saturating_sub(1), Ordering::Relaxed);
                 Ok(Some(first))
             }
             Err(error) => {
-                if !self.reopening.swap(true, Ordering::Relaxed) {
+                if !segments.reopening.swap(true, Ordering::Relaxed) {
                     tracing::error!(%error, "the log failed; reopening it");
                     tokio::spawn(Arc::clone(self).reopen());
                 }
@@ -432,7 +484,7 @@ impl Log {
 impl Default for Log {
     /// The log off.
     fn default() -> Self {
-        Self::new(false, Durability::Fsync, 0)
+        Self::new(Backend::Off, 0)
     }
 }
 

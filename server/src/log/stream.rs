@@ -95,12 +95,12 @@ impl StreamLog {
     }
 
     /// Takes on the runtimes a snapshot says were passed over before it
-    /// ([`StreamLog::passed_over`]).
-    pub fn with_passed_over(self, passed_over: BTreeMap<String, u64>) -> Self {
-        Self {
-            passed_over: Mutex::new(passed_over),
-            ..self
-        }
+    /// ([`StreamLog::passed_over`]), in place of those it knew.
+    pub fn take_passed_over(&self, passed_over: BTreeMap<String, u64>) {
+        *self
+            .passed_over
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = passed_over;
     }
 
     /// Notes that this node passed over a record of `runtime` at `sequence`.

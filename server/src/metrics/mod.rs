@@ -61,6 +61,9 @@ pub struct Metrics {
     pub ingest_rejected: Counter,
     /// `viewtape_ready`: set by whoever renders the metrics, from what `/readyz` says.
     pub ready: Gauge,
+    /// `viewtape_cluster_halted`, by `reason`: 1 for the kind of halt `/readyz` names, 0 for the
+    /// others; set with [`Metrics::set_halt`] by whoever renders the metrics.
+    halted: Family<[(&'static str, &'static str); 1], Gauge>,
     /// HTTP connections served by the lean transport.
     pub lean_connections: Counter,
     /// HTTP connections handed to hyper.
@@ -109,6 +112,7 @@ impl Metrics {
             http_refused: Counter::default(),
             accept_errors: Counter::default(),
             ready: Gauge::default(),
+            halted: Family::default(),
             streams,
             registry: Registry::default(),
         };
@@ -118,6 +122,18 @@ impl Metrics {
             .register_collector(Box::new(OwnerCounters { hub, runtimes }));
         register_log(&mut metrics.registry, log);
         metrics
+    }
+
+    /// Sets `viewtape_cluster_halted` for each of `kinds` (every kind of halt there is, so that
+    /// a dashboard sees each one, at 0) from the kind `/readyz` names now (`None` while the
+    /// node applies, or is not a cluster's).
+    pub fn set_halt(&self, kinds: &[&'static str], halt: Option<&str>) {
+        for &kind in kinds {
+            let halted = Some(kind) == halt;
+            self.halted
+                .get_or_create(&[("reason", kind)])
+                .set(i64::from(halted));
+        }
     }
 
     /// Counts a stream reset by `reason`.
@@ -158,7 +174,10 @@ mod tests {
 
     #[test]
     fn metrics_keep_their_names_types_and_help() {
-        let text = metrics().render().unwrap();
+        let metrics = metrics();
+        // As `/metrics` does before each render.
+        metrics.set_halt(&["uncovered"], None);
+        let text = metrics.render().unwrap();
         // The names and types dashboards and the end-to-end tests query, in this file's order.
         let expected = [
             "viewtape_sse_connections gauge",
@@ -171,6 +190,7 @@ mod tests {
             "viewtape_http_connections_refused_total counter",
             "viewtape_accept_errors_total counter",
             "viewtape_ready gauge",
+            "viewtape_cluster_halted gauge",
             "viewtape_tls_handshake_failures_total counter",
             "viewtape_log_position gauge",
             "viewtape_log_bytes gauge",
@@ -227,6 +247,33 @@ mod tests {
         }
         assert!(!text.contains(".."), "{text}");
         assert!(!text.contains("# EOF"), "{text}");
+    }
+
+    #[test]
+    fn the_halt_readyz_names_is_the_one_labelled_1() {
+        const KINDS: [&str; 3] = ["uncovered", "gone", "format"];
+        let metrics = metrics();
+        metrics.set_halt(&KINDS, None);
+        let text = metrics.render().unwrap();
+        for kind in KINDS {
+            let line = format!("viewtape_cluster_halted{{reason=\"{kind}\"}} 0");
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        metrics.set_halt(&KINDS, Some("gone"));
+        let text = metrics.render().unwrap();
+        assert!(text
+            .lines()
+            .any(|l| l == "viewtape_cluster_halted{reason=\"gone\"} 1"));
+        let ones = text
+            .lines()
+            .filter(|l| l.starts_with("viewtape_cluster_halted{") && l.ends_with(" 1"));
+        assert_eq!(ones.count(), 1, "{text}");
+        metrics.set_halt(&KINDS, None);
+        assert!(!metrics
+            .render()
+            .unwrap()
+            .lines()
+            .any(|l| l.starts_with("viewtape_cluster_halted{") && l.ends_with(" 1")));
     }
 
     #[test]

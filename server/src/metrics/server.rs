@@ -72,6 +72,11 @@ impl Metrics {
             self.ready.clone(),
         );
         self.registry.register(
+            "viewtape_cluster_halted",
+            "On a cluster: 1 for the reason this node stopped applying the stream for good (the `halt` of /readyz: uncovered, gone, recreated, format, unreadable, module, restore, apply), 0 for the others; as of this scrape",
+            self.halted.clone(),
+        );
+        self.registry.register(
             "viewtape_tls_handshake_failures",
             "TLS handshakes that failed or did not finish within header_timeout",
             self.tls_failures.clone(),

@@ -50,7 +50,7 @@ use viewtape_snapshots::{SnapshotDir, SnapshotError};
 
 use crate::config::{FsyncMode, LogSection};
 use crate::hub::Hub;
-use crate::log::{Break, Log, LogMetrics};
+use crate::log::{Backend, Break, Log, LogMetrics, Segments};
 use crate::recovery::history::EndMark;
 use crate::snapshot::{RuntimeDump, SnapshotBody};
 
@@ -169,7 +169,7 @@ pub async fn begin(
         let dumps = restore_at_start(hub, snapshots).await?;
         return Ok(Begun {
             dumps,
-            log: Arc::new(Log::new(false, durability, 0)),
+            log: Arc::new(Log::new(Backend::Off, 0)),
             plan: None,
         });
     }
@@ -183,7 +183,10 @@ pub async fn begin(
         None => (None, None, false),
     };
     let from = body.as_ref().and_then(|b| b.log_position);
-    let log = Arc::new(Log::new(true, durability, from.unwrap_or(0)));
+    let log = Arc::new(Log::new(
+        Backend::Segments(Segments::new(durability)),
+        from.unwrap_or(0),
+    ));
     crate::recovery::history::note_skipped_snapshots(&newest.skipped, log.metrics());
     let dir = LogDir::create(log_dir)?;
     let history = snapshots.history();

@@ -21,7 +21,7 @@ use super::{Accepted, BatchSink, Deployed, RuntimeConfig, RuntimeSnapshot, Runti
 use super::{ApplyError, DeployError, IngestError};
 use crate::host::{GuestError, GuestModule, ModuleFingerprint};
 use crate::log::producer::ProducerStamp;
-use crate::log::{unix_ms_now, BatchEntry, Log, Outcome};
+use crate::log::{unix_ms_now, Backend, BatchEntry, Log, Outcome};
 use crate::schema::ViewSchemas;
 use crate::source::SourceCheckpoint;
 
@@ -268,7 +268,7 @@ impl RuntimeHandle {
         source_gap: Option<String>,
         producer: Option<ProducerStamp>,
     ) -> Result<Accepted, IngestError> {
-        if let Some(stream) = self.log.stream() {
+        if let Backend::Stream(stream) = self.log.backend() {
             let entry = BatchEntry {
                 runtime: self.name.to_string(),
                 module: self.module(),
@@ -337,12 +337,12 @@ impl RuntimeHandle {
     /// # Errors
     /// [`DeployError`], with nothing changed.
     pub async fn deploy(&self, module: GuestModule) -> Result<Deployed, DeployError> {
-        match self.log.stream() {
-            Some(stream) => {
+        match self.log.backend() {
+            Backend::Stream(stream) => {
                 self.publish_deploy(stream, module.fingerprint().clone(), false)
                     .await
             }
-            None => self.ask_deploy(module, false).await,
+            Backend::Off | Backend::Segments(_) => self.ask_deploy(module, false).await,
         }
     }
 
@@ -353,9 +353,9 @@ impl RuntimeHandle {
     /// [`DeployError::Shared`]: the stream did not take it, or this node did not apply it.
     pub async fn declare_module(&self) -> Result<Deployed, DeployError> {
         let module = self.module();
-        match self.log.stream() {
-            Some(stream) => self.publish_deploy(stream, module, true).await,
-            None => Ok(Deployed {
+        match self.log.backend() {
+            Backend::Stream(stream) => self.publish_deploy(stream, module, true).await,
+            Backend::Off | Backend::Segments(_) => Ok(Deployed {
                 previous: module.clone(),
                 module,
                 position: None,

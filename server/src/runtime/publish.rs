@@ -9,6 +9,17 @@ use crate::host::ModuleFingerprint;
 use crate::log::StreamLog;
 use crate::log::{unix_ms_now, BatchEntry, DeployEntry, Entry, PublishError};
 
+/// This node did not apply what it published within the publish timeout: the outcome is
+/// unknown here (the record may yet be applied).
+#[derive(Debug, thiserror::Error)]
+#[error("published at sequence {sequence}, not applied by this node within {waited:?}; send it again with its Producer-* headers to learn its outcome")]
+pub(crate) struct NotApplied {
+    /// Where the record was published.
+    sequence: u64,
+    /// How long this node waited.
+    waited: std::time::Duration,
+}
+
 impl RuntimeHandle {
     /// Publishes `entry` to the cluster's stream and waits for this node's verdict on it.
     ///
@@ -33,7 +44,12 @@ impl RuntimeHandle {
             .map_err(|error| shared(error.to_string()))?;
         let mut place = (placed.sequence, placed.index);
         let mut mine = !placed.duplicate;
-        let verdict = match self.verdict(stream, place, mine).await.map_err(shared)? {
+        let not_applied = |error: NotApplied| shared(error.to_string());
+        let verdict = match self
+            .verdict(stream, place, mine)
+            .await
+            .map_err(not_applied)?
+        {
             Some(verdict) => Some(verdict),
             None => match again {
                 Some(entry) => {
@@ -42,7 +58,9 @@ impl RuntimeHandle {
                         .await
                         .map_err(|error| shared(error.to_string()))?;
                     (place, mine) = ((published.sequence, 0), true);
-                    self.verdict(stream, place, mine).await.map_err(shared)?
+                    self.verdict(stream, place, mine)
+                        .await
+                        .map_err(not_applied)?
                 }
                 None => None,
             },
@@ -72,7 +90,7 @@ impl RuntimeHandle {
         stream: &StreamLog,
         place: Place,
         claim: bool,
-    ) -> Result<Option<Verdict>, String> {
+    ) -> Result<Option<Verdict>, NotApplied> {
         let sequence = place.0;
         let waiting = {
             let mut verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner);
@@ -113,10 +131,10 @@ impl RuntimeHandle {
                         .unwrap_or_else(PoisonError::into_inner)
                         .stop_waiting(place);
                 }
-                Err(format!(
-                    "published at sequence {sequence}, not applied by this node within {:?}; send it again with its Producer-* headers to learn its outcome",
-                    stream.timeout()
-                ))
+                Err(NotApplied {
+                    sequence,
+                    waited: stream.timeout(),
+                })
             }
         }
     }
@@ -152,7 +170,7 @@ impl RuntimeHandle {
         match self
             .verdict(stream, (published.sequence, 0), true)
             .await
-            .map_err(shared)?
+            .map_err(|error| shared(error.to_string()))?
         {
             Some(Verdict::Deploy(outcome)) => outcome,
             _ => Err(shared(format!(

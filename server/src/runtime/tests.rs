@@ -342,9 +342,9 @@ async fn misbehave_on_log(
     let module = GuestModule::new(&engine(), guests::MISBEHAVE_WASM).unwrap();
     let journal = Arc::new(EventJournal::new(JournalConfig::default()));
     let sink = TestSink::new(&journal);
+    let segments = crate::log::Segments::new(viewtape_snapshots::log::Durability::Fsync);
     let log = Arc::new(crate::log::Log::new(
-        true,
-        viewtape_snapshots::log::Durability::Fsync,
+        crate::log::Backend::Segments(segments),
         committed,
     ));
     let handle = RuntimeHandle::spawn(

@@ -240,7 +240,7 @@ impl Snapshots {
         }
         self.store(body, SnapshotMeta::periodic_now()).await?;
         drop(cut);
-        let position = self.log.has_positions().then(|| self.log.committed());
+        let position = self.log.position();
         Ok(Restored {
             epoch,
             records,

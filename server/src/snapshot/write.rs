@@ -9,6 +9,7 @@ use tracing::Instrument;
 use viewtape_snapshots::{SnapshotError, SnapshotInfo, SnapshotMeta};
 
 use super::{RuntimeDump, SnapshotActionError, SnapshotBody, Snapshots};
+use crate::log::Backend;
 use crate::runtime::registry::Cut;
 
 /// A snapshot that [`Snapshots::write`] or [`Snapshots::write_exact`] wrote.
@@ -81,17 +82,19 @@ impl Snapshots {
                 saved: paused.saved.clone(),
             })
             .collect();
+        // A cluster's snapshot names the stream's history it belongs to, and the runtimes
+        // this node passed over in it.
+        let (stream, passed_over) = match self.log.backend() {
+            Backend::Stream(stream) => (Some(stream.epoch()), stream.passed_over()),
+            Backend::Off | Backend::Segments(_) => (None, Default::default()),
+        };
         SnapshotBody {
             journal,
             views,
             runtimes,
-            log_position: self.log.has_positions().then(|| self.log.committed()),
-            stream: self.log.stream().map(|stream| stream.epoch()),
-            passed_over: self
-                .log
-                .stream()
-                .map(|stream| stream.passed_over())
-                .unwrap_or_default(),
+            log_position: self.log.position(),
+            stream,
+            passed_over,
         }
     }
 
