@@ -57,7 +57,7 @@ pub async fn report_gap() -> GapReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Cursor, JournalConfig, ReplayError};
+    use crate::{Cursor, JournalConfig, ReplayError, ViewOffset};
 
     #[tokio::test]
     async fn report_gap_reaches_the_journal_in_scope_only() {
@@ -67,7 +67,7 @@ mod tests {
             .append_with("v", "k", |_| Ok::<_, ()>(frame.clone()))
             .await
             .unwrap();
-        let cursor = Cursor::new(journal.epoch().await, 1);
+        let cursor = Cursor::new(journal.epoch().await, ViewOffset::FIRST);
 
         assert_eq!(report_gap().await, GapReport::NoJournalInScope);
         assert!(current().is_none());
@@ -76,13 +76,13 @@ mod tests {
         let report = journal.scope(async { report_gap().await }).await;
         assert_eq!(report, GapReport::Marked);
         assert_eq!(journal.stats().gaps_marked, 1);
-        assert!(matches!(
+        assert_eq!(
             journal.replay_after("v", Some(&cursor)).await,
             Err(ReplayError::Gap {
-                cursor: 1,
-                resume_from: 2
+                cursor: ViewOffset::new(1),
+                resume_from: ViewOffset::new(2)
             })
-        ));
+        );
     }
 
     #[tokio::test]
