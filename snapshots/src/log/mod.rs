@@ -1,7 +1,8 @@
 //! The log: segment files of checksummed records, and a writer with group commit.
 //!
 //! A log is a directory of *segments*, `log-<first position:020>.vtlog`. A record is opaque
-//! bytes (the server's encoded batch) with a *position*: 1, 2, 3, … across segments, dense and
+//! bytes (the server's encoded batch) with a *position* ([`LogPosition`]): 1, 2, 3, … across
+//! segments, dense and
 //! never reused, so "everything after position P" is what a restart replays on top of a
 //! snapshot taken at P.
 //!
@@ -9,6 +10,7 @@
 //! |---|---|
 //! | this one | the format's constants and the public names |
 //! | `error` | [`LogError`] |
+//! | `position` | [`LogPosition`]: a record's place in the log |
 //! | `segment` | a segment's bytes: its header, record frames, and what a scan makes of damage |
 //! | `read` | reading a segment's records front to back, and scanning it |
 //! | `scan` | what a scan reports: [`LogScan`], [`SegmentScan`], [`Damage`], [`LogDamage`] |
@@ -106,6 +108,7 @@
 
 mod dir;
 mod error;
+mod position;
 mod read;
 mod scan;
 mod segment;
@@ -119,6 +122,7 @@ mod tests;
 
 pub use dir::LogDir;
 pub use error::LogError;
+pub use position::LogPosition;
 pub use scan::{Damage, LogDamage, LogDamageKind, LogRecord, LogScan, SegmentScan};
 pub use segment::Lineage;
 pub use watermark::Watermark;
