@@ -72,7 +72,9 @@ impl LoadError {
                     .into()
             }
             Self::Engine(_) => "the wasm engine failed (the server log says why)".into(),
-            Self::AbiVersion { .. }
+            Self::NotWasm
+            | Self::NotModule
+            | Self::AbiVersion { .. }
             | Self::MissingExport { .. }
             | Self::ExportType { .. }
             | Self::Link(_) => self.to_string().into(),
