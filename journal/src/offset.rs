@@ -17,7 +17,8 @@ use serde::{Deserialize, Serialize};
 ///
 /// It is its own type so that it cannot be mixed with the other numbers a server carries (log
 /// positions, producer sequences, counts): the only arithmetic it offers is what a tape means —
-/// the offset after this one ([`ViewOffset::next`]), the offset `count` records later
+/// the offset after this one ([`ViewOffset::next`]) or before it ([`ViewOffset::prev`]), the
+/// offset `count` records later
 /// ([`ViewOffset::checked_add`], [`ViewOffset::saturating_add`]) and how many offsets lie
 /// between two of them ([`ViewOffset::since`]). At the edges (metrics, wire formats) the
 /// number comes out with [`ViewOffset::get`] or `u64::from`.
@@ -65,6 +66,13 @@ impl ViewOffset {
     #[must_use]
     pub const fn next(self) -> Self {
         Self(self.0.saturating_add(1))
+    }
+
+    /// The offset before this one; [`ViewOffset::ZERO`] stays zero. The head cursor's offset
+    /// of a view whose next offset is `self`.
+    #[must_use]
+    pub const fn prev(self) -> Self {
+        Self(self.0.saturating_sub(1))
     }
 
     /// The offset `count` records after this one, or `None` past `u64::MAX`.
@@ -139,5 +147,6 @@ mod tests {
         assert_eq!(ViewOffset::FIRST.checked_add(2), Some(ViewOffset::new(3)));
         assert_eq!(ViewOffset::FIRST.since(ViewOffset::new(3)), 0);
         assert_eq!(ViewOffset::ZERO.next(), ViewOffset::FIRST);
+        assert_eq!(ViewOffset::ZERO.prev(), ViewOffset::ZERO);
     }
 }

@@ -61,7 +61,7 @@ pub use apply::Appliers;
 
 use crate::config::ClusterSection;
 use crate::hub::Hub;
-use crate::log::{Log, StreamDurability, StreamLog};
+use crate::log::{Log, LogPosition, StreamDurability, StreamLog};
 
 /// Times a record the runtime could not apply now is applied again before the node gives up.
 const APPLY_ATTEMPTS: u32 = 10;
@@ -95,9 +95,9 @@ pub enum ClusterError {
         /// The stream.
         stream: String,
         /// The stream's first sequence.
-        first: u64,
+        first: LogPosition,
         /// The last sequence a snapshot would have to reach.
-        needed: u64,
+        needed: LogPosition,
     },
     /// The snapshot directory could not be read.
     #[error(transparent)]
@@ -111,9 +111,9 @@ pub struct Readiness {
     /// applying.
     pub ready: bool,
     /// The last sequence applied.
-    pub applied: u64,
+    pub applied: LogPosition,
     /// The stream's last sequence, as last seen.
-    pub stream_last: u64,
+    pub stream_last: LogPosition,
     /// Why the node stopped applying, if it did.
     pub broken: Option<String>,
     /// Why the node takes no ingest although it applies (its config names another build than
@@ -143,10 +143,11 @@ pub struct Cluster {
     ahead_wait: Duration,
     durability: StreamDurability,
     /// The last sequence the stream held when this node joined.
-    joined_at: u64,
+    joined_at: LogPosition,
     /// The stream's first sequence when this node joined.
-    stream_first: u64,
-    /// The stream's last sequence, as last seen.
+    stream_first: LogPosition,
+    /// The stream's last sequence, as last seen (a [`LogPosition`]'s number: the atomic holds a
+    /// `u64`).
     stream_last: AtomicU64,
     /// Every runtime's module is settled (declared on the stream, and named by this node's
     /// config).
@@ -284,16 +285,16 @@ impl Cluster {
             batches_per_message: section.batches_per_message,
             ahead_wait: section.ahead_wait,
             durability,
-            joined_at: info.state.last_sequence,
-            stream_first: info.state.first_sequence,
+            joined_at: LogPosition::new(info.state.last_sequence),
+            stream_first: LogPosition::new(info.state.first_sequence),
             stream_last: AtomicU64::new(info.state.last_sequence),
             settled: AtomicBool::new(false),
             settling: AtomicBool::new(false),
             restores: watch::Sender::new(Default::default()),
             readiness: watch::Sender::new(Readiness {
                 ready: false,
-                applied: 0,
-                stream_last: info.state.last_sequence,
+                applied: LogPosition::ZERO,
+                stream_last: LogPosition::new(info.state.last_sequence),
                 broken: None,
                 refused: None,
                 passed_over: BTreeSet::new(),
@@ -308,7 +309,11 @@ impl Cluster {
 
     /// This node's way into the stream, as its log from `position` on, having passed over the
     /// records of the runtimes in `passed_over` ([`StreamLog::passed_over`]).
-    fn log_at(&self, position: u64, passed_over: BTreeMap<String, u64>) -> Arc<Log> {
+    fn log_at(
+        &self,
+        position: LogPosition,
+        passed_over: BTreeMap<String, LogPosition>,
+    ) -> Arc<Log> {
         let stream = StreamLog::new(
             self.client.clone(),
             &self.url,
@@ -366,12 +371,12 @@ fn stream_epoch(name: &str, created_ns: i128) -> JournalEpoch {
 }
 
 /// The epoch a live restore at stream `position` takes on every node.
-fn restored_epoch(stream: JournalEpoch, position: u64) -> JournalEpoch {
+fn restored_epoch(stream: JournalEpoch, position: LogPosition) -> JournalEpoch {
     use sha2::Digest as _;
     let mut hash = sha2::Sha256::new();
     hash.update(b"viewtape restore epoch\0");
     hash.update(stream.to_string().as_bytes());
-    hash.update(position.to_le_bytes());
+    hash.update(position.get().to_le_bytes());
     epoch_of(hash)
 }
 
@@ -398,8 +403,14 @@ mod tests {
     #[test]
     fn a_restore_takes_an_epoch_of_its_position_on_every_node() {
         let stream = stream_epoch("viewtape", 1);
-        assert_eq!(restored_epoch(stream, 7), restored_epoch(stream, 7));
-        assert_ne!(restored_epoch(stream, 7), restored_epoch(stream, 8));
-        assert_ne!(restored_epoch(stream, 7), stream);
+        assert_eq!(
+            restored_epoch(stream, LogPosition::new(7)),
+            restored_epoch(stream, LogPosition::new(7))
+        );
+        assert_ne!(
+            restored_epoch(stream, LogPosition::new(7)),
+            restored_epoch(stream, LogPosition::new(8))
+        );
+        assert_ne!(restored_epoch(stream, LogPosition::new(7)), stream);
     }
 }

@@ -9,11 +9,11 @@ use tokio::sync::watch;
 
 use super::apply::Appliers;
 use super::{restored_epoch, Cluster};
-use crate::log::{unix_ms_now, Entry, Log, RestoreEntry};
+use crate::log::{unix_ms_now, Entry, Log, LogPosition, RestoreEntry};
 use crate::snapshot::{RestoreAt, Restored, SnapshotActionError, Snapshots};
 
 /// Outcomes of restores applied, by sequence, for the node that published them.
-pub(super) type RestoreOutcomes = watch::Sender<BTreeMap<u64, Result<Restored, String>>>;
+pub(super) type RestoreOutcomes = watch::Sender<BTreeMap<LogPosition, Result<Restored, String>>>;
 
 /// Restore outcomes kept.
 const OUTCOMES_KEPT: usize = 64;
@@ -89,7 +89,7 @@ impl Cluster {
         &self,
         appliers: &Appliers,
         log: &Log,
-        sequence: u64,
+        sequence: LogPosition,
         restore: RestoreEntry,
     ) -> Result<(), String> {
         let bytes = self
@@ -107,11 +107,11 @@ impl Cluster {
         };
         let outcome = match appliers.snapshots.restore_encoded(&bytes, at).await {
             Ok(restored) => {
-                tracing::info!(sequence, epoch = %restored.epoch, "cluster: snapshot restored; every subscriber is reset");
+                tracing::info!(sequence = sequence.get(), epoch = %restored.epoch, "cluster: snapshot restored; every subscriber is reset");
                 Ok(restored)
             }
             Err(error) => {
-                tracing::warn!(%error, sequence, "cluster: the restore is refused; nothing changed");
+                tracing::warn!(%error, sequence = sequence.get(), "cluster: the restore is refused; nothing changed");
                 drop(log.turn(Some(sequence), 1).await);
                 Err(error.to_string())
             }

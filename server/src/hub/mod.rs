@@ -134,7 +134,7 @@ impl View {
         let state = self.lock();
         let window = journal.window_now(&self.name);
         StateCut {
-            cursor: Cursor::new(window.epoch, window.next - 1),
+            cursor: Cursor::new(window.epoch, window.next.prev()),
             entries: state
                 .iter()
                 .filter(|(key, _)| narrow.keeps(key))
@@ -373,7 +373,7 @@ impl BatchSink for Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use viewtape_journal::JournalConfig;
+    use viewtape_journal::{JournalConfig, ViewOffset};
 
     fn event(kind: EventKind, key: &str, payload: &str) -> GuestEvent {
         let payload = Bytes::copy_from_slice(payload.as_bytes());
@@ -397,7 +397,7 @@ mod tests {
         assert!(ticks.has_changed().unwrap());
         assert_eq!(*ticks.borrow_and_update(), 1);
         let cut = view.cut(hub.journal(), &Narrow::All);
-        assert_eq!(cut.cursor.offset(), 3);
+        assert_eq!(cut.cursor.offset(), ViewOffset::new(3));
         assert_eq!(cut.entries.len(), 1);
         assert_eq!(cut.entries[0].value_json().as_deref(), Some(&b"2"[..]));
         let narrowed = view.cut(hub.journal(), &Narrow::Keys(["A".to_owned()].into()));
@@ -419,7 +419,11 @@ mod tests {
         ]);
         hub.commit("demo", batch, crate::log::unix_ms_now()).await;
         let cut = view.cut(hub.journal(), &Narrow::All);
-        assert_eq!(cut.cursor.offset(), 7, "every event is on the tape");
+        assert_eq!(
+            cut.cursor.offset(),
+            ViewOffset::new(7),
+            "every event is on the tape"
+        );
         let mut state: Vec<(String, String)> = view
             .entries()
             .into_iter()
@@ -476,14 +480,14 @@ mod tests {
         let a = journal.replay_after("a", None).await.unwrap();
         assert_eq!(a.len(), n + 1);
         for (i, record) in a.iter().enumerate() {
-            assert_eq!(record.offset, i as u64 + 1);
+            assert_eq!(record.offset.get(), i as u64 + 1);
             let id = format!("id: {}\n", Cursor::new(epoch, record.offset));
             assert!(record.frame.starts_with(id.as_bytes()), "record {i}");
         }
         assert_eq!(journal.replay_after("b", None).await.unwrap().len(), 1);
         let view = hub.view("a").unwrap();
         let cut = view.cut(journal, &Narrow::All);
-        assert_eq!(cut.cursor.offset(), n as u64 + 1);
+        assert_eq!(cut.cursor.offset().get(), n as u64 + 1);
         assert_eq!(cut.entries.len(), 9, "k0 was deleted last");
         let k9 = view
             .entries()

@@ -37,6 +37,8 @@ use tokio::sync::{oneshot, watch};
 use viewtape_snapshots::log::{Durability, LogDir, LogError, LogWriter};
 use viewtape_snapshots::log::{Lineage, WriterOptions};
 
+pub use viewtape_snapshots::log::LogPosition;
+
 pub use entry::{BatchEntry, DeployEntry, Digest, Entry, Outcome, RestoreEntry};
 pub use gather::Placed;
 pub use metrics::{LogMetrics, RECORD_KINDS};
@@ -51,7 +53,7 @@ pub struct Receipt {
     pub gaps: Vec<String>,
     /// The batch's log position (`None` with the log off). Positions only increase: none is
     /// named for two batches, also across a start that failed closed.
-    pub position: Option<u64>,
+    pub position: Option<LogPosition>,
     /// `"fsync"` (on the device) or `"os"` (handed to the operating system); `None` with the
     /// log off.
     pub durability: Option<DurabilityName>,
@@ -148,11 +150,11 @@ pub struct Log {
     stream: Option<StreamLog>,
     durability: Durability,
     /// The last position committed to the journal.
-    committed: watch::Sender<u64>,
+    committed: watch::Sender<LogPosition>,
     /// Set while a replay that broke off drains the records it had in flight: their turns
     /// will never come, and [`Log::turn_unless_abandoned`] says so.
     abandoned: watch::Sender<bool>,
-    /// The last position made durable.
+    /// The last position made durable (a [`LogPosition`]'s number: the atomic holds a `u64`).
     durable: AtomicU64,
     /// A reopen is under way.
     reopening: AtomicBool,
@@ -165,7 +167,7 @@ impl Log {
     /// A log whose records up to `committed` are already applied (a snapshot's position). Its
     /// writer comes with [`Log::start_writer`]; until then, and forever when `enabled` is
     /// false, nothing is appended.
-    pub fn new(enabled: bool, durability: Durability, committed: u64) -> Self {
+    pub fn new(enabled: bool, durability: Durability, committed: LogPosition) -> Self {
         Self {
             writer: Mutex::new(None),
             dir: OnceLock::new(),
@@ -174,7 +176,7 @@ impl Log {
             durability,
             committed: watch::Sender::new(committed),
             abandoned: watch::Sender::new(false),
-            durable: AtomicU64::new(committed),
+            durable: AtomicU64::new(committed.get()),
             reopening: AtomicBool::new(false),
             lineage: Mutex::new((Lineage::default(), true)),
             metrics: LogMetrics::default(),
@@ -183,7 +185,7 @@ impl Log {
 
     /// The positions of a cluster's stream, applied up to `committed`: records are published
     /// there ([`Log::stream`]), [`Log::turn`] keeps the commit order of what is applied.
-    pub fn on_stream(stream: StreamLog, committed: u64) -> Self {
+    pub fn on_stream(stream: StreamLog, committed: LogPosition) -> Self {
         Self {
             stream: Some(stream),
             ..Self::new(false, Durability::Fsync, committed)
@@ -218,7 +220,7 @@ impl Log {
     }
 
     /// Follows the last committed position.
-    pub fn watch_committed(&self) -> watch::Receiver<u64> {
+    pub fn watch_committed(&self) -> watch::Receiver<LogPosition> {
         self.committed.subscribe()
     }
 
@@ -242,7 +244,7 @@ impl Log {
     pub fn start_writer(
         &self,
         dir: &LogDir,
-        next: u64,
+        next: LogPosition,
         segment_bytes: u64,
     ) -> Result<(), LogError> {
         let (lineage, watermark) = *self.lineage.lock().unwrap_or_else(PoisonError::into_inner);
@@ -253,10 +255,9 @@ impl Log {
             watermark,
         };
         let writer = LogWriter::start(dir, next, options, self.metrics.observer())?;
-        self.metrics.position.set(gauge(next.saturating_sub(1)));
+        self.metrics.position.set(gauge(next.prev().get()));
         self.measure(dir)?;
-        self.durable
-            .fetch_max(next.saturating_sub(1), Ordering::Relaxed);
+        self.durable.fetch_max(next.prev().get(), Ordering::Relaxed);
         *self.writer.lock().unwrap_or_else(PoisonError::into_inner) = Some(writer);
         let _ = self
             .dir
@@ -273,7 +274,7 @@ impl Log {
             .take();
         // Dropping it waits for its thread, which fails what is still queued.
         let _ = tokio::task::spawn_blocking(move || drop(old)).await;
-        let durable = self.durable.load(Ordering::Relaxed);
+        let durable = LogPosition::new(self.durable.load(Ordering::Relaxed));
         let mut committed = self.committed.subscribe();
         let _ = committed.wait_for(|c| *c >= durable).await;
         let Some((dir, segment_bytes)) = self.dir.get() else {
@@ -294,13 +295,16 @@ impl Log {
                         source: std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
                     });
                 }
-                log.start_writer(&dir, last + 1, segment_bytes)?;
+                log.start_writer(&dir, last.next(), segment_bytes)?;
                 Ok(last)
             })
             .await;
             match reopened {
                 Ok(Ok(last)) => {
-                    tracing::warn!(through = last, "log reopened and verified; ingest resumes");
+                    tracing::warn!(
+                        through = last.get(),
+                        "log reopened and verified; ingest resumes"
+                    );
                     self.reopening.store(false, Ordering::Relaxed);
                     return;
                 }
@@ -318,7 +322,7 @@ impl Log {
     ///
     /// # Errors
     /// Listing or deleting fails.
-    pub fn delete_before(&self, position: u64) -> Result<usize, LogError> {
+    pub fn delete_before(&self, position: LogPosition) -> Result<usize, LogError> {
         let Some((dir, _)) = self.dir.get() else {
             return Ok(0);
         };
@@ -343,7 +347,10 @@ impl Log {
     /// # Errors
     /// The log failed (a reopen starts; see the type's docs), is being reopened, or is not
     /// started.
-    pub async fn append(self: &Arc<Self>, records: Vec<Vec<u8>>) -> Result<Option<u64>, LogError> {
+    pub async fn append(
+        self: &Arc<Self>,
+        records: Vec<Vec<u8>>,
+    ) -> Result<Option<LogPosition>, LogError> {
         if !self.enabled {
             return Ok(None);
         }
@@ -367,7 +374,7 @@ impl Log {
         match durable.await.map_err(|_| LogError::Stopped)? {
             Ok(first) => {
                 self.durable
-                    .fetch_max(first + count.saturating_sub(1), Ordering::Relaxed);
+                    .fetch_max(last_of(first, count).get(), Ordering::Relaxed);
                 Ok(Some(first))
             }
             Err(error) => {
@@ -383,7 +390,7 @@ impl Log {
     /// Waits until every position before `first` has committed, and returns the turn of the
     /// `count` records from `first`: they are committed when it is dropped. `None` (the log is
     /// off) is always its turn.
-    pub async fn turn(&self, first: Option<u64>, count: u64) -> Turn<'_> {
+    pub async fn turn(&self, first: Option<LogPosition>, count: u64) -> Turn<'_> {
         let Some(first) = first else {
             return Turn {
                 log: self,
@@ -392,16 +399,20 @@ impl Log {
         };
         let mut committed = self.committed.subscribe();
         // The sender lives as long as `self`.
-        let _ = committed.wait_for(|c| *c + 1 >= first).await;
+        let _ = committed.wait_for(|c| c.next() >= first).await;
         Turn {
             log: self,
-            last: Some(first + count.saturating_sub(1)),
+            last: Some(last_of(first, count)),
         }
     }
 
     /// As [`Log::turn`], or `None` once the turns waited for are abandoned
     /// ([`Log::abandon_turns`]): a replay broke off before them.
-    pub async fn turn_unless_abandoned(&self, first: Option<u64>, count: u64) -> Option<Turn<'_>> {
+    pub async fn turn_unless_abandoned(
+        &self,
+        first: Option<LogPosition>,
+        count: u64,
+    ) -> Option<Turn<'_>> {
         let mut abandoned = self.abandoned.subscribe();
         tokio::select! {
             biased;
@@ -417,12 +428,12 @@ impl Log {
     }
 
     /// Marks `position` as applied without a commit (start-up, before the runtimes run).
-    pub fn skip_to(&self, position: u64) {
+    pub fn skip_to(&self, position: LogPosition) {
         self.committed.send_modify(|c| *c = (*c).max(position));
     }
 
     /// The last position committed: what a snapshot taken now reflects.
-    pub fn committed(&self) -> u64 {
+    pub fn committed(&self) -> LogPosition {
         *self.committed.borrow()
     }
 }
@@ -430,7 +441,7 @@ impl Log {
 impl Default for Log {
     /// The log off.
     fn default() -> Self {
-        Self::new(false, Durability::Fsync, 0)
+        Self::new(false, Durability::Fsync, LogPosition::ZERO)
     }
 }
 
@@ -443,6 +454,11 @@ pub fn unix_ms_now() -> u64 {
         })
 }
 
+/// The last of `count` records from `first` (`first` itself for none or one).
+fn last_of(first: LogPosition, count: u64) -> LogPosition {
+    first.saturating_add(count.saturating_sub(1))
+}
+
 /// `n` as a gauge's value.
 fn gauge(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
@@ -452,7 +468,7 @@ fn gauge(n: u64) -> i64 {
 #[derive(Debug)]
 pub struct Turn<'a> {
     log: &'a Log,
-    last: Option<u64>,
+    last: Option<LogPosition>,
 }
 
 impl Turn<'_> {

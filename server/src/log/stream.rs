@@ -18,7 +18,7 @@ use bytes::Bytes;
 use viewtape_journal::JournalEpoch;
 
 use super::gather::{Gather, Placed};
-use super::BatchEntry;
+use super::{BatchEntry, LogPosition};
 
 /// The header every record a node publishes carries, with the record format's version: a
 /// message without it was not published by a node.
@@ -33,7 +33,7 @@ pub const SHARED_VERSION: &str = "2";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Published {
     /// Its stream sequence: its log position.
-    pub sequence: u64,
+    pub sequence: LogPosition,
     /// JetStream already held a message with its id (at `sequence`).
     pub duplicate: bool,
 }
@@ -93,7 +93,7 @@ pub struct StreamLog {
     /// sequence of theirs it passed over. Snapshots keep it, so that a config that adds one of
     /// them later finds its history missing wherever the stream held that history: on the
     /// runtime's subject, in messages of several runtimes, or aged out.
-    passed_over: Mutex<BTreeMap<String, u64>>,
+    passed_over: Mutex<BTreeMap<String, LogPosition>>,
 }
 
 /// What publishing needs, shared with the tasks that publish gathered batches.
@@ -156,7 +156,7 @@ impl StreamLog {
 
     /// Takes on the runtimes a snapshot says were passed over before it
     /// ([`StreamLog::passed_over`]).
-    pub fn with_passed_over(self, passed_over: BTreeMap<String, u64>) -> Self {
+    pub fn with_passed_over(self, passed_over: BTreeMap<String, LogPosition>) -> Self {
         Self {
             passed_over: Mutex::new(passed_over),
             ..self
@@ -164,7 +164,7 @@ impl StreamLog {
     }
 
     /// Notes that this node passed over a record of `runtime` at `sequence`.
-    pub fn pass_over(&self, runtime: &str, sequence: u64) {
+    pub fn pass_over(&self, runtime: &str, sequence: LogPosition) {
         let mut passed = self
             .passed_over
             .lock()
@@ -179,7 +179,7 @@ impl StreamLog {
 
     /// The runtimes this node passed over records of, each with the first sequence of theirs
     /// it passed over.
-    pub fn passed_over(&self) -> BTreeMap<String, u64> {
+    pub fn passed_over(&self) -> BTreeMap<String, LogPosition> {
         self.passed_over
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -187,7 +187,7 @@ impl StreamLog {
     }
 
     /// The first sequence of `runtime`'s that this node passed over, if it passed over any.
-    pub fn first_passed_over(&self, runtime: &str) -> Option<u64> {
+    pub fn first_passed_over(&self, runtime: &str) -> Option<LogPosition> {
         self.passed_over
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -346,7 +346,7 @@ impl Publisher {
             .await
             .map_err(|_| PublishError::Timeout(self.timeout))?;
         Ok(Published {
-            sequence: ack.sequence,
+            sequence: LogPosition::new(ack.sequence),
             duplicate: ack.duplicate,
         })
     }

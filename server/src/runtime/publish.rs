@@ -8,8 +8,8 @@ use tokio::sync::oneshot;
 
 use super::{Accepted, DeployError, Deployed, IngestError, RuntimeHandle};
 use crate::host::ModuleFingerprint;
-use crate::log::StreamLog;
 use crate::log::{unix_ms_now, BatchEntry, DeployEntry, Entry, PublishError};
+use crate::log::{LogPosition, StreamLog};
 
 /// Verdicts of applied stream positions kept for the publisher that has not asked yet.
 const VERDICTS_KEPT: usize = 8192;
@@ -23,7 +23,7 @@ pub(crate) enum Verdict {
 
 /// A record's place on the stream: its position, and its index among the batches of that
 /// position (0 for a record alone).
-pub(crate) type Place = (u64, u32);
+pub(crate) type Place = (LogPosition, u32);
 
 /// Verdicts of recently applied stream positions, and the publishers waiting for theirs.
 #[derive(Debug, Default)]

@@ -9,6 +9,7 @@ use tracing::Instrument;
 use viewtape_snapshots::{SnapshotError, SnapshotInfo, SnapshotMeta};
 
 use super::{RuntimeDump, SnapshotActionError, SnapshotBody, Snapshots};
+use crate::log::LogPosition;
 use crate::registry::Cut;
 
 /// A snapshot that [`Snapshots::write`] or [`Snapshots::write_exact`] wrote.
@@ -128,7 +129,7 @@ impl Snapshots {
     fn forget_log_before(
         &self,
         file: &std::path::Path,
-        position: u64,
+        position: LogPosition,
         kept: &[std::path::PathBuf],
     ) {
         let oldest = {
@@ -148,7 +149,7 @@ impl Snapshots {
                 Ok(0) => {}
                 Ok(deleted) => tracing::debug!(
                     deleted,
-                    before = oldest,
+                    before = oldest.get(),
                     "log segments no snapshot needs deleted"
                 ),
                 Err(error) => tracing::warn!(%error, "deleting old log segments failed"),
