@@ -426,8 +426,8 @@ async fn gathered_batches_are_judged_alone_at_one_position() {
         input: Bytes::from_static(input),
         producer: seq.map(|seq| ProducerStamp {
             id: "p".into(),
-            epoch: ProducerEpoch(1),
-            seq: ProducerSeq(seq),
+            epoch: ProducerEpoch::new(1),
+            seq: ProducerSeq::new(seq),
             claim: false,
         }),
         checkpoint: None,
@@ -465,10 +465,7 @@ async fn gathered_batches_are_judged_alone_at_one_position() {
     assert_eq!(again.receipt, second.receipt);
     assert!(matches!(
         verdict(4),
-        Err(IngestError::OutOfOrder {
-            expected: ProducerSeq(2),
-            ..
-        })
+        Err(IngestError::OutOfOrder { expected, .. }) if expected == ProducerSeq::new(2)
     ));
     assert!(verdicts.take((LogPosition::new(7), 5)).is_none());
     drop(verdicts);
