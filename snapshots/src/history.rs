@@ -101,7 +101,7 @@ pub struct Legacy {
     /// A version-1 segment is this directory's if its first position is at most this.
     pub log_through: Option<LogPosition>,
     /// A version-1 snapshot is this directory's if its write sequence is at most this.
-    pub snapshot_seq: Option<u64>,
+    pub snapshot_seq: Option<crate::SnapshotSeq>,
 }
 
 /// A data directory's history: its id and the legacy files it owns.
@@ -278,7 +278,7 @@ mod tests {
         assert!(!read.owns(Some(HistoryId::random()), 0, None));
         assert!(read.owns(None, LogPosition::new(118), read.legacy.log_through));
         assert!(!read.owns(None, LogPosition::new(119), read.legacy.log_through));
-        assert!(!read.owns(None, 1, read.legacy.snapshot_seq));
+        assert!(!read.owns(None, crate::SnapshotSeq::new(1), read.legacy.snapshot_seq));
         assert_ne!(HistoryId::random(), HistoryId::random());
         Ok(())
     }

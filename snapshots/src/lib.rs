@@ -126,7 +126,7 @@ pub mod log;
 pub use codec::{decode, decode_borrowed, encode, encode_in_history, encode_with_capacity, verify};
 pub use dir::{
     load_file, read_header, verify_file, Loaded, NewestValid, PruneReport, Skipped, SnapshotDir,
-    SnapshotEntry, SnapshotInfo, SnapshotKind, StartupRestore, DEFAULT_KEEP_PERIODIC,
+    SnapshotEntry, SnapshotInfo, SnapshotKind, SnapshotSeq, StartupRestore, DEFAULT_KEEP_PERIODIC,
     FOREIGN_SUFFIX,
 };
 pub use error::{FormatError, SnapshotError};

@@ -3,7 +3,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
 use super::file::{scan, sync_dir};
-use super::name::FileName;
+use super::name::{FileName, SnapshotSeq};
 use super::{DEFAULT_KEEP_PERIODIC, FOREIGN_SUFFIX};
 use crate::error::{FormatError, SnapshotError};
 use crate::header::SnapshotHeader;
@@ -13,7 +13,7 @@ use crate::history::DataHistory;
 #[derive(Debug, Default)]
 pub(super) struct NameState {
     pub(super) last_ms: u64,
-    pub(super) last_seq: u64,
+    pub(super) last_seq: SnapshotSeq,
 }
 
 /// A directory holding snapshot files.
@@ -86,7 +86,7 @@ impl SnapshotDir {
     }
 
     /// The highest write sequence among the snapshot files here (0 for none).
-    pub fn last_seq(&self) -> u64 {
+    pub fn last_seq(&self) -> SnapshotSeq {
         self.names
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -26,7 +26,7 @@ pub use file::{load_file, read_header, verify_file};
 pub use info::{
     Loaded, NewestValid, PruneReport, Skipped, SnapshotEntry, SnapshotInfo, StartupRestore,
 };
-pub use name::SnapshotKind;
+pub use name::{SnapshotKind, SnapshotSeq};
 
 /// How many periodic snapshots [`SnapshotDir::prune`] keeps by default (plus the newest exact).
 pub const DEFAULT_KEEP_PERIODIC: usize = 5;
