@@ -13,6 +13,14 @@
 //! With the log disabled (`[log] enabled = false`) [`Log::append`] returns at once with no
 //! position, and nothing is replayed at a restart.
 //!
+//! ## Positions
+//!
+//! A record's place in the log is a [`LogPosition`], defined beside the segment files it
+//! numbers (`viewtape_snapshots::log`) and re-exported here: receipts, turns, the committed
+//! position and a snapshot's recorded position all carry it, never a bare `u64`. On a cluster a
+//! position is the stream sequence of the record's message, the same type: the type's docs say
+//! why.
+//!
 //! | file | job |
 //! |---|---|
 //! | this one | [`Log`]: appends, turns, the writer's reopen after a failure; the receipt |

@@ -205,6 +205,7 @@ pub(super) fn segment_header(first: LogPosition, lineage: &Lineage) -> Vec<u8> {
 pub struct Lineage {
     /// The data directory's history id.
     pub history: Option<HistoryId>,
-    /// The journal epoch when the segment is made.
+    /// The journal epoch when the segment is made, as its bits (`JournalEpoch::to_bits`): this
+    /// crate knows nothing of the journal, and the header holds the `u64`.
     pub epoch: u64,
 }
