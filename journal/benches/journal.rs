@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use viewtape_journal::{Cursor, EventJournal, JournalConfig};
+use viewtape_journal::{Cursor, EventJournal, JournalConfig, ViewOffset};
 
 const FRAME_LEN: usize = 100;
 
@@ -108,7 +108,7 @@ fn replay(c: &mut Criterion) {
     let rt = runtime();
     let journal = filled(100_000);
     let epoch = rt.block_on(journal.epoch());
-    let cursor = Cursor::new(epoch, 45_000);
+    let cursor = Cursor::new(epoch, ViewOffset::new(45_000));
     let mut group = c.benchmark_group("replay");
     group.throughput(Throughput::Elements(10_000));
     // A subscriber's page: 10,000 frames from the middle of the view.
@@ -125,7 +125,7 @@ fn replay(c: &mut Criterion) {
 
     // replay_after returns everything after the cursor: put the cursor
     // 10,000 records before the head of a 100,000-record view.
-    let cursor = Cursor::new(epoch, 90_000);
+    let cursor = Cursor::new(epoch, ViewOffset::new(90_000));
     let mut group = c.benchmark_group("replay");
     group.throughput(Throughput::Elements(10_000));
     group.bench_function("replay_after_last_10k_of_100k", |b| {

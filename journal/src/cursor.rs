@@ -4,6 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::epoch::JournalEpoch;
+use crate::offset::ViewOffset;
 
 /// "I have seen every record of this view up to and including `offset`, in
 /// `epoch`". Offset `0` means nothing yet.
@@ -18,12 +19,12 @@ use crate::epoch::JournalEpoch;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct Cursor {
     epoch: JournalEpoch,
-    offset: u64,
+    offset: ViewOffset,
 }
 
 impl Cursor {
     /// A cursor at `offset` of `epoch`.
-    pub fn new(epoch: JournalEpoch, offset: u64) -> Self {
+    pub fn new(epoch: JournalEpoch, offset: ViewOffset) -> Self {
         Self { epoch, offset }
     }
 
@@ -33,7 +34,7 @@ impl Cursor {
     }
 
     /// The last offset seen.
-    pub fn offset(&self) -> u64 {
+    pub fn offset(&self) -> ViewOffset {
         self.offset
     }
 
@@ -48,7 +49,7 @@ impl Cursor {
         }
         bytes[16] = b'-';
         let mut digits = [0u8; 20];
-        let (mut offset, mut n) = (self.offset, 0);
+        let (mut offset, mut n) = (self.offset.get(), 0);
         loop {
             digits[n] = b'0' + (offset % 10) as u8;
             (offset, n) = (offset / 10, n + 1);
@@ -126,7 +127,10 @@ impl FromStr for Cursor {
             return Err(CursorParseError::Offset);
         }
         let offset = offset.parse().map_err(|_| CursorParseError::Overflow)?;
-        Ok(Self { epoch, offset })
+        Ok(Self {
+            epoch,
+            offset: ViewOffset::new(offset),
+        })
     }
 }
 
@@ -137,7 +141,7 @@ mod tests {
 
     #[test]
     fn display_is_short_and_sse_safe() {
-        let cursor = Cursor::new(JournalEpoch::from_bits(u64::MAX), u64::MAX);
+        let cursor = Cursor::new(JournalEpoch::from_bits(u64::MAX), ViewOffset::new(u64::MAX));
         let text = cursor.to_string();
         assert_eq!(text, "ffffffffffffffff-18446744073709551615");
         assert!(text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
@@ -169,13 +173,13 @@ mod tests {
     proptest! {
         #[test]
         fn round_trips(bits: u64, offset: u64) {
-            let cursor = Cursor::new(JournalEpoch::from_bits(bits), offset);
+            let cursor = Cursor::new(JournalEpoch::from_bits(bits), ViewOffset::new(offset));
             prop_assert_eq!(cursor.to_string().parse::<Cursor>(), Ok(cursor));
         }
 
         #[test]
         fn text_is_hex_epoch_dash_decimal_offset(bits: u64, offset: u64) {
-            let cursor = Cursor::new(JournalEpoch::from_bits(bits), offset);
+            let cursor = Cursor::new(JournalEpoch::from_bits(bits), ViewOffset::new(offset));
             let text = cursor.text();
             prop_assert_eq!(text.as_str(), format!("{bits:016x}-{offset}"));
         }

@@ -1,6 +1,7 @@
 //! Why a replay is refused.
 
 use crate::epoch::JournalEpoch;
+use crate::offset::ViewOffset;
 
 /// A replay the journal cannot honour. Replays fail closed: the caller gets
 /// this instead of a partial or silently shortened result.
@@ -25,25 +26,25 @@ pub enum ReplayError {
     #[error("cursor offset {cursor} is ahead of the head (next offset {next})")]
     Ahead {
         /// The cursor's offset.
-        cursor: u64,
+        cursor: ViewOffset,
         /// The next offset the view will issue.
-        next: u64,
+        next: ViewOffset,
     },
     /// Records right after the cursor have been pruned.
     #[error("records after offset {cursor} were pruned (first retained {first})")]
     Expired {
         /// The cursor's offset.
-        cursor: u64,
+        cursor: ViewOffset,
         /// The first retained offset.
-        first: u64,
+        first: ViewOffset,
     },
     /// Events were lost after the cursor was issued.
     #[error("events were lost after offset {cursor} (gap before offset {resume_from})")]
     Gap {
         /// The cursor's offset.
-        cursor: u64,
+        cursor: ViewOffset,
         /// The first offset whose cursor replays again.
-        resume_from: u64,
+        resume_from: ViewOffset,
     },
 }
 

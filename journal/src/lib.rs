@@ -8,7 +8,7 @@
 //!
 //! # Offsets
 //!
-//! Every view numbers its records `1, 2, 3, …` with no holes. An offset is
+//! Every view numbers its records `1, 2, 3, …` with no holes: a [`ViewOffset`]. An offset is
 //! issued by [`EventJournal::append_with`] under the journal's lock, and the
 //! frame is built *from* that offset inside the same critical section, so the
 //! offset a frame embeds is always the offset its record takes. A frame builder
@@ -27,7 +27,8 @@
 //! # Cursors
 //!
 //! A [`Cursor`] is `(epoch, offset)` and means "I have seen every record of
-//! this view up to and including `offset`". Offset `0` means "nothing yet".
+//! this view up to and including `offset`". Offset `0` ([`ViewOffset::ZERO`]) means
+//! "nothing yet".
 //! Its text form, used as the SSE `id:`, is `<16 lowercase hex digits>-<offset>`,
 //! e.g. `00f3a9c1d2e4b5a6-42`: short, URL-safe, free of whitespace. Parsing
 //! accepts exactly the strings `Display` produces and nothing else.
@@ -118,6 +119,7 @@ mod cursor;
 mod epoch;
 mod error;
 mod journal;
+mod offset;
 mod scope;
 mod snapshot;
 mod stats;
@@ -131,6 +133,7 @@ pub use cursor::{Cursor, CursorParseError, CursorText};
 pub use epoch::{EpochParseError, JournalEpoch};
 pub use error::ReplayError;
 pub use journal::{Appender, EventJournal, FramesWhere, JournalRecord, ReplayWindow};
+pub use offset::ViewOffset;
 pub use scope::JournalScope;
 pub use snapshot::{JournalSnapshot, SnapshotInvalid, SnapshotRecord, SnapshotView};
 pub use stats::JournalStats;

@@ -121,7 +121,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::{Cursor, JournalConfig, ManualClock, ReplayError};
+    use crate::{Cursor, JournalConfig, ManualClock, ReplayError, ViewOffset};
 
     fn journal_with(config: JournalConfig) -> (Arc<EventJournal>, Arc<ManualClock>) {
         let clock = Arc::new(ManualClock::new(1_700_000_000_000));
@@ -151,34 +151,41 @@ mod tests {
         for view in ["a", "c"] {
             assert_eq!(
                 journal
-                    .replay_after(view, Some(&Cursor::new(epoch, 1)))
+                    .replay_after(view, Some(&Cursor::new(epoch, ViewOffset::new(1))))
                     .await,
                 Err(ReplayError::Gap {
-                    cursor: 1,
-                    resume_from: 3
+                    cursor: ViewOffset::new(1),
+                    resume_from: ViewOffset::new(3)
                 }),
                 "{view}"
             );
             assert_eq!(
-                journal.window(view).await.next,
+                journal.window(view).await.next.get(),
                 4,
                 "the gap took an offset in {view}"
             );
         }
         let b = journal
-            .replay_after("b", Some(&Cursor::new(epoch, 1)))
+            .replay_after("b", Some(&Cursor::new(epoch, ViewOffset::new(1))))
             .await
             .unwrap();
-        assert_eq!(b.iter().map(|r| r.offset).collect::<Vec<_>>(), [2]);
-        assert_eq!(journal.window("b").await.next, 3, "no offset taken in b");
+        assert_eq!(b.iter().map(|r| r.offset.get()).collect::<Vec<_>>(), [2]);
+        assert_eq!(
+            journal.window("b").await.next.get(),
+            3,
+            "no offset taken in b"
+        );
         assert_eq!(journal.stats().gaps_marked, 1);
         // A cursor issued after the gap replays normally.
         append(&journal, "a", "k").await;
         let after = journal
-            .replay_after("a", Some(&Cursor::new(epoch, 3)))
+            .replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(3))))
             .await
             .unwrap();
-        assert_eq!(after.iter().map(|r| r.offset).collect::<Vec<_>>(), [4]);
+        assert_eq!(
+            after.iter().map(|r| r.offset.get()).collect::<Vec<_>>(),
+            [4]
+        );
     }
 
     #[tokio::test]
@@ -187,14 +194,14 @@ mod tests {
         let scope = journal.scope(["late"]);
         // Nothing issued yet: nothing to protect, no offset taken.
         scope.report_gap();
-        assert_eq!(journal.window("late").await.next, 1);
+        assert_eq!(journal.window("late").await.next.get(), 1);
 
         append(&journal, "late", "k").await;
         let epoch = journal.epoch().await;
         scope.report_gap();
         assert!(matches!(
             journal
-                .replay_after("late", Some(&Cursor::new(epoch, 1)))
+                .replay_after("late", Some(&Cursor::new(epoch, ViewOffset::new(1))))
                 .await,
             Err(ReplayError::Gap { .. })
         ));
@@ -214,17 +221,18 @@ mod tests {
         let next = EventJournal::with_clock(JournalConfig::default(), clock);
         next.hydrate(journal.dump().await, true).await;
         assert_eq!(
-            next.window("a").await.next,
+            next.window("a").await.next.get(),
             3,
             "the pending gap took its offset"
         );
-        assert_eq!(next.window("b").await.next, 2, "b took none");
+        assert_eq!(next.window("b").await.next.get(), 2, "b took none");
         assert!(matches!(
-            next.replay_after("a", Some(&Cursor::new(epoch, 1))).await,
+            next.replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(1))))
+                .await,
             Err(ReplayError::Gap { .. })
         ));
         assert!(next
-            .replay_after("b", Some(&Cursor::new(epoch, 1)))
+            .replay_after("b", Some(&Cursor::new(epoch, ViewOffset::new(1))))
             .await
             .unwrap()
             .is_empty());

@@ -7,6 +7,7 @@ use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
 use crate::epoch::JournalEpoch;
+use crate::offset::ViewOffset;
 
 /// Every view's tape with its epoch, as of one instant.
 ///
@@ -29,9 +30,9 @@ pub struct SnapshotView {
     /// The view's name.
     pub name: String,
     /// Offset of the first record (the next offset when there is none).
-    pub first: u64,
+    pub first: ViewOffset,
     /// Cursors below this offset fail with a gap.
-    pub gap_floor: u64,
+    pub gap_floor: ViewOffset,
     /// Retained records, oldest first, at offsets `first, first + 1, …`.
     pub records: Vec<SnapshotRecord>,
 }
@@ -86,7 +87,7 @@ pub enum SnapshotInvalid {
 
 impl SnapshotView {
     /// The offset the view will issue next.
-    pub fn next(&self) -> u64 {
+    pub fn next(&self) -> ViewOffset {
         self.first.saturating_add(self.records.len() as u64)
     }
 
@@ -98,7 +99,9 @@ impl SnapshotView {
         if crate::ViewName::new(&self.name).is_err() {
             return Err(SnapshotInvalid::Name(self.name.clone()));
         }
-        if self.first == 0 || self.first.checked_add(self.records.len() as u64).is_none() {
+        if self.first == ViewOffset::ZERO
+            || self.first.checked_add(self.records.len() as u64).is_none()
+        {
             return Err(SnapshotInvalid::Offsets(self.name.clone()));
         }
         if self.gap_floor > self.next() {
@@ -173,7 +176,7 @@ mod tests {
         assert_eq!(keys, ["ACME", "a-key-longer-than-twenty-four-bytes", ""]);
         assert_eq!(&records[1].frame[..], b"frame 2");
         assert!(next
-            .replay_after("prices", Some(&Cursor::new(epoch, 3)))
+            .replay_after("prices", Some(&Cursor::new(epoch, ViewOffset::new(3))))
             .await
             .is_ok());
     }

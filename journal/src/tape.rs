@@ -9,6 +9,7 @@ use compact_str::CompactString;
 
 use crate::config::JournalConfig;
 use crate::error::ReplayError;
+use crate::offset::ViewOffset;
 use crate::stats::JournalStats;
 
 /// One retained record. Its offset is not stored: it is `first + index`.
@@ -26,22 +27,23 @@ pub(crate) struct Slot {
 
 /// A view's tape.
 ///
-/// Invariants: `first >= 1`; `next() == first + records.len()`;
+/// Invariants: `first >= 1`; `next() == first + records.len()` (no overflow);
 /// `bytes == sum of records' frame lengths`; `gap_floor <= next()`.
 #[derive(Debug, Clone)]
 pub(crate) struct Tape {
     /// Offset of `records[0]`; equals `next()` when the tape is empty.
-    pub(crate) first: u64,
+    pub(crate) first: ViewOffset,
     pub(crate) records: VecDeque<Slot>,
     pub(crate) bytes: usize,
     /// Cursors with an offset below this fail with [`ReplayError::Gap`]. It
     /// is the offset of the newest gap record, or `next()` while a gap
-    /// marked under seal waits for its offset, or 0.
-    pub(crate) gap_floor: u64,
+    /// marked under seal waits for its offset, or [`ViewOffset::ZERO`].
+    pub(crate) gap_floor: ViewOffset,
 }
 
 impl Tape {
-    pub(crate) fn new(first: u64, gap_floor: u64) -> Self {
+    pub(crate) fn new(first: ViewOffset, gap_floor: ViewOffset) -> Self {
+        debug_assert!(first >= ViewOffset::FIRST, "offset 0 is never issued");
         Self {
             first,
             records: VecDeque::new(),
@@ -50,8 +52,13 @@ impl Tape {
         }
     }
 
-    pub(crate) fn next(&self) -> u64 {
-        self.first + self.records.len() as u64
+    pub(crate) fn next(&self) -> ViewOffset {
+        self.first.saturating_add(self.records.len() as u64)
+    }
+
+    /// The offset of `records[index]`.
+    pub(crate) fn offset_at(&self, index: usize) -> ViewOffset {
+        self.first.saturating_add(index as u64)
     }
 
     pub(crate) fn push(&mut self, slot: Slot) {
@@ -72,7 +79,7 @@ impl Tape {
     fn pop_front(&mut self) {
         if let Some(slot) = self.records.pop_front() {
             self.bytes -= slot.frame.len();
-            self.first += 1;
+            self.first = self.first.next();
         }
     }
 
@@ -103,7 +110,7 @@ impl Tape {
 
     /// Where a replay after `offset` (in the current epoch) starts, as an
     /// index into `records`.
-    pub(crate) fn start_after(&self, offset: u64) -> Result<usize, ReplayError> {
+    pub(crate) fn start_after(&self, offset: ViewOffset) -> Result<usize, ReplayError> {
         let next = self.next();
         if offset >= next {
             return Err(ReplayError::Ahead {
@@ -111,7 +118,7 @@ impl Tape {
                 next,
             });
         }
-        if offset + 1 < self.first {
+        if offset.next() < self.first {
             return Err(ReplayError::Expired {
                 cursor: offset,
                 first: self.first,
@@ -123,7 +130,7 @@ impl Tape {
                 resume_from: self.gap_floor,
             });
         }
-        Ok((offset + 1 - self.first) as usize)
+        Ok(offset.next().since(self.first) as usize)
     }
 }
 

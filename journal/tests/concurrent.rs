@@ -29,7 +29,7 @@ async fn concurrent_appends_get_unique_dense_offsets() {
                         .await
                         .unwrap()
                         .unwrap();
-                    taken.push(offset);
+                    taken.push(offset.get());
                     if i % 64 == 0 {
                         tokio::task::yield_now().await;
                     }
@@ -50,10 +50,14 @@ async fn concurrent_appends_get_unique_dense_offsets() {
     let records = journal.replay_after("shared", None).await.unwrap();
     assert_eq!(records.len() as u64, TASKS * PER_TASK);
     for (i, record) in records.iter().enumerate() {
-        assert_eq!(record.offset, i as u64 + 1, "replay is in offset order");
+        assert_eq!(
+            record.offset.get(),
+            i as u64 + 1,
+            "replay is in offset order"
+        );
         let text = std::str::from_utf8(&record.frame).unwrap();
         let (built_from, rest) = text.split_once(':').unwrap();
-        assert_eq!(built_from.parse::<u64>().unwrap(), record.offset);
+        assert_eq!(built_from.parse::<u64>().unwrap(), record.offset.get());
         assert_eq!(record.key, format!("t{}", rest.split(':').next().unwrap()));
     }
 }
@@ -87,7 +91,7 @@ fn threads_appending_to_many_views_keep_each_view_dense() {
             .unwrap();
         assert_eq!(records.len(), 2_000);
         for (i, record) in records.iter().enumerate() {
-            assert_eq!(record.offset, i as u64 + 1);
+            assert_eq!(record.offset.get(), i as u64 + 1);
             assert_eq!(
                 &record.frame[..],
                 format!("{epoch}-{}", record.offset).as_bytes()

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use viewtape_journal::{
     Cursor, EventJournal, JournalConfig, JournalEpoch, JournalSnapshot, ManualClock, ReplayError,
+    ViewOffset,
 };
 
 const VIEWS: [&str; 3] = ["a", "b", "c"];
@@ -154,13 +155,13 @@ fn check_replay(
     let expected: Result<Vec<(u64, Bytes)>, &str> = match cursor {
         None => Ok(entry.records.iter().map(|r| (r.0, r.1.clone())).collect()),
         Some(c) if c.epoch() != model.epoch => Err("stale_epoch"),
-        Some(c) if c.offset() >= entry.next() => Err("ahead"),
-        Some(c) if c.offset() + 1 < entry.first => Err("expired"),
-        Some(c) if c.offset() < entry.floor => Err("gap"),
+        Some(c) if c.offset().get() >= entry.next() => Err("ahead"),
+        Some(c) if c.offset().get() + 1 < entry.first => Err("expired"),
+        Some(c) if c.offset().get() < entry.floor => Err("gap"),
         Some(c) => Ok(entry
             .records
             .iter()
-            .filter(|r| r.0 > c.offset())
+            .filter(|r| r.0 > c.offset().get())
             .map(|r| (r.0, r.1.clone()))
             .collect()),
     };
@@ -168,7 +169,7 @@ fn check_replay(
         (Ok(expected), Ok(got)) => {
             let got: Vec<(u64, Bytes)> = got
                 .into_iter()
-                .map(|r| (r.offset, (*r.frame).clone()))
+                .map(|r| (r.offset.get(), (*r.frame).clone()))
                 .collect();
             prop_assert_eq!(got, expected);
         }
@@ -214,6 +215,7 @@ proptest! {
                         prop_assert!(built.is_none());
                     } else {
                         let (offset, frame) = built.expect("unsealed append issues an offset");
+                        let offset = offset.get();
                         prop_assert_eq!(offset, entry.next(), "offsets are dense");
                         let prefix = format!("{offset}/");
                         prop_assert!(frame.starts_with(prefix.as_bytes()));
@@ -292,27 +294,28 @@ proptest! {
                     let window = rt.block_on(journal.window(name));
                     prop_assert_eq!(window.epoch, model.epoch);
                     prop_assert_eq!(window.sealed, model.sealed);
+                    let (first, next) = (window.first.get(), window.next.get());
                     let candidates = [
                         None,
                         Some(0),
-                        Some(window.first.saturating_sub(2)),
-                        Some(window.first.saturating_sub(1)),
-                        Some(window.first),
-                        Some(window.next.saturating_sub(1)),
-                        Some(window.next),
-                        Some(window.next + 1),
-                        Some((window.first + window.next) / 2),
+                        Some(first.saturating_sub(2)),
+                        Some(first.saturating_sub(1)),
+                        Some(first),
+                        Some(next.saturating_sub(1)),
+                        Some(next),
+                        Some(next + 1),
+                        Some((first + next) / 2),
                         Some(u64::MAX),
                     ];
                     let cursor = match pick {
-                        10 => old_epochs.last().map(|e| Cursor::new(*e, window.next.saturating_sub(1))),
-                        11 => Some(Cursor::new(JournalEpoch::random(), 1)),
-                        i => candidates[i].map(|o| Cursor::new(model.epoch, o)),
+                        10 => old_epochs.last().map(|e| Cursor::new(*e, ViewOffset::new(next.saturating_sub(1)))),
+                        11 => Some(Cursor::new(JournalEpoch::random(), ViewOffset::FIRST)),
+                        i => candidates[i].map(|o| Cursor::new(model.epoch, ViewOffset::new(o))),
                     };
                     let got = rt.block_on(journal.replay_after(name, cursor.as_ref()));
                     check_replay(&mut model, name, cursor, got)?;
                     let model_view = &model.views[name];
-                    prop_assert_eq!((window.first, window.next), (model_view.first, model_view.next()));
+                    prop_assert_eq!((first, next), (model_view.first, model_view.next()));
                 }
             }
         }

@@ -35,6 +35,8 @@ use std::hash::{BuildHasher, Hasher};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+use crate::position::LogPosition;
+
 /// The name of the file in the data directory.
 pub const HISTORY_FILE: &str = "history";
 const FIRST_LINE: &str = "viewtape-history 1";
@@ -97,9 +99,9 @@ impl fmt::Display for HistoryId {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Legacy {
     /// A version-1 segment is this directory's if its first position is at most this.
-    pub log_through: Option<u64>,
+    pub log_through: Option<LogPosition>,
     /// A version-1 snapshot is this directory's if its write sequence is at most this.
-    pub snapshot_seq: Option<u64>,
+    pub snapshot_seq: Option<crate::seq::SnapshotSeq>,
 }
 
 /// A data directory's history: its id and the legacy files it owns.
@@ -148,7 +150,12 @@ impl DataHistory {
     /// Whether a file carrying `found` (`None`: a version-1 file) at `legacy_key` (a segment's
     /// first position or a snapshot's write sequence) belongs to this history, where `through`
     /// picks the matching legacy bound.
-    pub fn owns(&self, found: Option<HistoryId>, legacy_key: u64, through: Option<u64>) -> bool {
+    pub fn owns<K: Ord>(
+        &self,
+        found: Option<HistoryId>,
+        legacy_key: K,
+        through: Option<K>,
+    ) -> bool {
         match found {
             Some(id) => id == self.id,
             None => through.is_some_and(|t| legacy_key <= t),
@@ -227,11 +234,11 @@ impl DataHistory {
             let (key, value) = line
                 .split_once(' ')
                 .ok_or_else(|| format!("line {line:?} is not `key value`"))?;
-            let number = || {
+            fn number<N: std::str::FromStr>(key: &str, value: &str) -> Result<N, String> {
                 value
-                    .parse::<u64>()
+                    .parse::<N>()
                     .map_err(|_| format!("{key} {value:?} is not a number"))
-            };
+            }
             match key {
                 "id" => {
                     id = Some(
@@ -239,8 +246,8 @@ impl DataHistory {
                             .ok_or_else(|| format!("id {value:?} is not 32 hex digits"))?,
                     )
                 }
-                "legacy-log-through" => legacy.log_through = Some(number()?),
-                "legacy-snapshot-seq" => legacy.snapshot_seq = Some(number()?),
+                "legacy-log-through" => legacy.log_through = Some(number(key, value)?),
+                "legacy-snapshot-seq" => legacy.snapshot_seq = Some(number(key, value)?),
                 _ => return Err(format!("unknown key {key:?}")),
             }
         }
@@ -259,7 +266,7 @@ mod tests {
     fn a_history_is_made_once_and_read_back() -> Result<(), Box<dyn std::error::Error>> {
         let tmp = tempfile::tempdir()?;
         let legacy = Legacy {
-            log_through: Some(118),
+            log_through: Some(LogPosition::new(118)),
             snapshot_seq: None,
         };
         let (made, created) = DataHistory::open_or_create(tmp.path(), || legacy)?;
@@ -269,9 +276,13 @@ mod tests {
         assert_eq!(read, made);
         assert!(read.owns(Some(made.id), 0, None));
         assert!(!read.owns(Some(HistoryId::random()), 0, None));
-        assert!(read.owns(None, 118, read.legacy.log_through));
-        assert!(!read.owns(None, 119, read.legacy.log_through));
-        assert!(!read.owns(None, 1, read.legacy.snapshot_seq));
+        assert!(read.owns(None, LogPosition::new(118), read.legacy.log_through));
+        assert!(!read.owns(None, LogPosition::new(119), read.legacy.log_through));
+        assert!(!read.owns(
+            None,
+            crate::seq::SnapshotSeq::new(1),
+            read.legacy.snapshot_seq
+        ));
         assert_ne!(HistoryId::random(), HistoryId::random());
         Ok(())
     }

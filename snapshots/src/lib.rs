@@ -122,6 +122,8 @@ mod error;
 mod header;
 pub mod history;
 pub mod log;
+mod position;
+mod seq;
 
 pub use codec::{decode, decode_borrowed, encode, encode_in_history, encode_with_capacity, verify};
 pub use dir::{
@@ -131,3 +133,4 @@ pub use dir::{
 };
 pub use error::{FormatError, SnapshotError};
 pub use header::{SnapshotHeader, SnapshotMeta, FLAG_EXACT, FORMAT_VERSION, HEADER_LEN, MAGIC};
+pub use seq::SnapshotSeq;

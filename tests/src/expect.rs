@@ -28,7 +28,7 @@ pub fn update(event: &SseEvent, offset: u64, key: &str, seq: u64) -> anyhow::Res
     ensure!(event.event == "update", "expected update, got {event:?}");
     let cursor = cursor_of(event)?;
     ensure!(
-        cursor.offset() == offset,
+        cursor.offset().get() == offset,
         "expected offset {offset}, got {event:?}"
     );
     let data = event.json()?;
@@ -139,7 +139,7 @@ pub async fn contiguous(
     for expected in after + 1..=last {
         let event = stream.next_event().await?;
         ensure!(event.event == "update", "after {}: {event:?}", expected - 1);
-        let offset = cursor_of(&event)?.offset();
+        let offset = cursor_of(&event)?.offset().get();
         ensure!(
             offset == expected,
             "expected offset {expected}, got {offset} (a duplicate or a loss)"

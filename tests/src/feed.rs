@@ -83,7 +83,7 @@ pub fn parse_cursor(text: &str) -> anyhow::Result<Cursor> {
 /// # Errors
 /// When it is not a cursor.
 pub fn cursor_offset(text: &str) -> anyhow::Result<u64> {
-    parse_cursor(text).map(|c| c.offset())
+    parse_cursor(text).map(|c| c.offset().get())
 }
 
 /// Finds `"seq":N` in a ticker payload without a JSON parser (the bench's hot path).

@@ -425,7 +425,7 @@ async fn a_recreated_stream_is_another_history_and_nodes_fail_closed() -> anyhow
     let cursor = expect::cursor_of(&expect::tape(&nodes[0], "prices", 8).await?[7])?;
 
     // A cursor ahead of the node waits for it, then is answered `ahead`.
-    let ahead = viewtape_journal::Cursor::new(cursor.epoch(), cursor.offset() + 5);
+    let ahead = viewtape_journal::Cursor::new(cursor.epoch(), cursor.offset().saturating_add(5));
     let asked = Instant::now();
     let mut stream = nodes[1]
         .sse(

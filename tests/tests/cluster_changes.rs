@@ -106,8 +106,13 @@ async fn a_deploy_through_one_node_switches_every_node_with_no_reset() -> anyhow
     for (stream, node) in streams.iter_mut().zip(&nodes) {
         for n in 1..=3 {
             let event = stream.next_event().await?;
-            expect::update(&event, cursor.offset() + n, feed.symbol_of(6 + n), 6 + n)
-                .with_context(|| node.logs())?;
+            expect::update(
+                &event,
+                cursor.offset().get() + n,
+                feed.symbol_of(6 + n),
+                6 + n,
+            )
+            .with_context(|| node.logs())?;
         }
     }
     let tape = frames(&nodes[0], 9).await?;
@@ -138,7 +143,7 @@ async fn a_deploy_through_one_node_switches_every_node_with_no_reset() -> anyhow
     let receipt = nodes[0].ingest_ok(&feed.batch(1)).await?;
     expect::update(
         &stream.next_event().await?,
-        last.offset() + 1,
+        last.offset().get() + 1,
         feed.symbol_of(11),
         11,
     )?;
@@ -236,7 +241,7 @@ async fn a_live_restore_through_one_node_restores_every_node_under_one_cursor() 
     after.batch(6);
     let receipt = nodes[0].ingest_ok(&after.batch(1)).await?;
     let event = stream.next_event().await?;
-    expect::update(&event, new.offset() + 1, after.symbol_of(7), 7)?;
+    expect::update(&event, new.offset().get() + 1, after.symbol_of(7), 7)?;
     for node in &nodes {
         applied(node, position(&receipt)?).await?;
     }

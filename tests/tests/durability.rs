@@ -265,7 +265,7 @@ async fn a_torn_tail_is_cut_at_start_and_the_epoch_kept() -> anyhow::Result<()> 
         );
         last_position = position;
         for _ in 0..2 {
-            let n = last.offset() + 1;
+            let n = last.offset().get() + 1;
             last = expect::update(&resumed.next_event().await?, n, "ACME", n)?;
             ensure!(last.epoch() == epoch, "same epoch (round {round}): {last}");
         }
@@ -335,7 +335,7 @@ async fn a_corrupted_record_before_the_tail_fails_closed() -> anyhow::Result<()>
     );
     let fresh = expect::update(
         &stream.next_event().await?,
-        synced.offset() + 1,
+        synced.offset().get() + 1,
         feed.symbol_of(11),
         11,
     )?;
@@ -473,7 +473,7 @@ async fn a_module_changed_in_the_config_after_a_crash_is_a_deploy_at_start() -> 
     receipt(&server.ingest_ok(&feed.batch(1)).await?, 1)?;
     expect::update(
         &stream.next_event().await?,
-        last.offset() + 1,
+        last.offset().get() + 1,
         feed.symbol_of(7),
         7,
     )?;
@@ -524,7 +524,7 @@ async fn a_guest_module_swapped_behind_the_servers_back_fails_closed() -> anyhow
     receipt(&server.ingest_ok(&feed.batch(1)).await?, 1)?;
     let fresh = expect::update(
         &stream.next_event().await?,
-        synced.offset() + 1,
+        synced.offset().get() + 1,
         feed.symbol_of(7),
         7,
     )?;
@@ -931,7 +931,7 @@ async fn read_updates(
         );
         let cursor = expect::cursor_of(&event)?;
         ensure!(
-            cursor.offset() == offset && cursor.epoch().to_string() == epoch,
+            cursor.offset().get() == offset && cursor.epoch().to_string() == epoch,
             "{epoch}-{offset} expected, got {event:?}"
         );
         let data = event.json()?;
@@ -1114,7 +1114,12 @@ async fn os_durability_after_a_machine_restart_fails_closed() -> anyhow::Result<
     let view = server.get("/views/prices").await?.json()?;
     ensure!(view["entries"]["ACME"]["seq"] == 6, "{view}");
     server.ingest_ok(&feed.batch(1)).await?;
-    let next = expect::update(&stream.next_event().await?, synced.offset() + 1, "ACME", 7)?;
+    let next = expect::update(
+        &stream.next_event().await?,
+        synced.offset().get() + 1,
+        "ACME",
+        7,
+    )?;
     ensure!(next.epoch() == synced.epoch());
     // The boot id now noted is this machine's: the next crash keeps the new epoch.
     server.kill9().await?;

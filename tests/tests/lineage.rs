@@ -225,7 +225,7 @@ async fn resumes_with_the_next_tick(
 ) -> anyhow::Result<()> {
     let mut resumed = expect::resumes(server, "prices", last).await?;
     receipt(&server.ingest_ok(&feed.batch(1)).await?, 1)?;
-    let n = last.offset() + 1;
+    let n = last.offset().get() + 1;
     let next = expect::update(&resumed.next_event().await?, n, "ACME", n)?;
     ensure!(next.epoch() == last.epoch(), "{next} after {last}");
     Ok(())
@@ -358,7 +358,7 @@ async fn another_servers_snapshot_is_never_adopted() -> anyhow::Result<()> {
     let mut feed = Feed::new(&["ACME", "BOLT"]);
     feed.set_next_seq(11);
     receipt(&ours.ingest_ok(&feed.batch(1)).await?, 1)?;
-    let n = last.offset() + 1;
+    let n = last.offset().get() + 1;
     let next = expect::update(&resumed.next_event().await?, n, feed.symbol_of(11), 11)?;
     ensure!(next.epoch() == last.epoch(), "{next} after {last}");
     Ok(())
@@ -504,7 +504,7 @@ async fn a_damaged_end_of_the_log_keeps_what_the_intact_records_prove() -> anyho
         );
         let next = expect::update(
             &stream.next_event().await?,
-            synced.offset() + 1,
+            synced.offset().get() + 1,
             feed.symbol_of(proven + 1),
             proven + 1,
         )?;
@@ -546,7 +546,7 @@ async fn a_foreign_segment_after_a_complete_log_is_foreign_not_damage() -> anyho
     let mut feed = Feed::new(&["ACME", "BOLT"]);
     feed.set_next_seq(11);
     receipt(&ours.ingest_ok(&feed.batch(1)).await?, 1)?;
-    let n = last.offset() + 1;
+    let n = last.offset().get() + 1;
     let next = expect::update(&resumed.next_event().await?, n, feed.symbol_of(11), 11)?;
     ensure!(next.epoch() == last.epoch(), "{next} after {last}");
     Ok(())

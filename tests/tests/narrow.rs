@@ -66,7 +66,7 @@ async fn narrowed_and_full_streams_resume_from_each_others_cursors_after_kill_9(
         states.len() == 1 && key_of(&states[0])? == "DYNA",
         "{states:?}"
     );
-    ensure!(expect::cursor_of(&synced)?.offset() == 20);
+    ensure!(expect::cursor_of(&synced)?.offset().get() == 20);
     server.ingest_ok(&feed.batch(4)).await?;
     expect::update(&prefixed.next_event().await?, 24, "DYNA", 24)?;
     prefixed.expect_silence(Duration::from_millis(300)).await?;
@@ -92,7 +92,7 @@ async fn a_client_of_three_keys_of_a_large_view_gets_only_theirs() -> anyhow::Re
     let mut keys: Vec<String> = states.iter().map(key_of).collect::<Result<_, _>>()?;
     keys.sort();
     ensure!(keys == picked, "{keys:?}");
-    ensure!(expect::cursor_of(&synced)?.offset() == 5_000);
+    ensure!(expect::cursor_of(&synced)?.offset().get() == 5_000);
 
     // Two more rounds over every key: three updates each, nothing else.
     for round in 1..=2u64 {

@@ -5,7 +5,7 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use anyhow::ensure;
-use viewtape_journal::{Cursor, JournalEpoch};
+use viewtape_journal::{Cursor, JournalEpoch, ViewOffset};
 use viewtape_tests::{cursor_offset, expect, parse_cursor, EventStream, Feed, Server};
 
 /// After the reset: the state (one entry per symbol), `synced` at the head, then live.
@@ -72,7 +72,10 @@ async fn cursor_from_another_epoch_resets() -> anyhow::Result<()> {
     let server = Server::start(&[]).await?;
     let mut feed = Feed::new(&["ACME", "BOLT"]);
     let head = five_events(&server, &mut feed).await?;
-    let other = Cursor::new(JournalEpoch::random_other_than(head.epoch()), 3);
+    let other = Cursor::new(
+        JournalEpoch::random_other_than(head.epoch()),
+        ViewOffset::new(3),
+    );
     let mut stream = server
         .sse(
             "/views/prices/events",
@@ -90,7 +93,7 @@ async fn cursor_ahead_of_the_head_resets() -> anyhow::Result<()> {
     let server = Server::start(&[]).await?;
     let mut feed = Feed::new(&["ACME", "BOLT"]);
     let head = five_events(&server, &mut feed).await?;
-    let ahead = Cursor::new(head.epoch(), 6);
+    let ahead = Cursor::new(head.epoch(), ViewOffset::new(6));
     let mut stream = server
         .sse(&format!("/views/prices/events?cursor={ahead}"), &[])
         .await?;
@@ -124,14 +127,14 @@ views = ["prices"]
     // The tape keeps the last 5 records: offsets 16..=20.
     let tape = expect::tape(&server, "prices", 5).await?;
     let first = expect::cursor_of(&tape[0])?;
-    ensure!(first.offset() == 16, "window starts at 16: {tape:?}");
+    ensure!(first.offset().get() == 16, "window starts at 16: {tape:?}");
     let mut replay = server.sse("/views/prices/events?from=tape", &[]).await?;
     for _ in 0..5 {
         replay.next_event().await?;
     }
     replay.expect_silence(Duration::from_millis(300)).await?;
 
-    let stale = Cursor::new(first.epoch(), 2);
+    let stale = Cursor::new(first.epoch(), ViewOffset::new(2));
     let mut stream = server
         .sse(
             "/views/prices/events",
@@ -144,7 +147,7 @@ views = ["prices"]
 
     // `heals` published offset 21, so the window is now 17..=21: a cursor at 16 (the last
     // pruned offset) still resumes whole, one at 15 does not.
-    let edge = Cursor::new(first.epoch(), 16);
+    let edge = Cursor::new(first.epoch(), ViewOffset::new(16));
     let mut stream = server
         .sse(
             "/views/prices/events",
@@ -156,8 +159,13 @@ views = ["prices"]
         event.event == "update",
         "cursor 16 with window 17..=21: {event:?}"
     );
-    ensure!(parse_cursor(event.id.as_deref().unwrap_or(""))?.offset() == 17);
-    let below = Cursor::new(first.epoch(), 15);
+    ensure!(
+        parse_cursor(event.id.as_deref().unwrap_or(""))?
+            .offset()
+            .get()
+            == 17
+    );
+    let below = Cursor::new(first.epoch(), ViewOffset::new(15));
     let mut stream = server
         .sse(
             "/views/prices/events",

@@ -138,7 +138,7 @@ async fn track(
         };
         let cursor = expect::cursor_of(&event)?;
         ensure!(
-            cursor.offset() == expected,
+            cursor.offset().get() == expected,
             "tracker: expected {expected}, got {event:?}"
         );
         ensure!(event_seq(&event.json()?)? == expected, "{event:?}");

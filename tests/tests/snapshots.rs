@@ -191,7 +191,7 @@ async fn exact_snapshot_vouches_for_one_life_only() -> anyhow::Result<()> {
     feed.set_next_seq(4);
     server.ingest_ok(&feed.batch(1)).await?;
     let next = stream.next_event().await?;
-    let cursor = expect::update(&next, third.offset() + 1, feed.symbol_of(4), 4)?;
+    let cursor = expect::update(&next, third.offset().get() + 1, feed.symbol_of(4), 4)?;
     ensure!(cursor.epoch() == third.epoch() && cursor.epoch() != second_life.epoch());
     Ok(())
 }

@@ -5,6 +5,7 @@ use compact_str::CompactString;
 
 use super::{EventJournal, Inner};
 use crate::cursor::Cursor;
+use crate::offset::ViewOffset;
 use crate::tape::{Slot, Tape};
 
 /// A run of appends to one view under one hold of the journal's lock
@@ -46,7 +47,7 @@ impl Appender<'_> {
             Some(tape) => tape,
             None => views
                 .entry(self.view_id.to_owned())
-                .or_insert_with(|| Tape::new(1, 0)),
+                .or_insert_with(|| Tape::new(ViewOffset::FIRST, ViewOffset::ZERO)),
         };
         let cursor = Cursor::new(epoch, tape.next());
         let frame = build_frame(cursor)?;
@@ -75,8 +76,8 @@ impl EventJournal {
         &self,
         view_id: &str,
         key: &str,
-        build_frame: impl FnOnce(u64) -> Result<Arc<Bytes>, E>,
-    ) -> Result<Option<(u64, Arc<Bytes>)>, E> {
+        build_frame: impl FnOnce(ViewOffset) -> Result<Arc<Bytes>, E>,
+    ) -> Result<Option<(ViewOffset, Arc<Bytes>)>, E> {
         let appended = self.append_with_cursor(view_id, key, |cursor| build_frame(cursor.offset()));
         Ok(appended?.map(|(cursor, frame)| (cursor.offset(), frame)))
     }
@@ -165,7 +166,7 @@ impl EventJournal {
         } = &mut *inner;
         let tapes = views
             .iter_mut()
-            .filter(|(name, tape)| tape.next() > 1 && affected(name.as_str()));
+            .filter(|(name, tape)| tape.next() > ViewOffset::FIRST && affected(name.as_str()));
         for (_, tape) in tapes {
             if *sealed {
                 tape.gap_floor = tape.next();
@@ -195,29 +196,32 @@ mod tests {
         journal.mark_gap().await;
         let epoch = journal.epoch().await;
         // The head right after the gap is a cursor no one held before it.
-        assert_eq!(journal.window("a").await.next, 4);
+        assert_eq!(journal.window("a").await.next.get(), 4);
         assert!(journal
-            .replay_after("a", Some(&Cursor::new(epoch, 3)))
+            .replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(3))))
             .await
             .unwrap()
             .is_empty());
         assert_eq!(append(&journal, "a", "k").await, Some(4));
-        for offset in [0, 1, 2] {
+        for offset in [0, 1, 2].map(ViewOffset::new) {
             assert_eq!(
                 journal
                     .replay_after("a", Some(&Cursor::new(epoch, offset)))
                     .await,
                 Err(ReplayError::Gap {
                     cursor: offset,
-                    resume_from: 3
+                    resume_from: ViewOffset::new(3)
                 })
             );
         }
         let after = journal
-            .replay_after("a", Some(&Cursor::new(epoch, 3)))
+            .replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(3))))
             .await
             .unwrap();
-        assert_eq!(after.iter().map(|r| r.offset).collect::<Vec<_>>(), [4]);
+        assert_eq!(
+            after.iter().map(|r| r.offset.get()).collect::<Vec<_>>(),
+            [4]
+        );
         // Without a cursor the whole retained tape is served, the gap
         // record (empty key and frame) included.
         let all = journal.replay_after("a", None).await.unwrap();
@@ -225,7 +229,7 @@ mod tests {
         assert!(all[2].key.is_empty() && all[2].frame.is_empty());
         // A view with no offsets issued has nothing to protect.
         assert!(journal
-            .replay_after("b", Some(&Cursor::new(epoch, 0)))
+            .replay_after("b", Some(&Cursor::new(epoch, ViewOffset::new(0))))
             .await
             .unwrap()
             .is_empty());
@@ -239,26 +243,27 @@ mod tests {
         journal.seal();
         journal.mark_gap().await;
         let epoch = journal.epoch().await;
-        assert!(matches!(
+        assert_eq!(
             journal
-                .replay_after("a", Some(&Cursor::new(epoch, 1)))
+                .replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(1))))
                 .await,
             Err(ReplayError::Gap {
-                cursor: 1,
-                resume_from: 2
+                cursor: ViewOffset::new(1),
+                resume_from: ViewOffset::new(2)
             })
-        ));
+        );
         let next = EventJournal::with_clock(JournalConfig::default(), clock);
         next.hydrate(journal.dump().await, true).await;
         let window = next.window("a").await;
-        assert_eq!((window.first, window.next), (1, 3));
+        assert_eq!((window.first.get(), window.next.get()), (1, 3));
         assert!(next
-            .replay_after("a", Some(&Cursor::new(epoch, 2)))
+            .replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(2))))
             .await
             .unwrap()
             .is_empty());
         assert!(matches!(
-            next.replay_after("a", Some(&Cursor::new(epoch, 1))).await,
+            next.replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(1))))
+                .await,
             Err(ReplayError::Gap { .. })
         ));
     }

@@ -7,6 +7,7 @@ use crate::config::JournalConfig;
 use crate::cursor::Cursor;
 use crate::epoch::JournalEpoch;
 use crate::error::ReplayError;
+use crate::offset::ViewOffset;
 use crate::tape::Tape;
 
 /// The offsets a view can serve right now: `first ..= next - 1` of `epoch`.
@@ -15,9 +16,9 @@ pub struct ReplayWindow {
     /// The journal's current epoch.
     pub epoch: JournalEpoch,
     /// The first retained offset (equals `next` when nothing is retained).
-    pub first: u64,
+    pub first: ViewOffset,
     /// The offset the next append will take.
-    pub next: u64,
+    pub next: ViewOffset,
     /// Whether offset issuance has stopped.
     pub sealed: bool,
 }
@@ -26,7 +27,7 @@ pub struct ReplayWindow {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JournalRecord {
     /// The record's offset in the current epoch.
-    pub offset: u64,
+    pub offset: ViewOffset,
     /// The entity the event is about.
     pub key: String,
     /// The encoded frame, shared with every subscriber.
@@ -37,9 +38,9 @@ pub struct JournalRecord {
 #[derive(Debug, Default)]
 pub struct FramesWhere {
     /// The frames taken, each with its offset, in offset order.
-    pub frames: Vec<(u64, Arc<Bytes>)>,
+    pub frames: Vec<(ViewOffset, Arc<Bytes>)>,
     /// The offset of the last record looked at, taken or not (`None`: none was there).
-    pub through: Option<u64>,
+    pub through: Option<ViewOffset>,
 }
 
 impl Inner {
@@ -54,7 +55,7 @@ impl Inner {
         let (epoch, sealed) = (self.epoch, self.sealed);
         let (first, next) = match self.pruned(view_id, config, now) {
             Some(tape) => (tape.first, tape.next()),
-            None => (1, 1),
+            None => (ViewOffset::FIRST, ViewOffset::FIRST),
         };
         ReplayWindow {
             epoch,
@@ -86,7 +87,7 @@ impl Inner {
         }
         match self.pruned(view_id, config, now) {
             Some(tape) => tape.start_after(cursor.offset()),
-            None => Tape::new(1, 0).start_after(cursor.offset()),
+            None => Tape::new(ViewOffset::FIRST, ViewOffset::ZERO).start_after(cursor.offset()),
         }
     }
 }
@@ -130,13 +131,12 @@ impl EventJournal {
         let Some(tape) = inner.views.get(view_id) else {
             return Ok(Vec::new());
         };
-        let first = tape.first;
         Ok(tape
             .records
             .range(start..)
             .enumerate()
             .map(|(i, slot)| JournalRecord {
-                offset: first + (start + i) as u64,
+                offset: tape.offset_at(start + i),
                 key: slot.key.to_string(),
                 frame: Arc::clone(&slot.frame),
             })
@@ -145,7 +145,7 @@ impl EventJournal {
 
     /// Up to `limit` frames after `cursor`, in offset order, for a subscriber
     /// that follows the tape: the n-th frame returned has offset
-    /// `cursor.offset() + n`. Cheaper than [`EventJournal::replay_after`]
+    /// `cursor.offset()` plus `n`. Cheaper than [`EventJournal::replay_after`]
     /// (no keys are copied) and not counted as a replay.
     ///
     /// # Errors
@@ -180,17 +180,16 @@ impl EventJournal {
             return Ok(FramesWhere::default());
         };
         let end = tape.records.len().min(start.saturating_add(limit));
-        let offset = |index: usize| tape.first + index as u64;
         let frames = tape
             .records
             .range(start..end)
             .enumerate()
             .filter(|(_, slot)| keep(&slot.key))
-            .map(|(i, slot)| (offset(start + i), Arc::clone(&slot.frame)))
+            .map(|(i, slot)| (tape.offset_at(start + i), Arc::clone(&slot.frame)))
             .collect();
         Ok(FramesWhere {
             frames,
-            through: (end > start).then(|| offset(end - 1)),
+            through: (end > start).then(|| tape.offset_at(end - 1)),
         })
     }
 

@@ -3,6 +3,7 @@ use std::sync::Arc;
 
 use super::{EventJournal, Inner};
 use crate::epoch::JournalEpoch;
+use crate::offset::ViewOffset;
 use crate::snapshot::{JournalSnapshot, SnapshotRecord, SnapshotView};
 use crate::tape::{Slot, Tape};
 
@@ -86,13 +87,13 @@ impl EventJournal {
                         at: now.saturating_sub(age),
                     });
                 }
-                if tape.gap_floor == next && next > 1 {
+                if tape.gap_floor == next && next > ViewOffset::FIRST {
                     // A gap marked while sealed takes its offset now.
                     tape.push_gap(now);
                 }
                 tape
             } else {
-                Tape::new(next, 0)
+                Tape::new(next, ViewOffset::ZERO)
             };
             views.insert(view.name, tape);
         }
@@ -153,10 +154,13 @@ mod tests {
         next.hydrate(dump, true).await;
         assert_eq!(next.epoch().await, epoch);
         let window = next.window("a").await;
-        assert_eq!((window.first, window.next, window.sealed), (2, 5, false));
+        assert_eq!(
+            (window.first.get(), window.next.get(), window.sealed),
+            (2, 5, false)
+        );
         assert_eq!(append(&next, "a", "k5").await, Some(5));
         let records = next
-            .replay_after("a", Some(&Cursor::new(epoch, 4)))
+            .replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(4))))
             .await
             .unwrap();
         assert_eq!(records.len(), 1);
@@ -165,17 +169,19 @@ mod tests {
             (&b"a:5"[..], "k5")
         );
         assert_eq!(
-            next.replay_after("a", Some(&Cursor::new(epoch, 2))).await,
+            next.replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(2))))
+                .await,
             Err(ReplayError::Gap {
-                cursor: 2,
-                resume_from: 3
+                cursor: ViewOffset::new(2),
+                resume_from: ViewOffset::new(3)
             })
         );
         assert_eq!(
-            next.replay_after("a", Some(&Cursor::new(epoch, 0))).await,
+            next.replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(0))))
+                .await,
             Err(ReplayError::Expired {
-                cursor: 0,
-                first: 2
+                cursor: ViewOffset::new(0),
+                first: ViewOffset::new(2)
             })
         );
     }
@@ -190,16 +196,18 @@ mod tests {
         journal.hydrate(dump, false).await;
         let window = journal.window("a").await;
         assert_ne!(window.epoch, old);
-        assert_eq!((window.first, window.next), (3, 3));
+        assert_eq!((window.first.get(), window.next.get()), (3, 3));
         assert!(matches!(
-            journal.replay_after("a", Some(&Cursor::new(old, 2))).await,
+            journal
+                .replay_after("a", Some(&Cursor::new(old, ViewOffset::new(2))))
+                .await,
             Err(ReplayError::StaleEpoch { .. })
         ));
         let (cursor, built) = journal
             .append_with_cursor("a", "k", |c| Ok::<_, ()>(frame(&c.to_string())))
             .unwrap()
             .unwrap();
-        assert_eq!(cursor, Cursor::new(window.epoch, 3));
+        assert_eq!(cursor, Cursor::new(window.epoch, ViewOffset::new(3)));
         assert_eq!(&built[..], cursor.to_string().as_bytes());
     }
 
@@ -215,7 +223,7 @@ mod tests {
         assert_eq!(journal.entry_counts().await, [("a".to_owned(), 1)]);
 
         dump.epoch = Some(epoch);
-        dump.views[0].first = 0;
+        dump.views[0].first = ViewOffset::ZERO;
         assert!(dump.validate().is_err());
         journal.hydrate(dump, true).await;
         assert!(journal.entry_counts().await.is_empty());

@@ -7,6 +7,7 @@ use crate::clock::Clock;
 use crate::config::JournalConfig;
 use crate::cursor::Cursor;
 use crate::error::ReplayError;
+use crate::offset::ViewOffset;
 use crate::ManualClock;
 
 pub(super) fn frame(text: &str) -> Arc<Bytes> {
@@ -30,11 +31,11 @@ async fn a_record_appended_with_its_original_time_keeps_its_age() {
         journal
             .append_at("a", key, at, |c| Ok::<_, ()>(frame(&c.to_string())))
             .unwrap()
-            .map(|(cursor, _)| cursor.offset())
+            .map(|(cursor, _)| cursor.offset().get())
     };
     assert_eq!(append_at("old", now - 90_000), Some(1));
     assert_eq!(
-        journal.window("a").await.first,
+        journal.window("a").await.first.get(),
         2,
         "older than max_age: pruned"
     );
@@ -43,7 +44,7 @@ async fn a_record_appended_with_its_original_time_keeps_its_age() {
     clock.advance(Duration::from_secs(15));
     let window = journal.window("a").await;
     assert_eq!(
-        (window.first, window.next),
+        (window.first.get(), window.next.get()),
         (3, 4),
         "50 s + 15 s is past 60 s"
     );
@@ -56,7 +57,7 @@ pub(super) async fn append(journal: &EventJournal, view: &str, key: &str) -> Opt
         })
         .await
         .unwrap()
-        .map(|(offset, _)| offset)
+        .map(|(offset, _)| offset.get())
 }
 
 #[tokio::test]
@@ -67,7 +68,7 @@ async fn offsets_are_dense_per_view_and_frames_embed_them() {
     }
     assert_eq!(append(&journal, "b", "k").await, Some(1));
     let records = journal.replay_after("a", None).await.unwrap();
-    let offsets: Vec<u64> = records.iter().map(|r| r.offset).collect();
+    let offsets: Vec<u64> = records.iter().map(|r| r.offset.get()).collect();
     assert_eq!(offsets, [1, 2, 3]);
     assert_eq!(&records[1].frame[..], b"a:2");
     assert_eq!(records[1].key, "k");
@@ -92,7 +93,7 @@ async fn append_with_cursor_hands_the_builder_the_epoch() {
         .append_with_cursor("a", "k", |cursor| Ok::<_, ()>(frame(&cursor.to_string())))
         .unwrap()
         .unwrap();
-    assert_eq!(cursor, Cursor::new(epoch, 1));
+    assert_eq!(cursor, Cursor::new(epoch, ViewOffset::new(1)));
     assert_eq!(&built[..], format!("{epoch}-1").as_bytes());
 }
 
@@ -104,21 +105,21 @@ async fn replay_after_the_cursor_and_at_the_head() {
     }
     let epoch = journal.epoch().await;
     let after_two = journal
-        .replay_after("a", Some(&Cursor::new(epoch, 2)))
+        .replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(2))))
         .await
         .unwrap();
     assert_eq!(
-        after_two.iter().map(|r| r.offset).collect::<Vec<_>>(),
+        after_two.iter().map(|r| r.offset.get()).collect::<Vec<_>>(),
         [3, 4, 5]
     );
     assert!(journal
-        .replay_after("a", Some(&Cursor::new(epoch, 5)))
+        .replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(5))))
         .await
         .unwrap()
         .is_empty());
     assert!(
         journal
-            .replay_after("a", Some(&Cursor::new(epoch, 0)))
+            .replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(0))))
             .await
             .unwrap()
             .len()
@@ -126,14 +127,17 @@ async fn replay_after_the_cursor_and_at_the_head() {
     );
     assert_eq!(
         journal
-            .replay_after("a", Some(&Cursor::new(epoch, 6)))
+            .replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(6))))
             .await,
-        Err(ReplayError::Ahead { cursor: 6, next: 6 })
+        Err(ReplayError::Ahead {
+            cursor: ViewOffset::new(6),
+            next: ViewOffset::new(6)
+        })
     );
     let other = JournalEpoch::random_other_than(epoch);
     assert_eq!(
         journal
-            .replay_after("a", Some(&Cursor::new(other, 1)))
+            .replay_after("a", Some(&Cursor::new(other, ViewOffset::new(1))))
             .await,
         Err(ReplayError::StaleEpoch {
             cursor: other,
@@ -142,13 +146,13 @@ async fn replay_after_the_cursor_and_at_the_head() {
     );
     // An unknown view is an empty view.
     assert!(journal
-        .replay_after("nobody", Some(&Cursor::new(epoch, 0)))
+        .replay_after("nobody", Some(&Cursor::new(epoch, ViewOffset::new(0))))
         .await
         .unwrap()
         .is_empty());
     assert!(matches!(
         journal
-            .replay_after("nobody", Some(&Cursor::new(epoch, 1)))
+            .replay_after("nobody", Some(&Cursor::new(epoch, ViewOffset::new(1))))
             .await,
         Err(ReplayError::Ahead { .. })
     ));
@@ -166,14 +170,14 @@ async fn frames_after_pages_through_the_tape() {
     }
     let epoch = journal.epoch().await;
     let page = journal
-        .frames_after("a", &Cursor::new(epoch, 1), 2)
+        .frames_after("a", &Cursor::new(epoch, ViewOffset::new(1)), 2)
         .unwrap();
     assert_eq!(
         page.iter().map(|f| &f[..]).collect::<Vec<_>>(),
         [b"a:2", b"a:3"]
     );
     assert!(journal
-        .frames_after("a", &Cursor::new(epoch, 5), 2)
+        .frames_after("a", &Cursor::new(epoch, ViewOffset::new(5)), 2)
         .unwrap()
         .is_empty());
 }
@@ -187,14 +191,19 @@ async fn frames_after_where_takes_some_keys_and_says_how_far_it_looked() {
     let epoch = journal.epoch().await;
     let page = |after: u64, limit: usize| {
         let found = journal
-            .frames_after_where("a", &Cursor::new(epoch, after), limit, |k| k == "x")
+            .frames_after_where(
+                "a",
+                &Cursor::new(epoch, ViewOffset::new(after)),
+                limit,
+                |k| k == "x",
+            )
             .unwrap();
         let frames: Vec<(u64, Vec<u8>)> = found
             .frames
             .iter()
-            .map(|(offset, frame)| (*offset, frame.to_vec()))
+            .map(|(offset, frame)| (offset.get(), frame.to_vec()))
             .collect();
-        (frames, found.through)
+        (frames, found.through.map(ViewOffset::get))
     };
     assert_eq!(
         page(0, 10),
@@ -204,7 +213,7 @@ async fn frames_after_where_takes_some_keys_and_says_how_far_it_looked() {
     assert_eq!(page(3, 10), (vec![], Some(5)));
     assert_eq!(page(5, 10), (vec![], None));
     assert!(matches!(
-        journal.frames_after_where("a", &Cursor::new(epoch, 9), 1, |_| true),
+        journal.frames_after_where("a", &Cursor::new(epoch, ViewOffset::new(9)), 1, |_| true),
         Err(ReplayError::Ahead { .. })
     ));
 }
@@ -220,21 +229,21 @@ async fn count_and_byte_bounds_prune_oldest_first() {
         append(&journal, "a", "k").await; // frames "a:1".."a:4": 3 bytes each
     }
     let window = journal.window("a").await;
-    assert_eq!((window.first, window.next), (2, 5));
+    assert_eq!((window.first.get(), window.next.get()), (2, 5));
     assert_eq!(journal.stats().pruned_count, 1);
     let epoch = window.epoch;
     assert_eq!(
         journal
-            .replay_after("a", Some(&Cursor::new(epoch, 0)))
+            .replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(0))))
             .await,
         Err(ReplayError::Expired {
-            cursor: 0,
-            first: 2
+            cursor: ViewOffset::new(0),
+            first: ViewOffset::new(2)
         })
     );
     assert_eq!(
         journal
-            .replay_after("a", Some(&Cursor::new(epoch, 1)))
+            .replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(1))))
             .await
             .unwrap()
             .len(),
@@ -264,30 +273,30 @@ async fn age_bound_holds_for_a_quiet_view() {
     append(&journal, "a", "k").await;
     clock.advance(Duration::from_millis(500));
     assert_eq!(
-        journal.window("a").await.first,
+        journal.window("a").await.first.get(),
         1,
         "exactly max_age old is kept"
     );
     clock.advance(Duration::from_millis(1));
     let window = journal.window("a").await;
-    assert_eq!((window.first, window.next), (2, 3));
+    assert_eq!((window.first.get(), window.next.get()), (2, 3));
     clock.advance(Duration::from_millis(1000));
     let window = journal.window("a").await;
-    assert_eq!((window.first, window.next), (3, 3));
+    assert_eq!((window.first.get(), window.next.get()), (3, 3));
     assert_eq!(journal.stats().pruned_age, 2);
     let epoch = window.epoch;
     assert!(journal
-        .replay_after("a", Some(&Cursor::new(epoch, 2)))
+        .replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(2))))
         .await
         .unwrap()
         .is_empty());
     assert_eq!(
         journal
-            .replay_after("a", Some(&Cursor::new(epoch, 1)))
+            .replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(1))))
             .await,
         Err(ReplayError::Expired {
-            cursor: 1,
-            first: 3
+            cursor: ViewOffset::new(1),
+            first: ViewOffset::new(3)
         })
     );
 }

@@ -188,7 +188,11 @@ pub fn inspect_log(dir: &Path, out: &mut impl Write) -> std::io::Result<bool> {
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let positions = match segment.records {
             0 => "no records".to_owned(),
-            n => format!("positions {}..={}", segment.first, segment.first + n - 1),
+            n => format!(
+                "positions {}..={}",
+                segment.first,
+                segment.first.saturating_add(n - 1)
+            ),
         };
         let state = match &segment.damage {
             None => "intact".to_owned(),
@@ -302,7 +306,7 @@ pub fn dump_log(
     }
     let mut batches = 0u64;
     let mut written: std::io::Result<()> = Ok(());
-    let read = log.read_after(0, |record| {
+    let read = log.read_after(crate::log::LogPosition::ZERO, |record| {
         let Ok(crate::log::Entry::Batch(batch)) = crate::log::Entry::decode(&record.payload) else {
             return Ok::<(), viewtape_snapshots::log::LogError>(());
         };
@@ -338,7 +342,7 @@ pub fn dump_log(
 mod tests {
     use std::sync::mpsc;
 
-    use viewtape_snapshots::log::{LogWriter, WriterOptions};
+    use viewtape_snapshots::log::{LogPosition, LogWriter, WriterOptions};
 
     use super::*;
 
@@ -377,10 +381,16 @@ mod tests {
         assert!(!missing.exists(), "inspection created the directory");
 
         let log = LogDir::create(&missing).unwrap();
-        let writer = LogWriter::start(&log, 1, WriterOptions::default(), Box::new(|_| {})).unwrap();
+        let writer = LogWriter::start(
+            &log,
+            LogPosition::new(1),
+            WriterOptions::default(),
+            Box::new(|_| {}),
+        )
+        .unwrap();
         for i in 0..5 {
             let (tx, rx) = mpsc::channel();
-            let done = Box::new(move |result: Result<u64, _>| {
+            let done = Box::new(move |result: Result<LogPosition, _>| {
                 let _ = tx.send(result.is_ok());
             });
             writer.append(format!("batch {i}").into_bytes(), done);

@@ -25,7 +25,7 @@ use super::bucket::BoxError;
 use super::{Cluster, Halt, APPLY_ATTEMPTS, RETRY, STREAM_CHECK};
 use crate::host::{GuestEngine, GuestModule, ModuleFingerprint};
 use crate::log::stream::{RECORD_HEADER, RECORD_VERSION, SHARED_VERSION};
-use crate::log::{BatchEntry, Entry, Log, Outcome};
+use crate::log::{BatchEntry, Entry, Log, LogPosition, Outcome};
 use crate::runtime::handle::Record;
 use crate::runtime::registry::{ModuleStore, Registered, Runtimes};
 use crate::runtime::{ApplyError, DeployError, IngestError, RuntimeSnapshot};
@@ -59,14 +59,14 @@ impl Cluster {
                 .refuse(format!("this node stopped applying the stream: {broken}"));
             return;
         }
-        let mut next = log.committed() + 1;
-        self.note_applied(&appliers, &log, next - 1);
+        let mut next = log.committed().next();
+        self.note_applied(&appliers, &log, next.prev());
         loop {
             let messages = match self.subscribe(next).await {
                 Ok(Some(messages)) => messages,
                 Ok(None) => return,
                 Err(error) => {
-                    tracing::warn!(%error, next, "cluster: cannot read the stream; retrying");
+                    tracing::warn!(%error, next = next.get(), "cluster: cannot read the stream; retrying");
                     tokio::time::sleep(RETRY).await;
                     continue;
                 }
@@ -90,10 +90,10 @@ impl Cluster {
                         // NATS came back, say) is replaced at once rather than left to its
                         // heartbeats.
                         let stalled = next == checked_at
-                            && self.stream_last.load(Ordering::Relaxed) >= next;
+                            && self.stream_last.load(Ordering::Relaxed) >= next.get();
                         checked_at = next;
                         if stalled {
-                            tracing::info!(next, "cluster: the stream holds more than was delivered; resubscribing");
+                            tracing::info!(next = next.get(), "cluster: the stream holds more than was delivered; resubscribing");
                             break;
                         }
                         continue;
@@ -103,12 +103,12 @@ impl Cluster {
                 let message = match message {
                     Ok(message) => message,
                     Err(error) => {
-                        tracing::warn!(%error, next, "cluster: reading the stream failed; resubscribing");
+                        tracing::warn!(%error, next = next.get(), "cluster: reading the stream failed; resubscribing");
                         break;
                     }
                 };
                 let (sequence, published) = match message.info() {
-                    Ok(info) => (info.stream_sequence, info.published),
+                    Ok(info) => (LogPosition::new(info.stream_sequence), info.published),
                     Err(error) => {
                         tracing::warn!(%error, "cluster: a message without its stream sequence; resubscribing");
                         break;
@@ -140,7 +140,7 @@ impl Cluster {
                 log.metrics()
                     .apply_lag_seconds
                     .set((lag_ns as f64 / 1e9).max(0.0));
-                next = sequence + 1;
+                next = sequence.next();
                 self.note_applied(&appliers, &log, sequence);
             }
             tokio::time::sleep(RETRY).await;
@@ -149,14 +149,17 @@ impl Cluster {
 
     /// An ordered consumer from `next`; `None` when the stream no longer holds `next` (the
     /// node has then stopped applying).
-    async fn subscribe(&self, next: u64) -> Result<Option<consumer::pull::Ordered>, BoxError> {
+    async fn subscribe(
+        &self,
+        next: LogPosition,
+    ) -> Result<Option<consumer::pull::Ordered>, BoxError> {
         let Some(stream) = self.check_stream(next).await? else {
             return Ok(None);
         };
         let consumer = stream
             .create_consumer(consumer::pull::OrderedConfig {
                 deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: next,
+                    start_sequence: next.get(),
                 },
                 ..Default::default()
             })
@@ -166,7 +169,7 @@ impl Cluster {
 
     /// The stream, if it is still the one this node joined and still holds `next` (or has not
     /// reached it yet); else the node stops applying and `None`.
-    async fn check_stream(&self, next: u64) -> Result<Option<stream::Stream>, BoxError> {
+    async fn check_stream(&self, next: LogPosition) -> Result<Option<stream::Stream>, BoxError> {
         let mut stream = self.js.get_stream(&self.stream).await?;
         let info = stream.info().await?;
         if info.created.unix_timestamp_nanos() != self.created_ns {
@@ -177,8 +180,11 @@ impl Cluster {
         let state = info.state.clone();
         self.stream_last
             .fetch_max(state.last_sequence, Ordering::Relaxed);
-        if state.first_sequence > next && state.last_sequence >= next.max(1) {
-            let first = state.first_sequence;
+        let (first, last) = (
+            LogPosition::new(state.first_sequence),
+            LogPosition::new(state.last_sequence),
+        );
+        if first > next && last >= next.max(LogPosition::FIRST) {
             self.break_off(Halt::Purged { first, next });
             return Ok(None);
         }
@@ -191,7 +197,7 @@ impl Cluster {
         &self,
         appliers: &Appliers,
         log: &Log,
-        sequence: u64,
+        sequence: LogPosition,
         ours: Option<String>,
         payload: &[u8],
     ) -> Result<(), Halt> {
@@ -209,7 +215,7 @@ impl Cluster {
                     // Not published by a node (another client on the stream's subjects):
                     // every node passes over it alike, committing nothing at its position.
                     tracing::warn!(
-                        sequence,
+                        sequence = sequence.get(),
                         "cluster: a message on the stream that no node published; passed over"
                     );
                     kind("foreign");
@@ -299,7 +305,7 @@ impl Cluster {
         &self,
         log: &Log,
         runtimes: impl IntoIterator<Item = String>,
-        sequence: u64,
+        sequence: LogPosition,
     ) -> Result<(), Halt> {
         log.metrics().counted_record("passed_over");
         for runtime in runtimes {
@@ -310,13 +316,13 @@ impl Cluster {
     }
 
     /// Notes that this node passes over the records of `runtime` (one at `sequence`).
-    fn passed_over(&self, runtime: String, sequence: u64) {
+    fn passed_over(&self, runtime: String, sequence: LogPosition) {
         self.stream_log.pass_over(&runtime, sequence);
         self.readiness.send_if_modified(|readiness| {
             if readiness.passed_over.contains(&runtime) {
                 return false;
             }
-            tracing::warn!(sequence, runtime, "cluster: the stream holds records of a runtime this node does not run; passing over them (another node's config names it)");
+            tracing::warn!(sequence = sequence.get(), runtime, "cluster: the stream holds records of a runtime this node does not run; passing over them (another node's config names it)");
             readiness.passed_over.insert(runtime);
             true
         });
@@ -350,17 +356,23 @@ impl Cluster {
 
     /// Notes that `applied` is applied; once the node has caught up the first time, settles
     /// its runtimes' modules (in the background: that publishes, and waits for this loop).
-    fn note_applied(self: &Arc<Self>, appliers: &Arc<Appliers>, log: &Arc<Log>, applied: u64) {
-        let stream_last = self
-            .stream_last
-            .fetch_max(applied, Ordering::Relaxed)
-            .max(applied);
+    fn note_applied(
+        self: &Arc<Self>,
+        appliers: &Arc<Appliers>,
+        log: &Arc<Log>,
+        applied: LogPosition,
+    ) {
+        let stream_last = LogPosition::new(
+            self.stream_last
+                .fetch_max(applied.get(), Ordering::Relaxed)
+                .max(applied.get()),
+        );
         let metrics = log.metrics();
-        metrics.applied.set(gauge(applied));
-        metrics.stream_last.set(gauge(stream_last));
+        metrics.applied.set(gauge(applied.get()));
+        metrics.stream_last.set(gauge(stream_last.get()));
         metrics
             .apply_lag_sequences
-            .set(gauge(stream_last.saturating_sub(applied)));
+            .set(gauge(stream_last.since(applied)));
         if applied >= self.joined_at && !self.settling.swap(true, Ordering::Relaxed) {
             let cluster = Arc::clone(self);
             let (appliers, log) = (Arc::clone(appliers), Arc::clone(log));
@@ -373,7 +385,7 @@ impl Cluster {
     }
 
     /// Recomputes readiness after `applied`.
-    pub(super) fn update_readiness(&self, applied: u64, stream_last: u64) {
+    pub(super) fn update_readiness(&self, applied: LogPosition, stream_last: LogPosition) {
         self.readiness.send_if_modified(|readiness| {
             // Read under the readiness lock: the apply loop and the end of settling update it
             // on different threads, and a `settled` read before the other's update would undo
@@ -387,7 +399,7 @@ impl Cluster {
             readiness.applied = applied;
             readiness.stream_last = stream_last;
             if ready && !readiness.ready {
-                tracing::info!(applied, "cluster: caught up; ready");
+                tracing::info!(applied = applied.get(), "cluster: caught up; ready");
             }
             readiness.ready = ready;
             changed
@@ -445,7 +457,8 @@ impl Cluster {
         }
         self.stream_log.open();
         self.settled.store(true, Ordering::Relaxed);
-        self.update_readiness(log.committed(), self.stream_last.load(Ordering::Relaxed));
+        let stream_last = LogPosition::new(self.stream_last.load(Ordering::Relaxed));
+        self.update_readiness(log.committed(), stream_last);
     }
 
     /// Declares `registered`'s module (and guest config) on the stream if the stream has not
@@ -486,14 +499,14 @@ impl Cluster {
     }
 
     /// The sequence of the first record on `subject` the stream holds, if it holds any.
-    async fn first_record_on(&self, subject: String) -> Result<Option<u64>, DeclareError> {
+    async fn first_record_on(&self, subject: String) -> Result<Option<LogPosition>, DeclareError> {
         let stream = self
             .js
             .get_stream_no_info(&self.stream)
             .await
             .map_err(|error| DeclareError::Stream(error.into()))?;
         match stream.get_first_raw_message_by_subject(subject, 1).await {
-            Ok(message) => Ok(Some(message.sequence)),
+            Ok(message) => Ok(Some(LogPosition::new(message.sequence))),
             Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
             Err(error) => Err(DeclareError::Stream(error.into())),
         }
@@ -514,14 +527,18 @@ impl Cluster {
 /// Applies `record` at `sequence` to `registered`, again while the runtime is unavailable (a
 /// fault of this node), at most [`APPLY_ATTEMPTS`] times; `Err` says why the node must stop
 /// applying.
-async fn apply_record(registered: &Registered, record: Record, sequence: u64) -> Result<(), Halt> {
+async fn apply_record(
+    registered: &Registered,
+    record: Record,
+    sequence: LogPosition,
+) -> Result<(), Halt> {
     let mut attempt = 0;
     loop {
         match registered.handle.apply(record.clone(), sequence).await {
             Ok(()) => return Ok(()),
             Err(error @ ApplyError::Unavailable { .. }) if attempt < APPLY_ATTEMPTS => {
                 attempt += 1;
-                tracing::warn!(%error, sequence, attempt, "cluster: applying again");
+                tracing::warn!(%error, sequence = sequence.get(), attempt, "cluster: applying again");
                 tokio::time::sleep(RETRY).await;
             }
             Err(error) => {
@@ -541,7 +558,7 @@ async fn apply_record(registered: &Registered, record: Record, sequence: u64) ->
 async fn apply_shared(
     appliers: &Appliers,
     log: &Log,
-    sequence: u64,
+    sequence: LogPosition,
     parts: Vec<(&Registered, Vec<(u32, BatchEntry)>)>,
 ) -> Result<(), Halt> {
     let mut held = appliers.runtimes.hold_cuts().await;

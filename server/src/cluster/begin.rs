@@ -12,7 +12,7 @@ use viewtape_snapshots::{Loaded, SnapshotDir};
 use super::bucket::shared_position;
 use super::{Cluster, ClusterError, Halt};
 use crate::hub::Hub;
-use crate::log::Log;
+use crate::log::{Log, LogPosition};
 use crate::snapshot::{RuntimeDump, SnapshotBody};
 
 impl Cluster {
@@ -30,7 +30,7 @@ impl Cluster {
         hub: &Hub,
         snapshots: &SnapshotDir,
     ) -> Result<(BTreeMap<String, RuntimeDump>, Arc<Log>), ClusterError> {
-        let first = self.stream_first.max(1);
+        let first = self.stream_first.max(LogPosition::FIRST);
         let mut usable = self.usable_local(snapshots, first)?;
         if usable.is_none() {
             if let Some(name) = self.fetch_shared(snapshots, first).await {
@@ -44,12 +44,12 @@ impl Cluster {
             let file = loaded.info.path().display().to_string();
             let passed_over = std::mem::take(&mut loaded.body.passed_over);
             let dumps = loaded.body.restore_into(hub, true).await;
-            tracing::info!(file, position, epoch = %self.epoch, "cluster: restored snapshot");
+            tracing::info!(file, position = position.get(), epoch = %self.epoch, "cluster: restored snapshot");
             return Ok((dumps, self.log_at(position, passed_over)));
         }
-        let log = self.log_at(0, BTreeMap::new());
+        let log = self.log_at(LogPosition::ZERO, BTreeMap::new());
         let epoch = match first {
-            1 => self.epoch,
+            LogPosition::FIRST => self.epoch,
             _ => {
                 // Fail closed: the history before `first` is unknown here, so nothing this node
                 // could serve may carry the cluster's epoch. It serves an empty state under an
@@ -57,7 +57,7 @@ impl Cluster {
                 let halt = Halt::Uncovered {
                     stream: self.stream.clone(),
                     first,
-                    needed: first - 1,
+                    needed: first.prev(),
                 };
                 self.break_off(halt);
                 JournalEpoch::random_other_than(self.epoch)
@@ -77,8 +77,8 @@ impl Cluster {
     fn usable_local(
         &self,
         snapshots: &SnapshotDir,
-        first: u64,
-    ) -> Result<Option<(Loaded<SnapshotBody>, u64)>, ClusterError> {
+        first: LogPosition,
+    ) -> Result<Option<(Loaded<SnapshotBody>, LogPosition)>, ClusterError> {
         let newest = snapshots.load_newest_valid::<SnapshotBody>()?;
         Ok(newest.loaded.and_then(|loaded| {
             let position = loaded.body.log_position?;
@@ -90,14 +90,14 @@ impl Cluster {
                 tracing::warn!(file = %loaded.info.path().display(), "cluster: the newest snapshot belongs to another epoch (another stream, or this one recreated); not used");
                 return None;
             }
-            (position + 1 >= first).then_some((loaded, position))
+            (position.next() >= first).then_some((loaded, position))
         }))
     }
 
     /// Copies the newest shared snapshot of this epoch that the stream continues (its first
     /// sequence is `first`) into `snapshots`; returns its name. `None` when there is none or the
     /// bucket cannot be read (logged).
-    async fn fetch_shared(&self, snapshots: &SnapshotDir, first: u64) -> Option<String> {
+    async fn fetch_shared(&self, snapshots: &SnapshotDir, first: LogPosition) -> Option<String> {
         let listed = async {
             let mut names = Vec::new();
             let mut list = self.bucket.list().await?;
@@ -116,7 +116,7 @@ impl Cluster {
         let (position, name) = names
             .into_iter()
             .filter_map(|name| Some((shared_position(&name, self.epoch)?, name)))
-            .filter(|(position, _)| position + 1 >= first)
+            .filter(|(position, _)| position.next() >= first)
             .max()?;
         let fetched = async {
             let mut object = self.bucket.get(&name).await?;
@@ -127,7 +127,7 @@ impl Cluster {
         match fetched.await {
             Ok(bytes) => match snapshots.write_encoded(&bytes) {
                 Ok(info) => {
-                    tracing::info!(name, position, file = %info.path().display(), "cluster: fetched a shared snapshot");
+                    tracing::info!(name, position = position.get(), file = %info.path().display(), "cluster: fetched a shared snapshot");
                     Some(name)
                 }
                 Err(error) => {

@@ -13,6 +13,7 @@ use viewtape_journal::JournalEpoch;
 
 use super::{Cluster, SHARED_KEPT};
 use crate::host::ModuleFingerprint;
+use crate::log::LogPosition;
 use crate::snapshot::Snapshots;
 
 /// A boxed error of NATS or of the object store.
@@ -42,7 +43,7 @@ impl Cluster {
 
     /// Puts the snapshot `path` (at stream sequence `position`) in the bucket, and deletes this
     /// epoch's older ones past [`SHARED_KEPT`].
-    async fn share(&self, path: &std::path::Path, position: u64) -> Result<(), BoxError> {
+    async fn share(&self, path: &std::path::Path, position: LogPosition) -> Result<(), BoxError> {
         let bytes = tokio::fs::read(path).await?;
         let name = shared_name(self.epoch, position);
         // The file's name, by which any node may name it in a restore.
@@ -163,12 +164,12 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// The name of a shared snapshot: its epoch and stream position.
-pub(super) fn shared_name(epoch: JournalEpoch, position: u64) -> String {
+pub(super) fn shared_name(epoch: JournalEpoch, position: LogPosition) -> String {
     format!("{epoch}-{position:020}")
 }
 
 /// The position in a shared snapshot's name, if it is one of `epoch`.
-pub(super) fn shared_position(name: &str, epoch: JournalEpoch) -> Option<u64> {
+pub(super) fn shared_position(name: &str, epoch: JournalEpoch) -> Option<LogPosition> {
     let (of, position) = name.split_once('-')?;
     (of == epoch.to_string()).then(|| position.parse().ok())?
 }
@@ -180,13 +181,13 @@ mod tests {
     #[test]
     fn shared_snapshot_names_carry_epoch_and_position() {
         let epoch = JournalEpoch::from_bits(42);
-        let name = shared_name(epoch, 42);
-        assert_eq!(shared_position(&name, epoch), Some(42));
+        let name = shared_name(epoch, LogPosition::new(42));
+        assert_eq!(shared_position(&name, epoch), Some(LogPosition::new(42)));
         assert_eq!(shared_position(&name, JournalEpoch::from_bits(43)), None);
         assert_eq!(shared_position("garbage", epoch), None);
         assert_eq!(shared_position(&format!("{epoch}-x"), epoch), None);
         assert_eq!(shared_position("module-00ab", epoch), None);
         // Names sort as positions do.
-        assert!(shared_name(epoch, 9) < shared_name(epoch, 10));
+        assert!(shared_name(epoch, LogPosition::new(9)) < shared_name(epoch, LogPosition::new(10)));
     }
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use crate::host::ModuleFingerprint;
 use crate::log::stream::{RECORD_VERSION, SHARED_VERSION};
+use crate::log::LogPosition;
 use crate::runtime::ApplyError;
 
 /// An error of NATS or of the bucket, shared by the clones of a halt.
@@ -27,26 +28,26 @@ pub enum Halt {
         /// The stream.
         stream: String,
         /// The stream's first sequence.
-        first: u64,
+        first: LogPosition,
         /// The last sequence a snapshot would have to reach.
-        needed: u64,
+        needed: LogPosition,
     },
     /// The stream delivered a later sequence than the next one: the messages between are gone
     /// (purged or aged out) before this node applied them.
     #[error("the stream delivered sequence {delivered} where {next} was next: messages {next}..{delivered} are gone (purged or aged out) before this node applied them")]
     Skipped {
         /// The sequence this node needed next.
-        next: u64,
+        next: LogPosition,
         /// The sequence the stream delivered.
-        delivered: u64,
+        delivered: LogPosition,
     },
     /// The stream now starts after the sequence this node needs next.
     #[error("the stream starts at sequence {first}, but this node needs {next} next: messages are gone (purged or aged out) before this node applied them")]
     Purged {
         /// The stream's first sequence.
-        first: u64,
+        first: LogPosition,
         /// The sequence this node needed next.
-        next: u64,
+        next: LogPosition,
     },
     /// The stream was deleted and created again: its sequences are another history.
     #[error("the stream was deleted and created again (created {created}): its sequences are another history, under another epoch; restart this node to join it")]
@@ -58,7 +59,7 @@ pub enum Halt {
     #[error("sequence {sequence} is a record of format {version}, which this viewtape cannot read (it reads {RECORD_VERSION} and {SHARED_VERSION}): upgrade this node")]
     Format {
         /// The record's sequence.
-        sequence: u64,
+        sequence: LogPosition,
         /// Its format, as its header names it.
         version: String,
     },
@@ -66,7 +67,7 @@ pub enum Halt {
     #[error("sequence {sequence} is a record this viewtape cannot read (a kind of a newer viewtape?): {source}")]
     Unreadable {
         /// The record's sequence.
-        sequence: u64,
+        sequence: LogPosition,
         /// Why it does not decode.
         source: Arc<rmp_serde::decode::Error>,
     },
@@ -74,7 +75,7 @@ pub enum Halt {
     #[error("sequence {sequence} deploys module {module} to runtime {runtime:?}, which this node cannot load: {source}")]
     Module {
         /// The record's sequence.
-        sequence: u64,
+        sequence: LogPosition,
         /// The module deployed.
         module: ModuleFingerprint,
         /// The runtime it is deployed to.
@@ -86,7 +87,7 @@ pub enum Halt {
     #[error("sequence {sequence} restores {object}, which this node cannot fetch: {source}")]
     Restore {
         /// The record's sequence.
-        sequence: u64,
+        sequence: LogPosition,
         /// The snapshot's object in the bucket.
         object: String,
         /// Why it cannot be fetched.
@@ -96,7 +97,7 @@ pub enum Halt {
     #[error("sequence {sequence}: {source}")]
     Apply {
         /// The record's sequence.
-        sequence: u64,
+        sequence: LogPosition,
         /// Why.
         source: Arc<ApplyError>,
     },
@@ -141,40 +142,43 @@ mod tests {
         vec![
             Halt::Uncovered {
                 stream: "viewtape".into(),
-                first: 9,
-                needed: 8,
+                first: LogPosition::new(9),
+                needed: LogPosition::new(8),
             },
             Halt::Skipped {
-                next: 4,
-                delivered: 7,
+                next: LogPosition::new(4),
+                delivered: LogPosition::new(7),
             },
-            Halt::Purged { first: 7, next: 4 },
+            Halt::Purged {
+                first: LogPosition::new(7),
+                next: LogPosition::new(4),
+            },
             Halt::Recreated {
                 created: "2026-01-01 0:00:00.0 +00:00:00".into(),
             },
             Halt::Format {
-                sequence: 3,
+                sequence: LogPosition::new(3),
                 version: "9".into(),
             },
             Halt::Unreadable {
-                sequence: 3,
+                sequence: LogPosition::new(3),
                 source: Arc::new(
                     rmp_serde::from_slice::<u8>(b"").expect_err("nothing is no record"),
                 ),
             },
             Halt::Module {
-                sequence: 3,
+                sequence: LogPosition::new(3),
                 module: ModuleFingerprint::of(b"wasm"),
                 runtime: "demo".into(),
                 source: Arc::clone(&shared),
             },
             Halt::Restore {
-                sequence: 3,
+                sequence: LogPosition::new(3),
                 object: "restore-00".into(),
                 source: shared,
             },
             Halt::Apply {
-                sequence: 3,
+                sequence: LogPosition::new(3),
                 source: Arc::new(ApplyError::Stopped {
                     runtime: "demo".into(),
                 }),

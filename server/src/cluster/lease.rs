@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 use tracing::Instrument as _;
 
 use super::{Cluster, LEASE};
-use crate::log::Log;
+use crate::log::{Log, LogPosition};
 
 impl Cluster {
     /// Runs what `start` starts (`name`: the demo feed, a file source) on one node of the
@@ -78,7 +78,7 @@ impl Cluster {
     async fn caught_up(&self, log: &Log) {
         let last = match self.js.get_stream(&self.stream).await {
             Ok(mut stream) => match stream.info().await {
-                Ok(info) => info.state.last_sequence,
+                Ok(info) => LogPosition::new(info.state.last_sequence),
                 Err(_) => return,
             },
             Err(_) => return,

@@ -64,7 +64,7 @@ pub use halt::Halt;
 
 use crate::config::ClusterSection;
 use crate::hub::Hub;
-use crate::log::{Backend, Log, StreamDurability, StreamLog};
+use crate::log::{Backend, Log, LogPosition, StreamDurability, StreamLog};
 
 /// Times a record the runtime could not apply now is applied again before the node gives up.
 const APPLY_ATTEMPTS: u32 = 10;
@@ -106,9 +106,9 @@ pub struct Readiness {
     /// applying.
     pub ready: bool,
     /// The last sequence applied.
-    pub applied: u64,
+    pub applied: LogPosition,
     /// The stream's last sequence, as last seen.
-    pub stream_last: u64,
+    pub stream_last: LogPosition,
     /// Why the node stopped applying, if it did.
     pub broken: Option<Halt>,
     /// Why the node takes no ingest although it applies (its config names another build than
@@ -151,10 +151,11 @@ pub struct Cluster {
     created_ns: i128,
     ahead_wait: Duration,
     /// The last sequence the stream held when this node joined.
-    joined_at: u64,
+    joined_at: LogPosition,
     /// The stream's first sequence when this node joined.
-    stream_first: u64,
-    /// The stream's last sequence, as last seen.
+    stream_first: LogPosition,
+    /// The stream's last sequence, as last seen (a [`LogPosition`]'s number: the atomic holds a
+    /// `u64`).
     stream_last: AtomicU64,
     /// Every runtime's module is settled (declared on the stream, and named by this node's
     /// config).
@@ -297,16 +298,16 @@ impl Cluster {
             epoch,
             created_ns,
             ahead_wait: section.ahead_wait,
-            joined_at: info.state.last_sequence,
-            stream_first: info.state.first_sequence,
+            joined_at: LogPosition::new(info.state.last_sequence),
+            stream_first: LogPosition::new(info.state.first_sequence),
             stream_last: AtomicU64::new(info.state.last_sequence),
             settled: AtomicBool::new(false),
             settling: AtomicBool::new(false),
             restores: watch::Sender::new(Default::default()),
             readiness: watch::Sender::new(Readiness {
                 ready: false,
-                applied: 0,
-                stream_last: info.state.last_sequence,
+                applied: LogPosition::ZERO,
+                stream_last: LogPosition::new(info.state.last_sequence),
                 broken: None,
                 refused: None,
                 passed_over: BTreeSet::new(),
@@ -321,7 +322,11 @@ impl Cluster {
 
     /// The log of this node: the stream from `position` on, having passed over the records of
     /// the runtimes in `passed_over` ([`StreamLog::passed_over`]).
-    fn log_at(&self, position: u64, passed_over: BTreeMap<String, u64>) -> Arc<Log> {
+    fn log_at(
+        &self,
+        position: LogPosition,
+        passed_over: BTreeMap<String, LogPosition>,
+    ) -> Arc<Log> {
         self.stream_log.take_passed_over(passed_over);
         let backend = Backend::Stream(Arc::clone(&self.stream_log));
         Arc::new(Log::new(backend, position))
@@ -372,12 +377,12 @@ fn stream_epoch(name: &str, created_ns: i128) -> JournalEpoch {
 }
 
 /// The epoch a live restore at stream `position` takes on every node.
-fn restored_epoch(stream: JournalEpoch, position: u64) -> JournalEpoch {
+fn restored_epoch(stream: JournalEpoch, position: LogPosition) -> JournalEpoch {
     use sha2::Digest as _;
     let mut hash = sha2::Sha256::new();
     hash.update(b"viewtape restore epoch\0");
     hash.update(stream.to_string().as_bytes());
-    hash.update(position.to_le_bytes());
+    hash.update(position.get().to_le_bytes());
     epoch_of(hash)
 }
 
@@ -405,8 +410,8 @@ mod tests {
     fn readyz_names_the_halt_and_says_why() {
         let mut readiness = Readiness {
             ready: true,
-            applied: 7,
-            stream_last: 7,
+            applied: LogPosition::new(7),
+            stream_last: LogPosition::new(7),
             broken: None,
             refused: None,
             passed_over: BTreeSet::new(),
@@ -433,8 +438,14 @@ mod tests {
     #[test]
     fn a_restore_takes_an_epoch_of_its_position_on_every_node() {
         let stream = stream_epoch("viewtape", 1);
-        assert_eq!(restored_epoch(stream, 7), restored_epoch(stream, 7));
-        assert_ne!(restored_epoch(stream, 7), restored_epoch(stream, 8));
-        assert_ne!(restored_epoch(stream, 7), stream);
+        assert_eq!(
+            restored_epoch(stream, LogPosition::new(7)),
+            restored_epoch(stream, LogPosition::new(7))
+        );
+        assert_ne!(
+            restored_epoch(stream, LogPosition::new(7)),
+            restored_epoch(stream, LogPosition::new(8))
+        );
+        assert_ne!(restored_epoch(stream, LogPosition::new(7)), stream);
     }
 }

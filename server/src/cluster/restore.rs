@@ -10,12 +10,12 @@ use tokio::sync::watch;
 
 use super::apply::Appliers;
 use super::{restored_epoch, Cluster, Halt};
-use crate::log::{unix_ms_now, Entry, Log, RestoreEntry};
+use crate::log::{unix_ms_now, Entry, Log, LogPosition, RestoreEntry};
 use crate::snapshot::{RestoreAt, Restored, SnapshotActionError, Snapshots};
 
 /// Outcomes of restores applied, by sequence, for the node that published them.
 pub(super) type RestoreOutcomes =
-    watch::Sender<BTreeMap<u64, Result<Restored, SnapshotActionError>>>;
+    watch::Sender<BTreeMap<LogPosition, Result<Restored, SnapshotActionError>>>;
 
 /// Restore outcomes kept.
 const OUTCOMES_KEPT: usize = 64;
@@ -91,7 +91,7 @@ impl Cluster {
         &self,
         appliers: &Appliers,
         log: &Log,
-        sequence: u64,
+        sequence: LogPosition,
         restore: RestoreEntry,
     ) -> Result<(), Halt> {
         let bytes = match self.get_restore(&restore.object, &restore.sha256).await {
@@ -110,11 +110,11 @@ impl Cluster {
         };
         let outcome = match appliers.snapshots.restore_encoded(&bytes, at).await {
             Ok(restored) => {
-                tracing::info!(sequence, epoch = %restored.epoch, "cluster: snapshot restored; every subscriber is reset");
+                tracing::info!(sequence = sequence.get(), epoch = %restored.epoch, "cluster: snapshot restored; every subscriber is reset");
                 Ok(restored)
             }
             Err(error) => {
-                tracing::warn!(%error, sequence, "cluster: the restore is refused; nothing changed");
+                tracing::warn!(%error, sequence = sequence.get(), "cluster: the restore is refused; nothing changed");
                 drop(log.turn(Some(sequence), 1).await);
                 Err(error)
             }

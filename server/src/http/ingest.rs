@@ -174,9 +174,9 @@ fn with_next_seq(error: ApiError, next: ProducerSeq) -> ApiError {
     error
         .with_header(
             HeaderName::from_static("producer-expected-seq"),
-            next.0.into(),
+            next.get().into(),
         )
-        .with_field("next_seq", next.0)
+        .with_field("next_seq", next.get())
 }
 
 /// The producer headers, if any.
@@ -230,8 +230,8 @@ fn producer_stamp(headers: &HeaderMap) -> Result<Option<ProducerStamp>, ApiError
     };
     Ok(Some(ProducerStamp {
         id,
-        epoch: ProducerEpoch(epoch.unwrap_or(0)),
-        seq: ProducerSeq(seq),
+        epoch: epoch.map_or(ProducerEpoch::default(), ProducerEpoch::new),
+        seq: ProducerSeq::new(seq),
         claim: false,
     }))
 }
@@ -269,7 +269,7 @@ async fn claim(
     tracing::info!(producer = %id, %epoch, "producer claimed an epoch");
     Ok(Json(serde_json::json!({
         "producer": id,
-        "epoch": epoch.0,
+        "epoch": epoch.get(),
         "seq": 0,
         "position": accepted.receipt.position,
         "durability": accepted.receipt.durability,
@@ -289,8 +289,8 @@ mod tests {
             headers.insert(PRODUCER_SEQ, HeaderValue::from_str(seq).unwrap());
             producer_stamp(&headers).map(|s| s.map(|s| s.seq))
         };
-        assert_eq!(stamp("2").unwrap(), Some(ProducerSeq(2)));
-        assert_eq!(stamp("007").unwrap(), Some(ProducerSeq(7)));
+        assert_eq!(stamp("2").unwrap(), Some(ProducerSeq::new(2)));
+        assert_eq!(stamp("007").unwrap(), Some(ProducerSeq::new(7)));
         for refused in [
             "+2",
             "-0",

@@ -280,10 +280,10 @@ fn put_lines(out: &mut impl BufMut, payload: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use viewtape_journal::JournalEpoch;
+    use viewtape_journal::{JournalEpoch, ViewOffset};
 
     fn cursor() -> Cursor {
-        Cursor::new(JournalEpoch::from_bits(0xab), 7)
+        Cursor::new(JournalEpoch::from_bits(0xab), ViewOffset::new(7))
     }
 
     fn encode(cursor: Option<Cursor>, kind: EventKind, key: &str, payload: &[u8]) -> Frame {

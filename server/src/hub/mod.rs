@@ -143,7 +143,7 @@ impl View {
         let state = self.lock();
         let window = journal.window_now(&self.name);
         StateCut {
-            cursor: Cursor::new(window.epoch, window.next - 1),
+            cursor: Cursor::new(window.epoch, window.next.prev()),
             entries: state
                 .iter()
                 .filter(|(key, _)| narrow.keeps(key))

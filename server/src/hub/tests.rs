@@ -1,7 +1,7 @@
 //! The hub's tests.
 
 use super::*;
-use viewtape_journal::JournalConfig;
+use viewtape_journal::{JournalConfig, ViewOffset};
 
 fn event(kind: EventKind, key: &str, payload: &str) -> GuestEvent {
     let payload = Bytes::copy_from_slice(payload.as_bytes());
@@ -25,7 +25,7 @@ async fn commit_appends_updates_state_and_wakes_once() {
     assert!(ticks.has_changed().unwrap());
     assert_eq!(*ticks.borrow_and_update(), 1);
     let cut = view.cut(hub.journal(), &Narrow::All);
-    assert_eq!(cut.cursor.offset(), 3);
+    assert_eq!(cut.cursor.offset(), ViewOffset::new(3));
     assert_eq!(cut.entries.len(), 1);
     assert_eq!(cut.entries[0].value_json().as_deref(), Some(&b"2"[..]));
     let narrowed = view.cut(hub.journal(), &Narrow::Keys(["A".to_owned()].into()));
@@ -47,7 +47,11 @@ async fn a_key_set_again_in_a_run_ends_with_its_last_event() {
     ]);
     hub.commit("demo", batch, crate::log::unix_ms_now()).await;
     let cut = view.cut(hub.journal(), &Narrow::All);
-    assert_eq!(cut.cursor.offset(), 7, "every event is on the tape");
+    assert_eq!(
+        cut.cursor.offset(),
+        ViewOffset::new(7),
+        "every event is on the tape"
+    );
     let mut state: Vec<(String, String)> = view
         .entries()
         .into_iter()
@@ -104,14 +108,14 @@ async fn a_long_batch_across_views_commits_in_order_run_by_run() {
     let a = journal.replay_after("a", None).await.unwrap();
     assert_eq!(a.len(), n + 1);
     for (i, record) in a.iter().enumerate() {
-        assert_eq!(record.offset, i as u64 + 1);
+        assert_eq!(record.offset.get(), i as u64 + 1);
         let id = format!("id: {}\n", Cursor::new(epoch, record.offset));
         assert!(record.frame.starts_with(id.as_bytes()), "record {i}");
     }
     assert_eq!(journal.replay_after("b", None).await.unwrap().len(), 1);
     let view = hub.view("a").unwrap();
     let cut = view.cut(journal, &Narrow::All);
-    assert_eq!(cut.cursor.offset(), n as u64 + 1);
+    assert_eq!(cut.cursor.offset().get(), n as u64 + 1);
     assert_eq!(cut.entries.len(), 9, "k0 was deleted last");
     let k9 = view
         .entries()

@@ -302,8 +302,8 @@ mod tests {
             input: Bytes::from_static(b"{\"seq\":1}\n"),
             producer: Some(ProducerStamp {
                 id: "p".into(),
-                epoch: ProducerEpoch(1),
-                seq: ProducerSeq(2),
+                epoch: ProducerEpoch::new(1),
+                seq: ProducerSeq::new(2),
                 claim: false,
             }),
             checkpoint: None,

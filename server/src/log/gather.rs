@@ -28,7 +28,7 @@ const BATCH_OVERHEAD: usize = 256;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Placed {
     /// The message's stream sequence: the batch's log position.
-    pub sequence: u64,
+    pub sequence: super::LogPosition,
     /// Its index among the message's batches.
     pub index: u32,
     /// JetStream held the batch already: the producer sent it again within the duplicate

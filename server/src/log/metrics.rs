@@ -117,7 +117,7 @@ impl LogMetrics {
         Box::new(move |group: GroupWritten| {
             metrics.records.inc_by(group.records);
             metrics.bytes.inc_by(gauge(group.bytes));
-            metrics.position.set(gauge(group.next - 1));
+            metrics.position.set(gauge(group.next.prev().get()));
             if group.new_segment {
                 metrics.segments.inc();
             }

@@ -17,6 +17,14 @@
 //! replayed at a restart), this node's own [`Segments`], or a cluster's [`StreamLog`]. Each
 //! variant holds what its mode owns; the commit order is the same for all three.
 //!
+//! ## Positions
+//!
+//! A record's place in the log is a [`LogPosition`], defined beside the segment files it
+//! numbers (`viewtape_snapshots::log`) and re-exported here: receipts, turns, the committed
+//! position and a snapshot's recorded position all carry it, never a bare `u64`. On a cluster a
+//! position is the stream sequence of the record's message, the same type: the type's docs say
+//! why.
+//!
 //! | file | job |
 //! |---|---|
 //! | this one | [`Log`] and its [`Backend`]: appends, turns, the segments' reopen after a failure; the receipt |
@@ -43,6 +51,8 @@ use tokio::sync::{oneshot, watch};
 use viewtape_snapshots::log::{Durability, LogDir, LogError, LogWriter};
 use viewtape_snapshots::log::{Lineage, WriterOptions};
 
+pub use viewtape_snapshots::log::LogPosition;
+
 pub use entry::{BatchEntry, DeployEntry, Digest, Entry, Outcome, RestoreEntry};
 pub use metrics::LogMetrics;
 pub use publisher::PublishError;
@@ -57,7 +67,7 @@ pub struct Receipt {
     pub gaps: Vec<String>,
     /// The batch's log position (`None` with the log off). Positions only increase: none is
     /// named for two batches, also across a start that failed closed.
-    pub position: Option<u64>,
+    pub position: Option<LogPosition>,
     /// `"fsync"` (on the device) or `"os"` (handed to the operating system); `None` with the
     /// log off.
     pub durability: Option<DurabilityName>,
@@ -194,7 +204,7 @@ impl Segments {
 pub struct Log {
     backend: Backend,
     /// The last position committed to the journal.
-    committed: watch::Sender<u64>,
+    committed: watch::Sender<LogPosition>,
     /// Set while a replay that broke off drains the records it had in flight: their turns
     /// will never come, and [`Log::turn_unless_abandoned`] says so.
     abandoned: watch::Sender<bool>,
@@ -205,9 +215,9 @@ impl Log {
     /// A log on `backend` whose records up to `committed` are already applied (a snapshot's
     /// position). Segments get their writer with [`Log::start_writer`]; until then nothing is
     /// appended.
-    pub fn new(backend: Backend, committed: u64) -> Self {
+    pub fn new(backend: Backend, committed: LogPosition) -> Self {
         if let Backend::Segments(segments) = &backend {
-            segments.durable.store(committed, Ordering::Relaxed);
+            segments.durable.store(committed.get(), Ordering::Relaxed);
         }
         Self {
             backend,
@@ -224,7 +234,7 @@ impl Log {
 
     /// The last position committed, when committed batches have positions (in this node's
     /// segments, or in a cluster's stream); `None` with the log off. What a snapshot records.
-    pub fn position(&self) -> Option<u64> {
+    pub fn position(&self) -> Option<LogPosition> {
         match self.backend {
             Backend::Off => None,
             Backend::Segments(_) | Backend::Stream(_) => Some(self.committed()),
@@ -244,7 +254,7 @@ impl Log {
     }
 
     /// Follows the last committed position.
-    pub fn watch_committed(&self) -> watch::Receiver<u64> {
+    pub fn watch_committed(&self) -> watch::Receiver<LogPosition> {
         self.committed.subscribe()
     }
 
@@ -273,7 +283,7 @@ impl Log {
     pub fn start_writer(
         &self,
         dir: &LogDir,
-        next: u64,
+        next: LogPosition,
         segment_bytes: u64,
     ) -> Result<(), LogError> {
         let Backend::Segments(segments) = &self.backend else {
@@ -291,11 +301,11 @@ impl Log {
             watermark,
         };
         let writer = LogWriter::start(dir, next, options, self.metrics.observer())?;
-        self.metrics.position.set(gauge(next.saturating_sub(1)));
+        self.metrics.position.set(gauge(next.prev().get()));
         self.measure(dir)?;
         segments
             .durable
-            .fetch_max(next.saturating_sub(1), Ordering::Relaxed);
+            .fetch_max(next.prev().get(), Ordering::Relaxed);
         *segments
             .writer
             .lock()
@@ -318,7 +328,7 @@ impl Log {
             .take();
         // Dropping it waits for its thread, which fails what is still queued.
         let _ = tokio::task::spawn_blocking(move || drop(old)).await;
-        let durable = segments.durable.load(Ordering::Relaxed);
+        let durable = LogPosition::new(segments.durable.load(Ordering::Relaxed));
         let mut committed = self.committed.subscribe();
         let _ = committed.wait_for(|c| *c >= durable).await;
         let Some((dir, segment_bytes)) = segments.dir.get() else {
@@ -339,13 +349,16 @@ impl Log {
                         source: std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
                     });
                 }
-                log.start_writer(&dir, last + 1, segment_bytes)?;
+                log.start_writer(&dir, last.next(), segment_bytes)?;
                 Ok(last)
             })
             .await;
             match reopened {
                 Ok(Ok(last)) => {
-                    tracing::warn!(through = last, "log reopened and verified; ingest resumes");
+                    tracing::warn!(
+                        through = last.get(),
+                        "log reopened and verified; ingest resumes"
+                    );
                     segments.reopening.store(false, Ordering::Relaxed);
                     return;
                 }
@@ -363,7 +376,7 @@ impl Log {
     ///
     /// # Errors
     /// Listing or deleting fails.
-    pub fn delete_before(&self, position: u64) -> Result<usize, LogError> {
+    pub fn delete_before(&self, position: LogPosition) -> Result<usize, LogError> {
         let Backend::Segments(segments) = &self.backend else {
             return Ok(0);
         };
@@ -392,7 +405,10 @@ impl Log {
     /// # Errors
     /// The segments failed (a reopen starts; see [`Segments`]), are being reopened, or are not
     /// started.
-    pub async fn append(self: &Arc<Self>, records: Vec<Vec<u8>>) -> Result<Option<u64>, LogError> {
+    pub async fn append(
+        self: &Arc<Self>,
+        records: Vec<Vec<u8>>,
+    ) -> Result<Option<LogPosition>, LogError> {
         let segments = match &self.backend {
             Backend::Off | Backend::Stream(_) => return Ok(None),
             Backend::Segments(segments) => segments,
@@ -421,7 +437,7 @@ impl Log {
             Ok(first) => {
                 segments
                     .durable
-                    .fetch_max(first + count.saturating_sub(1), Ordering::Relaxed);
+                    .fetch_max(last_of(first, count).get(), Ordering::Relaxed);
                 Ok(Some(first))
             }
             Err(error) => {
@@ -437,7 +453,7 @@ impl Log {
     /// Waits until every position before `first` has committed, and returns the turn of the
     /// `count` records from `first`: they are committed when it is dropped. `None` (the log is
     /// off) is always its turn.
-    pub async fn turn(&self, first: Option<u64>, count: u64) -> Turn<'_> {
+    pub async fn turn(&self, first: Option<LogPosition>, count: u64) -> Turn<'_> {
         let Some(first) = first else {
             return Turn {
                 log: self,
@@ -446,16 +462,20 @@ impl Log {
         };
         let mut committed = self.committed.subscribe();
         // The sender lives as long as `self`.
-        let _ = committed.wait_for(|c| *c + 1 >= first).await;
+        let _ = committed.wait_for(|c| c.next() >= first).await;
         Turn {
             log: self,
-            last: Some(first + count.saturating_sub(1)),
+            last: Some(last_of(first, count)),
         }
     }
 
     /// As [`Log::turn`], or `None` once the turns waited for are abandoned
     /// ([`Log::abandon_turns`]): a replay broke off before them.
-    pub async fn turn_unless_abandoned(&self, first: Option<u64>, count: u64) -> Option<Turn<'_>> {
+    pub async fn turn_unless_abandoned(
+        &self,
+        first: Option<LogPosition>,
+        count: u64,
+    ) -> Option<Turn<'_>> {
         let mut abandoned = self.abandoned.subscribe();
         tokio::select! {
             biased;
@@ -471,12 +491,12 @@ impl Log {
     }
 
     /// Marks `position` as applied without a commit (start-up, before the runtimes run).
-    pub fn skip_to(&self, position: u64) {
+    pub fn skip_to(&self, position: LogPosition) {
         self.committed.send_modify(|c| *c = (*c).max(position));
     }
 
     /// The last position committed: what a snapshot taken now reflects.
-    pub fn committed(&self) -> u64 {
+    pub fn committed(&self) -> LogPosition {
         *self.committed.borrow()
     }
 }
@@ -484,7 +504,7 @@ impl Log {
 impl Default for Log {
     /// The log off.
     fn default() -> Self {
-        Self::new(Backend::Off, 0)
+        Self::new(Backend::Off, LogPosition::ZERO)
     }
 }
 
@@ -497,6 +517,11 @@ pub fn unix_ms_now() -> u64 {
         })
 }
 
+/// The last of `count` records from `first` (`first` itself for none or one).
+fn last_of(first: LogPosition, count: u64) -> LogPosition {
+    first.saturating_add(count.saturating_sub(1))
+}
+
 /// `n` as a gauge's value.
 fn gauge(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
@@ -506,7 +531,7 @@ fn gauge(n: u64) -> i64 {
 #[derive(Debug)]
 pub struct Turn<'a> {
     log: &'a Log,
-    last: Option<u64>,
+    last: Option<LogPosition>,
 }
 
 impl Turn<'_> {

@@ -45,21 +45,63 @@ pub const MAX_PRODUCER_ID: usize = 256;
 pub const RECEIPTS_KEPT: usize = 8;
 
 /// A producer's epoch: each claim takes a higher one, and a batch of an older one is fenced.
+///
+/// Epoch 0 is a producer's before any claim (a batch without `Producer-Epoch`). Its own type, as
+/// [`ProducerSeq`] is, so that neither mixes with the other or with a log position; the number
+/// comes out with [`ProducerEpoch::get`] only on the wire. Serde and [`Display`] are the bare
+/// number.
+///
+/// [`Display`]: std::fmt::Display
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
 #[serde(transparent)]
-pub struct ProducerEpoch(pub u64);
+pub struct ProducerEpoch(u64);
 
-/// A producer's sequence number within its epoch: 0, 1, 2, … with no gap.
+impl ProducerEpoch {
+    /// Epoch `epoch`, as a `Producer-Epoch` header (or a test) gives it.
+    pub const fn new(epoch: u64) -> Self {
+        Self(epoch)
+    }
+
+    /// The number, for the wire.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The epoch a claim takes after this one.
+    #[must_use]
+    pub const fn next(self) -> Self {
+        Self(self.0.saturating_add(1))
+    }
+}
+
+/// A producer's sequence number within its epoch: 0, 1, 2, … with no gap. Serde and
+/// [`Display`] are the bare number.
+///
+/// [`Display`]: std::fmt::Display
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
 #[serde(transparent)]
-pub struct ProducerSeq(pub u64);
+pub struct ProducerSeq(u64);
 
 impl ProducerSeq {
+    /// The first `seq` of an epoch.
+    pub const FIRST: Self = Self(0);
+
+    /// Sequence number `seq`, as a `Producer-Seq` header (or a test) gives it.
+    pub const fn new(seq: u64) -> Self {
+        Self(seq)
+    }
+
+    /// The number, for the wire.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
     /// The one after this.
+    #[must_use]
     pub fn next(self) -> Self {
         Self(self.0.saturating_add(1))
     }
@@ -193,7 +235,7 @@ struct Entry {
 impl Entry {
     fn next(&self) -> ProducerSeq {
         match self.claimed {
-            true => ProducerSeq(0),
+            true => ProducerSeq::FIRST,
             false => self.seq.next(),
         }
     }
@@ -244,9 +286,9 @@ impl ProducerTable {
     pub fn check(&self, stamp: &ProducerStamp, input: InputDigest) -> Verdict {
         let Some(last) = self.entries.get(&stamp.id) else {
             return match stamp.seq {
-                ProducerSeq(0) => Verdict::Next,
+                ProducerSeq::FIRST => Verdict::Next,
                 _ => Verdict::OutOfOrder {
-                    expected: ProducerSeq(0),
+                    expected: ProducerSeq::FIRST,
                 },
             };
         };
@@ -257,9 +299,9 @@ impl ProducerTable {
         }
         if stamp.epoch > last.epoch {
             return match stamp.seq {
-                ProducerSeq(0) => Verdict::Next,
+                ProducerSeq::FIRST => Verdict::Next,
                 _ => Verdict::OutOfOrder {
-                    expected: ProducerSeq(0),
+                    expected: ProducerSeq::FIRST,
                 },
             };
         }
@@ -305,15 +347,13 @@ impl ProducerTable {
     /// from here on.
     pub fn claim(&mut self, id: &str) -> (ProducerEpoch, Undo) {
         let previous = self.entries.get(id).cloned();
-        let epoch = ProducerEpoch(
-            previous
-                .as_ref()
-                .map_or(0, |last| last.epoch.0)
-                .saturating_add(1),
-        );
+        let epoch = previous
+            .as_ref()
+            .map_or(ProducerEpoch::default(), |last| last.epoch)
+            .next();
         let entry = Entry {
             epoch,
-            seq: ProducerSeq(0),
+            seq: ProducerSeq::FIRST,
             receipt: None,
             used: 0,
             claimed: true,
@@ -461,7 +501,7 @@ mod tests {
         assert_eq!(
             table.check(&stamp("p", 0, 1), input(0)),
             Verdict::OutOfOrder {
-                expected: ProducerSeq(0)
+                expected: ProducerSeq::FIRST
             }
         );
         send(&mut table, 0, 0, 10);
@@ -480,7 +520,7 @@ mod tests {
         assert_eq!(
             table.check(&stamp("p", 1, 3), input(0)),
             Verdict::OutOfOrder {
-                expected: ProducerSeq(0)
+                expected: ProducerSeq::FIRST
             }
         );
         table.stage(&stamp("p", 1, 0), input(0));
@@ -555,7 +595,7 @@ mod tests {
         let mut table = ProducerTable::default();
         let (first, _) = table.claim("p");
         assert_eq!(first, ProducerEpoch(1));
-        assert_eq!(table.next("p"), Some((first, ProducerSeq(0))));
+        assert_eq!(table.next("p"), Some((first, ProducerSeq::FIRST)));
         send(&mut table, 1, 0, 5);
         let (second, undo) = table.claim("p");
         assert_eq!(second, ProducerEpoch(2));

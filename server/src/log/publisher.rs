@@ -10,6 +10,8 @@ use std::time::Duration;
 use async_nats::jetstream;
 use bytes::Bytes;
 
+use super::LogPosition;
+
 /// The header every record a node publishes carries, with the record format's version: a
 /// message without it was not published by a node.
 pub const RECORD_HEADER: &str = "Viewtape-Record";
@@ -23,7 +25,7 @@ pub const SHARED_VERSION: &str = "2";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Published {
     /// Its stream sequence: its log position.
-    pub sequence: u64,
+    pub sequence: LogPosition,
     /// JetStream already held a message with its id (at `sequence`).
     pub duplicate: bool,
 }
@@ -136,7 +138,7 @@ impl Publisher {
             .await
             .map_err(|_| PublishError::Timeout(self.timeout))?;
         Ok(Published {
-            sequence: ack.sequence,
+            sequence: LogPosition::new(ack.sequence),
             duplicate: ack.duplicate,
         })
     }

@@ -19,7 +19,7 @@ use super::publisher::Publisher;
 use super::publisher::{PublishError, Published};
 /// The record format, for the readers of the stream.
 pub use super::publisher::{RECORD_HEADER, RECORD_VERSION, SHARED_VERSION};
-use super::BatchEntry;
+use super::{BatchEntry, LogPosition};
 
 /// Whether a node publishes.
 #[derive(Debug)]
@@ -60,7 +60,7 @@ pub struct StreamLog {
     /// sequence of theirs it passed over. Snapshots keep it, so that a config that adds one of
     /// them later finds its history missing wherever the stream held that history: on the
     /// runtime's subject, in messages of several runtimes, or aged out.
-    passed_over: Mutex<BTreeMap<String, u64>>,
+    passed_over: Mutex<BTreeMap<String, LogPosition>>,
 }
 
 impl StreamLog {
@@ -96,7 +96,7 @@ impl StreamLog {
 
     /// Takes on the runtimes a snapshot says were passed over before it
     /// ([`StreamLog::passed_over`]), in place of those it knew.
-    pub fn take_passed_over(&self, passed_over: BTreeMap<String, u64>) {
+    pub fn take_passed_over(&self, passed_over: BTreeMap<String, LogPosition>) {
         *self
             .passed_over
             .lock()
@@ -104,7 +104,7 @@ impl StreamLog {
     }
 
     /// Notes that this node passed over a record of `runtime` at `sequence`.
-    pub fn pass_over(&self, runtime: &str, sequence: u64) {
+    pub fn pass_over(&self, runtime: &str, sequence: LogPosition) {
         let mut passed = self
             .passed_over
             .lock()
@@ -119,7 +119,7 @@ impl StreamLog {
 
     /// The runtimes this node passed over records of, each with the first sequence of theirs
     /// it passed over.
-    pub fn passed_over(&self) -> BTreeMap<String, u64> {
+    pub fn passed_over(&self) -> BTreeMap<String, LogPosition> {
         self.passed_over
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -127,7 +127,7 @@ impl StreamLog {
     }
 
     /// The first sequence of `runtime`'s that this node passed over, if it passed over any.
-    pub fn first_passed_over(&self, runtime: &str) -> Option<u64> {
+    pub fn first_passed_over(&self, runtime: &str) -> Option<LogPosition> {
         self.passed_over
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

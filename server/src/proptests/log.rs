@@ -61,7 +61,7 @@ struct World {
     dir: tempfile::TempDir,
     server: Option<Started>,
     /// `(view, offset)` → the frame served under it (one epoch for the whole run).
-    served: BTreeMap<(String, u64), Bytes>,
+    served: BTreeMap<(String, viewtape_journal::ViewOffset), Bytes>,
     epoch: Option<String>,
     next_payload: u64,
     /// The module each runtime should run: the configured one, or the last deployed.

@@ -68,7 +68,7 @@ struct World {
     rule: StartRule,
     hub: Arc<Hub>,
     /// Every frame ever seen, by cursor.
-    seen: HashMap<(JournalEpoch, String, u64), Bytes>,
+    seen: HashMap<(JournalEpoch, String, viewtape_journal::ViewOffset), Bytes>,
     next_event: u64,
 }
 

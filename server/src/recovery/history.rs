@@ -37,7 +37,7 @@ pub fn open(
     };
     let (history, created) = DataHistory::open_or_create(data_dir, || legacy)?;
     if created {
-        tracing::info!(history = %history.id, legacy_log_through = ?history.legacy.log_through, legacy_snapshot_seq = ?history.legacy.snapshot_seq, "this data directory now has a history id");
+        tracing::info!(history = %history.id, legacy_log_through = ?history.legacy.log_through.map(|p| p.get()), legacy_snapshot_seq = ?history.legacy.snapshot_seq.map(|s| s.get()), "this data directory now has a history id");
     }
     Ok((history, created))
 }

@@ -50,7 +50,7 @@ use viewtape_snapshots::{SnapshotDir, SnapshotError};
 
 use crate::config::{FsyncMode, LogSection};
 use crate::hub::Hub;
-use crate::log::{Backend, Break, Log, LogMetrics, Segments};
+use crate::log::{Backend, Break, Log, LogMetrics, LogPosition, Segments};
 use crate::recovery::history::EndMark;
 use crate::snapshot::{RuntimeDump, SnapshotBody};
 
@@ -89,7 +89,7 @@ struct Plan {
     scan: LogScan,
     segment_bytes: u64,
     /// The snapshot's position: replay starts after it.
-    from: u64,
+    from: LogPosition,
     /// A break found before replaying anything, after which no record of the log can follow
     /// the snapshot: `(cause, what)`. Nothing is replayed.
     broken_before: Option<(Break, String)>,
@@ -99,7 +99,7 @@ struct Plan {
     broken_at_end: Option<(Break, String)>,
     /// The highest position the log's files showed was used: a log that starts over after a
     /// break starts after it, so no position is ever handed out twice.
-    used: u64,
+    used: LogPosition,
     /// The snapshot holds no log position (taken with the log off).
     unpositioned: bool,
     /// No snapshot was found: nothing holds the epoch of what the log may hold.
@@ -169,7 +169,7 @@ pub async fn begin(
         let dumps = restore_at_start(hub, snapshots).await?;
         return Ok(Begun {
             dumps,
-            log: Arc::new(Log::new(Backend::Off, 0)),
+            log: Arc::new(Log::new(Backend::Off, LogPosition::ZERO)),
             plan: None,
         });
     }
@@ -185,7 +185,7 @@ pub async fn begin(
     let from = body.as_ref().and_then(|b| b.log_position);
     let log = Arc::new(Log::new(
         Backend::Segments(Segments::new(durability)),
-        from.unwrap_or(0),
+        from.unwrap_or(LogPosition::ZERO),
     ));
     crate::recovery::history::note_skipped_snapshots(&newest.skipped, log.metrics());
     let dir = LogDir::create(log_dir)?;
@@ -218,7 +218,7 @@ pub async fn begin(
                 .to_owned(),
         ));
     }
-    let from = from.unwrap_or(0);
+    let from = from.unwrap_or(LogPosition::ZERO);
     let mut broken_at_end = end_problem.map(|problem| (Break::Missing, problem));
     if boot_changed {
         broken_at_end.get_or_insert((
@@ -226,7 +226,7 @@ pub async fn begin(
             "the machine restarted since the log was written with fsync = \"os\"; its unsynced tail may be gone".to_owned(),
         ));
     }
-    if let Some(first) = scan.segments.first().filter(|s| s.first > from + 1) {
+    if let Some(first) = scan.segments.first().filter(|s| s.first > from.next()) {
         broken_before.get_or_insert((
             Break::Missing,
             format!(
@@ -235,12 +235,12 @@ pub async fn begin(
             ),
         ));
     }
-    if !started_over && scan.next() < from + 1 {
+    if !started_over && scan.next() < from.next() {
         broken_before.get_or_insert((
             Break::Missing,
             format!(
                 "the snapshot is at log position {from}, but the log ends at {}",
-                scan.next() - 1
+                scan.next().prev()
             ),
         ));
     }
@@ -252,7 +252,7 @@ pub async fn begin(
         dumps = body.restore_into(hub, keep).await;
         tracing::info!(
             file = %file.as_deref().unwrap_or(Path::new("")).display(),
-            log_position = from,
+            log_position = from.get(),
             epoch = %hub.journal().epoch().await,
             "restored snapshot"
         );
@@ -285,7 +285,7 @@ struct Prepared {
     /// vouches for it.
     end_problem: Option<String>,
     /// The highest position the segments and the watermark showed was used.
-    used: u64,
+    used: LogPosition,
     /// The snapshot holds everything the log held: the log was set aside whole and starts over
     /// after the snapshot, with its epoch.
     started_over: bool,
@@ -303,7 +303,7 @@ fn prepare(
     watermark: bool,
     metrics: &LogMetrics,
     history: Option<&viewtape_snapshots::history::DataHistory>,
-    from: Option<u64>,
+    from: Option<LogPosition>,
 ) -> Result<Prepared, LogError> {
     let mut scan = dir.scan()?;
     let mut mark = EndMark::Unneeded;
@@ -321,7 +321,7 @@ fn prepare(
     }
     let used = scan
         .last_used()
-        .max(mark.ours().map_or(0, Watermark::last_used));
+        .max(mark.ours().map_or(LogPosition::ZERO, Watermark::last_used));
     let mut end_problem = mark.problem(&scan);
     let started_over = match from {
         Some(from) => set_aside_covered(dir, &mut scan, from, mark.ours(), &mut end_problem)?,
@@ -384,7 +384,7 @@ fn prepare(
 fn set_aside_covered(
     dir: &LogDir,
     scan: &mut LogScan,
-    from: u64,
+    from: LogPosition,
     mark: Option<&Watermark>,
     end_problem: &mut Option<String>,
 ) -> Result<bool, LogError> {
@@ -408,7 +408,7 @@ fn set_aside_covered(
             None => break,
         };
         whole = match scan.segments.get(needed) {
-            Some(next) if next.first <= from + 1 => false,
+            Some(next) if next.first <= from.next() => false,
             Some(_) => break,
             None if mark.is_some_and(|m| m.last_used() <= from) && scan.last_used() <= from => true,
             None => break,
@@ -424,7 +424,7 @@ fn set_aside_covered(
     }
     if whole || !kept.is_empty() {
         tracing::warn!(
-            log_position = from,
+            log_position = from.get(),
             kept = ?kept,
             whole,
             "log segments the snapshot makes unneeded are damaged or end early: set aside (kept); they break no continuity"

@@ -10,7 +10,7 @@ use viewtape_snapshots::log::{LogDamageKind, LogDir, LogError};
 use super::{Begun, Plan, RecoveryError};
 use crate::host::{GuestEngine, GuestModule};
 use crate::hub::Hub;
-use crate::log::{Break, DeployEntry, Entry, Log};
+use crate::log::{Break, DeployEntry, Entry, Log, LogPosition};
 use crate::runtime::handle::{Applied, Record};
 use crate::runtime::registry::{ModuleStore, Runtimes};
 use crate::runtime::RuntimeHandle;
@@ -75,7 +75,7 @@ pub async fn replay(
     if broken.is_none() {
         broken = plan.broken_at_end.clone();
     }
-    let mut next = plan.scan.next().max(plan.from + 1);
+    let mut next = plan.scan.next().max(plan.from.next());
     if let Some((cause, what)) = broken {
         let kept = plan.dir.set_aside_all()?;
         hub.journal()
@@ -84,12 +84,12 @@ pub async fn replay(
         hub.wake_all();
         // Positions are never reused, not even those of set-aside records, nor those of
         // records that went missing.
-        next = next.max(log.committed() + 1).max(plan.used + 1);
+        next = next.max(log.committed().next()).max(plan.used.next());
         log.metrics().failed_closed(cause);
         tracing::error!(
             %cause,
             problem = %what,
-            proven_through = log.committed(),
+            proven_through = log.committed().get(),
             kept = ?kept,
             epoch = %hub.journal().epoch().await,
             "log continuity is broken: taking a fresh epoch from here (clients get a reset); the log starts over, its files are kept"
@@ -98,7 +98,7 @@ pub async fn replay(
     } else if replayed.records > 0 {
         tracing::info!(
             records = replayed.records,
-            through = next - 1,
+            through = next.prev().get(),
             seconds = started.elapsed().as_secs_f64(),
             "log replayed"
         );
@@ -106,7 +106,7 @@ pub async fn replay(
     // The epoch lives in snapshots: the first life writes one before it issues an offset.
     replayed.needs_snapshot =
         replayed.failed_closed.is_some() || plan.unpositioned || plan.no_snapshot;
-    log.skip_to(next - 1);
+    log.skip_to(next.prev());
     let lineage = viewtape_snapshots::log::Lineage {
         history: plan.history,
         epoch: hub.journal().epoch().await.to_bits(),
@@ -120,7 +120,7 @@ pub async fn replay(
 async fn replay_deploy(
     runtime: &RuntimeHandle,
     deploy: DeployEntry,
-    position: u64,
+    position: LogPosition,
     modules: &ModuleStore,
     engine: &GuestEngine,
 ) -> Result<(), (Break, String)> {
@@ -161,7 +161,7 @@ async fn replay_records(
     count: &mut u64,
 ) -> Result<Option<(Break, String)>, RecoveryError> {
     // Records are read on a blocking thread and handed over one at a time.
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Vec<u8>)>(REPLAY_AHEAD);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(LogPosition, Vec<u8>)>(REPLAY_AHEAD);
     let dir = LogDir::open_existing(plan.dir.path())?;
     let from = plan.from;
     let reader = tokio::task::spawn_blocking(move || {
@@ -175,7 +175,7 @@ async fn replay_records(
         applying: VecDeque::new(),
         count,
     };
-    let mut expected = plan.from + 1;
+    let mut expected = plan.from.next();
     let mut broken = None;
     while let Some((position, payload)) = rx.recv().await {
         if position != expected {
@@ -183,12 +183,12 @@ async fn replay_records(
                 Break::Missing,
                 format!(
                     "log position {position} follows {} (records are missing)",
-                    expected - 1
+                    expected.prev()
                 ),
             ));
             break;
         }
-        expected += 1;
+        expected = expected.next();
         let entry = match Entry::decode(&payload) {
             Ok(entry) => entry,
             Err(error) => {
@@ -262,7 +262,7 @@ async fn replay_records(
 /// position order.
 struct Ahead<'a> {
     log: &'a Log,
-    applying: VecDeque<(u64, Applied)>,
+    applying: VecDeque<(LogPosition, Applied)>,
     count: &'a mut u64,
 }
 

@@ -34,11 +34,15 @@ use super::verdict::{Place, Verdict};
 use super::{ApplyError, BatchSink, DeployError, Deployed, IngestError};
 use crate::host::GuestModule;
 use crate::log::producer::{InputDigest, Undo};
-use crate::log::{BatchEntry, DeployEntry, Digest, Outcome};
+use crate::log::{BatchEntry, DeployEntry, Digest, LogPosition, Outcome};
 
 impl<S: BatchSink> Task<S> {
     /// Applies `record` at `position`; see the module docs.
-    pub(super) async fn apply(&mut self, record: Record, position: u64) -> Result<(), ApplyError> {
+    pub(super) async fn apply(
+        &mut self,
+        record: Record,
+        position: LogPosition,
+    ) -> Result<(), ApplyError> {
         match record {
             Record::Batch(entry) if entry.outcome == Outcome::Pending => {
                 self.judge_batches(vec![(0, entry)], position, false).await
@@ -50,7 +54,7 @@ impl<S: BatchSink> Task<S> {
             Record::Deploy(entry, module) if entry.pending => {
                 let verdict = self.judge_deploy(&entry, module, position).await;
                 if let Err(error) = &verdict {
-                    tracing::warn!(%error, position, module = %entry.module, "deploy refused here as on every node; nothing changed");
+                    tracing::warn!(%error, position = position.get(), module = %entry.module, "deploy refused here as on every node; nothing changed");
                 }
                 self.give((position, 0), Verdict::Deploy(verdict));
                 Ok(())
@@ -74,7 +78,7 @@ impl<S: BatchSink> Task<S> {
     async fn judge_batches(
         &mut self,
         entries: Vec<(u32, BatchEntry)>,
-        position: u64,
+        position: LogPosition,
         shared: bool,
     ) -> Result<(), ApplyError> {
         let (state, checkpoint) = (self.last.state.clone(), self.last.checkpoint);
@@ -170,7 +174,11 @@ impl<S: BatchSink> Task<S> {
     }
 
     /// Runs a batch of the local log again: it must produce what its record says.
-    async fn replay_batch(&mut self, entry: BatchEntry, position: u64) -> Result<(), ApplyError> {
+    async fn replay_batch(
+        &mut self,
+        entry: BatchEntry,
+        position: LogPosition,
+    ) -> Result<(), ApplyError> {
         if entry.module != *self.slot.module().fingerprint()
             || entry.guest_config != self.guest_config_crc
         {
@@ -243,7 +251,7 @@ impl<S: BatchSink> Task<S> {
         &mut self,
         entry: &DeployEntry,
         module: GuestModule,
-        position: u64,
+        position: LogPosition,
     ) -> Result<(), ApplyError> {
         let running = self.slot.module().fingerprint().clone();
         if entry.previous != running {
@@ -270,7 +278,7 @@ impl<S: BatchSink> Task<S> {
         &mut self,
         entry: &DeployEntry,
         module: GuestModule,
-        position: u64,
+        position: LogPosition,
     ) -> Result<Deployed, DeployError> {
         let running = self.slot.module().fingerprint().clone();
         let first = entry.previous == entry.module;

@@ -7,7 +7,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::{Accepted, ApplyError, DeployError, Deployed, IngestError, RuntimeSnapshot};
 use crate::host::{GuestError, GuestModule};
 use crate::log::producer::ProducerStamp;
-use crate::log::{BatchEntry, DeployEntry};
+use crate::log::{BatchEntry, DeployEntry, LogPosition};
 use crate::source::SourceCheckpoint;
 
 pub(super) type Reply = oneshot::Sender<Result<Accepted, IngestError>>;
@@ -43,7 +43,7 @@ pub(super) enum Command {
     Ingest(Ingest),
     Apply {
         record: Record,
-        position: u64,
+        position: LogPosition,
         reply: oneshot::Sender<Result<(), ApplyError>>,
     },
     Save {

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use super::task::Task;
 use super::{BatchSink, DeployError, Deployed};
 use crate::host::{GuestError, GuestInstance, GuestModule};
-use crate::log::{unix_ms_now, DeployEntry, Entry};
+use crate::log::{unix_ms_now, DeployEntry, Entry, LogPosition};
 use crate::schema::ViewSchemas;
 
 /// A module made ready to take over.
@@ -80,7 +80,7 @@ impl<S: BatchSink> Task<S> {
         &mut self,
         module: GuestModule,
         fresh: bool,
-        position: Option<u64>,
+        position: Option<LogPosition>,
     ) -> Result<Deployed, DeployError> {
         let prepared = self.prepare(&module, fresh).await;
         let log = Arc::clone(&self.log);
@@ -119,7 +119,7 @@ impl<S: BatchSink> Task<S> {
         module: GuestModule,
         prepared: Prepared,
         fresh: bool,
-        position: Option<u64>,
+        position: Option<LogPosition>,
     ) -> Deployed {
         let Prepared {
             instance,

@@ -12,7 +12,7 @@ use super::task::Task;
 use super::{Accepted, BatchSink, IngestError};
 use crate::host::GuestBatch;
 use crate::log::producer::{InputDigest, ProducerEpoch, ProducerStamp, Undo, Verdict};
-use crate::log::{unix_ms_now, BatchEntry, Digest, Entry, Outcome, Receipt};
+use crate::log::{unix_ms_now, BatchEntry, Digest, Entry, LogPosition, Outcome, Receipt};
 
 /// A batch past the guest, before its commit.
 pub(super) enum Staged {
@@ -115,7 +115,7 @@ impl<S: BatchSink> Task<S> {
                 let _ = reply.send(Ok(accepted));
             }
             if logged {
-                position = position.map(|p| p + 1);
+                position = position.map(LogPosition::next);
             }
         }
         drop(turn);
@@ -211,7 +211,11 @@ impl<S: BatchSink> Task<S> {
 
     /// Commits a staged batch or claim at `position`, or answers a duplicate with the
     /// original's receipt.
-    pub(super) async fn finish(&mut self, staged: Staged, position: Option<u64>) -> Accepted {
+    pub(super) async fn finish(
+        &mut self,
+        staged: Staged,
+        position: Option<LogPosition>,
+    ) -> Accepted {
         match staged {
             Staged::Batch { entry, batch } => Accepted {
                 receipt: self.commit(&entry, batch, position).await,
@@ -251,7 +255,7 @@ impl<S: BatchSink> Task<S> {
         &mut self,
         entry: &BatchEntry,
         batch: Option<GuestBatch>,
-        position: Option<u64>,
+        position: Option<LogPosition>,
     ) -> Receipt {
         let mut receipt = Receipt {
             position,

@@ -21,7 +21,7 @@ use super::{Accepted, BatchSink, Deployed, RuntimeConfig, RuntimeSnapshot, Runti
 use super::{ApplyError, DeployError, IngestError};
 use crate::host::{GuestError, GuestModule, ModuleFingerprint};
 use crate::log::producer::ProducerStamp;
-use crate::log::{unix_ms_now, Backend, BatchEntry, Log, Outcome};
+use crate::log::{unix_ms_now, Backend, BatchEntry, Log, LogPosition, Outcome};
 use crate::schema::ViewSchemas;
 use crate::source::SourceCheckpoint;
 
@@ -301,14 +301,14 @@ impl RuntimeHandle {
     /// # Errors
     /// [`ApplyError`]: the record is not this runtime's history (or, for
     /// [`ApplyError::Unavailable`], cannot be applied now; nothing changed).
-    pub async fn apply(&self, record: Record, position: u64) -> Result<(), ApplyError> {
+    pub async fn apply(&self, record: Record, position: LogPosition) -> Result<(), ApplyError> {
         self.hand_over(record, position).await.await
     }
 
     /// Hands `record` at `position` to the task (records reach it in the order of calls) and
     /// returns its outcome to come: a replay applies records of several runtimes side by side
     /// this way, each runtime committing in turn.
-    pub async fn hand_over(&self, record: Record, position: u64) -> Applied {
+    pub async fn hand_over(&self, record: Record, position: LogPosition) -> Applied {
         let (reply, rx) = oneshot::channel();
         let command = Command::Apply {
             record,

@@ -86,7 +86,7 @@ pub use handle::{PauseGuard, RuntimeHandle};
 
 use crate::host::{GuestBatch, GuestError, Limits, ModuleFingerprint};
 use crate::log::producer::{ProducerEpoch, ProducerTable};
-use crate::log::Receipt;
+use crate::log::{LogPosition, Receipt};
 use crate::schema::{ConfiguredSchemas, ViewSchema, Violation};
 use crate::source::SourceCheckpoint;
 
@@ -151,7 +151,7 @@ pub struct Deployed {
     /// The module now.
     pub module: ModuleFingerprint,
     /// The deploy's log position (`None` with the log off, or when the module already ran).
-    pub position: Option<u64>,
+    pub position: Option<LogPosition>,
     /// The new module refused the state, so the guest started fresh (a gap on the runtime's
     /// views). Only a deploy at start-up may do that; a live deploy is refused instead.
     pub fresh: bool,

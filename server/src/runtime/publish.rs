@@ -6,8 +6,8 @@ use std::sync::PoisonError;
 use super::verdict::{Place, Verdict};
 use super::{Accepted, DeployError, Deployed, IngestError, RuntimeHandle};
 use crate::host::ModuleFingerprint;
-use crate::log::StreamLog;
 use crate::log::{unix_ms_now, BatchEntry, DeployEntry, Entry, PublishError};
+use crate::log::{LogPosition, StreamLog};
 
 /// This node did not apply what it published within the publish timeout: the outcome is
 /// unknown here (the record may yet be applied).
@@ -15,7 +15,7 @@ use crate::log::{unix_ms_now, BatchEntry, DeployEntry, Entry, PublishError};
 #[error("published at sequence {sequence}, not applied by this node within {waited:?}; send it again with its Producer-* headers to learn its outcome")]
 pub(crate) struct NotApplied {
     /// Where the record was published.
-    sequence: u64,
+    sequence: LogPosition,
     /// How long this node waited.
     waited: std::time::Duration,
 }

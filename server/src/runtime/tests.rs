@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use viewtape_journal::{Cursor, EventJournal, JournalConfig, ReplayError};
+use viewtape_journal::{Cursor, EventJournal, JournalConfig, ReplayError, ViewOffset};
 
 use super::*;
 use crate::host::{guests, EngineConfig, GuestBatch, GuestEngine, GuestError, GuestModule, Limits};
@@ -98,7 +98,7 @@ async fn ticker_batch_commits_and_gap_reaches_the_journal() {
         .await
         .unwrap();
     assert_eq!(summary.receipt.events.get("prices"), Some(&2));
-    let before = Cursor::new(journal.epoch().await, 1);
+    let before = Cursor::new(journal.epoch().await, ViewOffset::new(1));
     assert_eq!(
         journal
             .replay_after("prices", Some(&before))
@@ -317,7 +317,7 @@ async fn file_tail_feeds_the_runtime_and_truncation_marks_a_gap() {
         }
     };
     wait(1).await;
-    let before = Cursor::new(journal.epoch().await, 1);
+    let before = Cursor::new(journal.epoch().await, ViewOffset::new(1));
     std::fs::write(&path, "{\"symbol\":\"B\",\"price\":2,\"seq\":2}\n").unwrap();
     wait(2).await;
     assert!(matches!(
@@ -332,7 +332,7 @@ async fn file_tail_feeds_the_runtime_and_truncation_marks_a_gap() {
 /// The misbehaving guest as runtime `t` (views `v`, `state`) on a log committed through
 /// `committed`.
 async fn misbehave_on_log(
-    committed: u64,
+    committed: LogPosition,
 ) -> (
     GuestModule,
     Arc<TestSink>,
@@ -369,7 +369,7 @@ async fn a_replayed_record_whose_turn_is_abandoned_is_undone() {
     use crate::log::{BatchEntry, Digest, Outcome};
     use command::Record;
 
-    let (module, sink, log, handle) = misbehave_on_log(0).await;
+    let (module, sink, log, handle) = misbehave_on_log(LogPosition::new(0)).await;
     let event = |view: &str, key: &str, payload: &'static [u8]| {
         GuestEvent::new(
             Arc::from(view),
@@ -394,7 +394,9 @@ async fn a_replayed_record_whose_turn_is_abandoned_is_undone() {
     let before = handle.save().await.unwrap();
 
     // At position 2 it runs the guest, then waits for position 1, which never commits.
-    let applied = handle.hand_over(Record::Batch(entry.clone()), 2).await;
+    let applied = handle
+        .hand_over(Record::Batch(entry.clone()), LogPosition::new(2))
+        .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     log.abandon_turns(true);
     let outcome = tokio::time::timeout(Duration::from_secs(5), applied)
@@ -407,11 +409,14 @@ async fn a_replayed_record_whose_turn_is_abandoned_is_undone() {
     log.abandon_turns(false);
     assert_eq!(handle.save().await.unwrap().state, before.state);
     assert!(sink.events.lock().unwrap().is_empty());
-    assert_eq!(log.committed(), 0);
+    assert_eq!(log.committed(), LogPosition::new(0));
 
     // The same record, in its turn, applies from the state before it: the same digest.
-    handle.apply(Record::Batch(entry), 1).await.unwrap();
-    assert_eq!(log.committed(), 1);
+    handle
+        .apply(Record::Batch(entry), LogPosition::new(1))
+        .await
+        .unwrap();
+    assert_eq!(log.committed(), LogPosition::new(1));
     assert_eq!(sink.events.lock().unwrap().len(), 2);
 }
 
@@ -425,7 +430,7 @@ async fn gathered_batches_are_judged_alone_at_one_position() {
     use command::Record;
     use verdict::Verdict;
 
-    let (module, sink, log, handle) = misbehave_on_log(6).await;
+    let (module, sink, log, handle) = misbehave_on_log(LogPosition::new(6)).await;
     let batch = |input: &'static [u8], seq: Option<u64>| BatchEntry {
         runtime: "t".into(),
         module: module.fingerprint().clone(),
@@ -434,8 +439,8 @@ async fn gathered_batches_are_judged_alone_at_one_position() {
         input: Bytes::from_static(input),
         producer: seq.map(|seq| ProducerStamp {
             id: "p".into(),
-            epoch: ProducerEpoch(1),
-            seq: ProducerSeq(seq),
+            epoch: ProducerEpoch::new(1),
+            seq: ProducerSeq::new(seq),
             claim: false,
         }),
         checkpoint: None,
@@ -452,19 +457,19 @@ async fn gathered_batches_are_judged_alone_at_one_position() {
     let batches = (0u32..).zip(group).collect();
     let shared = false;
     handle
-        .apply(Record::Batches { batches, shared }, 7)
+        .apply(Record::Batches { batches, shared }, LogPosition::new(7))
         .await
         .unwrap();
-    assert_eq!(log.committed(), 7);
+    assert_eq!(log.committed(), LogPosition::new(7));
 
     let mut verdicts = handle.verdicts.lock().unwrap();
-    let mut verdict = |index| match verdicts.take((7, index)) {
+    let mut verdict = |index| match verdicts.take((LogPosition::new(7), index)) {
         Some(Verdict::Batch(outcome)) => outcome,
         other => panic!("no batch verdict at index {index}: {other:?}"),
     };
     let first = verdict(0).unwrap();
     assert!(!first.duplicate);
-    assert_eq!(first.receipt.position, Some(7));
+    assert_eq!(first.receipt.position, Some(LogPosition::new(7)));
     assert!(matches!(verdict(1), Err(IngestError::Guest { .. })));
     let second = verdict(2).unwrap();
     assert!(!second.duplicate);
@@ -473,12 +478,9 @@ async fn gathered_batches_are_judged_alone_at_one_position() {
     assert_eq!(again.receipt, second.receipt);
     assert!(matches!(
         verdict(4),
-        Err(IngestError::OutOfOrder {
-            expected: ProducerSeq(2),
-            ..
-        })
+        Err(IngestError::OutOfOrder { expected, .. }) if expected == ProducerSeq::new(2)
     ));
-    assert!(verdicts.take((7, 5)).is_none());
+    assert!(verdicts.take((LogPosition::new(7), 5)).is_none());
     drop(verdicts);
     // The refused batch left the guest's state as it was: two counts committed, in order.
     let counts: Vec<_> = sink
@@ -500,7 +502,7 @@ async fn a_shared_part_leaves_the_position_to_the_caller() {
     use command::Record;
     use verdict::Verdict;
 
-    let (module, sink, log, handle) = misbehave_on_log(4).await;
+    let (module, sink, log, handle) = misbehave_on_log(LogPosition::new(4)).await;
     let batch = |input: &'static [u8]| BatchEntry {
         runtime: "t".into(),
         module: module.fingerprint().clone(),
@@ -516,25 +518,29 @@ async fn a_shared_part_leaves_the_position_to_the_caller() {
     let batches = vec![(1, batch(b"count")), (3, batch(b"count"))];
     let shared = true;
     handle
-        .apply(Record::Batches { batches, shared }, 5)
+        .apply(Record::Batches { batches, shared }, LogPosition::new(5))
         .await
         .unwrap();
-    assert_eq!(log.committed(), 4, "the caller marks the position applied");
+    assert_eq!(
+        log.committed(),
+        LogPosition::new(4),
+        "the caller marks the position applied"
+    );
     {
         let mut verdicts = handle.verdicts.lock().unwrap();
         for index in [1, 3] {
-            match verdicts.take((5, index)) {
+            match verdicts.take((LogPosition::new(5), index)) {
                 Some(Verdict::Batch(Ok(accepted))) => {
-                    assert_eq!(accepted.receipt.position, Some(5));
+                    assert_eq!(accepted.receipt.position, Some(LogPosition::new(5)));
                 }
                 other => panic!("no accepted batch at index {index}: {other:?}"),
             }
         }
-        assert!(verdicts.take((5, 0)).is_none());
-        assert!(verdicts.take((5, 2)).is_none());
+        assert!(verdicts.take((LogPosition::new(5), 0)).is_none());
+        assert!(verdicts.take((LogPosition::new(5), 2)).is_none());
     }
     assert_eq!(sink.events.lock().unwrap().len(), 2);
     // The turn the caller holds commits the position.
-    drop(log.turn(Some(5), 1).await);
-    assert_eq!(log.committed(), 5);
+    drop(log.turn(Some(LogPosition::new(5)), 1).await);
+    assert_eq!(log.committed(), LogPosition::new(5));
 }

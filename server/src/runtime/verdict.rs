@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use tokio::sync::oneshot;
 
 use super::{Accepted, DeployError, Deployed, IngestError};
+use crate::log::LogPosition;
 
 /// Verdicts of applied stream positions kept for the publisher that has not asked yet.
 const VERDICTS_KEPT: usize = 8192;
@@ -19,7 +20,7 @@ pub(crate) enum Verdict {
 
 /// A record's place on the stream: its position, and its index among the batches of that
 /// position (0 for a record alone).
-pub(crate) type Place = (u64, u32);
+pub(crate) type Place = (LogPosition, u32);
 
 /// Verdicts of recently applied stream positions, and the publishers waiting for theirs.
 #[derive(Debug, Default)]

@@ -49,7 +49,7 @@ pub fn spawn_feed(runtime: RuntimeHandle, hub: Arc<Hub>, rate: u32) -> JoinHandl
                 Ok(saved) => saved
                     .producers
                     .next(PRODUCER_ID)
-                    .map_or(ProducerSeq(0), |(_, next)| next),
+                    .map_or(ProducerSeq::FIRST, |(_, next)| next),
                 Err(error) => {
                     tracing::debug!(%error, "runtime stopped; demo feed ends");
                     return;
@@ -60,7 +60,7 @@ pub fn spawn_feed(runtime: RuntimeHandle, hub: Arc<Hub>, rate: u32) -> JoinHandl
                 ticker.tick().await;
                 let stamp = ProducerStamp {
                     id: PRODUCER_ID.to_owned(),
-                    epoch: ProducerEpoch(0),
+                    epoch: ProducerEpoch::default(),
                     seq: producer_seq,
                     claim: false,
                 };

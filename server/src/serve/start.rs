@@ -295,7 +295,7 @@ async fn deploy_at_start(
             tracing::warn!(runtime = name, module = %deployed.module, previous = %deployed.previous, "the config names a new module, which refuses the saved state: the runtime starts fresh, with a gap on its own views")
         }
         false => {
-            tracing::info!(runtime = name, module = %deployed.module, previous = %deployed.previous, position = ?deployed.position, "the config names a new module: deployed at start, the state carried over")
+            tracing::info!(runtime = name, module = %deployed.module, previous = %deployed.previous, position = ?deployed.position.map(|p| p.get()), "the config names a new module: deployed at start, the state carried over")
         }
     }
     Ok(())

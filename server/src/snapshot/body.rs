@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use viewtape_journal::{JournalEpoch, JournalSnapshot};
 
 use crate::hub::{Hub, ViewStateDump};
+use crate::log::LogPosition;
 use crate::runtime::registry::ModuleFingerprint;
 use crate::runtime::RuntimeSnapshot;
 
@@ -21,7 +22,7 @@ pub struct SnapshotBody {
     pub runtimes: Vec<RuntimeDump>,
     /// The last log position it reflects (`None`: taken with the log off).
     #[serde(default)]
-    pub log_position: Option<u64>,
+    pub log_position: Option<LogPosition>,
     /// On a cluster: the epoch of the stream whose history it is part of (the journal's own
     /// epoch differs from it after a live restore). `None`: a single node's.
     #[serde(default)]
@@ -29,7 +30,7 @@ pub struct SnapshotBody {
     /// On a cluster: the runtimes this node does not run whose records it passed over, each
     /// with the first sequence of theirs it passed over (see `StreamLog::passed_over`).
     #[serde(default)]
-    pub passed_over: BTreeMap<String, u64>,
+    pub passed_over: BTreeMap<String, LogPosition>,
 }
 
 impl SnapshotBody {

@@ -49,7 +49,7 @@ use std::sync::Arc;
 use viewtape_snapshots::{SnapshotDir, SnapshotEntry, SnapshotError};
 
 use crate::hub::Hub;
-use crate::log::Log;
+use crate::log::{Log, LogPosition};
 use crate::runtime::registry::Runtimes;
 use crate::runtime::IngestError;
 
@@ -94,11 +94,11 @@ pub struct Snapshots {
     log: Arc<Log>,
     /// The log position of each snapshot file written or restored in this life: segments older
     /// than every kept snapshot's position are deleted.
-    positions: std::sync::Mutex<BTreeMap<std::path::PathBuf, u64>>,
+    positions: std::sync::Mutex<BTreeMap<std::path::PathBuf, LogPosition>>,
     /// One action at a time.
     busy: tokio::sync::Mutex<()>,
     /// The last file written, with its log position: what a cluster shares.
-    written: tokio::sync::watch::Sender<Option<(std::path::PathBuf, u64)>>,
+    written: tokio::sync::watch::Sender<Option<(std::path::PathBuf, LogPosition)>>,
 }
 
 /// What [`SnapshotActionError::NoSuchSnapshot`] says: the name, unless it is a path (the answer
@@ -139,7 +139,7 @@ impl Snapshots {
     /// without positions are not announced).
     pub fn follow_written(
         &self,
-    ) -> tokio::sync::watch::Receiver<Option<(std::path::PathBuf, u64)>> {
+    ) -> tokio::sync::watch::Receiver<Option<(std::path::PathBuf, LogPosition)>> {
         self.written.subscribe()
     }
 

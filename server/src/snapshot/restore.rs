@@ -9,6 +9,7 @@ use viewtape_snapshots::{FormatError, SnapshotError, SnapshotMeta};
 
 use super::{SnapshotActionError, SnapshotBody, Snapshots};
 use crate::hub::ViewStateDump;
+use crate::log::LogPosition;
 use crate::runtime::{IngestError, RuntimeSnapshot};
 
 /// What a live restore checked and will put in place.
@@ -26,7 +27,7 @@ pub struct RestoreAt {
     /// The epoch the restored journal takes.
     pub epoch: JournalEpoch,
     /// The record's stream position.
-    pub position: u64,
+    pub position: LogPosition,
 }
 
 /// A live restore that [`Snapshots::restore_live`] carried out.
@@ -38,7 +39,7 @@ pub struct Restored {
     pub records: usize,
     /// The log position the restore took effect at (with the log on, or on a cluster: the
     /// restore record's).
-    pub position: Option<u64>,
+    pub position: Option<LogPosition>,
 }
 
 impl Snapshots {

@@ -9,7 +9,7 @@ use tracing::Instrument;
 use viewtape_snapshots::{SnapshotError, SnapshotInfo, SnapshotMeta};
 
 use super::{RuntimeDump, SnapshotActionError, SnapshotBody, Snapshots};
-use crate::log::Backend;
+use crate::log::{Backend, LogPosition};
 use crate::runtime::registry::Cut;
 
 /// A snapshot that [`Snapshots::write`] or [`Snapshots::write_exact`] wrote.
@@ -131,7 +131,7 @@ impl Snapshots {
     fn forget_log_before(
         &self,
         file: &std::path::Path,
-        position: u64,
+        position: LogPosition,
         kept: &[std::path::PathBuf],
     ) {
         let oldest = {
@@ -151,7 +151,7 @@ impl Snapshots {
                 Ok(0) => {}
                 Ok(deleted) => tracing::debug!(
                     deleted,
-                    before = oldest,
+                    before = oldest.get(),
                     "log segments no snapshot needs deleted"
                 ),
                 Err(error) => tracing::warn!(%error, "deleting old log segments failed"),

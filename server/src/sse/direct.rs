@@ -292,7 +292,10 @@ impl Pass {
         bytes.extend_from_slice(b"\r\n");
         Due::Chunk {
             bytes: bytes.freeze(),
-            through: Cursor::new(cursor.epoch(), cursor.offset() + frames.len() as u64),
+            through: Cursor::new(
+                cursor.epoch(),
+                cursor.offset().saturating_add(frames.len() as u64),
+            ),
             frames: frames.len() as u64,
         }
     }

@@ -148,7 +148,7 @@ fn first_phase(
             // replays the whole tape — or, when it holds a gap, the
             // tape since the newest gap.
             let window = journal.window_now(view.name());
-            let mut cursor = Cursor::new(window.epoch, window.first - 1);
+            let mut cursor = Cursor::new(window.epoch, window.first.prev());
             if let Err(ReplayError::Gap { resume_from, .. }) =
                 journal.frames_after(view.name(), &cursor, 0)
             {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use futures_util::StreamExt;
 use proptest::prelude::*;
-use viewtape_journal::{EventJournal, JournalConfig};
+use viewtape_journal::{EventJournal, JournalConfig, ViewOffset};
 
 use super::*;
 use crate::host::{EventKind, GuestBatch, GuestEvent};
@@ -202,7 +202,7 @@ async fn a_narrowed_subscriber_sleeps_through_other_keys_and_the_tape_rolling_ov
     let window = hub.journal().window_now("v");
     assert_eq!(
         client.last_id,
-        Cursor::new(window.epoch, window.next - 2).to_string()
+        Cursor::new(window.epoch, window.next.prev().prev()).to_string()
     );
 }
 
@@ -255,7 +255,7 @@ async fn large_frames_go_out_shared_and_small_ones_coalesce_within_the_cap() {
     let window = hub.journal().window_now("v");
     let tape = hub
         .journal()
-        .frames_after("v", &Cursor::new(window.epoch, 3), 1)
+        .frames_after("v", &Cursor::new(window.epoch, ViewOffset::new(3)), 1)
         .unwrap();
     let mut live = Vec::new();
     let mut text = 0;

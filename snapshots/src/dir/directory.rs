@@ -8,12 +8,13 @@ use super::{DEFAULT_KEEP_PERIODIC, FOREIGN_SUFFIX};
 use crate::error::{FormatError, SnapshotError};
 use crate::header::SnapshotHeader;
 use crate::history::DataHistory;
+use crate::seq::SnapshotSeq;
 
 /// The highest name handed out so far; the next name is strictly after it.
 #[derive(Debug, Default)]
 pub(super) struct NameState {
     pub(super) last_ms: u64,
-    pub(super) last_seq: u64,
+    pub(super) last_seq: SnapshotSeq,
 }
 
 /// A directory holding snapshot files.
@@ -86,7 +87,7 @@ impl SnapshotDir {
     }
 
     /// The highest write sequence among the snapshot files here (0 for none).
-    pub fn last_seq(&self) -> u64 {
+    pub fn last_seq(&self) -> SnapshotSeq {
         self.names
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

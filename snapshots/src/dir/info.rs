@@ -3,6 +3,7 @@ use std::path::{Path, PathBuf};
 use super::name::{FileName, SnapshotKind};
 use crate::error::{FormatError, SnapshotError};
 use crate::header::SnapshotHeader;
+use crate::seq::SnapshotSeq;
 
 /// A snapshot file whose header and body checksum have been verified.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,7 +28,7 @@ impl SnapshotInfo {
     }
 
     /// The write sequence number from the file name (strictly increasing per directory).
-    pub fn seq(&self) -> u64 {
+    pub fn seq(&self) -> SnapshotSeq {
         self.name.seq
     }
 
@@ -69,7 +70,7 @@ pub struct SnapshotEntry {
     /// The kind the file name states.
     pub kind: SnapshotKind,
     /// The write sequence number from the name.
-    pub seq: u64,
+    pub seq: SnapshotSeq,
     /// The creation time from the name, unix milliseconds (the header's when valid is in
     /// `status`).
     pub name_created_at_ms: u64,

@@ -1,4 +1,5 @@
 use super::{FILE_EXT, FILE_PREFIX};
+use crate::seq::SnapshotSeq;
 
 /// The kind a snapshot file's *name* states.
 ///
@@ -51,7 +52,7 @@ impl std::fmt::Display for SnapshotKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct FileName {
     pub(super) unix_ms: u64,
-    pub(super) seq: u64,
+    pub(super) seq: SnapshotSeq,
     pub(super) kind: SnapshotKind,
 }
 
@@ -73,7 +74,7 @@ impl FileName {
             s.parse().ok()
         };
         let unix_ms = digits(parts.next()?)?;
-        let seq = digits(parts.next()?)?;
+        let seq = SnapshotSeq::new(digits(parts.next()?)?);
         let kind = SnapshotKind::parse(parts.next()?)?;
         Some(FileName { unix_ms, seq, kind })
     }

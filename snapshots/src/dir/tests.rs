@@ -7,6 +7,7 @@ use super::*;
 use crate::codec::encode;
 use crate::error::{FormatError, SnapshotError};
 use crate::header::SnapshotMeta;
+use crate::seq::SnapshotSeq;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -38,7 +39,7 @@ fn a_snapshot_of_another_history_is_set_aside_never_loaded() -> TestResult {
     )?;
     let ours = DataHistory::new(Legacy {
         log_through: None,
-        snapshot_seq: Some(1),
+        snapshot_seq: Some(SnapshotSeq::new(1)),
     });
     let dir = SnapshotDir::open(tmp.path())?.with_history(ours, true);
     let own = dir.write(&State { epoch: 2, n: 2 }, &meta(false, 2_000))?;
@@ -146,8 +147,8 @@ fn names_stay_in_write_order_when_the_clock_steps_back() -> TestResult {
     // A reopened directory continues the sequence.
     let dir = SnapshotDir::open(tmp.path())?;
     let third = dir.write(&State { epoch: 1, n: 3 }, &meta(false, 1))?;
-    assert_eq!(third.seq(), 3);
-    let listed: Vec<u64> = dir.list()?.iter().map(|e| e.seq).collect();
+    assert_eq!(third.seq(), SnapshotSeq::new(3));
+    let listed: Vec<u64> = dir.list()?.iter().map(|e| e.seq.get()).collect();
     assert_eq!(listed, [3, 2, 1]);
     Ok(())
 }

@@ -65,7 +65,7 @@ impl SnapshotDir {
         let mut state = self.names.lock().unwrap_or_else(PoisonError::into_inner);
         // Names stay in write order even if the clock steps back.
         state.last_ms = state.last_ms.max(header.created_at_ms());
-        state.last_seq += 1;
+        state.last_seq = state.last_seq.next();
         FileName {
             unix_ms: state.last_ms,
             seq: state.last_seq,

@@ -7,7 +7,7 @@ use super::scan::{LogRecord, LogScan};
 use super::segment::Damage;
 use super::segment::{parse_header, record_at};
 use super::watermark::Watermark;
-use super::{LogError, SEGMENT_PREFIX, SEGMENT_SUFFIX, WATERMARK_FILE};
+use super::{LogError, LogPosition, SEGMENT_PREFIX, SEGMENT_SUFFIX, WATERMARK_FILE};
 
 /// A log directory.
 #[derive(Debug)]
@@ -132,7 +132,7 @@ impl LogDir {
     /// # Errors
     /// A file cannot be read, cut, deleted or synced, or the records up to `position` are not
     /// intact.
-    pub fn truncate_after(&self, position: u64) -> Result<(), LogError> {
+    pub fn truncate_after(&self, position: LogPosition) -> Result<(), LogError> {
         let mut newest = None;
         for (first, path) in self.segment_files()?.into_iter().rev() {
             if first > position {
@@ -155,7 +155,7 @@ impl LogDir {
                     ));
                 };
                 at += len;
-                next += 1;
+                next = next.next();
             }
             let file = OpenOptions::new()
                 .write(true)
@@ -169,7 +169,7 @@ impl LogDir {
         sync_dir(&self.dir)?;
         // The watermark follows: what was cut was never acknowledged.
         if let Some(Ok(mut mark)) = self.read_watermark()? {
-            mark.rolled_at = mark.rolled_at.min(newest.unwrap_or(position + 1));
+            mark.rolled_at = mark.rolled_at.min(newest.unwrap_or(position.next()));
             mark.through = mark.through.min(position);
             mark.write(&self.watermark_path())?;
         }
@@ -229,13 +229,13 @@ impl LogDir {
     /// A segment cannot be read, or `visit` fails (its error is returned).
     pub fn read_after<E: From<LogError>>(
         &self,
-        after: u64,
+        after: LogPosition,
         mut visit: impl FnMut(LogRecord) -> Result<(), E>,
     ) -> Result<(), E> {
         let files = self.segment_files()?;
         for (i, (first, path)) in files.iter().enumerate() {
             let next_first = files.get(i + 1).map(|(f, _)| *f);
-            if next_first.is_some_and(|n| n <= after + 1) {
+            if next_first.is_some_and(|n| n <= after.next()) {
                 continue; // every record of this segment is at or before `after`
             }
             let Ok((mut reader, _)) = SegmentReader::open(path, *first)? else {
@@ -258,14 +258,14 @@ impl LogDir {
     ///
     /// # Errors
     /// Listing or deleting fails.
-    pub fn delete_before(&self, position: u64) -> Result<usize, LogError> {
+    pub fn delete_before(&self, position: LogPosition) -> Result<usize, LogError> {
         let files = self.segment_files()?;
         let mut deleted = 0;
         for pair in files.windows(2) {
             let [(_, path), (next_first, _)] = pair else {
                 continue;
             };
-            if *next_first <= position + 1 {
+            if *next_first <= position.next() {
                 fs::remove_file(path).map_err(|e| LogError::io("delete", path, e))?;
                 deleted += 1;
             }
@@ -277,7 +277,7 @@ impl LogDir {
     }
 
     /// The segment files, by first position.
-    pub(super) fn segment_files(&self) -> Result<Vec<(u64, PathBuf)>, LogError> {
+    pub(super) fn segment_files(&self) -> Result<Vec<(LogPosition, PathBuf)>, LogError> {
         let entries = fs::read_dir(&self.dir).map_err(|e| LogError::io("list", &self.dir, e))?;
         let mut files = Vec::new();
         for entry in entries {
@@ -287,7 +287,7 @@ impl LogDir {
                 .to_str()
                 .and_then(|n| n.strip_prefix(SEGMENT_PREFIX)?.strip_suffix(SEGMENT_SUFFIX))
                 .filter(|digits| digits.len() == 20)
-                .and_then(|digits| digits.parse::<u64>().ok());
+                .and_then(|digits| digits.parse::<LogPosition>().ok());
             if let Some(first) = first {
                 files.push((first, entry.path()));
             }
@@ -296,7 +296,7 @@ impl LogDir {
         Ok(files)
     }
 
-    pub(super) fn segment_path(&self, first: u64) -> PathBuf {
+    pub(super) fn segment_path(&self, first: LogPosition) -> PathBuf {
         self.dir
             .join(format!("{SEGMENT_PREFIX}{first:020}{SEGMENT_SUFFIX}"))
     }

@@ -1,7 +1,8 @@
 //! The log: segment files of checksummed records, and a writer with group commit.
 //!
 //! A log is a directory of *segments*, `log-<first position:020>.vtlog`. A record is opaque
-//! bytes (the server's encoded batch) with a *position*: 1, 2, 3, … across segments, dense and
+//! bytes (the server's encoded batch) with a *position* ([`LogPosition`]): 1, 2, 3, … across
+//! segments, dense and
 //! never reused, so "everything after position P" is what a restart replays on top of a
 //! snapshot taken at P.
 //!
@@ -106,6 +107,7 @@
 
 mod dir;
 mod error;
+
 mod read;
 mod scan;
 mod segment;
@@ -117,6 +119,7 @@ mod props;
 #[cfg(test)]
 mod tests;
 
+pub use crate::position::LogPosition;
 pub use dir::LogDir;
 pub use error::LogError;
 pub use scan::{LogDamage, LogDamageKind, LogRecord, LogScan, SegmentScan};

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use super::scan::{LogRecord, SegmentScan};
 use super::segment::Damage;
 use super::segment::{
-    intact, parse_header, payload_len, read_header, tail_damage, torn_header, u64_at, Header,
+    intact, parse_header, payload_len, position_at, read_header, tail_damage, torn_header, Header,
 };
-use super::{LogError, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
+use super::{LogError, LogPosition, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
 
 /// Read-ahead for records smaller than it; larger payloads are read straight into their own
 /// buffers.
@@ -26,7 +26,7 @@ pub(super) struct SegmentReader {
     /// Where the next record starts.
     at: u64,
     /// The position the next record must have.
-    next: u64,
+    next: LogPosition,
 }
 
 /// A segment whose header is not one.
@@ -45,7 +45,7 @@ impl SegmentReader {
     /// The file cannot be opened or read.
     pub(super) fn open(
         path: &Path,
-        first: u64,
+        first: LogPosition,
     ) -> Result<Result<(Self, Header), BadHeader>, LogError> {
         let io = |e| LogError::io("read", path, e);
         let mut file = File::open(path).map_err(io)?;
@@ -109,11 +109,11 @@ impl SegmentReader {
             return Ok(None);
         }
         let position = self.next;
-        if !intact(&head, &payload) || u64_at(&head, 8) != position {
+        if !intact(&head, &payload) || position_at(&head, 8) != position {
             return Ok(None);
         }
         self.at += frame_len;
-        self.next += 1;
+        self.next = self.next.next();
         Ok(Some(LogRecord { position, payload }))
     }
 
@@ -144,7 +144,7 @@ impl SegmentReader {
 ///
 /// # Errors
 /// The file cannot be read.
-pub(super) fn scan_segment(path: PathBuf, first: u64) -> Result<SegmentScan, LogError> {
+pub(super) fn scan_segment(path: PathBuf, first: LogPosition) -> Result<SegmentScan, LogError> {
     let (mut reader, header) = match SegmentReader::open(&path, first)? {
         Ok(opened) => opened,
         Err(BadHeader { bytes, reason, len }) => {

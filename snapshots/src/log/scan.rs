@@ -2,13 +2,14 @@ use std::path::PathBuf;
 
 use super::segment::Damage;
 use super::watermark::Watermark;
+use super::LogPosition;
 use crate::history::HistoryId;
 
 /// One record read back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogRecord {
     /// Its position.
-    pub position: u64,
+    pub position: LogPosition,
     /// Its payload.
     pub payload: Vec<u8>,
 }
@@ -19,7 +20,7 @@ pub struct SegmentScan {
     /// The file.
     pub path: PathBuf,
     /// The position its name and header give for its first record.
-    pub first: u64,
+    pub first: LogPosition,
     /// Intact records, from `first`.
     pub records: u64,
     /// Its size on disk.
@@ -36,8 +37,8 @@ pub struct SegmentScan {
 
 impl SegmentScan {
     /// The position after its last intact record.
-    pub fn next(&self) -> u64 {
-        self.first + self.records
+    pub fn next(&self) -> LogPosition {
+        self.first.saturating_add(self.records)
     }
 }
 
@@ -50,22 +51,24 @@ pub struct LogScan {
 
 impl LogScan {
     /// The position the next record takes, after the last intact one.
-    pub fn next(&self) -> u64 {
-        self.segments.last().map_or(1, SegmentScan::next)
+    pub fn next(&self) -> LogPosition {
+        self.segments
+            .last()
+            .map_or(LogPosition::FIRST, SegmentScan::next)
     }
 
     /// Why the log ends before `mark` says it does — its newest segment missing, or records
     /// at or before `mark.through` missing — or `None`. See the module docs for what this can
     /// and cannot see.
     pub fn end_problem(&self, mark: &Watermark) -> Option<String> {
-        let newest = self.segments.last().map_or(0, |s| s.first);
+        let newest = self.segments.last().map_or(LogPosition::ZERO, |s| s.first);
         if newest < mark.rolled_at {
             return Some(format!(
                 "the newest segment started at position {}, but the newest one here starts at {newest} (segments are missing at the end)",
                 mark.rolled_at
             ));
         }
-        let last = self.next() - 1;
+        let last = self.next().prev();
         (last < mark.through).then(|| {
             format!(
                 "records through position {} were made durable, but the log ends at {last} (the end of the log is missing)",
@@ -101,18 +104,20 @@ impl LogScan {
     /// The highest position the segments show was used: their last intact records, intact
     /// records found after damage, and the position before each segment's first. A log that
     /// starts over takes positions after it, never one a record may have had.
-    pub fn last_used(&self) -> u64 {
+    pub fn last_used(&self) -> LogPosition {
         self.segments
             .iter()
             .map(|segment| {
                 let after = match &segment.damage {
-                    Some(Damage::Corrupt { intact_after, .. }) => intact_after.unwrap_or(0),
-                    _ => 0,
+                    Some(Damage::Corrupt { intact_after, .. }) => {
+                        intact_after.unwrap_or(LogPosition::ZERO)
+                    }
+                    _ => LogPosition::ZERO,
                 };
-                segment.next().saturating_sub(1).max(after)
+                segment.next().prev().max(after)
             })
             .max()
-            .unwrap_or(0)
+            .unwrap_or(LogPosition::ZERO)
     }
 
     /// The segments that do not belong to `history` (another data directory's, or a version-1
@@ -187,9 +192,9 @@ pub enum LogDamageKind {
     /// A segment before it is missing: it starts at `starts` where `expected` was next.
     Missing {
         /// Its first position.
-        starts: u64,
+        starts: LogPosition,
         /// The position expected.
-        expected: u64,
+        expected: LogPosition,
     },
     /// A record or header that fails its checks.
     Corrupt {

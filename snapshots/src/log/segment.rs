@@ -1,3 +1,4 @@
+use super::LogPosition;
 use super::{
     LOG_MAGIC, LOG_VERSION, MAX_RECORD_BYTES, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN,
     SEGMENT_HEADER_LEN_V1,
@@ -19,7 +20,7 @@ pub enum Damage {
         /// What is wrong.
         reason: String,
         /// The highest position of an intact record found after the damage (`None`: none).
-        intact_after: Option<u64>,
+        intact_after: Option<LogPosition>,
     },
 }
 
@@ -56,7 +57,7 @@ pub(super) fn tail_damage(rest: &[u8], at: u64) -> Damage {
 
 /// The highest position of an intact record frame anywhere in `rest` after its first byte
 /// (where the damage is): walks from frame to frame, and byte by byte where there is none.
-fn last_intact(rest: &[u8]) -> Option<u64> {
+fn last_intact(rest: &[u8]) -> Option<LogPosition> {
     let mut highest = None;
     let mut from = 1;
     while from < rest.len() {
@@ -73,7 +74,7 @@ fn last_intact(rest: &[u8]) -> Option<u64> {
 
 /// Whether `bytes`, shorter than a header, are what a crash while creating the segment leaves:
 /// zeros, or the start of the header this build writes for `first`.
-pub(super) fn torn_header(bytes: &[u8], first: u64) -> bool {
+pub(super) fn torn_header(bytes: &[u8], first: LogPosition) -> bool {
     if bytes.len() >= SEGMENT_HEADER_LEN {
         return false;
     }
@@ -85,7 +86,7 @@ pub(super) fn torn_header(bytes: &[u8], first: u64) -> bool {
 /// A parsed segment header.
 pub(super) struct Header {
     /// The position of its first record, as the header says it.
-    pub(super) first: u64,
+    pub(super) first: LogPosition,
     pub(super) version: u16,
     pub(super) history: Option<HistoryId>,
     pub(super) epoch: Option<u64>,
@@ -95,7 +96,7 @@ pub(super) struct Header {
 
 /// Parses and checks a segment header — magic, version (1 or 2), length, checksum — and that it
 /// names `first`, as the file name does.
-pub(super) fn parse_header(bytes: &[u8], first: u64) -> Result<Header, String> {
+pub(super) fn parse_header(bytes: &[u8], first: LogPosition) -> Result<Header, String> {
     let header = read_header(bytes)?;
     if header.first != first {
         return Err(format!(
@@ -140,7 +141,7 @@ pub(super) fn read_header(bytes: &[u8]) -> Result<Header, String> {
         }
     };
     Ok(Header {
-        first: u64_at(header, 12),
+        first: position_at(header, 12),
         version,
         history,
         epoch,
@@ -149,11 +150,11 @@ pub(super) fn read_header(bytes: &[u8]) -> Result<Header, String> {
 }
 
 /// An intact record frame at `at`: its position, payload and length.
-pub(super) fn frame_at(bytes: &[u8], at: usize) -> Option<(u64, &[u8], usize)> {
+pub(super) fn frame_at(bytes: &[u8], at: usize) -> Option<(LogPosition, &[u8], usize)> {
     let head = bytes.get(at..at.checked_add(RECORD_HEADER_LEN)?)?;
     let end = at + RECORD_HEADER_LEN + payload_len(head)?;
     let payload = bytes.get(at + RECORD_HEADER_LEN..end)?;
-    intact(head, payload).then(|| (u64_at(head, 8), payload, end - at))
+    intact(head, payload).then(|| (position_at(head, 8), payload, end - at))
 }
 
 /// The payload length a record header announces, if it is within [`MAX_RECORD_BYTES`].
@@ -169,7 +170,7 @@ pub(super) fn intact(head: &[u8], payload: &[u8]) -> bool {
 }
 
 /// The intact record at `at` if it has position `position`.
-pub(super) fn record_at(bytes: &[u8], at: usize, position: u64) -> Option<(&[u8], usize)> {
+pub(super) fn record_at(bytes: &[u8], at: usize, position: LogPosition) -> Option<(&[u8], usize)> {
     frame_at(bytes, at)
         .filter(|(found, _, _)| *found == position)
         .map(|(_, payload, len)| (payload, len))
@@ -187,24 +188,29 @@ pub(super) fn u64_at(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b)
 }
 
+/// The position stored at `at`, a `u64` LE as in every file of the log.
+pub(super) fn position_at(bytes: &[u8], at: usize) -> LogPosition {
+    LogPosition::new(u64_at(bytes, at))
+}
+
 /// Appends `position` and `payload` as one record frame to `out`.
-pub(super) fn put_record(out: &mut Vec<u8>, position: u64, payload: &[u8]) {
+pub(super) fn put_record(out: &mut Vec<u8>, position: LogPosition, payload: &[u8]) {
     let start = out.len();
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     out.extend_from_slice(&[0; 4]);
-    out.extend_from_slice(&position.to_le_bytes());
+    out.extend_from_slice(&position.get().to_le_bytes());
     out.extend_from_slice(payload);
     let crc = crc32c::crc32c(&out[start + 8..]);
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// The header of the segment whose first record has position `first`.
-pub(super) fn segment_header(first: u64, lineage: &Lineage) -> Vec<u8> {
+pub(super) fn segment_header(first: LogPosition, lineage: &Lineage) -> Vec<u8> {
     let mut header = Vec::with_capacity(SEGMENT_HEADER_LEN);
     header.extend_from_slice(&LOG_MAGIC);
     header.extend_from_slice(&LOG_VERSION.to_le_bytes());
     header.extend_from_slice(&[0, 0]);
-    header.extend_from_slice(&first.to_le_bytes());
+    header.extend_from_slice(&first.get().to_le_bytes());
     header.extend_from_slice(&HistoryId::bytes_of(lineage.history));
     header.extend_from_slice(&lineage.epoch.to_le_bytes());
     let crc = crc32c::crc32c(&header);
@@ -217,6 +223,7 @@ pub(super) fn segment_header(first: u64, lineage: &Lineage) -> Vec<u8> {
 pub struct Lineage {
     /// The data directory's history id.
     pub history: Option<HistoryId>,
-    /// The journal epoch when the segment is made.
+    /// The journal epoch when the segment is made, as its bits (`JournalEpoch::to_bits`): this
+    /// crate knows nothing of the journal, and the header holds the `u64`.
     pub epoch: u64,
 }

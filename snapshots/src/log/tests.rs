@@ -9,7 +9,10 @@ use super::*;
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// Appends every payload, one at a time (one record per group: segments rotate finely).
-pub(super) fn append_each(writer: &LogWriter, payloads: Vec<Vec<u8>>) -> Vec<(u64, Vec<u8>)> {
+pub(super) fn append_each(
+    writer: &LogWriter,
+    payloads: Vec<Vec<u8>>,
+) -> Vec<(LogPosition, Vec<u8>)> {
     payloads
         .into_iter()
         .map(|payload| {
@@ -26,7 +29,10 @@ pub(super) fn append_each(writer: &LogWriter, payloads: Vec<Vec<u8>>) -> Vec<(u6
 }
 
 /// Appends every payload from four threads at once; returns the positions given.
-pub(super) fn append_all(writer: &LogWriter, payloads: Vec<Vec<u8>>) -> Vec<(u64, Vec<u8>)> {
+pub(super) fn append_all(
+    writer: &LogWriter,
+    payloads: Vec<Vec<u8>>,
+) -> Vec<(LogPosition, Vec<u8>)> {
     let given = Arc::new(Mutex::new(Vec::new()));
     let (done_tx, done_rx) = mpsc::channel();
     let n = payloads.len();
@@ -59,7 +65,7 @@ pub(super) fn append_all(writer: &LogWriter, payloads: Vec<Vec<u8>>) -> Vec<(u64
 
 pub(super) fn read_all(log: &LogDir, after: u64) -> Result<Vec<LogRecord>, LogError> {
     let mut records = Vec::new();
-    log.read_after(after, |record| {
+    log.read_after(LogPosition::new(after), |record| {
         records.push(record);
         Ok::<_, LogError>(())
     })?;
@@ -83,26 +89,34 @@ pub(super) fn small_segments() -> WriterOptions {
 fn concurrent_appends_get_dense_positions_and_read_back_in_order() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let log = LogDir::create(tmp.path())?;
-    let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+    let writer = LogWriter::start(
+        &log,
+        LogPosition::new(1),
+        small_segments(),
+        Box::new(|_| {}),
+    )?;
     let mut given = append_all(&writer, payloads(300));
     given.extend(append_each(&writer, payloads(60)));
     drop(writer);
-    let positions: Vec<u64> = given.iter().map(|(p, _)| *p).collect();
+    let positions: Vec<u64> = given.iter().map(|(p, _)| p.get()).collect();
     assert_eq!(positions, (1..=360).collect::<Vec<_>>());
     let scan = log.scan()?;
     assert!(scan.segments.len() >= 3, "rotated: {}", scan.segments.len());
     assert_eq!(scan.corruption(), None);
-    assert_eq!(scan.next(), 361);
+    assert_eq!(scan.next(), LogPosition::new(361));
     let read = read_all(&log, 0)?;
     assert_eq!(read.len(), 360);
     for (record, (position, payload)) in read.iter().zip(&given) {
         assert_eq!((record.position, &record.payload), (*position, payload));
     }
-    assert_eq!(read_all(&log, 250)?.first().map(|r| r.position), Some(251));
+    assert_eq!(
+        read_all(&log, 250)?.first().map(|r| r.position),
+        Some(LogPosition::new(251))
+    );
     // A reopened writer continues the numbering.
     let writer = LogWriter::start(&log, scan.next(), small_segments(), Box::new(|_| {}))?;
     let more = append_all(&writer, payloads(5));
-    assert_eq!(more.first().map(|(p, _)| *p), Some(361));
+    assert_eq!(more.first().map(|(p, _)| *p), Some(LogPosition::new(361)));
     Ok(())
 }
 
@@ -115,7 +129,12 @@ fn a_multi_record_append_is_consecutive_and_observed() -> TestResult {
         let seen = Arc::clone(&seen);
         Box::new(move |group: GroupWritten| seen.lock().expect("lock").push(group))
     };
-    let writer = LogWriter::start(&log, 7, WriterOptions::default(), observer)?;
+    let writer = LogWriter::start(
+        &log,
+        LogPosition::new(7),
+        WriterOptions::default(),
+        observer,
+    )?;
     let (tx, rx) = mpsc::channel();
     writer.append_all(
         vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()],
@@ -123,12 +142,12 @@ fn a_multi_record_append_is_consecutive_and_observed() -> TestResult {
             let _ = tx.send(result);
         }),
     );
-    assert_eq!(rx.recv()?.map_err(|e| e.to_string())?, 7);
+    assert_eq!(rx.recv()?.map_err(|e| e.to_string())?, LogPosition::new(7));
     drop(writer);
     let read = read_all(&log, 0)?;
     let got: Vec<_> = read
         .iter()
-        .map(|r| (r.position, r.payload.clone()))
+        .map(|r| (r.position.get(), r.payload.clone()))
         .collect();
     assert_eq!(
         got,
@@ -136,7 +155,7 @@ fn a_multi_record_append_is_consecutive_and_observed() -> TestResult {
     );
     let seen = seen.lock().expect("lock");
     assert_eq!(seen.len(), 1);
-    assert_eq!((seen[0].records, seen[0].next), (3, 10));
+    assert_eq!((seen[0].records, seen[0].next), (3, LogPosition::new(10)));
     assert!(seen[0].sync.is_some(), "fsync durability syncs");
     Ok(())
 }
@@ -145,7 +164,12 @@ fn a_multi_record_append_is_consecutive_and_observed() -> TestResult {
 fn truncate_after_leaves_exactly_the_records_up_to_a_position() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let log = LogDir::create(tmp.path())?;
-    let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+    let writer = LogWriter::start(
+        &log,
+        LogPosition::new(1),
+        small_segments(),
+        Box::new(|_| {}),
+    )?;
     append_each(&writer, payloads(200));
     drop(writer);
     assert!(log.scan()?.segments.len() >= 3);
@@ -159,13 +183,21 @@ fn truncate_after_leaves_exactly_the_records_up_to_a_position() -> TestResult {
         .append(true)
         .open(&newest)?
         .write_all(b"\x10\x00")?;
-    log.truncate_after(95)?;
+    log.truncate_after(LogPosition::new(95))?;
     let scan = log.scan()?;
-    assert_eq!((scan.next(), scan.corruption()), (96, None));
+    assert_eq!(
+        (scan.next(), scan.corruption()),
+        (LogPosition::new(96), None)
+    );
     assert_eq!(read_all(&log, 0)?.len(), 95);
-    let writer = LogWriter::start(&log, 96, small_segments(), Box::new(|_| {}))?;
+    let writer = LogWriter::start(
+        &log,
+        LogPosition::new(96),
+        small_segments(),
+        Box::new(|_| {}),
+    )?;
     let more = append_each(&writer, payloads(3));
-    assert_eq!(more.first().map(|(p, _)| *p), Some(96));
+    assert_eq!(more.first().map(|(p, _)| *p), Some(LogPosition::new(96)));
     drop(writer);
     assert_eq!(log.scan()?.corruption(), None);
     Ok(())
@@ -175,7 +207,12 @@ fn truncate_after_leaves_exactly_the_records_up_to_a_position() -> TestResult {
 fn a_torn_tail_is_cut_and_the_log_continues() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let log = LogDir::create(tmp.path())?;
-    let writer = LogWriter::start(&log, 1, WriterOptions::default(), Box::new(|_| {}))?;
+    let writer = LogWriter::start(
+        &log,
+        LogPosition::new(1),
+        WriterOptions::default(),
+        Box::new(|_| {}),
+    )?;
     append_all(&writer, payloads(10));
     drop(writer);
     let newest = log
@@ -195,7 +232,7 @@ fn a_torn_tail_is_cut_and_the_log_continues() -> TestResult {
         scan.segments.last().and_then(|s| s.damage.clone()),
         Some(Damage::TornTail { .. })
     ));
-    assert_eq!(scan.next(), 11);
+    assert_eq!(scan.next(), LogPosition::new(11));
     assert_eq!(log.repair(&scan)?, 111);
     assert_eq!(
         log.scan()?.segments.last().and_then(|s| s.damage.clone()),
@@ -217,7 +254,12 @@ fn a_torn_tail_is_cut_and_the_log_continues() -> TestResult {
 fn corruption_before_the_tail_and_missing_segments_are_never_repaired() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let log = LogDir::create(tmp.path())?;
-    let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+    let writer = LogWriter::start(
+        &log,
+        LogPosition::new(1),
+        small_segments(),
+        Box::new(|_| {}),
+    )?;
     append_each(&writer, payloads(100));
     drop(writer);
     let scan = log.scan()?;
@@ -230,12 +272,17 @@ fn corruption_before_the_tail_and_missing_segments_are_never_repaired() -> TestR
     assert_eq!(path, newest.path);
     assert!(reason.contains("intact records after it"), "{reason}");
     // Reading stops at the damage: nothing after it is served.
-    assert_eq!(read_all(&log, 0)?.len() as u64, newest.first - 1);
+    assert_eq!(read_all(&log, 0)?.len() as u64, newest.first.prev().get());
 
     // A missing middle segment.
     let tmp = tempfile::tempdir()?;
     let log = LogDir::create(tmp.path())?;
-    let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+    let writer = LogWriter::start(
+        &log,
+        LogPosition::new(1),
+        small_segments(),
+        Box::new(|_| {}),
+    )?;
     append_each(&writer, payloads(100));
     drop(writer);
     let middle = log.scan()?.segments[1].path.clone();
@@ -251,16 +298,24 @@ fn corruption_before_the_tail_and_missing_segments_are_never_repaired() -> TestR
 fn old_segments_are_deleted_once_no_snapshot_needs_them() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let log = LogDir::create(tmp.path())?;
-    let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+    let writer = LogWriter::start(
+        &log,
+        LogPosition::new(1),
+        small_segments(),
+        Box::new(|_| {}),
+    )?;
     append_each(&writer, payloads(100));
     drop(writer);
     let before = log.scan()?.segments;
     let keep_from = before[2].first; // a snapshot at position keep_from - 1
-    assert_eq!(log.delete_before(keep_from - 1)?, 2);
+    assert_eq!(log.delete_before(keep_from.prev())?, 2);
     let after = log.scan()?;
     assert_eq!(after.segments.first().map(|s| s.first), Some(keep_from));
     assert_eq!(after.corruption(), None);
-    assert_eq!(read_all(&log, keep_from - 1)?.len() as u64, 101 - keep_from);
+    assert_eq!(
+        read_all(&log, keep_from.prev().get())?.len() as u64,
+        LogPosition::new(101).since(keep_from)
+    );
     Ok(())
 }
 
@@ -283,7 +338,12 @@ fn watermark(log: &LogDir) -> Watermark {
 fn a_complete_last_record_that_fails_its_checksum_is_damage_not_a_torn_write() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let log = LogDir::create(tmp.path())?;
-    let writer = LogWriter::start(&log, 1, WriterOptions::default(), Box::new(|_| {}))?;
+    let writer = LogWriter::start(
+        &log,
+        LogPosition::new(1),
+        WriterOptions::default(),
+        Box::new(|_| {}),
+    )?;
     append_each(&writer, payloads(5));
     drop(writer);
     let path = segment_paths(&log).pop().ok_or("no segment")?;
@@ -315,7 +375,7 @@ fn a_complete_last_record_that_fails_its_checksum_is_damage_not_a_torn_write() -
         fs::write(&path, [&bytes[..], &tail].concat())?;
         let scan = log.scan()?;
         assert_eq!(scan.corruption(), None);
-        assert_eq!(scan.next(), 6);
+        assert_eq!(scan.next(), LogPosition::new(6));
         assert_eq!(scan.end_problem(&watermark(&log)), None);
     }
     Ok(())
@@ -325,7 +385,12 @@ fn a_complete_last_record_that_fails_its_checksum_is_damage_not_a_torn_write() -
 fn a_segment_header_of_an_unknown_version_is_damage_and_nothing_of_it_is_read() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let log = LogDir::create(tmp.path())?;
-    let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+    let writer = LogWriter::start(
+        &log,
+        LogPosition::new(1),
+        small_segments(),
+        Box::new(|_| {}),
+    )?;
     append_each(&writer, payloads(100));
     drop(writer);
     let newest = log.scan()?.segments.last().ok_or("none")?.clone();
@@ -336,7 +401,7 @@ fn a_segment_header_of_an_unknown_version_is_damage_and_nothing_of_it_is_read() 
     fs::write(&newest.path, &bytes)?;
     let (_, reason) = log.scan()?.corruption().ok_or("not detected")?;
     assert!(reason.contains("version 9"), "{reason}");
-    assert_eq!(read_all(&log, 0)?.len() as u64, newest.first - 1);
+    assert_eq!(read_all(&log, 0)?.len() as u64, newest.first.prev().get());
     Ok(())
 }
 
@@ -352,11 +417,14 @@ fn segments_carry_their_history_and_epoch_and_version_1_is_still_read() -> TestR
     let crc = crc32c::crc32c(&v1);
     v1.extend_from_slice(&crc.to_le_bytes());
     for (i, payload) in payloads(3).iter().enumerate() {
-        put_record(&mut v1, i as u64 + 1, payload);
+        put_record(&mut v1, LogPosition::new(i as u64 + 1), payload);
     }
-    fs::write(log.segment_path(1), &v1)?;
+    fs::write(log.segment_path(LogPosition::new(1)), &v1)?;
     let scan = log.scan()?;
-    assert_eq!((scan.next(), scan.corruption()), (4, None));
+    assert_eq!(
+        (scan.next(), scan.corruption()),
+        (LogPosition::new(4), None)
+    );
     assert_eq!(
         (scan.segments[0].version, scan.segments[0].history),
         (1, None)
@@ -364,7 +432,7 @@ fn segments_carry_their_history_and_epoch_and_version_1_is_still_read() -> TestR
     assert_eq!(read_all(&log, 0)?.len(), 3);
 
     let history = crate::history::DataHistory::new(crate::history::Legacy {
-        log_through: Some(1),
+        log_through: Some(LogPosition::new(1)),
         snapshot_seq: None,
     });
     assert_eq!(
@@ -383,7 +451,7 @@ fn segments_carry_their_history_and_epoch_and_version_1_is_still_read() -> TestR
         },
         ..WriterOptions::default()
     };
-    let writer = LogWriter::start(&log, 4, options, Box::new(|_| {}))?;
+    let writer = LogWriter::start(&log, LogPosition::new(4), options, Box::new(|_| {}))?;
     append_each(&writer, payloads(2));
     drop(writer);
     let scan = log.scan()?;
@@ -391,7 +459,7 @@ fn segments_carry_their_history_and_epoch_and_version_1_is_still_read() -> TestR
     let newest = &scan.segments[1];
     assert_eq!(
         (newest.first, newest.version, newest.history, newest.epoch),
-        (4, 2, Some(history.id), Some(77))
+        (LogPosition::new(4), 2, Some(history.id), Some(77))
     );
     assert_eq!(scan.foreign(&history).count(), 0);
     assert_eq!(scan.foreign(&stranger).count(), 2);
@@ -399,7 +467,7 @@ fn segments_carry_their_history_and_epoch_and_version_1_is_still_read() -> TestR
     let mark = watermark(&log);
     assert_eq!(
         (mark.history, mark.rolled_at, mark.through),
-        (Some(history.id), 4, 5)
+        (Some(history.id), LogPosition::new(4), LogPosition::new(5))
     );
     Ok(())
 }
@@ -408,12 +476,17 @@ fn segments_carry_their_history_and_epoch_and_version_1_is_still_read() -> TestR
 fn the_watermark_notices_every_way_the_end_of_the_log_goes_missing() -> TestResult {
     let written = |tmp: &Path| -> Result<(LogDir, Vec<PathBuf>), Box<dyn std::error::Error>> {
         let log = LogDir::create(tmp)?;
-        let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+        let writer = LogWriter::start(
+            &log,
+            LogPosition::new(1),
+            small_segments(),
+            Box::new(|_| {}),
+        )?;
         append_each(&writer, payloads(100));
         drop(writer);
         let paths = segment_paths(&log);
         assert!(paths.len() >= 3);
-        assert_eq!(watermark(&log).through, 100);
+        assert_eq!(watermark(&log).through, LogPosition::new(100));
         assert_eq!(log.scan()?.end_problem(&watermark(&log)), None);
         Ok((log, paths))
     };
@@ -447,8 +520,8 @@ fn the_watermark_notices_every_way_the_end_of_the_log_goes_missing() -> TestResu
     // Cutting never-acknowledged records after a failure moves the watermark with them.
     let tmp = tempfile::tempdir()?;
     let (log, _) = written(tmp.path())?;
-    log.truncate_after(60)?;
-    assert_eq!(watermark(&log).through, 60);
+    log.truncate_after(LogPosition::new(60))?;
+    assert_eq!(watermark(&log).through, LogPosition::new(60));
     assert_eq!(log.scan()?.end_problem(&watermark(&log)), None);
     Ok(())
 }
@@ -465,13 +538,18 @@ fn inspection_creates_nothing() {
 fn bytes_past_what_the_watermark_proves_acknowledged_are_a_torn_tail() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let log = LogDir::create(tmp.path())?;
-    let writer = LogWriter::start(&log, 1, WriterOptions::default(), Box::new(|_| {}))?;
+    let writer = LogWriter::start(
+        &log,
+        LogPosition::new(1),
+        WriterOptions::default(),
+        Box::new(|_| {}),
+    )?;
     append_each(&writer, payloads(5));
     drop(writer);
     let path = segment_paths(&log).pop().ok_or("no segment")?;
     let bytes = fs::read(&path)?;
     let mark = watermark(&log);
-    assert_eq!(mark.through, 5);
+    assert_eq!(mark.through, LogPosition::new(5));
     // 37 bytes after the last record: a record header announcing the 21 bytes that follow (a
     // complete record that fails its checksum), and bytes announcing more than the limit.
     let mut complete = vec![21, 0, 0, 0];
@@ -500,14 +578,14 @@ fn bytes_past_what_the_watermark_proves_acknowledged_are_a_torn_tail() -> TestRe
     assert!(scan.corruption().is_some());
     // So do bad bytes with an intact record after them: it was written after them.
     let mut next = Vec::new();
-    put_record(&mut next, 7, b"later");
+    put_record(&mut next, LogPosition::new(7), b"later");
     fs::write(&path, [&bytes[..], &[0xee; 37][..], &next].concat())?;
     let mut scan = log.scan()?;
     assert!(!scan.torn_past(&mark));
     assert!(scan.corruption().is_some());
     assert_eq!(
         scan.last_used(),
-        7,
+        LogPosition::new(7),
         "the record after the damage used position 7"
     );
     Ok(())
@@ -526,7 +604,7 @@ fn a_segment_of_another_history_is_foreign_under_any_name() -> TestResult {
             },
             ..WriterOptions::default()
         };
-        let writer = LogWriter::start(&log, 1, options, Box::new(|_| {}))?;
+        let writer = LogWriter::start(&log, LogPosition::new(1), options, Box::new(|_| {}))?;
         append_each(&writer, payloads(n));
         drop(writer);
         Ok::<_, Box<dyn std::error::Error>>(log)
@@ -536,10 +614,10 @@ fn a_segment_of_another_history_is_foreign_under_any_name() -> TestResult {
     let other = written(&tmp.path().join("theirs"), &theirs, 3)?;
     // Their segment (its header says position 1) named as the one after our last record.
     let their_segment = segment_paths(&other).pop().ok_or("none")?;
-    fs::copy(&their_segment, log.segment_path(11))?;
+    fs::copy(&their_segment, log.segment_path(LogPosition::new(11)))?;
     let scan = log.scan()?;
     let foreign: Vec<_> = scan.foreign(&ours).map(|s| s.path.clone()).collect();
-    assert_eq!(foreign, vec![log.segment_path(11)]);
+    assert_eq!(foreign, vec![log.segment_path(LogPosition::new(11))]);
     assert_eq!(scan.foreign(&theirs).count(), 1, "ours, to them");
     Ok(())
 }
@@ -548,14 +626,19 @@ fn a_segment_of_another_history_is_foreign_under_any_name() -> TestResult {
 fn the_last_position_used_counts_the_watermark_and_every_segment() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let log = LogDir::create(tmp.path())?;
-    let writer = LogWriter::start(&log, 1, small_segments(), Box::new(|_| {}))?;
+    let writer = LogWriter::start(
+        &log,
+        LogPosition::new(1),
+        small_segments(),
+        Box::new(|_| {}),
+    )?;
     append_each(&writer, payloads(100));
     drop(writer);
     let paths = segment_paths(&log);
     let newest = log.scan()?.segments.last().ok_or("none")?.first;
     fs::remove_file(paths.last().ok_or("none")?)?;
     let scan = log.scan()?;
-    assert_eq!(scan.last_used(), newest - 1);
-    assert_eq!(watermark(&log).last_used(), 100);
+    assert_eq!(scan.last_used(), newest.prev());
+    assert_eq!(watermark(&log).last_used(), LogPosition::new(100));
     Ok(())
 }

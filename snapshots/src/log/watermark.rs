@@ -2,8 +2,8 @@ use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use super::segment::{u32_at, u64_at};
-use super::{LogError, WATERMARK_LEN, WATERMARK_MAGIC};
+use super::segment::{position_at, u32_at};
+use super::{LogError, LogPosition, WATERMARK_LEN, WATERMARK_MAGIC};
 use crate::history::HistoryId;
 
 /// The end of the log as the writer last recorded it, outside the segments (module docs).
@@ -12,16 +12,16 @@ pub struct Watermark {
     /// The history id of the log that wrote it.
     pub history: Option<HistoryId>,
     /// The first position of the newest segment.
-    pub rolled_at: u64,
-    /// The last position made durable (0: none yet).
-    pub through: u64,
+    pub rolled_at: LogPosition,
+    /// The last position made durable ([`LogPosition::ZERO`]: none yet).
+    pub through: LogPosition,
 }
 
 impl Watermark {
     /// The highest position it shows was used: the last one made durable, or the one before
     /// the newest segment's first.
-    pub fn last_used(&self) -> u64 {
-        self.through.max(self.rolled_at.saturating_sub(1))
+    pub fn last_used(&self) -> LogPosition {
+        self.through.max(self.rolled_at.prev())
     }
 
     pub(super) fn to_bytes(self) -> [u8; WATERMARK_LEN] {
@@ -29,8 +29,8 @@ impl Watermark {
         out[..8].copy_from_slice(&WATERMARK_MAGIC);
         out[8..10].copy_from_slice(&1u16.to_le_bytes());
         out[12..28].copy_from_slice(&HistoryId::bytes_of(self.history));
-        out[28..36].copy_from_slice(&self.rolled_at.to_le_bytes());
-        out[36..44].copy_from_slice(&self.through.to_le_bytes());
+        out[28..36].copy_from_slice(&self.rolled_at.get().to_le_bytes());
+        out[36..44].copy_from_slice(&self.through.get().to_le_bytes());
         let crc = crc32c::crc32c(&out[..44]);
         out[44..].copy_from_slice(&crc.to_le_bytes());
         out
@@ -50,8 +50,8 @@ impl Watermark {
         id.copy_from_slice(&bytes[12..28]);
         Ok(Self {
             history: HistoryId::from_bytes(id),
-            rolled_at: u64_at(bytes, 28),
-            through: u64_at(bytes, 36),
+            rolled_at: position_at(bytes, 28),
+            through: position_at(bytes, 36),
         })
     }
 

@@ -8,7 +8,9 @@ use std::thread::JoinHandle;
 use super::dir::{sync_dir, LogDir};
 use super::segment::{parse_header, put_record, segment_header, Lineage};
 use super::watermark::Watermark;
-use super::{LogError, GROUP_BYTES, LOG_VERSION, MAX_RECORD_BYTES, SEGMENT_HEADER_LEN};
+use super::{
+    LogError, LogPosition, GROUP_BYTES, LOG_VERSION, MAX_RECORD_BYTES, SEGMENT_HEADER_LEN,
+};
 
 /// How durable an acknowledged append is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +46,7 @@ impl Default for WriterOptions {
 }
 
 /// Called once an append is durable (with the position of its first record) or has failed.
-pub type Completion = Box<dyn FnOnce(Result<u64, LogError>) + Send>;
+pub type Completion = Box<dyn FnOnce(Result<LogPosition, LogError>) + Send>;
 
 /// What one group commit did, for the writer's observer (metrics).
 #[derive(Clone, Copy, Debug)]
@@ -56,7 +58,7 @@ pub struct GroupWritten {
     /// How long the `fdatasync` took, when there was one.
     pub sync: Option<std::time::Duration>,
     /// The position after the last record written.
-    pub next: u64,
+    pub next: LogPosition,
     /// Whether the group started a new segment.
     pub new_segment: bool,
 }
@@ -90,7 +92,7 @@ impl LogWriter {
     /// The segment cannot be opened or created.
     pub fn start(
         log: &LogDir,
-        next: u64,
+        next: LogPosition,
         options: WriterOptions,
         observer: Observer,
     ) -> Result<Self, LogError> {
@@ -158,9 +160,9 @@ impl Drop for LogWriter {
 /// a new one. Returns it, its path, its length and its first position.
 fn open_segment(
     log: &LogDir,
-    next: u64,
+    next: LogPosition,
     lineage: &Lineage,
-) -> Result<(File, PathBuf, u64, u64), LogError> {
+) -> Result<(File, PathBuf, u64, LogPosition), LogError> {
     let files = log.segment_files()?;
     Ok(match files.last() {
         Some((first, path)) => {
@@ -198,14 +200,14 @@ fn open_segment(
 /// Writes and syncs the watermark a writer starts with, and opens its file for the writer.
 fn start_watermark(
     log: &LogDir,
-    next: u64,
-    rolled_at: u64,
+    next: LogPosition,
+    rolled_at: LogPosition,
     lineage: &Lineage,
 ) -> Result<File, LogError> {
     let mark = Watermark {
         history: lineage.history,
         rolled_at,
-        through: next.saturating_sub(1),
+        through: next.prev(),
     };
     let path = log.watermark_path();
     mark.write(&path)?;
@@ -218,7 +220,7 @@ fn start_watermark(
 
 fn new_segment_file(
     log: &LogDir,
-    first: u64,
+    first: LogPosition,
     lineage: &Lineage,
 ) -> Result<(File, PathBuf, u64), LogError> {
     let path = log.segment_path(first);
@@ -242,7 +244,7 @@ struct WriterState {
     file: File,
     path: PathBuf,
     len: u64,
-    next: u64,
+    next: LogPosition,
     options: WriterOptions,
     /// Why writing stopped for good, once it has.
     poisoned: Option<String>,
@@ -250,7 +252,7 @@ struct WriterState {
     /// The watermark's file, when kept.
     mark: Option<File>,
     /// The first position of the segment being written.
-    rolled_at: u64,
+    rolled_at: LogPosition,
 }
 
 impl WriterState {
@@ -277,7 +279,7 @@ impl WriterState {
                     Ok(()) => Ok(position),
                     Err(reason) => Err(LogError::Poisoned(reason.clone())),
                 };
-                position += append.payloads.len() as u64;
+                position = position.saturating_add(append.payloads.len() as u64);
                 (append.done)(outcome);
             }
         }
@@ -297,7 +299,7 @@ impl WriterState {
         let mark = Watermark {
             history: self.options.lineage.history,
             rolled_at: self.rolled_at,
-            through: self.next - 1,
+            through: self.next.prev(),
         };
         file.write_all_at(&mark.to_bytes(), 0)
             .and_then(|()| if sync { file.sync_data() } else { Ok(()) })
@@ -327,7 +329,7 @@ impl WriterState {
         }
         let mut records = 0;
         for payload in group.iter().flat_map(|append| &append.payloads) {
-            put_record(bytes, self.next + records, payload);
+            put_record(bytes, self.next.saturating_add(records), payload);
             records += 1;
         }
         self.file
@@ -343,7 +345,7 @@ impl WriterState {
             None
         };
         self.len += bytes.len() as u64;
-        self.next += records;
+        self.next = self.next.saturating_add(records);
         // Before the appends are acknowledged; no sync of its own (module docs).
         self.mark_end(false)?;
         (self.observer)(GroupWritten {
