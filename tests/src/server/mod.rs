@@ -15,19 +15,29 @@
 //! panics with the server alive. Dropping a [`Server`] kills the child (SIGKILL).
 //! [`Server::stop_graceful`] sends SIGTERM and waits for the exit status;
 //! [`Server::restart`] starts the same arguments again on the same data directory.
+//!
+//! | file | job |
+//! |---|---|
+//! | this one | [`Server`]: its start, the listening line, stop, kill, restart |
+//! | `requests` | requests to it: `GET`, `POST`, `/metrics`, `/readyz`, ingest, SSE |
+//! | `binary` | finding or building the binary, [`cli`] runs, [`guest_wasm`], [`config_file`] |
+
+mod binary;
+mod requests;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context as _};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::{Child, ChildStderr, Command};
 
-use crate::http::{self, Response};
-use crate::stream::EventStream;
+use crate::http;
+
+pub use binary::{binary, cli, config_file, guest_wasm, with_custom_section};
 
 /// How long the server may take to print its listening line.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -77,145 +87,9 @@ pub struct Server {
     logs: Arc<Mutex<Vec<u8>>>,
 }
 
-/// A guest module as checked in with the server's embedded guests: `ticker`, `logstats`, or
-/// `misbehave` (the test fixture that publishes, fails, traps or loops on command).
-pub fn guest_wasm(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../server/guests")
-        .join(format!("{name}.wasm"))
-}
-
-/// `module` with a custom section (id 0) named `name` holding `data` appended: a valid module
-/// that runs the same and has other bytes (another build, to the server).
-pub fn with_custom_section(module: &[u8], name: &str, data: &[u8]) -> Vec<u8> {
-    fn leb128(mut n: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (n & 0x7f) as u8;
-            n >>= 7;
-            if n == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-    let mut payload = Vec::new();
-    leb128(name.len(), &mut payload);
-    payload.extend_from_slice(name.as_bytes());
-    payload.extend_from_slice(data);
-    let mut out = module.to_vec();
-    out.push(0);
-    leb128(payload.len(), &mut out);
-    out.extend_from_slice(&payload);
-    out
-}
-
-/// Locates the binary, building it once per process.
-///
-/// # Errors
-/// When the build fails or the binary cannot be found.
-pub async fn binary() -> anyhow::Result<PathBuf> {
-    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    if let Some(found) = BUILT.get() {
-        return found.clone().map_err(|e| anyhow!(e));
-    }
-    let found = tokio::task::spawn_blocking(|| {
-        BUILT
-            .get_or_init(|| locate_or_build().map_err(|e| format!("{e:#}")))
-            .clone()
-    })
-    .await
-    .context("build task")?;
-    found.map_err(|e| anyhow!(e))
-}
-
-fn locate_or_build() -> anyhow::Result<PathBuf> {
-    if let Some(path) = std::env::var_os("VIEWTAPE_BIN") {
-        return Ok(PathBuf::from(path));
-    }
-    let exe = std::env::current_exe().context("current_exe")?;
-    let mut dir = exe
-        .parent()
-        .ok_or_else(|| anyhow!("{} has no parent", exe.display()))?
-        .to_path_buf();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    let bin = dir.join("viewtape");
-    if std::env::var_os("VIEWTAPE_NO_BUILD").is_none() {
-        let release = dir.file_name().is_some_and(|n| n == "release");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = std::process::Command::new(cargo);
-        cmd.args([
-            "build",
-            "--quiet",
-            "-p",
-            "viewtape-server",
-            "--bin",
-            "viewtape",
-        ]);
-        if release {
-            cmd.arg("--release");
-        }
-        // Build into the same target directory the running executable came from.
-        if let Some(target) = dir.parent() {
-            cmd.env("CARGO_TARGET_DIR", target);
-        }
-        let status = cmd
-            .stdin(Stdio::null())
-            .status()
-            .context("run cargo build")?;
-        if !status.success() && !bin.exists() {
-            bail!("cargo build -p viewtape-server --bin viewtape failed: {status}");
-        }
-    }
-    if !bin.exists() {
-        bail!("no viewtape binary at {}", bin.display());
-    }
-    Ok(bin)
-}
-
 fn has_flag(args: &[String], flag: &str) -> bool {
     args.iter()
         .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
-}
-
-/// Runs the binary with `args` (and `env`) to completion, within 60 s; its exit code and its
-/// stdout followed by its stderr.
-///
-/// # Errors
-/// It cannot be built or started, or it runs too long.
-pub async fn cli(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<(i32, String)> {
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        Command::new(binary().await?)
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .envs(env.iter().copied())
-            .output(),
-    )
-    .await
-    .with_context(|| format!("viewtape {args:?} timed out"))??;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok((out.status.code().unwrap_or(-1), text))
-}
-
-/// A config file holding `text`, for `--config`; keep it alive as long as the server may
-/// restart.
-///
-/// # Errors
-/// The file cannot be written.
-pub fn config_file(text: &str) -> anyhow::Result<tempfile::NamedTempFile> {
-    let file = tempfile::Builder::new()
-        .prefix("viewtape-config-")
-        .suffix(".toml")
-        .tempfile()?;
-    std::fs::write(file.path(), text)?;
-    Ok(file)
 }
 
 /// Parses the listening line into a loopback address.
@@ -246,6 +120,43 @@ pub fn listening_scheme(line: &str) -> &'static str {
         Some(rest) if rest.starts_with("https://") => "https",
         _ => "http",
     }
+}
+
+/// `serve` and the caller's `args`, plus the harness defaults the caller did not pass: a free
+/// loopback port, `data_dir`, no demo feed.
+fn serve_args(args: &[String], data_dir: &DataDir) -> Vec<String> {
+    let mut full = vec!["serve".to_owned()];
+    full.extend(args.iter().cloned());
+    if !has_flag(args, "--listen") {
+        full.extend(["--listen".into(), "127.0.0.1:0".into()]);
+    }
+    if !has_flag(args, "--data-dir") {
+        full.extend(["--data-dir".into(), data_dir.path().display().to_string()]);
+    }
+    if !has_flag(args, "--demo-rate") {
+        full.extend(["--demo-rate".into(), "0".into()]);
+    }
+    full
+}
+
+/// Drains the server's stderr into `logs`, keeping about the last [`LOG_TAIL`] bytes, so the
+/// child never blocks on a full pipe.
+fn keep_stderr_tail(mut stderr: ChildStderr, logs: Arc<Mutex<Vec<u8>>>) {
+    tokio::spawn(async move {
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = stderr.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            if let Ok(mut logs) = logs.lock() {
+                logs.extend_from_slice(&buf[..n]);
+                let len = logs.len();
+                if len > LOG_TAIL * 2 {
+                    logs.drain(..len - LOG_TAIL);
+                }
+            }
+        }
+    });
 }
 
 impl Server {
@@ -296,17 +207,7 @@ impl Server {
         env: Vec<(String, String)>,
     ) -> anyhow::Result<Self> {
         let bin = binary().await?;
-        let mut full = vec!["serve".to_owned()];
-        full.extend(args.iter().cloned());
-        if !has_flag(&args, "--listen") {
-            full.extend(["--listen".into(), "127.0.0.1:0".into()]);
-        }
-        if !has_flag(&args, "--data-dir") {
-            full.extend(["--data-dir".into(), data_dir.path().display().to_string()]);
-        }
-        if !has_flag(&args, "--demo-rate") {
-            full.extend(["--demo-rate".into(), "0".into()]);
-        }
+        let full = serve_args(&args, &data_dir);
         let mut child = Command::new(&bin)
             .args(&full)
             .env(
@@ -325,23 +226,8 @@ impl Server {
         let pid = child.id().ok_or_else(|| anyhow!("child has no pid"))?;
 
         let logs = Arc::new(Mutex::new(Vec::new()));
-        if let Some(mut stderr) = child.stderr.take() {
-            let logs = Arc::clone(&logs);
-            tokio::spawn(async move {
-                let mut buf = [0u8; 8192];
-                while let Ok(n) = stderr.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    if let Ok(mut logs) = logs.lock() {
-                        logs.extend_from_slice(&buf[..n]);
-                        let len = logs.len();
-                        if len > LOG_TAIL * 2 {
-                            logs.drain(..len - LOG_TAIL);
-                        }
-                    }
-                }
-            });
+        if let Some(stderr) = child.stderr.take() {
+            keep_stderr_tail(stderr, Arc::clone(&logs));
         }
         let stdout = child
             .stdout
@@ -518,89 +404,6 @@ impl Server {
         *self = next;
         Ok(())
     }
-
-    /// The value of one series of `/metrics`, named with its labels as the text shows it
-    /// (`viewtape_http_connections_total{transport="lean"}`).
-    ///
-    /// # Errors
-    /// On connection errors, or when the series is missing or not a number.
-    pub async fn metric(&self, series: &str) -> anyhow::Result<f64> {
-        let text = self.get("/metrics").await?.text();
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-            .with_context(|| format!("no {series} in /metrics:\n{text}"))?
-            .trim()
-            .parse()
-            .context("metric value")
-    }
-
-    /// Waits, at most `within`, until `GET /readyz` answers `200` (a node of a cluster that has
-    /// caught up); returns its body.
-    ///
-    /// # Errors
-    /// On connection errors, or when it is not ready in time (with its last answer and logs).
-    pub async fn ready(&self, within: Duration) -> anyhow::Result<serde_json::Value> {
-        let deadline = std::time::Instant::now() + within;
-        loop {
-            let resp = self.get("/readyz").await?;
-            if resp.status() == 200 {
-                return resp.json();
-            }
-            if std::time::Instant::now() > deadline {
-                bail!(
-                    "not ready within {within:?}: {}\n{}",
-                    resp.text(),
-                    self.logs()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// `GET path`.
-    ///
-    /// # Errors
-    /// On connection or framing errors.
-    pub async fn get(&self, path: &str) -> anyhow::Result<Response> {
-        http::request(self.addr, "GET", path, &[], b"").await
-    }
-
-    /// `POST path` with `body`.
-    ///
-    /// # Errors
-    /// On connection or framing errors.
-    pub async fn post(&self, path: &str, body: &[u8]) -> anyhow::Result<Response> {
-        http::request(self.addr, "POST", path, &[], body).await
-    }
-
-    /// `POST /runtimes/{runtime}/ingest` with an NDJSON body.
-    ///
-    /// # Errors
-    /// On connection or framing errors (not on HTTP error statuses).
-    pub async fn ingest(&self, runtime: &str, ndjson: &str) -> anyhow::Result<Response> {
-        self.post(&format!("/runtimes/{runtime}/ingest"), ndjson.as_bytes())
-            .await
-    }
-
-    /// Ingests into `demo` and requires a 200.
-    ///
-    /// # Errors
-    /// On any other status.
-    pub async fn ingest_ok(&self, ndjson: &str) -> anyhow::Result<serde_json::Value> {
-        let resp = self.ingest("demo", ndjson).await?;
-        if resp.status() != 200 {
-            bail!("ingest: status {}: {}", resp.status(), resp.text());
-        }
-        resp.json()
-    }
-
-    /// Opens an SSE stream at `path` with extra headers.
-    ///
-    /// # Errors
-    /// See [`EventStream::connect`].
-    pub async fn sse(&self, path: &str, headers: &[(&str, &str)]) -> anyhow::Result<EventStream> {
-        EventStream::connect(self.addr, path, headers).await
-    }
 }
 
 impl Drop for Server {
@@ -621,23 +424,6 @@ impl Drop for Server {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_custom_section_is_appended_whole() {
-        let header = b"\0asm\x01\0\0\0";
-        let out = with_custom_section(header, "build", &3u64.to_le_bytes());
-        let mut want = header.to_vec();
-        want.extend_from_slice(&[0, 14, 5]);
-        want.extend_from_slice(b"build");
-        want.extend_from_slice(&[3, 0, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(out, want);
-        let long = with_custom_section(header, "n", &[7; 200]);
-        assert_eq!(
-            &long[8..11],
-            &[0, 0xca, 0x01],
-            "LEB128 of 1 + 1 + 200 = 202"
-        );
-    }
 
     #[test]
     fn listening_line() {
