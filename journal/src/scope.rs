@@ -37,7 +37,7 @@ use crate::journal::EventJournal;
 /// use std::convert::Infallible;
 /// use std::sync::Arc;
 /// use bytes::Bytes;
-/// use viewtape_journal::{Cursor, EventJournal, JournalConfig, ReplayError};
+/// use viewtape_journal::{Cursor, EventJournal, JournalConfig, ReplayError, ViewOffset};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -46,7 +46,7 @@ use crate::journal::EventJournal;
 ///     let frame = Arc::new(Bytes::from_static(b"data: 1\n\n"));
 ///     journal.append_with(view, "k", |_| Ok::<_, Infallible>(frame)).await?;
 /// }
-/// let cursor = Cursor::new(journal.epoch().await, 1);
+/// let cursor = Cursor::new(journal.epoch().await, ViewOffset::FIRST);
 ///
 /// // The runtime that publishes `prices` is handed its scope, not the journal...
 /// let scope = journal.scope(["prices"]);

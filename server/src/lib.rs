@@ -16,7 +16,7 @@
 //! | observation | [`metrics`] — Prometheus metrics, reading the counters of the layers below |
 //! | settings | [`config`] — settings; [`auth`] — tokens and grants of views and their keys |
 //! | views | [`hub`] — views, their state, the commit path into the journal, the SSE wire format, narrowed reads of some keys |
-//! | runtimes | [`runtime`] — the task owning one guest, and the registry of runtimes by name with the consistency cut; [`log`] — log records, receipts, idempotent producers, commit order, the two backends (local segments, a cluster's stream); [`source`] — pull sources and their checkpoints |
+//! | runtimes | [`runtime`] — the task owning one guest, and the registry of runtimes by name with the consistency cut; [`log`] — log records, receipts, idempotent producers, commit order, the backend a mode owns (off, local segments, a cluster's stream); [`source`] — pull sources and their checkpoints |
 //! | foundation | [`host`] — the wasmtime host; [`schema`] — typed views' schemas and the check of their values |
 //!
 //! The table is checked (`tests/layers.rs`): a module names only modules of its own layer or

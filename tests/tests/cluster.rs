@@ -1,6 +1,9 @@
 //! Replicas on one JetStream stream, end to end: a real `nats-server` on loopback and three real
 //! `viewtape serve --nats` processes. Every node applies the same stream through the same guest,
 //! so tapes are identical frame for frame and a cursor from one node resumes on any other.
+//!
+//! One file past 500 lines: one subject (replicas), each test whole; the nats-server harness is
+//! shared from `viewtape_tests`.
 
 use std::time::{Duration, Instant};
 

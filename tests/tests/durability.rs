@@ -14,6 +14,9 @@
 //!   replay after a crash.
 //!
 //! A graceful stop and restart keeping the epoch is covered in `restart.rs` and `snapshots.rs`.
+//!
+//! One file past 500 lines: one subject (what a `200` promises), each test whole and independent
+//! of the others; a binary per subject keeps the suite's count of binaries down.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -6,6 +6,8 @@
 //! against a server without auth, and once with tokens, public views and CORS on, where every
 //! access and CORS rule must hold whichever way the connection got there (and does what the
 //! rule says, checked case by case, so the two cannot be wrong alike).
+//!
+//! One file past 500 lines: the differential corpus and the cases it came from belong together.
 
 use std::time::Duration;
 

@@ -6,6 +6,8 @@
 //! the data directory what a flaky disk or an unlucky operator does, and restarts. The old
 //! cursor then gets a `reset` (the start failed closed) or resumes exactly where it was (the
 //! server kept its own history) — it never gets another event.
+//!
+//! One file past 500 lines: one subject (files and their history), each test whole.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -3,6 +3,8 @@
 //! for one life only; fallback past a corrupted newest snapshot (the log replays what came
 //! after the older one); the admin routes and their token, a live restore, and
 //! `viewtape snapshot inspect|verify`.
+//!
+//! One file past 500 lines: one subject (snapshots end to end), each test whole.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

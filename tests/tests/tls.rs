@@ -4,6 +4,8 @@
 //! streams) and hyper (ingest); SIGHUP swaps the certificate, and a bad pair leaves the old one
 //! serving; a plain-HTTP client on the TLS port and a silent one are dropped without holding
 //! anyone up; a JWKS key file is reloaded on SIGHUP as well.
+//!
+//! One file past 500 lines: one subject (TLS and HTTP/2), each test whole.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

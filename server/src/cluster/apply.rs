@@ -10,6 +10,9 @@
 //! node (another client on the stream's subjects): every node passes over it alike, committing
 //! nothing at its position. A record with the header that this node cannot read or apply stops
 //! the loop.
+//!
+//! One file of about 600 lines on purpose: the loop, the check of each delivered sequence and the
+//! apply of each record are one sequence of decisions about one stream, read top to bottom.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;

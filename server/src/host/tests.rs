@@ -1,4 +1,6 @@
 //! Host tests with the real compiled guests (`guests.rs`) and small WAT modules.
+//!
+//! One file past 500 lines: the host's cases, each independent, over one engine they share.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};

@@ -34,6 +34,9 @@
 //! | `gather` | a cluster's group commit: a runtime's waiting batches in one stream message |
 //! | `publisher` | publishing to the stream: the shared connection, message ids, the record header and versions |
 //! | `metrics` | what `/metrics` renders of the log and the stream |
+//!
+//! Past 500 lines: [`Log`] is one object whose appends, turns and reopen share its state; the
+//! record formats, producers, metrics and the stream are in the files of the table above.
 
 mod entry;
 mod gather;

@@ -1,4 +1,6 @@
 //! The runtime task's own tests, through its handle.
+//!
+//! One file past 500 lines: the runtime task's cases, each independent, over shared fixtures.
 
 use std::sync::Mutex;
 use std::time::Duration;

@@ -1,3 +1,6 @@
+//! The log's tests: appends, scans and every kind of damage, on real files. One file past 500
+//! lines: the cases share the helpers that write and damage segments.
+
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
