@@ -407,6 +407,8 @@ async fn admin_routes_refuse_what_they_do_not_take_naming_it() -> anyhow::Result
             "\"nam\"",
         ),
         ("POST", "/admin/restore", b"[]", "expected a JSON body"),
+        // A body of blank lines is a body, and not JSON: not the empty body a snapshot takes.
+        ("POST", "/admin/snapshot", b"\r\n", "expected a JSON body"),
         (
             "POST",
             "/admin/restore?dry_run=1",
