@@ -9,6 +9,9 @@ Reconnection resumes from the cursor with full-jitter backoff (``min_delay``..``
 least a ``Retry-After``, and after a stream that sent ``retry:``, at least its last hint (for that
 one reconnection); ``401``/``403`` and ``reauth`` call the ``token`` callback again. A run of
 connections that end without progress raises ``fast_retry_loop`` and backs off harder.
+
+One file past 500 lines: the stream's events, the reconnection and the staged dict are one state
+machine, and each of its transitions reads the others.
 """
 
 from __future__ import annotations
