@@ -629,6 +629,37 @@ async fn a_restore_under_the_demo_feed_is_the_only_reset() -> anyhow::Result<()>
     Ok(())
 }
 
+/// A restore back to an older snapshot, then forward to a newer one: meanwhile the feed used
+/// the newer one's producer seqs for other ticks, which the runtime now refuses as reused or
+/// stale. The feed takes up the runtime's next seq and goes on, as after any restore.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_feed_goes_on_after_a_restore_back_and_then_forward() -> anyhow::Result<()> {
+    let server =
+        Server::start_with_env(&["--demo-rate", "50"], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
+    let mut snapshots = Vec::new();
+    for _ in 0..2 {
+        let passed = feed_passes(&server, 0).await?;
+        feed_passes(&server, passed + 20).await?;
+        let resp = admin(&server, "POST", "/admin/snapshot", Some(TOKEN), b"").await?;
+        ensure!(resp.status() == 200, "{}", resp.text());
+        snapshots.push(resp.json()?["name"].as_str().context("name")?.to_owned());
+    }
+    for name in &snapshots {
+        let resp = restore(&server, name).await?;
+        ensure!(
+            resp.status() == 200,
+            "{name}: {} {}",
+            resp.status(),
+            resp.text()
+        );
+        let restored = highest_seq(&server).await?;
+        feed_passes(&server, restored + 10)
+            .await
+            .with_context(|| format!("after the restore of {name}"))?;
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_server_on_the_same_data_dir_refuses_at_once() -> anyhow::Result<()> {
     let server = Server::start(&["--demo-rate", "0"]).await?;

@@ -8,8 +8,8 @@
 //! runtime last committed for it: a batch the runtime could not take (the log
 //! failed, the runtime is unavailable) is sent again as it was, and can never
 //! be published twice. When the runtime expects another producer seq than the
-//! feed's (its state was restored from a snapshot), the feed takes it up and
-//! continues the ticks from what the view holds then.
+//! feed's (its state was restored from a snapshot, older or newer), the feed
+//! takes it up and continues the ticks from what the view holds then.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -92,9 +92,14 @@ pub fn spawn_feed(runtime: RuntimeHandle, hub: Arc<Hub>, rate: u32) -> JoinHandl
                         return;
                     }
                     // The runtime's history moved under the feed (a restore took it back to
-                    // a snapshot): the next batch continues what the view holds now, so that
+                    // a snapshot, or forward to a later one whose seqs the feed had used for
+                    // other ticks): the next batch continues what the view holds now, so that
                     // the restore is the subscribers' only reset.
-                    Err(IngestError::OutOfOrder { expected, .. }) => {
+                    Err(
+                        IngestError::OutOfOrder { expected, .. }
+                        | IngestError::SeqReused { next: expected, .. }
+                        | IngestError::SeqStale { next: expected, .. },
+                    ) => {
                         tracing::info!(
                             %expected,
                             sent = %producer_seq,
