@@ -330,6 +330,22 @@ pub(super) fn segment_paths(log: &LogDir) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Writes `payloads(5)` into the new log `log`, a record at a time; its one segment's path and
+/// bytes.
+fn five_records(log: &LogDir) -> Result<(PathBuf, Vec<u8>), Box<dyn std::error::Error>> {
+    let writer = LogWriter::start(
+        log,
+        LogPosition::new(1),
+        WriterOptions::default(),
+        Box::new(|_| {}),
+    )?;
+    append_each(&writer, payloads(5));
+    drop(writer);
+    let path = segment_paths(log).pop().ok_or("no segment")?;
+    let bytes = fs::read(&path)?;
+    Ok((path, bytes))
+}
+
 fn watermark(log: &LogDir) -> Watermark {
     log.read_watermark()
         .expect("read")
@@ -341,16 +357,7 @@ fn watermark(log: &LogDir) -> Watermark {
 fn a_complete_last_record_that_fails_its_checksum_is_damage_not_a_torn_write() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let log = LogDir::create(tmp.path())?;
-    let writer = LogWriter::start(
-        &log,
-        LogPosition::new(1),
-        WriterOptions::default(),
-        Box::new(|_| {}),
-    )?;
-    append_each(&writer, payloads(5));
-    drop(writer);
-    let path = segment_paths(&log).pop().ok_or("no segment")?;
-    let bytes = fs::read(&path)?;
+    let (path, bytes) = five_records(&log)?;
     let last_len = RECORD_HEADER_LEN + payloads(5)[4].len();
     let at = bytes.len() - last_len;
     // Every byte but the length field: the record is whole on disk, so it is damage.
@@ -541,16 +548,7 @@ fn inspection_creates_nothing() {
 fn bytes_past_what_the_watermark_proves_acknowledged_are_a_torn_tail() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let log = LogDir::create(tmp.path())?;
-    let writer = LogWriter::start(
-        &log,
-        LogPosition::new(1),
-        WriterOptions::default(),
-        Box::new(|_| {}),
-    )?;
-    append_each(&writer, payloads(5));
-    drop(writer);
-    let path = segment_paths(&log).pop().ok_or("no segment")?;
-    let bytes = fs::read(&path)?;
+    let (path, bytes) = five_records(&log)?;
     let mark = watermark(&log);
     assert_eq!(mark.through, LogPosition::new(5));
     // 37 bytes after the last record: a record header announcing the 21 bytes that follow (a
