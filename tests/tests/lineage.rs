@@ -218,17 +218,18 @@ async fn without_the_watermark_a_restart_keeps_the_epoch() -> anyhow::Result<()>
     resumes_with_the_next_tick(&server, &mut feed, &last).await
 }
 
-/// Resumes `last` on `prices` without a reset, and requires the next tick (of a feed of `ACME`
-/// alone, whose seqs are the offsets) to follow it at the next offset, in the same epoch.
+/// Resumes `last` on `prices` without a reset, and requires the feed's next tick to follow it
+/// at the next offset, in the same epoch.
 async fn resumes_with_the_next_tick(
     server: &Server,
     feed: &mut Feed,
     last: &Cursor,
 ) -> anyhow::Result<()> {
     let mut resumed = expect::resumes(server, "prices", last).await?;
+    let seq = feed.next_seq();
     receipt(&server.ingest_ok(&feed.batch(1)).await?, 1)?;
     let n = last.offset().get() + 1;
-    let next = expect::update(&resumed.next_event().await?, n, "ACME", n)?;
+    let next = expect::update(&resumed.next_event().await?, n, feed.symbol_of(seq), seq)?;
     ensure!(next.epoch() == last.epoch(), "{next} after {last}");
     Ok(())
 }
@@ -356,14 +357,9 @@ async fn another_servers_snapshot_is_never_adopted() -> anyhow::Result<()> {
         view["entries"]["ZETA"].is_null() && view["entries"]["ACME"]["seq"].is_u64(),
         "{view}"
     );
-    let mut resumed = expect::resumes(&ours, "prices", &last).await?;
     let mut feed = Feed::new(&["ACME", "BOLT"]);
     feed.set_next_seq(11);
-    receipt(&ours.ingest_ok(&feed.batch(1)).await?, 1)?;
-    let n = last.offset().get() + 1;
-    let next = expect::update(&resumed.next_event().await?, n, feed.symbol_of(11), 11)?;
-    ensure!(next.epoch() == last.epoch(), "{next} after {last}");
-    Ok(())
+    resumes_with_the_next_tick(&ours, &mut feed, &last).await
 }
 
 /// A graceful stop that cannot write its exact snapshot (a full disk: here the file size
@@ -544,14 +540,9 @@ async fn a_foreign_segment_after_a_complete_log_is_foreign_not_damage() -> anyho
         std::fs::read(&aside)? == their_bytes,
         "their segment is kept, set aside as it was"
     );
-    let mut resumed = expect::resumes(&ours, "prices", &last).await?;
     let mut feed = Feed::new(&["ACME", "BOLT"]);
     feed.set_next_seq(11);
-    receipt(&ours.ingest_ok(&feed.batch(1)).await?, 1)?;
-    let n = last.offset().get() + 1;
-    let next = expect::update(&resumed.next_event().await?, n, feed.symbol_of(11), 11)?;
-    ensure!(next.epoch() == last.epoch(), "{next} after {last}");
-    Ok(())
+    resumes_with_the_next_tick(&ours, &mut feed, &last).await
 }
 
 /// Bytes after the last record of the newest segment, past everything the end-of-log watermark
