@@ -394,13 +394,7 @@ async fn differential(server: &Server, cases: &[Case]) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("{}: fresh connection", case.name))?;
 
-        let mut handed_over = TcpStream::connect(server.addr()).await?;
-        handed_over
-            .write_all(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await?;
-        let mut buf = Vec::new();
-        let head = read_response(&mut handed_over, &mut buf, true).await?;
-        ensure!(head.status == 200 && buf.is_empty(), "{head:?}");
+        let mut handed_over = handed_over_to_hyper(server).await?;
         let hyper = exchange(&mut handed_over, case)
             .await
             .with_context(|| format!("{}: through hyper", case.name))?;
@@ -450,6 +444,18 @@ async fn differential(server: &Server, cases: &[Case]) -> anyhow::Result<()> {
         "lean connections: {lean}"
     );
     Ok(())
+}
+
+/// A connection the lean transport has handed over to hyper: its first request, a `HEAD` the
+/// lean transport declines, answered `200` with nothing after the head.
+async fn handed_over_to_hyper(server: &Server) -> anyhow::Result<TcpStream> {
+    let mut conn = TcpStream::connect(server.addr()).await?;
+    conn.write_all(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await?;
+    let mut buf = Vec::new();
+    let head = read_response(&mut conn, &mut buf, true).await?;
+    ensure!(head.status == 200 && buf.is_empty(), "{head:?}");
+    Ok(conn)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -529,13 +535,7 @@ async fn bad_framing_is_refused_and_closes_the_connection(server: &Server) -> an
             "fresh: {request:?}: {seen:?}"
         );
 
-        let mut handed_over = TcpStream::connect(server.addr()).await?;
-        handed_over
-            .write_all(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await?;
-        let mut buf = Vec::new();
-        let head = read_response(&mut handed_over, &mut buf, true).await?;
-        ensure!(head.status == 200 && buf.is_empty(), "{head:?}");
+        let mut handed_over = handed_over_to_hyper(server).await?;
         handed_over.write_all(request.as_bytes()).await?;
         let seen = answered_then_closed(&mut handed_over)
             .await
