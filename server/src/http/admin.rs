@@ -204,10 +204,13 @@ async fn json_body<T: serde::de::DeserializeOwned>(
         .map_err(|_| ApiError::bad_request(format!("body larger than {MAX_JSON_BODY} bytes")))?;
     let expected = || ApiError::bad_request(format!("expected a JSON body {shape}"));
     // No body at all is no fields; anything else must be a JSON object (blank lines are not).
-    let object = match serde_json::from_slice(&bytes) {
-        _ if bytes.is_empty() => serde_json::Map::new(),
-        Ok(serde_json::Value::Object(object)) => object,
-        _ => return Err(expected()),
+    let object = if bytes.is_empty() {
+        serde_json::Map::new()
+    } else {
+        match serde_json::from_slice(&bytes) {
+            Ok(serde_json::Value::Object(object)) => object,
+            _ => return Err(expected()),
+        }
     };
     if let Some(unknown) = object.keys().find(|key| !fields.contains(&key.as_str())) {
         let unknown: String = unknown.chars().take(64).collect();
