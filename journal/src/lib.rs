@@ -137,4 +137,4 @@ pub use offset::ViewOffset;
 pub use scope::JournalScope;
 pub use snapshot::{JournalSnapshot, SnapshotInvalid, SnapshotRecord, SnapshotView};
 pub use stats::JournalStats;
-pub use view::{ViewName, ViewNameError};
+pub use view::{ViewClaim, ViewClaimError, ViewName, ViewNameError};

@@ -22,7 +22,8 @@
 //!   [`ReplayError::Gap`](crate::ReplayError::Gap), every other cursor stays
 //!   valid. There is one implementation of a gap; a scope only narrows it.
 //! - A scope names views, not tapes: a view that issues its first offset after
-//!   the scope was made is covered all the same.
+//!   the scope was made is covered all the same, and so is every view a
+//!   pattern of the scope takes (`chat.*`, see [`ViewClaim`](crate::ViewClaim)).
 
 use std::sync::Arc;
 
@@ -103,11 +104,8 @@ impl JournalScope {
             self.views.windows(2).all(|pair| pair[0] < pair[1]),
             "a scope's views are sorted and each named once"
         );
-        self.journal.mark_gap_where(|view| {
-            self.views
-                .binary_search_by(|v| v.as_str().cmp(view))
-                .is_ok()
-        });
+        self.journal
+            .mark_gap_where(|view| crate::ViewClaim::any_takes(&self.views, view));
     }
 
     /// The views a gap reported through this scope is marked on, sorted.

@@ -106,12 +106,23 @@ impl Deployer {
             .runtimes
             .get(runtime)
             .ok_or_else(|| DeployActionError::NoSuchRuntime(runtime.to_owned()))?;
+        let module = self.keep(runtime, wasm).await?;
+        Ok(registered.handle.deploy(module).await?)
+    }
+
+    /// Compiles `wasm` (for `runtime`, as errors name it) and keeps it in the store (and the
+    /// cluster's bucket), so that any runtime may run it: what `POST /admin/modules` does, and
+    /// the first half of a deploy. Keeping the same bytes twice is one module.
+    ///
+    /// # Errors
+    /// [`DeployActionError`]: it does not load, or cannot be kept.
+    pub async fn keep(&self, runtime: &str, wasm: Bytes) -> Result<GuestModule, DeployActionError> {
         let engine = self.engine.clone();
         let compile = wasm.clone();
         let module = tokio::task::spawn_blocking(move || GuestModule::new(&engine, &compile))
             .await?
             .map_err(|error| {
-                tracing::info!(%runtime, %error, "deploy refused: the module does not load");
+                tracing::info!(%runtime, %error, "module refused: it does not load");
                 DeployActionError::Load {
                     runtime: runtime.to_owned(),
                     message: error.public_message().into_owned(),
@@ -130,6 +141,6 @@ impl Deployer {
                 path: self.store.dir().display().to_string(),
                 source,
             })?;
-        Ok(registered.handle.deploy(module).await?)
+        Ok(module)
     }
 }

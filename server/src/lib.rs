@@ -24,6 +24,7 @@
 #![deny(missing_docs)]
 
 mod auth;
+mod catalog;
 mod cli;
 mod cluster;
 mod config;

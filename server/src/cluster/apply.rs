@@ -25,7 +25,9 @@ use tokio::task::JoinHandle;
 use tracing::Instrument as _;
 
 use super::bucket::BoxError;
+use super::halt::SharedError;
 use super::{Cluster, Halt, APPLY_ATTEMPTS, RETRY, STREAM_CHECK};
+use crate::catalog::Catalog;
 use crate::host::{GuestEngine, GuestModule, ModuleFingerprint};
 use crate::log::stream::{RECORD_HEADER, RECORD_VERSION, SHARED_VERSION};
 use crate::log::{BatchEntry, Entry, Log, LogPosition, Outcome};
@@ -45,6 +47,8 @@ pub struct Appliers {
     pub engine: GuestEngine,
     /// Snapshot actions (a restore record restores through them).
     pub snapshots: Arc<Snapshots>,
+    /// Runtime changes (define and retire records apply through it).
+    pub catalog: Arc<Catalog>,
 }
 
 impl Cluster {
@@ -289,12 +293,43 @@ impl Cluster {
                 };
                 (registered, Record::Deploy(deploy, module))
             }
+            Entry::Define(define) => {
+                kind("define");
+                let (runtime, fingerprint) =
+                    (define.runtime.clone(), define.definition.module.clone());
+                let halt = |source: SharedError| Halt::Module {
+                    sequence,
+                    module: fingerprint.clone(),
+                    runtime: runtime.clone(),
+                    source,
+                };
+                let module = self
+                    .load_module(appliers, &fingerprint)
+                    .await
+                    .map_err(|error| halt(Arc::from(error)))?;
+                return appliers
+                    .catalog
+                    .apply_define(define, module, sequence)
+                    .await
+                    .map_err(|error| halt(Arc::new(error)));
+            }
+            Entry::Retire(retire) => {
+                kind("retire");
+                // A deletion is judged at its position and never fails the loop.
+                return match appliers.catalog.apply_retire(retire, sequence).await {
+                    Ok(()) => Ok(()),
+                    Err(error) => {
+                        tracing::warn!(%error, sequence = sequence.get(), "cluster: a runtime deletion could not be applied");
+                        Ok(())
+                    }
+                };
+            }
             Entry::Restore(restore) => {
                 kind("restore");
                 return self.apply_restore(appliers, log, sequence, restore).await;
             }
         };
-        apply_record(registered, record, sequence).await?;
+        apply_record(&registered, record, sequence).await?;
         debug_assert!(log.committed() >= sequence);
         Ok(())
     }
@@ -419,7 +454,7 @@ impl Cluster {
             // through (the node stays not ready and takes no ingest meanwhile).
             let mut attempt = 0u32;
             let saved = loop {
-                match self.declare(appliers, log, name, registered).await {
+                match self.declare(appliers, log, &name, &registered).await {
                     Ok(Some(saved)) => break Some(saved),
                     Ok(None) => {
                         refused.push(format!(
@@ -562,7 +597,7 @@ async fn apply_shared(
     appliers: &Appliers,
     log: &Log,
     sequence: LogPosition,
-    parts: Vec<(&Registered, Vec<(u32, BatchEntry)>)>,
+    parts: Vec<(Registered, Vec<(u32, BatchEntry)>)>,
 ) -> Result<(), Halt> {
     let mut held = appliers.runtimes.hold_cuts().await;
     let turn = log.turn(Some(sequence), 1).await;
@@ -571,13 +606,13 @@ async fn apply_shared(
             batches,
             shared: true,
         };
-        let applied = apply_record(registered, record, sequence).await;
-        (registered.handle.name(), applied)
+        let applied = apply_record(&registered, record, sequence).await;
+        (registered.handle.name().to_owned(), applied)
     });
     let mut failed = None;
     for (runtime, applied) in futures_util::future::join_all(applied).await {
         if let Err(halt) = applied {
-            held.tear(runtime, &halt.to_string());
+            held.tear(&runtime, &halt.to_string());
             failed.get_or_insert(halt);
         }
     }

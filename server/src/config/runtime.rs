@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use super::size::byte_size;
 use super::Problem;
-use crate::host::Limits;
+use crate::host::{Limits, ModuleFingerprint};
+use crate::log::Definition;
 use crate::schema::{ConfiguredSchemas, ViewSchema};
 
 /// The built-in guests, by the name a config uses after `builtin:`.
@@ -65,7 +66,13 @@ pub struct LimitsSection {
 
 impl Default for LimitsSection {
     fn default() -> Self {
-        let limits = Limits::default();
+        Self::from_limits(&Limits::default())
+    }
+}
+
+impl LimitsSection {
+    /// `limits` as a config writes them.
+    pub fn from_limits(limits: &Limits) -> Self {
         Self {
             memory: limits.max_memory_bytes,
             fuel: limits.fuel,
@@ -74,9 +81,7 @@ impl Default for LimitsSection {
             max_event: limits.max_event_bytes,
         }
     }
-}
 
-impl LimitsSection {
     /// The host's limits.
     pub fn to_limits(&self) -> Limits {
         Limits {
@@ -113,15 +118,38 @@ impl RuntimeSection {
         }
     }
 
-    /// The bytes handed to the guest's `init`: `config`, but for a `builtin:json` runtime of one
-    /// view without one, `{"view": VIEW}`, so that lines may leave out the view.
+    /// The bytes handed to the guest's `init` ([`crate::log::guest_config`]).
     pub fn guest_config(&self) -> Vec<u8> {
-        match (self.wasm.as_str(), self.views.as_slice()) {
-            ("builtin:json", [view]) if self.config.is_empty() => {
-                serde_json::json!({ "view": view }).to_string().into_bytes()
-            }
-            _ => self.config.clone().into_bytes(),
+        crate::log::guest_config(&self.wasm, &self.views, &self.config)
+    }
+
+    /// The runtime as a [`Definition`], its module being `module` (the bytes of `wasm`); `i`
+    /// is its index in the file, for the key a problem names.
+    ///
+    /// # Errors
+    /// A schema file that cannot be read.
+    pub fn definition(&self, i: usize, module: ModuleFingerprint) -> Result<Definition, Problem> {
+        let mut schemas = std::collections::BTreeMap::new();
+        for (view, path) in &self.schemas {
+            let text = std::fs::read_to_string(path).map_err(|error| {
+                Problem::new(
+                    format!("runtime[{i}].schemas.{view}"),
+                    format!("schema {}: {error}", path.display()),
+                )
+            })?;
+            schemas.insert(view.clone(), text);
         }
+        Ok(Definition {
+            module_name: match self.wasm.starts_with("builtin:") {
+                true => self.wasm.clone(),
+                false => module.to_string(),
+            },
+            module,
+            views: self.views.clone(),
+            config: self.config.clone(),
+            schemas,
+            limits: (&self.limits.to_limits()).into(),
+        })
     }
 
     /// The schemas `schemas =` names, read and compiled; `i` is the runtime's index in the

@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use viewtape_journal::ViewName;
+use viewtape_journal::{ViewClaim, ViewName};
 
 use super::BUILTIN_GUESTS;
 use super::{AuthSection, ClusterSection, Config, Problem, RuntimeSection, ServerConfig};
@@ -99,11 +99,11 @@ fn validate_views(i: usize, runtime: &RuntimeSection) -> Result<(), Problem> {
         ));
     }
     for view in &runtime.views {
-        ViewName::new(view).map_err(|_| {
+        ViewClaim::new(view).map_err(|_| {
             Problem::new(
                 key("views"),
                 format!(
-                    "runtime {:?}: view name {view:?}: use 1-128 of A-Z a-z 0-9 . _ -",
+                    "runtime {:?}: view {view:?}: use 1-128 of A-Z a-z 0-9 . _ -, or such a prefix then * (a pattern: chat.*)",
                     runtime.name
                 ),
             )

@@ -25,6 +25,13 @@ impl ModuleFingerprint {
         let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
         Self(format!("sha256:{hex}"))
     }
+
+    /// Reads `sha256:<64 lowercase hex>`; `None` for anything else.
+    pub fn parse(text: &str) -> Option<Self> {
+        let hex = text.strip_prefix("sha256:")?;
+        let valid = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        valid.then(|| Self(text.to_owned()))
+    }
 }
 
 impl fmt::Display for ModuleFingerprint {

@@ -44,7 +44,9 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::query::Params;
+use super::runtimes;
 use super::ApiError;
+use crate::catalog::Catalog;
 use crate::cluster::Cluster;
 use crate::deploy::{DeployActionError, Deployer, MAX_MODULE_BYTES};
 use crate::runtime::registry::Runtimes;
@@ -65,26 +67,43 @@ pub struct Admin {
     runtimes: Arc<Runtimes>,
     snapshots: Arc<Snapshots>,
     deployer: Arc<Deployer>,
+    catalog: Arc<Catalog>,
     /// A node's cluster: restores go through its stream.
     cluster: Option<Arc<Cluster>>,
 }
 
 impl Admin {
-    /// Admin over `runtimes`, `snapshots` and `deployer` with `token`; `None` for an empty
-    /// token, which enables nothing.
+    /// Admin over the `catalog`'s runtimes, `snapshots` and `deployer` with `token`; `None`
+    /// for an empty token, which enables nothing.
     pub fn new(
         token: &str,
-        runtimes: Arc<Runtimes>,
+        catalog: Arc<Catalog>,
         snapshots: Arc<Snapshots>,
         deployer: Arc<Deployer>,
     ) -> Option<Self> {
         (!token.is_empty()).then(|| Self {
             token: Sha256::digest(token.as_bytes()).into(),
-            runtimes,
+            runtimes: Arc::clone(catalog.runtimes()),
             snapshots,
             deployer,
+            catalog,
             cluster: None,
         })
+    }
+
+    /// Module deploys.
+    pub(super) fn deployer(&self) -> &Deployer {
+        &self.deployer
+    }
+
+    /// Runtime definitions.
+    pub(super) fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// The node's cluster.
+    pub(super) fn cluster(&self) -> Option<&Cluster> {
+        self.cluster.as_deref()
     }
 
     /// The admin of a cluster's node: a restore is a record of the stream, restored by every
@@ -99,12 +118,12 @@ impl Admin {
 
     /// Admin with the token from [`TOKEN_ENV`], if set; logs whether the routes are enabled.
     pub fn from_env(
-        runtimes: Arc<Runtimes>,
+        catalog: Arc<Catalog>,
         snapshots: Arc<Snapshots>,
         deployer: Arc<Deployer>,
     ) -> Option<Self> {
         let token = std::env::var(TOKEN_ENV).unwrap_or_default();
-        let admin = Self::new(&token, runtimes, snapshots, deployer);
+        let admin = Self::new(&token, catalog, snapshots, deployer);
         if admin.is_some() {
             tracing::info!("admin routes enabled ({TOKEN_ENV} is set)");
         } else {
@@ -152,6 +171,13 @@ pub(super) fn routes(admin: Option<Arc<Admin>>) -> axum::Router {
         .route("/admin/restore", post(restore))
         .route("/admin/runtimes", get(runtimes))
         .route("/admin/runtimes/{runtime}/module", put(deploy))
+        .route("/admin/modules", post(runtimes::put_module))
+        .route(
+            "/admin/runtimes/{runtime}",
+            put(runtimes::put_runtime)
+                .get(runtimes::get_runtime)
+                .delete(runtimes::delete_runtime),
+        )
         .with_state(admin)
 }
 
@@ -174,7 +200,7 @@ async fn page(
 /// Proof that the request carried the admin token, and no query parameter (no admin route
 /// takes one). Extracted before any body, so an unauthenticated request learns nothing from
 /// body parsing.
-struct Authorized;
+pub(super) struct Authorized;
 
 impl FromRequestParts<Arc<Admin>> for Authorized {
     type Rejection = ApiError;
@@ -199,9 +225,26 @@ async fn json_body<T: serde::de::DeserializeOwned>(
     fields: &[&str],
     shape: &str,
 ) -> Result<T, ApiError> {
-    let bytes: Bytes = axum::body::to_bytes(body, MAX_JSON_BODY)
+    let object = json_object(body, MAX_JSON_BODY, fields, shape).await?;
+    serde_json::from_value(serde_json::Value::Object(object))
+        .map_err(|_| ApiError::bad_request(format!("expected a JSON body {shape}")))
+}
+
+/// The JSON object of an admin route's `body` (at most `max` bytes; an empty body is `{}`),
+/// holding only `fields`.
+///
+/// # Errors
+/// `400 bad_request`, in our words: the body is too large, not a JSON object, or holds a field
+/// the route does not take (named).
+pub(super) async fn json_object(
+    body: axum::body::Body,
+    max: usize,
+    fields: &[&str],
+    shape: &str,
+) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+    let bytes: Bytes = axum::body::to_bytes(body, max)
         .await
-        .map_err(|_| ApiError::bad_request(format!("body larger than {MAX_JSON_BODY} bytes")))?;
+        .map_err(|_| ApiError::bad_request(format!("body larger than {max} bytes")))?;
     let expected = || ApiError::bad_request(format!("expected a JSON body {shape}"));
     // No body at all is no fields; anything else must be a JSON object (blank lines are not).
     let object = if bytes.is_empty() {
@@ -218,7 +261,7 @@ async fn json_body<T: serde::de::DeserializeOwned>(
             "unknown field {unknown:?} in the body; expected {shape}"
         )));
     }
-    serde_json::from_value(serde_json::Value::Object(object)).map_err(|_| expected())
+    Ok(object)
 }
 
 impl From<SnapshotActionError> for ApiError {

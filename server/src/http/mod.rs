@@ -30,6 +30,7 @@ pub mod openapi;
 #[cfg(test)]
 mod props;
 mod query;
+mod runtimes;
 mod schema;
 mod views;
 

@@ -1,6 +1,7 @@
 //! Reading views: the list, one view's state, and its SSE stream.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
@@ -10,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
 use bytes::{BufMut, Bytes, BytesMut};
-use viewtape_journal::EventJournal;
+use viewtape_journal::{EventJournal, ViewName};
 
 use super::access::Caller;
 use super::query::Params;
@@ -96,6 +97,15 @@ async fn list_views(
     Ok(Json(serde_json::json!({ "views": views })))
 }
 
+/// The view `name`: one that exists, or one that a pattern of a running runtime takes (`chat.*`
+/// takes `chat.room-7`), made now, empty: it exists from then on, as if published to.
+fn find_view(state: &AppState, name: &str) -> Option<Arc<View>> {
+    state.hub.view(name).or_else(|| {
+        let taken = ViewName::new(name).is_ok() && state.runtimes.taking(name).is_some();
+        taken.then(|| state.hub.declare(name))
+    })
+}
+
 /// How many keys of `view` the narrowings of the caller's `grants` (at least one) let it read.
 fn granted_keys(view: &View, journal: &EventJournal, grants: &[&Narrow]) -> usize {
     match Narrow::union(grants.iter().copied()) {
@@ -124,9 +134,7 @@ async fn view_state(
     let query = reading_query(&state, query.as_deref(), &["keys", "prefix"])?;
     let asked = narrow(query.get("keys"), query.get("prefix"))?;
     let narrow = Caller::of(&state, &headers, query.get("access_token"))?.read(&view, asked)?;
-    let view = state
-        .hub
-        .view(&view)
+    let view = find_view(&state, &view)
         .ok_or_else(|| ApiError::not_found(format!("no view named {view:?}")))?;
     let cut = view.cut(state.hub.journal(), &narrow);
     let head = Bytes::from(format!("{{\"cursor\":\"{}\",\"entries\":{{", cut.cursor));
@@ -222,6 +230,7 @@ async fn events(
     if let (Some(cluster), Start::Cursor(cursor)) = (&state.cluster, &start) {
         cluster.reach(&state.hub, &view, cursor).await;
     }
+    find_view(&state, &view);
     let subscriber = state
         .streams
         .open(&view, start, narrow, caller.expires_at())

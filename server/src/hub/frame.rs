@@ -220,6 +220,17 @@ pub(crate) fn synced(cursor: Cursor, keys: usize) -> Bytes {
     ))
 }
 
+/// The last event of a retired view's streams: no `id` (no cursor names it), then the stream
+/// ends.
+pub(crate) fn retired(view: &str, reason: &str) -> Bytes {
+    let mut out = BytesMut::from(&b"event: retired\ndata: {\"view\":"[..]);
+    put_json_string(&mut out, view);
+    out.extend_from_slice(b",\"reason\":");
+    put_json_string(&mut out, reason);
+    out.extend_from_slice(b"}\n\n");
+    out.freeze()
+}
+
 /// Why a stream restarts from the view's state.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum ResetReason<'a> {
@@ -309,6 +320,15 @@ mod tests {
         );
         assert_eq!(frame.value_json().as_deref(), Some(&br#"{"price":1}"#[..]));
         assert_eq!(member(&frame), br#""ACME":{"price":1}"#);
+    }
+
+    #[test]
+    fn retired_is_one_event_without_an_id() {
+        let frame = retired("chat.\"x\"", "its runtime was deleted");
+        assert_eq!(
+            &frame[..],
+            b"event: retired\ndata: {\"view\":\"chat.\\\"x\\\"\",\"reason\":\"its runtime was deleted\"}\n\n"
+        );
     }
 
     #[test]

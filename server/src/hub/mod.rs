@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -67,6 +67,8 @@ pub struct View {
     live: broadcast::Sender<(CompactString, Bytes)>,
     /// SSE subscribers open on it now.
     subscribers: AtomicU64,
+    /// Why it was retired ([`Hub::retire`]); its streams end with that.
+    retired: OnceLock<String>,
 }
 
 /// A view's state as of one cursor.
@@ -90,7 +92,13 @@ impl View {
             )),
             live: broadcast::Sender::new(LIVE_BACKLOG),
             subscribers: AtomicU64::new(0),
+            retired: OnceLock::new(),
         }
+    }
+
+    /// Why it was retired, once it is: its streams end with a last `retired` event.
+    pub fn retired(&self) -> Option<&str> {
+        self.retired.get().map(String::as_str)
     }
 
     /// SSE subscribers open on it now.
@@ -294,6 +302,24 @@ impl Hub {
         for live in live {
             // No receiver is fine: nobody is listening live.
             let _ = view.live.send(live);
+        }
+    }
+
+    /// Retires the view `name`: it is no longer listed or read, its streams end with a last
+    /// `retired` event saying `reason`, and a gap on its tape makes every cursor issued so far
+    /// reset, so that a view made again under this name never serves an old cursor for another
+    /// event (its offsets go on after the last one).
+    pub fn retire(&self, name: &str, reason: &str) {
+        let removed = self
+            .views
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name);
+        self.journal.scope([name]).report_gap();
+        if let Some(view) = removed {
+            let _ = view.retired.set(reason.to_owned());
+            view.wake_all();
+            tracing::info!(view = name, reason, "view retired");
         }
     }
 

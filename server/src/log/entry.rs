@@ -1,5 +1,5 @@
-//! What one log record holds ([`Entry`]: a batch, a module deployed to a runtime, or a live
-//! restore of a cluster), and the digest that proves a replay reproduced a batch.
+//! What one log record holds ([`Entry`]: a batch, a module deployed to a runtime, a runtime
+//! defined or retired, or a live restore of a cluster), and the digest that proves a replay reproduced a batch.
 //!
 //! Records are MessagePack, fields in order; a field added later comes last and has a default,
 //! so that a record written by an older viewtape still reads. A record of a kind this version
@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use super::definition::{DefineEntry, RetireEntry};
 use super::producer::ProducerStamp;
 use crate::host::{EventKind, GuestBatch, ModuleFingerprint};
 use crate::source::SourceCheckpoint;
@@ -26,6 +27,10 @@ pub enum Entry {
     /// Batches published to a cluster's stream together, by a node that had several waiting:
     /// one stream position, judged in order by their runtimes, each with its own verdict.
     Batches(Vec<BatchEntry>),
+    /// A runtime created or replaced by its definition.
+    Define(DefineEntry),
+    /// A runtime deleted, its views retired.
+    Retire(RetireEntry),
 }
 
 /// A live restore on a cluster's stream: every node restores the same snapshot at this record's
@@ -74,6 +79,8 @@ impl Entry {
         match self {
             Entry::Batch(batch) => Some(&batch.runtime),
             Entry::Deploy(deploy) => Some(&deploy.runtime),
+            Entry::Define(define) => Some(&define.runtime),
+            Entry::Retire(retire) => Some(&retire.runtime),
             Entry::Restore(_) => None,
             Entry::Batches(batches) => {
                 let (first, rest) = batches.split_first()?;
@@ -335,5 +342,24 @@ mod tests {
             guest_config: Some(7),
         });
         assert_eq!(Entry::decode(&deploy.encode()).unwrap(), deploy);
+        let define = Entry::Define(crate::log::DefineEntry {
+            runtime: "chat".into(),
+            definition: crate::log::Definition {
+                module: ModuleFingerprint::of(b"json"),
+                module_name: "builtin:json".into(),
+                views: vec!["chat.*".into()],
+                config: String::new(),
+                schemas: [("chat.x".to_owned(), "{\"type\":\"object\"}".to_owned())].into(),
+                limits: (&crate::host::Limits::default()).into(),
+            },
+            at_ms: 2,
+            pending: false,
+        });
+        assert_eq!(Entry::decode(&define.encode()).unwrap(), define);
+        let retire = Entry::Retire(crate::log::RetireEntry {
+            runtime: "chat".into(),
+            at_ms: 3,
+        });
+        assert_eq!(Entry::decode(&retire.encode()).unwrap(), retire);
     }
 }

@@ -10,10 +10,12 @@ use super::{gauge, Break};
 
 /// The kinds of records a cluster's node counts; `batches` are several batches a node gathered
 /// into one message, `passed_over` records of a runtime this node does not run.
-pub const RECORD_KINDS: [&str; 6] = [
+pub const RECORD_KINDS: [&str; 8] = [
     "batch",
     "batches",
     "deploy",
+    "define",
+    "retire",
     "restore",
     "foreign",
     "passed_over",

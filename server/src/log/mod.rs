@@ -38,6 +38,7 @@
 //! Past 500 lines: [`Log`] is one object whose appends, turns and reopen share its state; the
 //! record formats, producers, metrics and the stream are in the files of the table above.
 
+mod definition;
 mod entry;
 mod gather;
 mod metrics;
@@ -56,6 +57,7 @@ use viewtape_snapshots::log::{Lineage, WriterOptions};
 
 pub use viewtape_snapshots::log::LogPosition;
 
+pub use definition::{guest_config, DefineEntry, Definition, RetireEntry};
 pub use entry::{BatchEntry, DeployEntry, Digest, Entry, Outcome, RestoreEntry};
 pub use metrics::LogMetrics;
 pub use publisher::PublishError;
@@ -233,6 +235,14 @@ impl Log {
     /// Its backend: what the mode it runs in owns.
     pub fn backend(&self) -> &Backend {
         &self.backend
+    }
+
+    /// The cluster's stream, when it is the log.
+    pub fn stream(&self) -> Option<&Arc<StreamLog>> {
+        match &self.backend {
+            Backend::Stream(stream) => Some(stream),
+            Backend::Off | Backend::Segments(_) => None,
+        }
     }
 
     /// The last position committed, when committed batches have positions (in this node's

@@ -8,11 +8,12 @@ use std::sync::Arc;
 use viewtape_snapshots::log::{LogDamageKind, LogDir, LogError};
 
 use super::{Begun, Plan, RecoveryError};
+use crate::catalog::Catalog;
 use crate::host::{GuestEngine, GuestModule};
 use crate::hub::Hub;
-use crate::log::{Break, DeployEntry, Entry, Log, LogPosition};
+use crate::log::{Break, DefineEntry, DeployEntry, Entry, Log, LogPosition};
 use crate::runtime::handle::{Applied, Record};
-use crate::runtime::registry::{ModuleStore, Runtimes};
+use crate::runtime::registry::ModuleStore;
 use crate::runtime::RuntimeHandle;
 
 /// How [`replay`] ended.
@@ -34,8 +35,7 @@ pub struct Replayed {
 pub async fn replay(
     begun: &mut Begun,
     hub: &Hub,
-    runtimes: &Runtimes,
-    modules: &ModuleStore,
+    catalog: &Catalog,
     engine: &GuestEngine,
 ) -> Result<Replayed, RecoveryError> {
     let Some(plan) = begun.plan.take() else {
@@ -46,15 +46,7 @@ pub async fn replay(
     let mut replayed = Replayed::default();
     let mut broken = plan.broken_before.clone();
     if broken.is_none() {
-        broken = replay_records(
-            &plan,
-            &log,
-            runtimes,
-            modules,
-            engine,
-            &mut replayed.records,
-        )
-        .await?;
+        broken = replay_records(&plan, &log, catalog, engine, &mut replayed.records).await?;
     }
     if broken.is_none() && plan.no_snapshot && replayed.records > 0 {
         broken = Some((
@@ -147,6 +139,35 @@ async fn replay_deploy(
         .map_err(|error| (error.cause(), error.to_string()))
 }
 
+/// Creates or replaces the runtime a logged define record names, on its module from the
+/// store.
+async fn replay_define(
+    catalog: &Catalog,
+    define: DefineEntry,
+    position: LogPosition,
+    engine: &GuestEngine,
+) -> Result<(), (Break, String)> {
+    let fingerprint = define.definition.module.clone();
+    let module = catalog
+        .modules()
+        .get(&fingerprint)
+        .map_err(|error| error.to_string())
+        .and_then(|wasm| GuestModule::new(engine, &wasm).map_err(|error| error.to_string()))
+        .map_err(|error| {
+            (
+                Break::Module,
+                format!(
+                    "log position {position}: runtime {:?} runs module {fingerprint}: {error}",
+                    define.runtime
+                ),
+            )
+        })?;
+    catalog
+        .apply_define(define, module, position)
+        .await
+        .map_err(|error| (Break::Module, format!("log position {position}: {error}")))
+}
+
 /// Records a replay has handed to their runtimes and not yet settled: the runtimes run ahead
 /// of each other, on every core, and commit in position order.
 const REPLAY_AHEAD: usize = 64;
@@ -155,11 +176,11 @@ const REPLAY_AHEAD: usize = 64;
 async fn replay_records(
     plan: &Plan,
     log: &Log,
-    runtimes: &Runtimes,
-    modules: &ModuleStore,
+    catalog: &Catalog,
     engine: &GuestEngine,
     count: &mut u64,
 ) -> Result<Option<(Break, String)>, RecoveryError> {
+    let (runtimes, modules) = (catalog.runtimes(), catalog.modules());
     // Records are read on a blocking thread and handed over one at a time.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(LogPosition, Vec<u8>)>(REPLAY_AHEAD);
     let dir = LogDir::open_existing(plan.dir.path())?;
@@ -199,6 +220,43 @@ async fn replay_records(
                 break;
             }
         };
+        // A runtime defined or deleted: everything before it first.
+        let entry = match entry {
+            Entry::Define(define) => {
+                let settled = match ahead.settle(0).await {
+                    Ok(()) => replay_define(catalog, define, position, engine).await,
+                    broke => broke,
+                };
+                match settled {
+                    Ok(()) => *ahead.count += 1,
+                    Err(error) => {
+                        broken = Some(error);
+                        break;
+                    }
+                }
+                continue;
+            }
+            Entry::Retire(retire) => {
+                let settled = match ahead.settle(0).await {
+                    Ok(()) => catalog
+                        .apply_retire(retire, position)
+                        .await
+                        .map_err(|error| {
+                            (Break::Module, format!("log position {position}: {error}"))
+                        }),
+                    broke => broke,
+                };
+                match settled {
+                    Ok(()) => *ahead.count += 1,
+                    Err(error) => {
+                        broken = Some(error);
+                        break;
+                    }
+                }
+                continue;
+            }
+            entry => entry,
+        };
         let runtime = match entry.runtime().map(|name| (name, runtimes.get(name))) {
             Some((_, Some(runtime))) => runtime,
             Some((name, None)) => {
@@ -236,6 +294,8 @@ async fn replay_records(
             },
             // Refused above: a restore belongs to no runtime.
             Entry::Restore(_) => Ok(()),
+            // Taken above.
+            Entry::Define(_) | Entry::Retire(_) => Ok(()),
             Entry::Batches(_) => Err((
                 Break::Corrupt,
                 format!("log position {position} holds batches gathered for a cluster's stream, which a local log never does"),

@@ -72,4 +72,7 @@ pub(super) enum PauseOp {
     },
     /// Swap the staged guest in (`false`: nothing was staged).
     Commit { reply: oneshot::Sender<bool> },
+    /// End the task when the pause ends: the runtime was deleted or replaced. What waits in its
+    /// queue is answered [`IngestError::Stopped`].
+    Stop { reply: oneshot::Sender<()> },
 }

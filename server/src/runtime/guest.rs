@@ -6,8 +6,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use viewtape_journal::ViewClaim;
 
 use super::{FailureKind, RuntimeStats};
+
 use crate::host::{EventKind, GuestBatch, GuestError, GuestInstance, GuestModule, Limits};
 use crate::schema::{too_deep, ConfiguredSchemas, ViewSchemas};
 
@@ -239,7 +241,7 @@ fn typed(
         if let Some(event) = batch
             .events
             .iter()
-            .find(|event| !views.iter().any(|v| **v == *event.view))
+            .find(|event| !ViewClaim::any_takes(views, &event.view))
         {
             return Err(GuestError::UndeclaredView {
                 view: event.view.to_string(),

@@ -81,6 +81,15 @@ impl PauseGuard {
         rx.await.map_err(|_| self.stopped())
     }
 
+    /// Ends the runtime's task where it is paused: it runs nothing more, and every batch that
+    /// waits for it, or is sent to it later, is answered [`IngestError::Stopped`].
+    pub async fn stop(self) {
+        let (reply, rx) = oneshot::channel();
+        if self.control.send(PauseOp::Stop { reply }).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+
     fn stopped(&self) -> IngestError {
         IngestError::Stopped {
             runtime: self.runtime.to_string(),
@@ -169,6 +178,7 @@ impl RuntimeHandle {
             module_now: Arc::clone(&handle.module),
             schemas_now: Arc::clone(&handle.schemas),
             verdicts: Arc::clone(&handle.verdicts),
+            stopping: false,
         };
         task.note_state();
         let span = tracing::info_span!("runtime", runtime = %handle.name);

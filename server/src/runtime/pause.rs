@@ -41,6 +41,11 @@ impl<S: BatchSink> Task<S> {
                     };
                     let _ = reply.send(committed);
                 }
+                PauseOp::Stop { reply } => {
+                    self.stopping = true;
+                    let _ = reply.send(());
+                    return;
+                }
             }
         }
     }

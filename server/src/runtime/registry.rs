@@ -22,11 +22,13 @@
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
 use tokio::sync::{Mutex, OwnedMutexGuard};
+use viewtape_journal::ViewClaim;
 
 pub use crate::host::ModuleFingerprint;
+use crate::log::Definition;
 use crate::runtime::{IngestError, PauseGuard, RuntimeHandle, RuntimeSnapshot};
 
 /// One registered runtime.
@@ -36,13 +38,25 @@ pub struct Registered {
     pub handle: RuntimeHandle,
     /// The module its config names (it runs another after a deploy).
     pub configured: ModuleFingerprint,
+    /// What a define record made it (`None`: a `[[runtime]]` of the config, as the config
+    /// says).
+    pub definition: Option<Arc<Definition>>,
 }
 
-/// Every runtime of the server, by name. Built at start-up, then shared read-only.
-#[derive(Clone, Debug, Default)]
+impl Registered {
+    /// Whether it publishes to `view` (a view it names, or one a pattern of it takes).
+    pub fn takes(&self, view: &str) -> bool {
+        ViewClaim::any_takes(self.handle.views(), view)
+    }
+}
+
+/// Every runtime of the server, by name: those of the config, started with the server, and
+/// those define records made, which come and go while it runs.
+#[derive(Debug, Default)]
 pub struct Runtimes {
-    by_name: BTreeMap<String, Registered>,
-    /// Held by a cut, and by whoever applies a record shared by several runtimes.
+    by_name: RwLock<BTreeMap<String, Registered>>,
+    /// Held by a cut, and by whoever applies a record shared by several runtimes or changes
+    /// which runtimes there are.
     cuts: Arc<Mutex<Option<Torn>>>,
 }
 
@@ -71,25 +85,59 @@ impl CutsHeld {
 }
 
 impl Runtimes {
-    /// Adds a runtime (start-up only).
-    pub fn insert(&mut self, handle: RuntimeHandle, configured: ModuleFingerprint) {
+    fn read(&self) -> RwLockReadGuard<'_, BTreeMap<String, Registered>> {
+        self.by_name.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds a runtime, or replaces the one of the same name.
+    pub fn insert(
+        &self,
+        handle: RuntimeHandle,
+        configured: ModuleFingerprint,
+        definition: Option<Arc<Definition>>,
+    ) {
+        let registered = Registered {
+            handle,
+            configured,
+            definition,
+        };
         self.by_name
-            .insert(handle.name().to_owned(), Registered { handle, configured });
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(registered.handle.name().to_owned(), registered);
+    }
+
+    /// Removes the runtime named `name`.
+    pub fn remove(&self, name: &str) -> Option<Registered> {
+        self.by_name
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name)
     }
 
     /// The runtime named `name`.
-    pub fn get(&self, name: &str) -> Option<&Registered> {
-        self.by_name.get(name)
+    pub fn get(&self, name: &str) -> Option<Registered> {
+        self.read().get(name).cloned()
+    }
+
+    /// The runtime that publishes to `view`, by name or by a pattern.
+    pub fn taking(&self, view: &str) -> Option<Registered> {
+        self.read().values().find(|r| r.takes(view)).cloned()
     }
 
     /// Every runtime, in name order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &Registered)> {
-        self.by_name.iter().map(|(name, r)| (name.as_str(), r))
+    pub fn iter(&self) -> impl Iterator<Item = (String, Registered)> {
+        let all: Vec<_> = self
+            .read()
+            .iter()
+            .map(|(name, r)| (name.clone(), r.clone()))
+            .collect();
+        all.into_iter()
     }
 
     /// Every runtime's name, in order.
-    pub fn names(&self) -> Vec<&str> {
-        self.by_name.keys().map(String::as_str).collect()
+    pub fn names(&self) -> Vec<String> {
+        self.read().keys().cloned().collect()
     }
 
     /// Keeps cuts from starting until the guard is dropped: held while applying a record of
@@ -111,13 +159,14 @@ impl Runtimes {
                 reason: format!("no snapshot is cut: this node left a record of several runtimes half applied ({}); restart it, and it applies the record again from its last snapshot", torn.reason),
             });
         }
-        let mut paused = Vec::with_capacity(self.by_name.len());
-        for (name, registered) in &self.by_name {
+        let mut paused = Vec::new();
+        for (name, registered) in self.iter() {
             let (saved, guard) = registered.handle.pause().await?;
             paused.push(Paused {
-                name: name.clone(),
+                name,
                 module: registered.handle.module(),
-                configured: registered.configured.clone(),
+                configured: registered.configured,
+                definition: registered.definition,
                 saved,
                 guard,
             });
@@ -145,6 +194,8 @@ pub struct Paused {
     pub module: ModuleFingerprint,
     /// The module its config names.
     pub configured: ModuleFingerprint,
+    /// What a define record made it.
+    pub definition: Option<Arc<Definition>>,
     /// Its state and checkpoint at the cut: exactly what it has committed.
     pub saved: RuntimeSnapshot,
     /// Keeps it paused; stages and commits a restore.

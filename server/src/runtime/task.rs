@@ -38,6 +38,8 @@ pub(super) struct Task<S> {
     pub schemas_now: Arc<Mutex<Arc<ViewSchemas>>>,
     /// Verdicts on records published to a cluster's stream, for the handles waiting.
     pub verdicts: Arc<Mutex<Verdicts>>,
+    /// Set by a pause that ends the task ([`PauseGuard::stop`](super::PauseGuard::stop)).
+    pub stopping: bool,
 }
 
 impl<S: BatchSink> Task<S> {
@@ -64,7 +66,12 @@ impl<S: BatchSink> Task<S> {
             if let Some(cmd) = held {
                 self.other(cmd).await;
             }
+            if self.stopping {
+                break;
+            }
         }
+        // What still waits in the queue is dropped with its reply: each caller learns that the
+        // runtime stopped.
         tracing::debug!("runtime task stopped");
     }
 

@@ -65,7 +65,7 @@ impl App {
             None => state,
         };
         let admin = Admin::from_env(
-            Arc::clone(&started.runtimes),
+            Arc::clone(&started.catalog),
             Arc::clone(&started.snapshots),
             Arc::clone(&started.deployer),
         )

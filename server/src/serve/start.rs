@@ -24,12 +24,13 @@ use bytes::Bytes;
 use viewtape_journal::EventJournal;
 use viewtape_snapshots::SnapshotDir;
 
+use crate::catalog::{Catalog, Changed};
 use crate::cluster::{Appliers, Cluster};
 use crate::config::{Config, RuntimeSection};
 use crate::deploy::Deployer;
 use crate::host::{EngineConfig, GuestEngine, GuestModule};
 use crate::hub::Hub;
-use crate::log::Log;
+use crate::log::{Definition, Log};
 use crate::runtime::registry::{ModuleFingerprint, ModuleStore, Runtimes};
 use crate::runtime::{RuntimeConfig, RuntimeHandle};
 use crate::snapshot::{RuntimeDump, Snapshots};
@@ -47,6 +48,8 @@ pub struct Started {
     pub snapshots: Arc<Snapshots>,
     /// Module deploys.
     pub deployer: Arc<Deployer>,
+    /// Runtime definitions.
+    pub catalog: Arc<Catalog>,
     /// The node's cluster, when it is one of several sharing a stream.
     pub cluster: Option<Arc<Cluster>>,
 }
@@ -96,11 +99,19 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         Arc::new(ModuleStore::open(&modules_dir).map_err(|error| {
             anyhow::anyhow!("cannot create {}: {error}", modules_dir.display())
         })?);
-    let mut runtimes = Runtimes::default();
+    let runtimes = Runtimes::default();
     let mut changed = BTreeMap::new();
     // Runtimes on the same module (the built-in ticker, say) share one compilation.
     let mut compiled = HashMap::new();
     for (i, section) in config.runtimes.iter().enumerate() {
+        if begun
+            .dumps
+            .get(&section.name)
+            .is_some_and(|dump| dump.definition.is_some())
+        {
+            // A define record made it what it is: it starts from that, below.
+            continue;
+        }
         let planned = plan(section, &modules, &mut begun.dumps)?;
         for view in &section.views {
             hub.declare(view);
@@ -135,12 +146,31 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         if config_changed {
             changed.insert(section.name.clone(), planned.configured_wasm);
         }
-        runtimes.insert(handle, configured);
+        runtimes.insert(handle, configured, None);
     }
     let runtimes = Arc::new(runtimes);
-    let replayed = crate::recovery::replay(&mut begun, &hub, &runtimes, &modules, &engine).await?;
+    let catalog = Arc::new(Catalog::new(
+        engine.clone(),
+        Arc::clone(&modules),
+        Arc::clone(&runtimes),
+        Arc::clone(&hub),
+        Arc::clone(&begun.log),
+    ));
+    for dump in std::mem::take(&mut begun.dumps).into_values() {
+        if let Some(definition) = dump.definition {
+            let module = defined_module(&definition, &modules, &engine, cluster.as_deref()).await?;
+            catalog
+                .start(&dump.name, definition, module, dump.saved)
+                .await
+                .map_err(|error| anyhow::anyhow!("{error}"))?;
+        }
+    }
+    let replayed = crate::recovery::replay(&mut begun, &hub, &catalog, &engine).await?;
     for (name, wasm) in changed {
         deploy_at_start(&runtimes, &name, &wasm, &engine).await?;
+    }
+    if cluster.is_none() {
+        declare_configured(config, &catalog).await?;
     }
     let snapshots = Arc::new(Snapshots::new(
         Arc::clone(&hub),
@@ -158,6 +188,7 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
             modules: Arc::clone(&modules),
             engine: engine.clone(),
             snapshots: Arc::clone(&snapshots),
+            catalog: Arc::clone(&catalog),
         };
         cluster.spawn_apply(appliers, Arc::clone(&begun.log));
     }
@@ -173,8 +204,63 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         log: begun.log,
         snapshots,
         deployer,
+        catalog,
         cluster,
     })
+}
+
+/// The module a snapshot's defined runtime runs: from the store, else the cluster's bucket.
+async fn defined_module(
+    definition: &Definition,
+    modules: &ModuleStore,
+    engine: &GuestEngine,
+    cluster: Option<&Cluster>,
+) -> anyhow::Result<GuestModule> {
+    let fingerprint = &definition.module;
+    let wasm = match (modules.get(fingerprint), cluster) {
+        (Ok(wasm), _) => wasm,
+        (Err(error), None) => {
+            anyhow::bail!(
+                "module {fingerprint} is not in {}: {error}",
+                modules.dir().display()
+            )
+        }
+        (Err(_), Some(cluster)) => {
+            let wasm = cluster
+                .get_module(fingerprint)
+                .await
+                .map_err(|error| anyhow::anyhow!("module {fingerprint}: {error}"))?;
+            modules.put(&wasm)?;
+            wasm
+        }
+    };
+    Ok(GuestModule::new(engine, &wasm)?)
+}
+
+/// A `[[runtime]]` of the config that a define record made something else (through the API)
+/// is declared as the config says, by a record: the config's runtimes are the starting set.
+async fn declare_configured(config: &Config, catalog: &Catalog) -> anyhow::Result<()> {
+    for (i, section) in config.runtimes.iter().enumerate() {
+        let Some(running) = catalog.runtimes().get(&section.name) else {
+            continue;
+        };
+        if running.definition.is_none() {
+            continue;
+        }
+        let wasm = section.wasm_bytes()?;
+        let fingerprint = catalog.modules().put(&wasm)?;
+        let definition = section
+            .definition(i, fingerprint)
+            .map_err(|problem| anyhow::anyhow!("{}: {}", problem.key, problem.message))?;
+        let changed = catalog
+            .put(&section.name, definition)
+            .await
+            .map_err(|error| anyhow::anyhow!("{error}"))?;
+        if changed != Changed::Unchanged {
+            tracing::info!(runtime = %section.name, "the config declares this runtime otherwise than the log held it: declared by a record");
+        }
+    }
+    Ok(())
 }
 
 /// Reads the module `section` names and keeps it in the store.

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use viewtape_journal::{JournalEpoch, JournalSnapshot};
 
 use crate::hub::{Hub, ViewStateDump};
+use crate::log::Definition;
 use crate::log::LogPosition;
 use crate::runtime::registry::ModuleFingerprint;
 use crate::runtime::RuntimeSnapshot;
@@ -59,6 +60,10 @@ pub struct RuntimeDump {
     pub configured: Option<ModuleFingerprint>,
     /// The guest's state and the source position it reflects.
     pub saved: RuntimeSnapshot,
+    /// What a define record made it (`None`: a `[[runtime]]` of the config): a start runs it
+    /// from this, whatever the config says.
+    #[serde(default)]
+    pub definition: Option<Definition>,
 }
 
 impl RuntimeDump {

@@ -80,6 +80,7 @@ impl Snapshots {
                 module: paused.module.clone(),
                 configured: Some(paused.configured.clone()),
                 saved: paused.saved.clone(),
+                definition: paused.definition.as_deref().cloned(),
             })
             .collect();
         // A cluster's snapshot names the stream's history it belongs to, and the runtimes

@@ -35,6 +35,13 @@ impl Subscriber {
                 self.phase = Phase::Done;
                 return Some(Bytes::from_static(REAUTH));
             }
+            if let Some(reason) = self.view.retired() {
+                if !matches!(self.phase, Phase::Done) {
+                    self.phase = Phase::Done;
+                    self.shared = None;
+                    return Some(frame::retired(self.view.name(), reason));
+                }
+            }
             match &mut self.phase {
                 Phase::Done => return None,
                 Phase::State { cut, sent } => {

@@ -1,0 +1,563 @@
+//! Runtimes as data: created, replaced and deleted while the server runs.
+//!
+//! Every change is a record of the log ([`DefineEntry`], [`RetireEntry`]), applied at one
+//! position by [`Catalog::apply`] — the one path, whoever feeds it: `PUT` and `DELETE
+//! /admin/runtimes/{runtime}` on a single node (judged first, then logged and applied), the
+//! start-up replay of the local log, and a cluster's apply loop (published first, then judged
+//! alike by every node at its position). So a restart, `kill -9` included, and every node of a
+//! cluster run the same runtimes, and the definitions live on in snapshots.
+//!
+//! - **Create**: a new task on the definition's module, started by the guest's `init`; its
+//!   views exist from then on.
+//! - **Replace**: the running task is paused, a new one starts from its state, as a deploy
+//!   carries state over (a module that refuses the state refuses the replacement, and nothing
+//!   changes), and the old one ends: what waited in its queue is answered "stopped". Views it no
+//!   longer declares are retired.
+//! - **Delete**: the task ends, its ingest answers `404`, its views are retired.
+//!
+//! A change holds the cuts ([`Runtimes::hold_cuts`]): a snapshot holds the runtimes as they were
+//! before a change or after it, never halfway.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use viewtape_journal::{EventJournal, ViewClaim};
+
+use crate::host::{GuestEngine, GuestModule, ModuleFingerprint};
+use crate::hub::Hub;
+use viewtape_snapshots::log::LogError;
+
+use crate::log::{unix_ms_now, DefineEntry, Definition, Entry, Log, LogPosition, RetireEntry};
+use crate::runtime::registry::{ModuleStore, Registered, Runtimes};
+use crate::runtime::{RuntimeConfig, RuntimeHandle, RuntimeSnapshot};
+use crate::schema::{ConfiguredSchemas, ViewSchema};
+
+/// What a `PUT` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Changed {
+    /// A new runtime.
+    Created,
+    /// A runtime of that name now runs the new definition.
+    Replaced,
+    /// The runtime runs that definition already: nothing was logged.
+    Unchanged,
+}
+
+/// Why a change did not happen; nothing changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CatalogError {
+    /// No runtime has that name.
+    #[error("no runtime named {0:?}")]
+    NoSuchRuntime(String),
+    /// A view or pattern overlaps another runtime's.
+    #[error("view {view:?} overlaps {theirs:?} of runtime {runtime:?}: a view has one runtime")]
+    Conflict {
+        /// The definition's view or pattern.
+        view: String,
+        /// The other runtime.
+        runtime: String,
+        /// Its view or pattern.
+        theirs: String,
+    },
+    /// A field of the definition is wrong.
+    #[error("{field}: {message}")]
+    Invalid {
+        /// The field, as a path (`views[1]`, `schemas.orders`).
+        field: String,
+        /// What is wrong, in the server's words.
+        message: String,
+    },
+    /// The module is not kept on this node.
+    #[error("module {0} is not kept here: upload it first (POST /admin/modules)")]
+    NoSuchModule(ModuleFingerprint),
+    /// The guest refused to start, or to take the running state over.
+    #[error("runtime {runtime:?}: the guest refused: {message}")]
+    Refused {
+        /// The runtime.
+        runtime: String,
+        /// Why, in the server's words.
+        message: String,
+    },
+    /// The record could not be logged.
+    #[error("runtime {runtime:?}: the change could not be logged: {source}")]
+    Log {
+        /// The runtime.
+        runtime: String,
+        /// Why.
+        #[source]
+        source: LogError,
+    },
+    /// A cluster's stream did not take the record, or this node did not apply it in time.
+    #[error("runtime {runtime:?}: {reason}")]
+    Shared {
+        /// The runtime.
+        runtime: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Creates, replaces and deletes runtimes; see the module docs.
+#[derive(Debug)]
+pub struct Catalog {
+    engine: GuestEngine,
+    modules: Arc<ModuleStore>,
+    runtimes: Arc<Runtimes>,
+    journal: Arc<EventJournal>,
+    hub: Arc<Hub>,
+    log: Arc<Log>,
+    /// One change at a time, from its check to its record applied.
+    changing: tokio::sync::Mutex<()>,
+    /// On a cluster: the verdicts on what this node published, by position, for its waiter.
+    verdicts: Mutex<HashMap<LogPosition, Result<Changed, String>>>,
+}
+
+impl Catalog {
+    /// The catalog of `runtimes`, whose tasks run on `engine`, publish to `hub` and log to
+    /// `log`, with modules from `modules`.
+    pub fn new(
+        engine: GuestEngine,
+        modules: Arc<ModuleStore>,
+        runtimes: Arc<Runtimes>,
+        hub: Arc<Hub>,
+        log: Arc<Log>,
+    ) -> Self {
+        Self {
+            engine,
+            modules,
+            journal: Arc::clone(hub.journal()),
+            runtimes,
+            hub,
+            log,
+            changing: tokio::sync::Mutex::new(()),
+            verdicts: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The runtimes.
+    pub fn runtimes(&self) -> &Arc<Runtimes> {
+        &self.runtimes
+    }
+
+    /// The module store.
+    pub fn modules(&self) -> &Arc<ModuleStore> {
+        &self.modules
+    }
+
+    /// Starts runtime `name` as a snapshot holds it: `definition` on `module`, from `saved`.
+    ///
+    /// # Errors
+    /// The guest refuses to start.
+    pub async fn start(
+        &self,
+        name: &str,
+        definition: Definition,
+        module: GuestModule,
+        saved: RuntimeSnapshot,
+    ) -> Result<(), CatalogError> {
+        let handle = self.spawn(name, &definition, module, Some(saved)).await?;
+        self.install(handle, definition);
+        Ok(())
+    }
+
+    /// Creates runtime `name` or replaces it, by a record; see the module docs.
+    ///
+    /// # Errors
+    /// [`CatalogError`]; nothing changed.
+    pub async fn put(&self, name: &str, definition: Definition) -> Result<Changed, CatalogError> {
+        let _changing = self.changing.lock().await;
+        self.check(name, &definition)?;
+        let existing = self.runtimes.get(name);
+        if existing
+            .as_ref()
+            .and_then(|r| r.definition.as_deref())
+            .is_some_and(|running| *running == definition)
+        {
+            return Ok(Changed::Unchanged);
+        }
+        let module = self.module(&definition.module).await?;
+        let entry = DefineEntry {
+            runtime: name.to_owned(),
+            definition,
+            at_ms: unix_ms_now(),
+            pending: false,
+        };
+        if let Some(stream) = self.log.stream() {
+            let entry = Entry::Define(DefineEntry {
+                pending: true,
+                ..entry
+            });
+            return self.publish(stream, name, entry).await;
+        }
+        let changed = self.define(entry, module, None).await?;
+        tracing::info!(runtime = name, ?changed, "runtime defined");
+        Ok(changed)
+    }
+
+    /// Deletes runtime `name`, by a record; see the module docs.
+    ///
+    /// # Errors
+    /// [`CatalogError`]; nothing changed.
+    pub async fn delete(&self, name: &str) -> Result<(), CatalogError> {
+        let _changing = self.changing.lock().await;
+        if self.runtimes.get(name).is_none() {
+            return Err(CatalogError::NoSuchRuntime(name.to_owned()));
+        }
+        let entry = RetireEntry {
+            runtime: name.to_owned(),
+            at_ms: unix_ms_now(),
+        };
+        if let Some(stream) = self.log.stream() {
+            return self
+                .publish(stream, name, Entry::Retire(entry))
+                .await
+                .map(|_| ());
+        }
+        self.retire(entry, None).await?;
+        tracing::info!(runtime = name, "runtime deleted");
+        Ok(())
+    }
+
+    /// Applies a logged define record at `position` with its module loaded (the start-up
+    /// replay, a cluster's apply loop). A pending one (a cluster's) that the guest refuses
+    /// consumes its position and changes nothing, alike on every node.
+    ///
+    /// # Errors
+    /// A record already judged that cannot be applied: the log is not this history.
+    pub async fn apply_define(
+        &self,
+        entry: DefineEntry,
+        module: GuestModule,
+        position: LogPosition,
+    ) -> Result<(), CatalogError> {
+        let pending = entry.pending;
+        let outcome = self.define(entry, module, Some(position)).await;
+        self.settle(pending, position, outcome)
+    }
+
+    /// Applies a logged retire record at `position`; as [`Catalog::apply_define`].
+    ///
+    /// # Errors
+    /// As [`Catalog::apply_define`].
+    pub async fn apply_retire(
+        &self,
+        entry: RetireEntry,
+        position: LogPosition,
+    ) -> Result<(), CatalogError> {
+        let outcome = self
+            .retire(entry, Some(position))
+            .await
+            .map(|()| Changed::Replaced);
+        self.settle(true, position, outcome)
+    }
+
+    /// Keeps the verdict on a pending record for its waiter; a judged record's failure is the
+    /// caller's.
+    fn settle(
+        &self,
+        pending: bool,
+        position: LogPosition,
+        outcome: Result<Changed, CatalogError>,
+    ) -> Result<(), CatalogError> {
+        if !pending {
+            return outcome.map(|_| ());
+        }
+        if let Err(error) = &outcome {
+            tracing::info!(%error, position = position.get(), "a runtime change on the stream was refused; it changes nothing");
+        }
+        self.verdicts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(position, outcome.map_err(|error| error.to_string()));
+        Ok(())
+    }
+
+    /// Checks a definition against the other runtimes' views.
+    fn check(&self, name: &str, definition: &Definition) -> Result<(), CatalogError> {
+        let ours = claims(definition)?;
+        for (other, registered) in self.runtimes.iter() {
+            if other == name {
+                continue;
+            }
+            for theirs in registered.handle.views() {
+                let Ok(claim) = ViewClaim::new(theirs) else {
+                    continue;
+                };
+                if let Some(view) = ours.iter().find(|ours| ours.overlaps(&claim)) {
+                    return Err(CatalogError::Conflict {
+                        view: view.to_string(),
+                        runtime: other,
+                        theirs: theirs.clone(),
+                    });
+                }
+            }
+        }
+        schemas(definition)?;
+        Ok(())
+    }
+
+    /// The module `fingerprint`: the compilation a runtime runs, else compiled from the store.
+    async fn module(&self, fingerprint: &ModuleFingerprint) -> Result<GuestModule, CatalogError> {
+        let mut running = self.runtimes.iter().map(|(_, r)| r.handle.running());
+        if let Some(module) = running.find(|module| module.fingerprint() == fingerprint) {
+            return Ok(module);
+        }
+        let wasm = self
+            .modules
+            .get(fingerprint)
+            .map_err(|_| CatalogError::NoSuchModule(fingerprint.clone()))?;
+        let engine = self.engine.clone();
+        tokio::task::spawn_blocking(move || GuestModule::new(&engine, &wasm))
+            .await
+            .map_err(|error| CatalogError::Invalid {
+                field: "module".to_owned(),
+                message: error.to_string(),
+            })?
+            .map_err(|error| CatalogError::Invalid {
+                field: "module".to_owned(),
+                message: error.public_message().into_owned(),
+            })
+    }
+
+    /// Creates or replaces the runtime of `entry` — at `position` of the log, or logged here
+    /// (`None`).
+    async fn define(
+        &self,
+        entry: DefineEntry,
+        module: GuestModule,
+        position: Option<LogPosition>,
+    ) -> Result<Changed, CatalogError> {
+        let name = entry.runtime.clone();
+        let refused = |message: String| CatalogError::Refused {
+            runtime: name.clone(),
+            message,
+        };
+        // Cuts wait for the change; taken before the runtime pauses, as a cut takes them.
+        let held = self.runtimes.hold_cuts().await;
+        let existing = self.runtimes.get(&name);
+        let (saved, guard) = match &existing {
+            Some(registered) => {
+                let (saved, guard) = registered
+                    .handle
+                    .pause()
+                    .await
+                    .map_err(|error| refused(error.to_string()))?;
+                (Some(saved), Some(guard))
+            }
+            None => (None, None),
+        };
+        // A replacement takes the running state over, as a deploy does.
+        let handle = self.spawn(&name, &entry.definition, module, saved).await?;
+        let position = match position {
+            Some(position) => Some(position),
+            None => self
+                .log
+                .append(vec![Entry::Define(entry.clone()).encode()])
+                .await
+                .map_err(|source| CatalogError::Log {
+                    runtime: name.clone(),
+                    source,
+                })?,
+        };
+        let turn = self.log.turn(position, 1).await;
+        self.install(handle.clone(), entry.definition);
+        if let Some(previous) = &existing {
+            self.retire_views(previous, Some(&handle), "its runtime no longer declares it");
+        }
+        drop(turn);
+        drop(held);
+        if let Some(guard) = guard {
+            guard.stop().await;
+        }
+        Ok(match existing {
+            Some(_) => Changed::Replaced,
+            None => Changed::Created,
+        })
+    }
+
+    /// A task running `definition` on `module`, from `saved` (else the guest's `init`).
+    async fn spawn(
+        &self,
+        name: &str,
+        definition: &Definition,
+        module: GuestModule,
+        saved: Option<RuntimeSnapshot>,
+    ) -> Result<RuntimeHandle, CatalogError> {
+        RuntimeHandle::spawn(
+            module,
+            runtime_config(name, definition)?,
+            saved,
+            Arc::clone(&self.journal),
+            Arc::clone(&self.hub),
+            Arc::clone(&self.log),
+        )
+        .await
+        .map_err(|error| CatalogError::Refused {
+            runtime: name.to_owned(),
+            message: error.public_message().into_owned(),
+        })
+    }
+
+    /// Registers `handle` as running `definition`; the views it names exist from now on.
+    fn install(&self, handle: RuntimeHandle, definition: Definition) {
+        for view in &definition.views {
+            if ViewClaim::new(view).is_ok_and(|claim| !claim.is_pattern()) {
+                self.hub.declare(view);
+            }
+        }
+        let module = definition.module.clone();
+        self.runtimes
+            .insert(handle, module, Some(Arc::new(definition)));
+    }
+
+    /// Deletes the runtime of `entry` — at `position`, or logged here (`None`).
+    async fn retire(
+        &self,
+        entry: RetireEntry,
+        position: Option<LogPosition>,
+    ) -> Result<(), CatalogError> {
+        let name = entry.runtime.clone();
+        let held = self.runtimes.hold_cuts().await;
+        let Some(registered) = self.runtimes.get(&name) else {
+            // Applied at its position all the same: a record of a runtime this node lacks.
+            drop(self.log.turn(position, 1).await);
+            return Err(CatalogError::NoSuchRuntime(name));
+        };
+        let (_, guard) =
+            registered
+                .handle
+                .pause()
+                .await
+                .map_err(|error| CatalogError::Refused {
+                    runtime: name.clone(),
+                    message: error.to_string(),
+                })?;
+        let position = match position {
+            Some(position) => Some(position),
+            None => self
+                .log
+                .append(vec![Entry::Retire(entry).encode()])
+                .await
+                .map_err(|source| CatalogError::Log {
+                    runtime: name.clone(),
+                    source,
+                })?,
+        };
+        let turn = self.log.turn(position, 1).await;
+        self.runtimes.remove(&name);
+        self.retire_views(&registered, None, "its runtime was deleted");
+        drop(turn);
+        drop(held);
+        guard.stop().await;
+        Ok(())
+    }
+
+    /// Retires the views `previous` published to that `next` (if any) does not take.
+    fn retire_views(&self, previous: &Registered, next: Option<&RuntimeHandle>, reason: &str) {
+        let kept = |view: &str| next.is_some_and(|next| ViewClaim::any_takes(next.views(), view));
+        for view in self.hub.views() {
+            if previous.takes(view.name()) && !kept(view.name()) {
+                self.hub.retire(view.name(), reason);
+            }
+        }
+    }
+
+    /// Publishes a runtime change to the cluster's stream and waits for this node's verdict.
+    async fn publish(
+        &self,
+        stream: &crate::log::StreamLog,
+        name: &str,
+        entry: Entry,
+    ) -> Result<Changed, CatalogError> {
+        let shared = |reason: String| CatalogError::Shared {
+            runtime: name.to_owned(),
+            reason,
+        };
+        let published = stream
+            .publish(name, entry.encode(), stream.own_id())
+            .await
+            .map_err(|error| shared(error.to_string()))?;
+        let sequence = published.sequence;
+        let mut committed = self.log.watch_committed();
+        let applied = tokio::time::timeout(stream.timeout(), async {
+            let _ = committed.wait_for(|committed| *committed >= sequence).await;
+        })
+        .await;
+        let verdict = self
+            .verdicts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&sequence);
+        match (applied, verdict) {
+            (_, Some(Ok(changed))) => Ok(changed),
+            (_, Some(Err(reason))) => Err(shared(reason)),
+            (Ok(_), None) => Err(shared(format!(
+                "no verdict on the change at sequence {}",
+                sequence.get()
+            ))),
+            (Err(_), None) => Err(shared(format!(
+                "published at sequence {}, not applied by this node within {:?}",
+                sequence.get(),
+                stream.timeout()
+            ))),
+        }
+    }
+}
+
+/// The definition's views, read.
+fn claims(definition: &Definition) -> Result<Vec<ViewClaim>, CatalogError> {
+    if definition.views.is_empty() {
+        return Err(CatalogError::Invalid {
+            field: "views".to_owned(),
+            message: "a runtime publishes to at least one view".to_owned(),
+        });
+    }
+    let mut claims: Vec<ViewClaim> = Vec::with_capacity(definition.views.len());
+    for (i, view) in definition.views.iter().enumerate() {
+        let claim = ViewClaim::new(view).map_err(|error| CatalogError::Invalid {
+            field: format!("views[{i}]"),
+            message: format!("{view:?}: {error}"),
+        })?;
+        if let Some(other) = claims.iter().find(|other| other.overlaps(&claim)) {
+            return Err(CatalogError::Invalid {
+                field: format!("views[{i}]"),
+                message: format!("{view:?} overlaps {other} of the same runtime"),
+            });
+        }
+        claims.push(claim);
+    }
+    Ok(claims)
+}
+
+/// The definition's schemas, compiled.
+fn schemas(definition: &Definition) -> Result<ConfiguredSchemas, CatalogError> {
+    let mut out = std::collections::BTreeMap::new();
+    for (view, text) in &definition.schemas {
+        let invalid = |message: String| CatalogError::Invalid {
+            field: format!("schemas.{view}"),
+            message,
+        };
+        if !ViewClaim::any_takes(&definition.views, view) {
+            return Err(invalid(
+                "the runtime does not publish to this view".to_owned(),
+            ));
+        }
+        let document =
+            serde_json::from_str(text).map_err(|error| invalid(format!("not JSON: {error}")))?;
+        let schema = ViewSchema::new(view, document).map_err(|error| invalid(error.to_string()))?;
+        out.insert(view.clone(), Arc::new(schema));
+    }
+    Ok(Arc::new(out))
+}
+
+/// How a runtime of `definition` is set up.
+fn runtime_config(name: &str, definition: &Definition) -> Result<RuntimeConfig, CatalogError> {
+    Ok(RuntimeConfig {
+        guest_config: Bytes::from(definition.guest_config()),
+        limits: definition.limits.to_limits(),
+        schemas: schemas(definition)?,
+        ..RuntimeConfig::new(name, definition.views.iter().cloned())
+    })
+}

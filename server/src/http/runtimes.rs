@@ -1,0 +1,292 @@
+//! Runtimes as data, through the admin routes (access and strict inputs as in [`super::admin`]):
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /admin/modules` | body: a guest module (at most 64 MiB); checked and kept by SHA-256: `{"module":"sha256:…","kind":"wasm","bytes":N}`, the same for the same bytes |
+//! | `PUT /admin/runtimes/{runtime}` | body: `{"module","views"[,"config","schemas","limits"]}`; `201` created, `200` replaced (the state carried over as by a deploy) or unchanged; `400` a body that is not such JSON, `422` a wrong field (named in `field`), `409 view_conflict` a view another runtime has |
+//! | `GET /admin/runtimes/{runtime}` | its definition and status |
+//! | `DELETE /admin/runtimes/{runtime}` | `200`; its ingest answers `404` from then on and its views are retired |
+//!
+//! Each change is a record of the log ([`crate::catalog`]).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use bytes::Bytes;
+use viewtape_journal::ViewName;
+
+use super::admin::{json_object, Admin, Authorized};
+use super::ApiError;
+use crate::catalog::{CatalogError, Changed};
+use crate::config::{LimitsSection, BUILTIN_GUESTS};
+use crate::deploy::MAX_MODULE_BYTES;
+use crate::host::ModuleFingerprint;
+use crate::log::Definition;
+use crate::runtime::registry::Registered;
+
+/// Largest body of `PUT /admin/runtimes/{runtime}` (schemas included).
+const MAX_DEFINITION_BODY: usize = 256 * 1024;
+
+/// The fields `PUT /admin/runtimes/{runtime}` takes.
+const FIELDS: [&str; 5] = ["module", "views", "config", "schemas", "limits"];
+
+/// What `PUT /admin/runtimes/{runtime}` takes, as a refusal says it.
+const SHAPE: &str = "{\"module\": \"builtin:json\" | \"sha256:<hex>\", \"views\": [\"…\"], \"config\"?: \"…\", \"schemas\"?: {\"view\": {…}}, \"limits\"?: {…}}";
+
+impl From<CatalogError> for ApiError {
+    fn from(error: CatalogError) -> Self {
+        match &error {
+            CatalogError::NoSuchRuntime(_) => ApiError::not_found(error.to_string()),
+            CatalogError::Conflict { view, runtime, .. } => {
+                let (view, runtime) = (view.clone(), runtime.clone());
+                ApiError::conflict("view_conflict", error.to_string())
+                    .with_field("view", view)
+                    .with_field("runtime", runtime)
+            }
+            CatalogError::Invalid { field, .. } => {
+                let field = field.clone();
+                ApiError::unprocessable("invalid_definition", error.to_string())
+                    .with_field("field", field)
+            }
+            CatalogError::NoSuchModule(_) => {
+                ApiError::unprocessable("invalid_definition", error.to_string())
+                    .with_field("field", "module")
+            }
+            CatalogError::Refused { .. } => {
+                ApiError::unprocessable("module_refused", error.to_string())
+            }
+            CatalogError::Log { .. } | CatalogError::Shared { .. } => {
+                ApiError::unavailable_hiding(
+                    "the change could not be made durable now; nothing changed (the server log says why)",
+                    &error,
+                )
+            }
+        }
+    }
+}
+
+/// `POST /admin/modules`: the module checked and kept.
+pub(super) async fn put_module(
+    _: Authorized,
+    State(admin): State<Arc<Admin>>,
+    body: axum::body::Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let bytes = axum::body::to_bytes(body, MAX_MODULE_BYTES)
+        .await
+        .map_err(|_| ApiError::too_large(MAX_MODULE_BYTES))?;
+    let size = bytes.len();
+    let module = admin.deployer().keep("(upload)", bytes).await?;
+    tracing::info!(action = "module", module = %module.fingerprint(), bytes = size, "admin: module kept");
+    Ok(Json(serde_json::json!({
+        "module": module.fingerprint().to_string(),
+        "kind": "wasm",
+        "bytes": size,
+    })))
+}
+
+/// `PUT /admin/runtimes/{runtime}`: create or replace.
+pub(super) async fn put_runtime(
+    _: Authorized,
+    State(admin): State<Arc<Admin>>,
+    runtime: Result<Path<String>, PathRejection>,
+    body: axum::body::Body,
+) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
+    let Path(runtime) = runtime?;
+    ViewName::new(&runtime).map_err(|_| {
+        ApiError::bad_request(format!(
+            "runtime name {runtime:?}: use 1-128 of A-Z a-z 0-9 . _ -"
+        ))
+    })?;
+    let object = json_object(body, MAX_DEFINITION_BODY, &FIELDS, SHAPE).await?;
+    let definition = definition(&admin, object).await?;
+    let changed = admin.catalog().put(&runtime, definition).await?;
+    tracing::info!(action = "define", %runtime, ?changed, "admin: runtime defined");
+    let status = match changed {
+        Changed::Created => StatusCode::CREATED,
+        Changed::Replaced | Changed::Unchanged => StatusCode::OK,
+    };
+    let registered = admin
+        .catalog()
+        .runtimes()
+        .get(&runtime)
+        .ok_or_else(|| ApiError::not_found(format!("no runtime named {runtime:?}")))?;
+    Ok((status, Json(describe(&runtime, &registered))))
+}
+
+/// `GET /admin/runtimes/{runtime}`: its definition and status.
+pub(super) async fn get_runtime(
+    _: Authorized,
+    State(admin): State<Arc<Admin>>,
+    runtime: Result<Path<String>, PathRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let Path(runtime) = runtime?;
+    let registered = admin
+        .catalog()
+        .runtimes()
+        .get(&runtime)
+        .ok_or_else(|| ApiError::not_found(format!("no runtime named {runtime:?}")))?;
+    Ok(Json(describe(&runtime, &registered)))
+}
+
+/// `DELETE /admin/runtimes/{runtime}`.
+pub(super) async fn delete_runtime(
+    _: Authorized,
+    State(admin): State<Arc<Admin>>,
+    runtime: Result<Path<String>, PathRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let Path(runtime) = runtime?;
+    admin.catalog().delete(&runtime).await?;
+    tracing::info!(action = "delete", %runtime, "admin: runtime deleted; its views are retired");
+    Ok(Json(
+        serde_json::json!({ "runtime": runtime, "deleted": true }),
+    ))
+}
+
+/// A runtime as `GET` shows it: what it is made of (as a `PUT` takes it) and how it runs.
+fn describe(name: &str, registered: &Registered) -> serde_json::Value {
+    let handle = &registered.handle;
+    let stats = handle.stats();
+    let status = serde_json::json!({
+        "running_module": handle.module().to_string(),
+        "state_bytes": stats.state_bytes.load(Ordering::Relaxed),
+        "batches": stats.batches.load(Ordering::Relaxed),
+        "failures": stats.failures.load(Ordering::Relaxed),
+    });
+    let Some(definition) = &registered.definition else {
+        return serde_json::json!({
+            "runtime": name,
+            "declared_by": "config",
+            "module": registered.configured.to_string(),
+            "views": handle.views(),
+            "status": status,
+        });
+    };
+    let schemas: serde_json::Map<String, serde_json::Value> = definition
+        .schemas
+        .iter()
+        .map(|(view, text)| {
+            let schema = serde_json::from_str(text).unwrap_or(serde_json::Value::Null);
+            (view.clone(), schema)
+        })
+        .collect();
+    let limits = LimitsSection::from_limits(&definition.limits.to_limits());
+    serde_json::json!({
+        "runtime": name,
+        "declared_by": "record",
+        "module": definition.module_name,
+        "views": definition.views,
+        "config": definition.config,
+        "schemas": schemas,
+        "limits": limits,
+        "status": status,
+    })
+}
+
+/// Reads the definition a `PUT` body gives: each field on its own, so that a refusal names it.
+async fn definition(
+    admin: &Admin,
+    mut object: serde_json::Map<String, serde_json::Value>,
+) -> Result<Definition, ApiError> {
+    fn field<T: serde::de::DeserializeOwned>(
+        object: &mut serde_json::Map<String, serde_json::Value>,
+        name: &str,
+        what: &str,
+    ) -> Result<Option<T>, ApiError> {
+        object
+            .remove(name)
+            .map(|value| {
+                serde_json::from_value(value).map_err(|error| {
+                    ApiError::unprocessable(
+                        "invalid_definition",
+                        format!("{name}: expected {what}: {error}"),
+                    )
+                    .with_field("field", name)
+                })
+            })
+            .transpose()
+    }
+    let missing =
+        |name: &str| ApiError::bad_request(format!("the body has no {name:?}; expected {SHAPE}"));
+    let module: String =
+        field(&mut object, "module", "a string")?.ok_or_else(|| missing("module"))?;
+    let views: Vec<String> =
+        field(&mut object, "views", "an array of strings")?.ok_or_else(|| missing("views"))?;
+    let config: String = field(&mut object, "config", "a string")?.unwrap_or_default();
+    let schemas: BTreeMap<String, serde_json::Value> =
+        field(&mut object, "schemas", "an object of JSON Schemas by view")?.unwrap_or_default();
+    let limits: LimitsSection = field(
+        &mut object,
+        "limits",
+        "an object of limits (memory, fuel, batch_timeout, max_batch, max_event)",
+    )?
+    .unwrap_or_default();
+    let invalid = |field: &str, message: String| {
+        ApiError::unprocessable("invalid_definition", format!("{field}: {message}"))
+            .with_field("field", field)
+    };
+    if limits.fuel == 0 {
+        return Err(invalid("limits.fuel", "must be above zero".to_owned()));
+    }
+    if limits.batch_timeout.is_zero() {
+        return Err(invalid(
+            "limits.batch_timeout",
+            "must be above zero".to_owned(),
+        ));
+    }
+    let fingerprint = module_of(admin, &module)
+        .await
+        .map_err(|message| invalid("module", message))?;
+    Ok(Definition {
+        module: fingerprint,
+        module_name: module,
+        views,
+        config,
+        schemas: schemas
+            .into_iter()
+            .map(|(view, schema)| (view, schema.to_string()))
+            .collect(),
+        limits: (&limits.to_limits()).into(),
+    })
+}
+
+/// The module `name` names: a built-in (kept now, like an upload), or one kept already, here or
+/// in the cluster's bucket.
+async fn module_of(admin: &Admin, name: &str) -> Result<ModuleFingerprint, String> {
+    if let Some(builtin) = name.strip_prefix("builtin:") {
+        let (_, wasm) = BUILTIN_GUESTS
+            .iter()
+            .find(|(guest, _)| *guest == builtin)
+            .ok_or_else(|| {
+                format!(
+                    "no built-in guest {builtin:?} (built-in: {})",
+                    BUILTIN_GUESTS.map(|(guest, _)| guest).join(", ")
+                )
+            })?;
+        let module = admin
+            .deployer()
+            .keep(name, Bytes::from_static(wasm))
+            .await
+            .map_err(|error| error.to_string())?;
+        return Ok(module.fingerprint().clone());
+    }
+    let fingerprint = ModuleFingerprint::parse(name).ok_or_else(|| {
+        format!("{name:?} is neither builtin:<guest> nor sha256:<64 hex> of an uploaded module")
+    })?;
+    let store = admin.catalog().modules();
+    if store.get(&fingerprint).is_err() {
+        let wasm = match admin.cluster() {
+            Some(cluster) => cluster.get_module(&fingerprint).await.ok(),
+            None => None,
+        }
+        .ok_or_else(|| {
+            format!("module {fingerprint} is not kept here: upload it first (POST /admin/modules)")
+        })?;
+        store.put(&wasm).map_err(|error| error.to_string())?;
+    }
+    Ok(fingerprint)
+}

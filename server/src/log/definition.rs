@@ -1,0 +1,112 @@
+//! A runtime as data ([`Definition`]): what `PUT /admin/runtimes/{runtime}` takes, what a
+//! `[[runtime]]` of the config declares, and what the log's define records and snapshots keep,
+//! so that a restart and every node of a cluster run the same runtimes.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::host::{Limits, ModuleFingerprint};
+
+/// Everything a runtime is made from but its state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Definition {
+    /// The module it runs, kept by this fingerprint (a built-in's too).
+    pub module: ModuleFingerprint,
+    /// How the module was named: `builtin:<guest>`, or its fingerprint's text.
+    pub module_name: String,
+    /// The views it publishes to: names, or patterns (`chat.*`).
+    pub views: Vec<String>,
+    /// The text handed to the guest's `init`.
+    pub config: String,
+    /// JSON Schemas of some of its views, as JSON text, over what the guest declares.
+    pub schemas: BTreeMap<String, String>,
+    /// Its limits.
+    pub limits: DefinedLimits,
+}
+
+impl Definition {
+    /// The bytes handed to the guest's `init`; see [`guest_config`].
+    pub fn guest_config(&self) -> Vec<u8> {
+        guest_config(&self.module_name, &self.views, &self.config)
+    }
+}
+
+/// The bytes handed to a guest's `init`: `config`, but for a `builtin:json` runtime of one view
+/// without one, `{"view": VIEW}`, so that its lines may leave out the view.
+pub fn guest_config(module_name: &str, views: &[String], config: &str) -> Vec<u8> {
+    match (module_name, views) {
+        ("builtin:json", [view]) if config.is_empty() => {
+            serde_json::json!({ "view": view }).to_string().into_bytes()
+        }
+        _ => config.as_bytes().to_vec(),
+    }
+}
+
+/// [`Limits`] as a record keeps them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DefinedLimits {
+    /// Largest linear memory, in bytes.
+    pub memory: u64,
+    /// Fuel per call into the guest.
+    pub fuel: u64,
+    /// Wall-clock backstop per call, in milliseconds.
+    pub batch_timeout_ms: u64,
+    /// Largest batch, in bytes.
+    pub max_batch: u64,
+    /// Largest event payload, in bytes.
+    pub max_event: u64,
+}
+
+impl From<&Limits> for DefinedLimits {
+    fn from(limits: &Limits) -> Self {
+        let bytes = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        Self {
+            memory: bytes(limits.max_memory_bytes),
+            fuel: limits.fuel,
+            batch_timeout_ms: u64::try_from(limits.batch_timeout.as_millis()).unwrap_or(u64::MAX),
+            max_batch: bytes(limits.max_batch_bytes),
+            max_event: bytes(limits.max_event_bytes),
+        }
+    }
+}
+
+impl DefinedLimits {
+    /// The host's limits.
+    pub fn to_limits(self) -> Limits {
+        let bytes = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        Limits {
+            max_memory_bytes: bytes(self.memory),
+            fuel: self.fuel,
+            batch_timeout: Duration::from_millis(self.batch_timeout_ms),
+            max_batch_bytes: bytes(self.max_batch),
+            max_event_bytes: bytes(self.max_event),
+        }
+    }
+}
+
+/// A runtime created or replaced: from this record's position on it runs `definition`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DefineEntry {
+    /// The runtime.
+    pub runtime: String,
+    /// What it is from here on.
+    pub definition: Definition,
+    /// When (wall clock, Unix milliseconds).
+    pub at_ms: u64,
+    /// Published to a cluster's stream before any node judged it: every node tries it at its
+    /// position, and the verdict (the same on every node) decides. A local log's were judged
+    /// before they were logged.
+    pub pending: bool,
+}
+
+/// A runtime deleted: its ingest is gone and its views are retired from this record's
+/// position on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetireEntry {
+    /// The runtime.
+    pub runtime: String,
+    /// When (wall clock, Unix milliseconds).
+    pub at_ms: u64,
+}
