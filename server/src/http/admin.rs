@@ -480,12 +480,26 @@ pub(crate) fn test_admin(token: &str) -> Option<Admin> {
         ..crate::host::EngineConfig::default()
     })
     .expect("engine");
-    let store = crate::runtime::registry::ModuleStore::open(std::env::temp_dir()).expect("store");
+    let store =
+        Arc::new(crate::runtime::registry::ModuleStore::open(std::env::temp_dir()).expect("store"));
+    let runtimes: Arc<Runtimes> = Arc::default();
+    let catalog = Catalog::new(
+        engine.clone(),
+        Arc::clone(&store),
+        Arc::clone(&runtimes),
+        Arc::clone(&hub),
+        Arc::default(),
+    );
     Admin::new(
         token,
-        Arc::default(),
-        Arc::new(Snapshots::new(hub, dir, Arc::default(), Arc::default())),
-        Arc::new(Deployer::new(engine, Arc::new(store), Arc::default(), None)),
+        Arc::new(catalog),
+        Arc::new(Snapshots::new(
+            hub,
+            dir,
+            Arc::clone(&runtimes),
+            Arc::default(),
+        )),
+        Arc::new(Deployer::new(engine, store, runtimes, None)),
     )
 }
 

@@ -141,12 +141,13 @@ impl World {
             log,
             snapshots,
             deployer,
+            catalog,
             cluster,
         }) = self.server.take()
         else {
             return Err("not running".to_owned());
         };
-        drop((hub, runtimes, snapshots, deployer, cluster));
+        drop((hub, runtimes, snapshots, deployer, catalog, cluster));
         for _ in 0..2_000 {
             if Arc::strong_count(&log) == 1 {
                 return Ok(());

@@ -305,8 +305,8 @@ mod tests {
         )
         .await
         .unwrap();
-        let mut runtimes = Runtimes::default();
-        runtimes.insert(handle, ModuleFingerprint::of(guests::TICKER_WASM));
+        let runtimes = Runtimes::default();
+        runtimes.insert(handle, ModuleFingerprint::of(guests::TICKER_WASM), None);
 
         let held = runtimes.hold_cuts().await;
         let cut = tokio::time::timeout(Duration::from_millis(200), runtimes.pause_all()).await;

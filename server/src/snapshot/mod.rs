@@ -178,8 +178,12 @@ mod tests {
         )
         .await
         .unwrap();
-        let mut runtimes = Runtimes::default();
-        runtimes.insert(handle.clone(), ModuleFingerprint::of(guests::TICKER_WASM));
+        let runtimes = Runtimes::default();
+        runtimes.insert(
+            handle.clone(),
+            ModuleFingerprint::of(guests::TICKER_WASM),
+            None,
+        );
         let dir = Arc::new(SnapshotDir::open(dir).unwrap());
         let snapshots = Snapshots::new(Arc::clone(&hub), dir, Arc::new(runtimes), Arc::default());
         (snapshots, hub, handle)
