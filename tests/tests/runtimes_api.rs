@@ -1,0 +1,339 @@
+//! Runtimes and views at run time, against the real binary: a runtime made with one request
+//! takes ingest at once and lives through `kill -9`; a replacement keeps the guest's state; a
+//! pattern view serves a stream before its first event; a deletion retires the views' streams,
+//! and a view made again never serves an old cursor for another event; bad definitions are
+//! refused naming the field.
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context as _};
+use viewtape_tests::server::{guest_wasm, with_custom_section, ADMIN_TOKEN_ENV};
+use viewtape_tests::{http, EventStream, Response, Server};
+
+const TOKEN: &str = "runtimes-api-token";
+
+async fn start() -> anyhow::Result<Server> {
+    Server::start_with_env(&[], &[(ADMIN_TOKEN_ENV, TOKEN)]).await
+}
+
+/// An admin request with the token.
+async fn admin(server: &Server, method: &str, path: &str, body: &[u8]) -> anyhow::Result<Response> {
+    let auth = format!("Bearer {TOKEN}");
+    http::request(
+        server.addr(),
+        method,
+        path,
+        &[("Authorization", &auth)],
+        body,
+    )
+    .await
+}
+
+/// `PUT /admin/runtimes/{runtime}` with `definition`, expecting `status`.
+async fn put(
+    server: &Server,
+    runtime: &str,
+    definition: serde_json::Value,
+    status: u16,
+) -> anyhow::Result<serde_json::Value> {
+    let path = format!("/admin/runtimes/{runtime}");
+    let resp = admin(server, "PUT", &path, definition.to_string().as_bytes()).await?;
+    ensure!(resp.status() == status, "{} {}", resp.status(), resp.text());
+    Ok(serde_json::from_str(&resp.text())?)
+}
+
+/// One `builtin:json` line.
+fn line(view: &str, key: &str, value: serde_json::Value) -> String {
+    format!(
+        "{}\n",
+        serde_json::json!({"view": view, "key": key, "value": value})
+    )
+}
+
+async fn ingest_ok(server: &Server, runtime: &str, body: &str) -> anyhow::Result<()> {
+    let resp = server.ingest(runtime, body).await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    Ok(())
+}
+
+/// The next event of `stream`, which must be an update of `key`; its id.
+async fn update(stream: &mut EventStream, key: &str) -> anyhow::Result<String> {
+    let event = stream.next_event().await?;
+    ensure!(event.event == "update", "{event:?}");
+    ensure!(event.json()?["key"] == key, "{event:?}");
+    event.id.context("an update has an id")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_made_by_one_request_takes_ingest_and_lives_through_kill_9() -> anyhow::Result<()>
+{
+    let mut server = start().await?;
+    let made = put(
+        &server,
+        "chat",
+        serde_json::json!({"module": "builtin:json", "views": ["chat.*"]}),
+        201,
+    )
+    .await?;
+    ensure!(made["views"] == serde_json::json!(["chat.*"]), "{made}");
+    ensure!(made["declared_by"] == "record", "{made}");
+
+    // A stream opened on a name the pattern takes, before any event: the empty state, synced,
+    // then the first event live.
+    let mut stream = server.sse("/views/chat.room-7/events", &[]).await?;
+    let (states, _) = stream.until_synced(0).await?;
+    ensure!(states.is_empty());
+    ingest_ok(
+        &server,
+        "chat",
+        &line("chat.room-7", "m1", serde_json::json!({"text": "hi"})),
+    )
+    .await?;
+    let first = update(&mut stream, "m1").await?;
+    let listed = server.get("/views").await?.text();
+    ensure!(listed.contains("\"chat.room-7\""), "{listed}");
+    // A name no runtime takes stays unknown.
+    ensure!(server.get("/views/news.x").await?.status() == 404);
+
+    server.kill9().await?;
+    server.restart().await?;
+    // The runtime is back without any config, and the cursor resumes: no reset.
+    let mut resumed = server
+        .sse("/views/chat.room-7/events", &[("Last-Event-ID", &first)])
+        .await?;
+    ingest_ok(
+        &server,
+        "chat",
+        &line("chat.room-7", "m2", serde_json::json!({"text": "again"})),
+    )
+    .await?;
+    let next = resumed.next_event().await?;
+    ensure!(
+        next.event == "update",
+        "a resume after kill -9 is not reset: {next:?}"
+    );
+    ensure!(next.json()?["key"] == "m2", "{next:?}");
+    let state = server.get("/views/chat.room-7").await?.text();
+    ensure!(
+        state.contains("\"m1\"") && state.contains("\"m2\""),
+        "{state}"
+    );
+    Ok(())
+}
+
+/// `misbehave` with a custom section: the same counting guest, another module.
+fn counter(build: u8) -> anyhow::Result<Vec<u8>> {
+    let wasm = std::fs::read(guest_wasm("misbehave"))?;
+    Ok(with_custom_section(&wasm, "build", &[build]))
+}
+
+/// Uploads `wasm`; its fingerprint.
+async fn upload(server: &Server, wasm: &[u8]) -> anyhow::Result<String> {
+    let resp = admin(server, "POST", "/admin/modules", wasm).await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    let kept: serde_json::Value = serde_json::from_str(&resp.text())?;
+    ensure!(
+        kept["kind"] == "wasm" && kept["bytes"] == wasm.len(),
+        "{kept}"
+    );
+    // The same bytes twice: the same answer.
+    let again = admin(server, "POST", "/admin/modules", wasm).await?;
+    ensure!(again.text() == resp.text());
+    Ok(kept["module"].as_str().context("module")?.to_owned())
+}
+
+/// Sends `count`; the count the guest published.
+async fn count(server: &Server, stream: &mut EventStream) -> anyhow::Result<u64> {
+    ingest_ok(server, "counter", "count\n").await?;
+    let event = stream.next_event().await?;
+    ensure!(event.event == "update", "{event:?}");
+    event.json()?["value"].as_u64().context("a count")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_keeps_the_state_and_retires_the_views_it_drops() -> anyhow::Result<()> {
+    let server = start().await?;
+    let first = upload(&server, &counter(0)?).await?;
+    let second = upload(&server, &counter(1)?).await?;
+    ensure!(first != second);
+    put(
+        &server,
+        "counter",
+        serde_json::json!({"module": first, "views": ["state", "extra"]}),
+        201,
+    )
+    .await?;
+    let mut stream = server.sse("/views/state/events", &[]).await?;
+    stream.until_synced(10).await?;
+    let mut extra = server.sse("/views/extra/events", &[]).await?;
+    extra.until_synced(10).await?;
+    for expected in 1..=3 {
+        ensure!(count(&server, &mut stream).await? == expected);
+    }
+    // The same definition again changes nothing.
+    let same = serde_json::json!({"module": first, "views": ["state", "extra"]});
+    put(&server, "counter", same, 200).await?;
+
+    let replaced = put(
+        &server,
+        "counter",
+        serde_json::json!({"module": second, "views": ["state"]}),
+        200,
+    )
+    .await?;
+    ensure!(replaced["status"]["running_module"] == second, "{replaced}");
+    // The state carried over: the count goes on, on the same stream, with no reset.
+    ensure!(count(&server, &mut stream).await? == 4);
+    // The view it no longer declares is retired: its stream ends, its reads are 404.
+    let last = extra.next_event().await?;
+    ensure!(last.event == "retired" && last.id.is_none(), "{last:?}");
+    ensure!(last.json()?["view"] == "extra");
+    ensure!(extra.next_within(Duration::from_secs(5)).await?.is_none());
+    ensure!(server.get("/views/extra").await?.status() == 404);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_retires_the_streams_and_a_view_made_again_resets_old_cursors(
+) -> anyhow::Result<()> {
+    let server = start().await?;
+    let chat = serde_json::json!({"module": "builtin:json", "views": ["chat.*"]});
+    put(&server, "chat", chat.clone(), 201).await?;
+    let mut stream = server.sse("/views/chat.a/events", &[]).await?;
+    stream.until_synced(0).await?;
+    ingest_ok(&server, "chat", &line("chat.a", "k1", serde_json::json!(1))).await?;
+    update(&mut stream, "k1").await?;
+    ingest_ok(&server, "chat", &line("chat.a", "k2", serde_json::json!(2))).await?;
+    let old = update(&mut stream, "k2").await?;
+
+    let resp = admin(&server, "DELETE", "/admin/runtimes/chat", b"").await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    let last = stream.next_event().await?;
+    ensure!(last.event == "retired" && last.id.is_none(), "{last:?}");
+    ensure!(stream.next_within(Duration::from_secs(5)).await?.is_none());
+    let refused = server
+        .ingest("chat", &line("chat.a", "k3", serde_json::json!(3)))
+        .await?;
+    ensure!(
+        refused.status() == 404,
+        "{} {}",
+        refused.status(),
+        refused.text()
+    );
+    ensure!(server.get("/views/chat.a").await?.status() == 404);
+    let gone = admin(&server, "GET", "/admin/runtimes/chat", b"").await?;
+    ensure!(gone.status() == 404);
+    let again = admin(&server, "DELETE", "/admin/runtimes/chat", b"").await?;
+    ensure!(again.status() == 404);
+
+    // Made again, under the same name: the old cursor never names the new event.
+    put(&server, "chat", chat, 201).await?;
+    ingest_ok(
+        &server,
+        "chat",
+        &line("chat.a", "new", serde_json::json!(9)),
+    )
+    .await?;
+    let mut resumed = server
+        .sse("/views/chat.a/events", &[("Last-Event-ID", &old)])
+        .await?;
+    let first = resumed.next_event().await?;
+    ensure!(
+        first.event == "reset",
+        "an old cursor must be reset: {first:?}"
+    );
+    let (states, _) = resumed.until_synced(10).await?;
+    ensure!(states.len() == 1, "only the new view's state: {states:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_definitions_are_refused_naming_the_field() -> anyhow::Result<()> {
+    let server = start().await?;
+    let code = |resp: &Response| -> anyhow::Result<(u16, serde_json::Value)> {
+        Ok((resp.status(), serde_json::from_str(&resp.text())?))
+    };
+    let cases: [(&str, &[u8], u16, Option<&str>); 9] = [
+        ("a", b"not json", 400, None),
+        ("a", b"[1]", 400, None),
+        ("a", br#"{"views":["x"]}"#, 400, None),
+        (
+            "a",
+            br#"{"module":"builtin:json","views":["x"],"extra":1}"#,
+            400,
+            None,
+        ),
+        (
+            "a",
+            br#"{"module":"builtin:json","views":"x"}"#,
+            422,
+            Some("views"),
+        ),
+        (
+            "a",
+            br#"{"module":"builtin:nope","views":["x"]}"#,
+            422,
+            Some("module"),
+        ),
+        (
+            "a",
+            br#"{"module":"builtin:json","views":["x","a b"]}"#,
+            422,
+            Some("views[1]"),
+        ),
+        (
+            "a",
+            br#"{"module":"builtin:json","views":["x"],"schemas":{"x":{"type":"nope"}}}"#,
+            422,
+            Some("schemas.x"),
+        ),
+        (
+            "a",
+            br#"{"module":"builtin:json","views":["x"],"limits":{"fuel":0}}"#,
+            422,
+            Some("limits.fuel"),
+        ),
+    ];
+    for (runtime, body, status, field) in cases {
+        let resp = admin(&server, "PUT", &format!("/admin/runtimes/{runtime}"), body).await?;
+        let (got, json) = code(&resp)?;
+        ensure!(
+            got == status,
+            "{}: {got} {json}",
+            String::from_utf8_lossy(body)
+        );
+        if let Some(field) = field {
+            ensure!(
+                json["field"] == field,
+                "{}: {json}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+    let unknown = format!(r#"{{"module":"sha256:{}","views":["x"]}}"#, "0".repeat(64));
+    let resp = admin(&server, "PUT", "/admin/runtimes/a", unknown.as_bytes()).await?;
+    ensure!(
+        resp.status() == 422 && resp.text().contains("\"module\""),
+        "{}",
+        resp.text()
+    );
+
+    // Overlaps with another runtime's views: the demo publishes `prices`.
+    for views in [r#"["prices"]"#, r#"["pri*"]"#, r#"["*"]"#] {
+        let body = format!(r#"{{"module":"builtin:json","views":{views}}}"#);
+        let resp = admin(&server, "PUT", "/admin/runtimes/other", body.as_bytes()).await?;
+        let (status, json) = code(&resp)?;
+        ensure!(
+            status == 409 && json["error"] == "view_conflict",
+            "{views}: {json}"
+        );
+        ensure!(json["runtime"] == "demo", "{json}");
+    }
+    // Without the token, nothing.
+    let resp = http::request(server.addr(), "PUT", "/admin/runtimes/a", &[], b"{}").await?;
+    ensure!(resp.status() == 401);
+    // Nothing was made by any of it.
+    let listed = server.get("/views").await?.text();
+    ensure!(!listed.contains("\"x\""), "{listed}");
+    Ok(())
+}
