@@ -17,7 +17,9 @@ use clap::builder::RangedU64ValueParser;
 use clap::{ArgAction, Args, Parser, Subcommand};
 use viewtape_tests::http::ensure_loopback;
 
-use crate::{cluster, deploy, durable, fanout, floor, idle, replay, restart, stalled, stop};
+use crate::{
+    cluster, deploy, durable, fanout, floor, idle, patterns, replay, restart, stalled, stop,
+};
 
 /// Load for a viewtape server, on loopback only, bounded in count and time.
 ///
@@ -45,7 +47,11 @@ impl Cli {
             Command::Load(Load::Stalled(options)) => options.target.validate(),
             Command::Load(Load::Durable(options)) => options.validate(),
             Command::Load(
-                Load::Cluster(_) | Load::Restart(_) | Load::Deploy(_) | Load::Stop(_),
+                Load::Cluster(_)
+                | Load::Restart(_)
+                | Load::Deploy(_)
+                | Load::Stop(_)
+                | Load::Patterns(_),
             )
             | Command::Floor(_) => Ok(()),
         }
@@ -89,6 +95,9 @@ pub enum Load {
     /// A graceful stop with stalled clients: the stop's duration and the reconnects' spread
     /// (spawns its own two servers).
     Stop(stop::Options),
+    /// Durable ingest into many new pattern views beside one existing view, and the memory per
+    /// pattern view (spawns its own server).
+    Patterns(patterns::Options),
 }
 
 impl Load {
@@ -103,7 +112,8 @@ impl Load {
             | Self::Cluster(_)
             | Self::Restart(_)
             | Self::Deploy(_)
-            | Self::Stop(_) => None,
+            | Self::Stop(_)
+            | Self::Patterns(_) => None,
         }
     }
 
@@ -119,6 +129,7 @@ impl Load {
             Self::Restart(options) => &options.client,
             Self::Deploy(options) => &options.client,
             Self::Stop(options) => &options.client,
+            Self::Patterns(options) => &options.client,
         }
     }
 }

@@ -44,6 +44,7 @@ mod floor;
 mod histogram;
 mod idle;
 mod jetstream;
+mod patterns;
 mod pin;
 mod publish;
 mod replay;
@@ -111,6 +112,7 @@ async fn load_server(load: Load, nofile: u64) -> anyhow::Result<()> {
         Load::Cluster(options) => cluster::run(&options).await,
         Load::Stop(options) => stop::run(&options).await,
         Load::Deploy(options) => deploy::run(&options).await,
+        Load::Patterns(options) => patterns::run(&options).await,
         Load::Fanout(options) => {
             let target = Target::start(&options.target).await?;
             with_logs(&target, fanout::run(&target, &options).await)
