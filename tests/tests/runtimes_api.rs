@@ -337,3 +337,50 @@ async fn bad_definitions_are_refused_naming_the_field() -> anyhow::Result<()> {
     ensure!(!listed.contains("\"x\""), "{listed}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_runtime_quick_start_works_as_written() -> anyhow::Result<()> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))?;
+    let block = readme
+        .split_once("<!-- quick-start-runtime")
+        .and_then(|(_, rest)| rest.split_once("```sh\n"))
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .map(|(block, _)| block)
+        .context("the README's quick-start runtime block")?;
+    let quoted = |after: &str, quote: char| {
+        block
+            .split_once(after)
+            .and_then(|(_, rest)| rest.split_once(quote))
+            .map(|(text, _)| text.replace("\\n", "\n"))
+    };
+    let definition = quoted("-d '", '\'').context("the PUT body")?;
+    let payload = quoted("--data-binary $'", '\'').context("the ingest payload")?;
+    let shown = block
+        .lines()
+        .find_map(|line| line.strip_prefix("# "))
+        .context("the receipt shown")?;
+    ensure!(block.contains("/admin/runtimes/chat") && block.contains("/runtimes/chat/ingest"));
+
+    let server = Server::start_with_env(&[], &[(ADMIN_TOKEN_ENV, "dev")]).await?;
+    let auth = "Bearer dev";
+    let made = http::request(
+        server.addr(),
+        "PUT",
+        "/admin/runtimes/chat",
+        &[("Authorization", auth)],
+        definition.as_bytes(),
+    )
+    .await?;
+    ensure!(made.status() == 201, "{} {}", made.status(), made.text());
+    let mut stream = server.sse("/views/chat.room-7/events", &[]).await?;
+    stream.until_synced(0).await?;
+    let receipt = server.ingest("chat", &payload).await?;
+    ensure!(receipt.status() == 200, "{}", receipt.text());
+    let events = receipt.json()?["events"].to_string();
+    ensure!(
+        shown.contains(&events),
+        "got {events}, the README shows {shown}"
+    );
+    update(&mut stream, "m1").await?;
+    Ok(())
+}
