@@ -102,7 +102,7 @@ async fn list_views(
 fn find_view(state: &AppState, name: &str) -> Option<Arc<View>> {
     state.hub.view(name).or_else(|| {
         let taken = ViewName::new(name).is_ok() && state.runtimes.taking(name).is_some();
-        taken.then(|| state.hub.declare(name))
+        taken.then(|| state.hub.declare_on_demand(name))
     })
 }
 

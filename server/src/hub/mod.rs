@@ -27,13 +27,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
-use viewtape_journal::{CompactString, Cursor, EventJournal, JournalConfig, JournalSnapshot};
+use viewtape_journal::{
+    CompactString, Cursor, EventJournal, JournalConfig, JournalSnapshot, ViewOffset,
+};
 
 use crate::host::{EventKind, GuestBatch, GuestEvent};
 use crate::hub::frame::Frame;
@@ -64,11 +66,19 @@ pub struct View {
     /// Narrowed subscribers, woken by the commits that touch their keys.
     keyed: Arc<KeyedWakers>,
     /// Cursorless frames (the journal is sealed or off), with their key.
-    live: broadcast::Sender<(CompactString, Bytes)>,
+    /// Made by its first receiver: most views never have one, and a channel holds
+    /// [`LIVE_BACKLOG`] slots.
+    live: OnceLock<broadcast::Sender<(CompactString, Bytes)>>,
     /// SSE subscribers open on it now.
     subscribers: AtomicU64,
     /// Why it was retired ([`Hub::retire`]); its streams end with that.
     retired: OnceLock<String>,
+    /// Made by a read of a name a pattern takes ([`Hub::declare_on_demand`]), not by a
+    /// runtime: forgotten again while it holds nothing and no one reads it.
+    on_demand: AtomicBool,
+    /// Taken out of the hub ([`Hub::forget_if_idle`]): a commit that holds it publishes to
+    /// its successor instead.
+    forgotten: AtomicBool,
 }
 
 /// A view's state as of one cursor.
@@ -90,9 +100,11 @@ impl View {
                 tape.max_records_per_view,
                 tape.max_bytes_per_view,
             )),
-            live: broadcast::Sender::new(LIVE_BACKLOG),
+            live: OnceLock::new(),
             subscribers: AtomicU64::new(0),
             retired: OnceLock::new(),
+            on_demand: AtomicBool::new(false),
+            forgotten: AtomicBool::new(false),
         }
     }
 
@@ -139,7 +151,9 @@ impl View {
     /// Cursorless frames published after the journal was sealed (or while it
     /// is disabled).
     pub fn live(&self) -> broadcast::Receiver<(CompactString, Bytes)> {
-        self.live.subscribe()
+        self.live
+            .get_or_init(|| broadcast::Sender::new(LIVE_BACKLOG))
+            .subscribe()
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<CompactString, Frame>> {
@@ -253,12 +267,52 @@ impl Hub {
         )
     }
 
+    /// The view named `name` for a reader, when a pattern of a running runtime takes it and
+    /// nothing was published there yet: made now, empty, and forgotten again while it holds
+    /// nothing and no one reads it ([`Hub::forget_if_idle`]), so that reads of names that
+    /// never get an event do not pile up.
+    pub fn declare_on_demand(&self, name: &str) -> Arc<View> {
+        if let Some(view) = self.view(name) {
+            return view;
+        }
+        let mut views = self.views.write().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(views.entry(name.to_owned()).or_insert_with(|| {
+            let view = View::new(name, self.journal.config());
+            view.on_demand.store(true, Ordering::Relaxed);
+            Arc::new(view)
+        }))
+    }
+
+    /// Forgets `view` when a read made it ([`Hub::declare_on_demand`]) and it is idle: no
+    /// subscriber, no key, and no event ever appended to its tape. A cursor of it names the
+    /// point before its first event, which stays true when it is made again.
+    pub fn forget_if_idle(&self, view: &Arc<View>) {
+        if !view.on_demand.load(Ordering::Relaxed) || view.subscribers() > 0 {
+            return;
+        }
+        let mut views = self.views.write().unwrap_or_else(PoisonError::into_inner);
+        let state = view.lock();
+        let idle = state.is_empty()
+            && view.subscribers() == 0
+            && self.journal.window_now(&view.name).next == ViewOffset::FIRST
+            && views.get(&view.name).is_some_and(|held| Arc::ptr_eq(held, view));
+        if idle {
+            view.forgotten.store(true, Ordering::Release);
+            views.remove(&view.name);
+        }
+    }
+
     /// Publishes a run of events of `view`: journal appends and state updates under one hold
     /// of the view's lock and then the journal's (the order [`View::cut`] takes them in), so a
     /// cut sees all of the run or none of it. Does not wake anyone.
-    fn publish_run(&self, view: &View, events: &[GuestEvent], at_ms: u64) {
+    ///
+    /// Returns `false`, having done nothing, when the view was forgotten meanwhile.
+    fn publish_run(&self, view: &View, events: &[GuestEvent], at_ms: u64) -> bool {
         let mut live = Vec::new();
         let mut state = view.lock();
+        if view.forgotten.load(Ordering::Acquire) {
+            return false;
+        }
         let mut appender = self.journal.appender(&view.name, at_ms);
         for (i, event) in events.iter().enumerate() {
             let key = event.key.as_str();
@@ -301,8 +355,11 @@ impl Hub {
             .fetch_add(live.len() as u64, Ordering::Relaxed);
         for live in live {
             // No receiver is fine: nobody is listening live.
-            let _ = view.live.send(live);
+            if let Some(sender) = view.live.get() {
+                let _ = sender.send(live);
+            }
         }
+        true
     }
 
     /// Retires the view `name`: it is no longer listed or read, its streams end with a last
@@ -378,7 +435,11 @@ impl BatchSink for Hub {
                 .take_while(|event| event.view == first.view)
                 .count();
             let (now, later) = events.split_at(run);
-            self.publish_run(&view, now, at_ms);
+            if !self.publish_run(&view, now, at_ms) {
+                // Forgotten meanwhile ([`Hub::forget_if_idle`]): published to its successor.
+                touched.retain(|touched| !Arc::ptr_eq(touched, &view));
+                continue;
+            }
             events = later;
         }
         // One wake-up per view per batch, after every lock is released; narrowed subscribers

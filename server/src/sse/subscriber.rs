@@ -186,5 +186,6 @@ impl Drop for Subscriber {
         }
         self.streams.metrics.connections.dec();
         self.view.count_subscriber(false);
+        self.streams.hub.forget_if_idle(&self.view);
     }
 }
