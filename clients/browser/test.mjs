@@ -12,7 +12,8 @@
 // `window.__events`, and records what the demo page's client view does in the same shape; the
 // page's own handlers run unchanged.
 //
-// The demo page (which follows `prices` with @viewtape/client), auth off. Asserts:
+// The demo page (which follows `prices` with @viewtape/client when the URL names no other view;
+// clients/browser/views.mjs tests its choice of view), auth off. Asserts:
 //  1. live updates reach the page;
 //  2. after a graceful stop and restart, the client's reconnection (`?cursor=`) resumes
 //     with no reset, no duplicate and no loss: update ids contiguous in one epoch, seq in order;
@@ -220,23 +221,27 @@ async function run(context) {
   log(`log lost: one reset (${reset.reason}), synced ${resynced.epoch}-${resynced.offset}, ${rows} rows match GET /views/prices`);
 }
 
-/** The page's table equals `GET /views/prices` (symbol, price to 2 places, seq). */
+/** The page's table equals `GET /views/prices`: the key, then a column per field of the values
+ * (`price` and `seq` among them), numbers that are not integers to 2 places. */
 async function compareRows(page, when, headers = {}) {
   const view = await getJson(base, '/views/prices', headers);
-  const want = Object.entries(view.entries)
-    .map(([k, v]) => [k, v.price.toFixed(2), String(v.seq)])
-    .sort((a, b) => a[0].localeCompare(b[0]));
+  const cell = v => (typeof v === 'number' ? (Number.isInteger(v) ? String(v) : v.toFixed(2)) : typeof v === 'string' ? v : JSON.stringify(v ?? ''));
   // The page may still be applying the last events: wait for the table to settle on the same rows.
   const deadline = Date.now() + 10000;
-  let got;
+  let got, want, head;
   for (;;) {
-    got = await page.$$eval('#prices tbody tr', trs => trs.map(tr => [...tr.cells].map(td => td.textContent)));
+    head = await page.$$eval('#entries thead th', ths => ths.map(th => th.textContent));
+    want = Object.entries(view.entries)
+      .map(([k, v]) => [k, ...head.slice(1).map(field => cell(v[field]))])
+      .sort((a, b) => a[0].localeCompare(b[0]));
+    got = await page.$$eval('#entries tbody tr', trs => trs.map(tr => [...tr.cells].map(td => td.textContent)));
     got.sort((a, b) => a[0].localeCompare(b[0]));
-    if (JSON.stringify(got) === JSON.stringify(want)) return got.length;
+    const columns = head[0] === 'key' && head.includes('price') && head.includes('seq');
+    if (columns && JSON.stringify(got) === JSON.stringify(want)) return got.length;
     if (Date.now() > deadline) break;
     await new Promise(r => setTimeout(r, 50));
   }
-  check(false, `page rows ${when}: ${JSON.stringify(got)}, GET /views/prices: ${JSON.stringify(want)}`);
+  check(false, `page rows ${when} (columns ${head}): ${JSON.stringify(got)}, GET /views/prices: ${JSON.stringify(want)}`);
 }
 
 function sleep(ms) {

@@ -286,6 +286,43 @@ async fn browser_demo_page_resumes_and_handles_a_reset() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Chromium on the demo page against a scripted stand-in of the server
+/// (`clients/browser/views.mjs`, which serves `server/static` itself): with no `#view=` the page
+/// follows `prices` (else the first view listed), `#view=NAME` follows that view, a retired view
+/// is said plainly, never reopened and leaves the list, and a view the server does not have is
+/// said so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_demo_page_lists_the_views_and_follows_the_one_chosen() -> anyhow::Result<()> {
+    require_node_modules(&["playwright-core"])?;
+    require_chromium()?;
+    let script = clients_dir().join("browser/views.mjs");
+    let output = tokio::time::timeout(
+        CLIENT_TIMEOUT,
+        Command::new("node")
+            .arg(&script)
+            .current_dir(clients_dir())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .map_err(|_| {
+        anyhow!(
+            "{} did not finish within {CLIENT_TIMEOUT:?}",
+            script.display()
+        )
+    })?
+    .with_context(|| format!("run node {}", script.display()))?;
+    ensure!(
+        output.status.success(),
+        "node {} exited with {}\nstdout:\n{}\nstderr:\n{}",
+        script.display(),
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(())
+}
+
 /// Chromium on the operator page `/admin/`: a wrong token is refused; with the token it shows
 /// the server ready, the views with their subscribers, the runtimes with batches counting up,
 /// their module's SHA-256, state bytes and last error (after a batch the guest refuses), the

@@ -8,8 +8,13 @@ export type ViewErrorCode =
    * refuses the request itself, e.g. `keys`/`prefix` on a server that does not narrow streams.
    * Fatal: the view closes instead of retrying. */
   | 'bad_request'
-  /** 404: the server has no such view (retried: a deploy may add it). */
+  /** 404: the server has no such view (never declared, or retired since). Fatal: the view
+   * closes instead of retrying; open it again once the view exists. */
   | 'not_found'
+  /** The server retired the view (its runtime was deleted, or no longer declares it) and ended
+   * the stream with `event: retired`. Fatal: the view closes and never reconnects; `reason` is
+   * the server's. */
+  | 'retired'
   /** Another HTTP status (a 503 past the server's connection limit, a proxy's error page). */
   | 'http_status'
   /** A 200 that is not `text/event-stream`: a proxy, a login page or a cache answered instead. */
@@ -40,7 +45,7 @@ export class ViewError extends Error {
   constructor(
     readonly code: ViewErrorCode,
     message: string,
-    readonly options: { status?: number; fatal?: boolean; cause?: unknown } = {},
+    readonly options: { status?: number; fatal?: boolean; reason?: string; cause?: unknown } = {},
   ) {
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
   }
@@ -51,6 +56,11 @@ export class ViewError extends Error {
 
   get fatal(): boolean {
     return this.options.fatal ?? false;
+  }
+
+  /** Why the server retired the view (`retired` only), as it said. */
+  get reason(): string | undefined {
+    return this.options.reason;
   }
 }
 

@@ -17,6 +17,14 @@
  * run of connections that end at once (a proxy, a reset loop) raises `fast_retry_loop` and backs
  * off harder.
  *
+ * ## Closing
+ * A view closes at `close()`, at its `signal`, or when the server says it never will serve it:
+ * `event: retired` (the view was retired: its runtime deleted, or no longer declaring it), a
+ * `404` (no such view), a `400`-like refusal, a `401`/`403` with no way to get another token.
+ * Then `status` is `'closed'`, the `error` listeners hear the fatal {@link ViewError} (`retired`,
+ * `not_found`, …), `synced()` rejects with it, and nothing reconnects. The map and cursor stay as
+ * they were, the last state the view had.
+ *
  * One file past 500 lines: the stream's events, the reconnection and the staged map are one
  * state machine, and each of its transitions reads the others.
  */
@@ -109,8 +117,8 @@ type Outcome =
   | { readonly kind: 'closed' };
 
 const SAFE_STATUSES = new Set([502, 503, 504, 429, 408]);
-/** A 4xx that asking again cannot change (not 401/403, which a new token may change, not 404,
- * which a deploy may change, not 408/429, which time changes): the view closes. */
+/** A 4xx that asking again cannot change (not 401/403, which a new token may change, not
+ * 408/429, which time changes; 404 has its own error): the view closes. */
 const FATAL_STATUS = (status: number): boolean => status >= 400 && status < 500 && ![401, 403, 404, 408, 429].includes(status);
 const FAST_LOOP_RUN = 5;
 const HEALTHY_AFTER_MS = 10_000;
@@ -370,6 +378,11 @@ export class View<T = unknown> {
     if (this.#closed) return { kind: 'closed' };
     if (timedOut) this.#fail(timedOut);
     if (stop) this.#fail(stop);
+    if (stop?.fatal) {
+      // `retired`: the server will not serve this view again, so reconnecting cannot help.
+      this.#closed = true;
+      return { kind: 'closed' };
+    }
     if (reauth) {
       this.#setStatus('reconnecting');
       this.#emit('reauth', { cursor: this.#cursor });
@@ -406,10 +419,17 @@ export class View<T = unknown> {
       await this.#renewToken();
       return { kind: 'failed', floor: 0 };
     }
+    if (status === 404) {
+      // No such view: never declared, or retired (§ Closing). Views come and go at run time,
+      // so a 404 is an answer, not an outage: waiting for the name to come back would leave
+      // the application showing "reconnecting" for a view that is gone.
+      this.#fail(new ViewError('not_found', `the server has no view ${JSON.stringify(this.name)} (404)${said}; not retrying`, { status, fatal: true }));
+      this.#closed = true;
+      return { kind: 'closed' };
+    }
     const floor = retryAfterMs(response.headers.get('retry-after'));
-    const code = status === 404 ? 'not_found' : 'http_status';
     const transient = SAFE_STATUSES.has(status) ? ' (transient)' : '';
-    this.#fail(new ViewError(code, `the stream answered ${status}${transient}${said}`, { status }));
+    this.#fail(new ViewError('http_status', `the stream answered ${status}${transient}${said}`, { status }));
     return { kind: 'failed', floor };
   }
 
@@ -425,7 +445,8 @@ export class View<T = unknown> {
 
   // ---- the protocol ------------------------------------------------------------------------
 
-  /** Applies one event; returns an error that ends the connection, or `'reauth'`. */
+  /** Applies one event; returns an error that ends the connection (a fatal one, the view), or
+   * `'reauth'`. */
   #handle(message: EventSourceMessage): ViewError | 'reauth' | undefined {
     switch (message.event) {
       case 'update':
@@ -483,6 +504,8 @@ export class View<T = unknown> {
       }
       case 'reauth':
         return 'reauth';
+      case 'retired':
+        return retired(this.name, message);
       case undefined:
       case 'message':
         return new ViewError('bad_event', 'an event without an `event:` type: something between rewrote the stream');
@@ -743,6 +766,20 @@ async function serverMessage(response: Response, ms: number): Promise<string> {
   }
   const said = String(message).trim().slice(0, 300);
   return said ? `: ${said}` : '';
+}
+
+/** The fatal error of an `event: retired`, whose data is `{"view", "reason"}` (a reason that
+ * does not parse still retires the view: the event itself is the server's word). */
+function retired(name: string, message: EventSourceMessage): ViewError {
+  let reason: string | undefined;
+  try {
+    const data = JSON.parse(message.data) as { reason?: unknown };
+    if (typeof data.reason === 'string') reason = data.reason;
+  } catch {
+    // not JSON: retired all the same
+  }
+  const why = reason === undefined ? '' : `: ${reason}`;
+  return new ViewError('retired', `the server retired the view ${JSON.stringify(name)}${why}; not reconnecting`, { fatal: true, reason });
 }
 
 function missingId(message: EventSourceMessage): ViewError {

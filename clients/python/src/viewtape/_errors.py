@@ -7,16 +7,21 @@ class ViewError(Exception):
     """An error of a view. ``code`` is one of ``unauthorized``, ``forbidden``, ``bad_request``,
     ``not_found``, ``http_status``, ``bad_content_type``, ``stream_buffered``, ``missing_id``,
     ``bad_event``, ``stalled``, ``network``, ``fast_retry_loop``, ``token``, ``store``,
-    ``listener``; a ``fatal`` one closes the view. ``bad_request`` (a 400, or another 4xx that
-    asking again cannot change) is always fatal. As in the JavaScript client, ``message`` says what
-    went wrong and ``status`` is the HTTP status when there was one."""
+    ``listener``, ``retired``; a ``fatal`` one closes the view. ``bad_request`` (a 400, or another
+    4xx that asking again cannot change), ``not_found`` (a 404: no such view, never declared or
+    retired since) and ``retired`` (the server retired the view and ended its stream with
+    ``event: retired``; ``reason`` is the server's) are always fatal. As in the JavaScript client,
+    ``message`` says what went wrong and ``status`` is the HTTP status when there was one."""
 
-    def __init__(self, code: str, message: str, *, status: int | None = None, fatal: bool = False) -> None:
+    def __init__(
+        self, code: str, message: str, *, status: int | None = None, fatal: bool = False, reason: str | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.status = status
         self.fatal = fatal
+        self.reason = reason
 
 
 class ProducerError(Exception):

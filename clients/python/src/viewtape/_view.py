@@ -10,6 +10,13 @@ least a ``Retry-After``, and after a stream that sent ``retry:``, at least its l
 one reconnection); ``401``/``403`` and ``reauth`` call the ``token`` callback again. A run of
 connections that end without progress raises ``fast_retry_loop`` and backs off harder.
 
+Closing: a view closes at ``close()`` (or leaving ``async with``), or when the server says it will
+never serve it: ``event: retired`` (its runtime deleted, or no longer declaring it), a ``404`` (no
+such view), a ``400``-like refusal, a ``401``/``403`` with no token callback. Then ``status`` is
+``closed``, ``error`` listeners hear the fatal ``ViewError`` (``retired``, ``not_found``, ...),
+``synced()`` raises it, ``changes()`` ends, and nothing reconnects. ``state`` and ``cursor`` keep
+the last state the view had.
+
 One file past 500 lines: the stream's events, the reconnection and the staged dict are one state
 machine, and each of its transitions reads the others.
 """
@@ -169,6 +176,8 @@ class View:
 
     async def changes(self) -> AsyncIterator[Change]:
         """Every change from now on, until the view closes."""
+        if self._closed and (self._task is None or self._task.done()):
+            return
         queue: asyncio.Queue[Change | None] = asyncio.Queue()
         self._queues.add(queue)
         try:
@@ -240,6 +249,7 @@ class View:
             except asyncio.TimeoutError:
                 pass
         self._set_status("closed")
+        self._end_changes()
 
     async def _connect(self) -> float | None:
         """One connection; returns the least delay before the next, or None to reopen at once."""
@@ -307,6 +317,8 @@ class View:
                         self._set_status("reconnecting")
                         return None if await self._renew_token() else 0.0
                     self._fail(stop.error)
+                    if stop.error.fatal:  # ``retired``: reconnecting cannot bring the view back
+                        self._closed = True
                     return 0.0
         finally:
             await events.aclose()
@@ -329,8 +341,15 @@ class View:
             self._fail(ViewError(code, f"the server refused the stream ({status}); asking the token callback again", status=status))
             await self._renew_token()
             return 0.0
-        code = "not_found" if status == 404 else "http_status"
-        self._fail(ViewError(code, f"the stream answered {status}{said}", status=status))
+        if status == 404:
+            # No such view: never declared, or retired. Views come and go while the server runs,
+            # so a 404 is an answer, not an outage: waiting for the name to come back would leave
+            # the application "reconnecting" to a view that is gone.
+            self._fail(ViewError("not_found", f"the server has no view {json.dumps(self.name)} (404){said}; not retrying",
+                                 status=status, fatal=True))
+            self._closed = True
+            return 0.0
+        self._fail(ViewError("http_status", f"the stream answered {status}{said}", status=status))
         return retry_after(response.headers.get("retry-after"))
 
     def _url(self, cursor: str | None) -> str:
@@ -398,6 +417,8 @@ class View:
             return sse.id
         if kind == "reauth":
             raise _Stop(None)
+        if kind == "retired":
+            raise _Stop(_retired(self.name, sse))
         if kind in ("", "message"):
             if not sse.data:
                 return last_id  # a `retry:` hint alone
@@ -525,6 +546,12 @@ class View:
                 else:
                     self._fail(ViewError("listener", f"a {event} listener raised {error!r}"))
 
+    def _end_changes(self) -> None:
+        """Ends every ``changes()`` iteration (each queue hears the end once)."""
+        for queue in self._queues:
+            queue.put_nowait(None)
+        self._queues.clear()
+
     async def _shut_down(self) -> None:
         save, self._save_task = self._save_task, None
         if save is not None and not save.done():
@@ -535,8 +562,7 @@ class View:
                 pass
         await self._save()
         self._set_status("closed")
-        for queue in self._queues:
-            queue.put_nowait(None)
+        self._end_changes()
         self._listeners.clear()
         if self._own_client and self._client is not None:
             await self._client.aclose()
@@ -560,6 +586,21 @@ async def _server_message(response: httpx.Response) -> str:
         message = text
     said = str(message).strip()[:300]
     return f": {said}" if said else ""
+
+
+def _retired(name: str, sse: ServerSentEvent) -> ViewError:
+    """The fatal error of an ``event: retired``, whose data is ``{"view", "reason"}`` (data that
+    does not parse still retires the view: the event itself is the server's word)."""
+    reason: str | None = None
+    try:
+        data = json.loads(sse.data)
+        if isinstance(data, dict) and isinstance(data.get("reason"), str):
+            reason = data["reason"]
+    except ValueError:
+        pass
+    why = f": {reason}" if reason is not None else ""
+    return ViewError("retired", f"the server retired the view {json.dumps(name)}{why}; not reconnecting",
+                     fatal=True, reason=reason)
 
 
 def _decode(sse: ServerSentEvent) -> tuple[str, Any]:
