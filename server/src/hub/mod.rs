@@ -295,7 +295,9 @@ impl Hub {
         let idle = state.is_empty()
             && view.subscribers() == 0
             && self.journal.window_now(&view.name).next == ViewOffset::FIRST
-            && views.get(&view.name).is_some_and(|held| Arc::ptr_eq(held, view));
+            && views
+                .get(&view.name)
+                .is_some_and(|held| Arc::ptr_eq(held, view));
         if idle {
             view.forgotten.store(true, Ordering::Release);
             views.remove(&view.name);

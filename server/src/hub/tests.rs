@@ -147,3 +147,59 @@ async fn sealed_journal_publishes_cursorless_frames_live() {
     assert_eq!(view.keys(), 1);
     assert_eq!(hub.stats().cursorless.load(Ordering::Relaxed), 1);
 }
+
+#[tokio::test]
+async fn a_view_a_read_made_is_forgotten_while_idle_and_a_commit_survives_the_race() {
+    let hub = Hub::new(Arc::new(EventJournal::new(JournalConfig::default())));
+    let made = hub.declare_on_demand("prices");
+    made.count_subscriber(true);
+    hub.forget_if_idle(&made);
+    assert!(hub.view("prices").is_some(), "a subscriber keeps it");
+    made.count_subscriber(false);
+    hub.forget_if_idle(&made);
+    assert!(hub.view("prices").is_none(), "idle and empty: forgotten");
+
+    // A commit that holds the forgotten view publishes to its successor.
+    let batch = GuestBatch::of_events(vec![event(EventKind::Update, "A", "1")]);
+    assert!(
+        !hub.publish_run(&made, &batch.events, 1),
+        "nothing goes to a forgotten view"
+    );
+    hub.commit("demo", batch, crate::log::unix_ms_now()).await;
+    let view = hub.view("prices").expect("made again by the commit");
+    assert_eq!(view.keys(), 1);
+    assert_eq!(made.keys(), 0);
+
+    // A view with an event, or one a runtime declares, is never forgotten this way.
+    let again = hub.declare_on_demand("prices");
+    hub.forget_if_idle(&again);
+    assert!(hub.view("prices").is_some());
+    let declared = hub.declare("orders");
+    hub.forget_if_idle(&declared);
+    assert!(hub.view("orders").is_some());
+}
+
+#[tokio::test]
+async fn a_retired_view_is_gone_and_its_old_cursors_reset() {
+    let journal = Arc::new(EventJournal::new(JournalConfig::default()));
+    let hub = Hub::new(Arc::clone(&journal));
+    let view = hub.declare("prices");
+    let mut ticks = view.ticks();
+    let batch = GuestBatch::of_events(vec![event(EventKind::Update, "A", "1")]);
+    hub.commit("demo", batch, crate::log::unix_ms_now()).await;
+    let cursor = view.cut(&journal, &Narrow::All).cursor;
+    ticks.borrow_and_update();
+
+    hub.retire("prices", "its runtime was deleted");
+    assert_eq!(view.retired(), Some("its runtime was deleted"));
+    assert!(ticks.has_changed().unwrap(), "its subscribers are woken");
+    assert!(hub.view("prices").is_none());
+    // Made again: offsets go on after the last one, and the old cursor is refused.
+    let batch = GuestBatch::of_events(vec![event(EventKind::Update, "B", "2")]);
+    hub.commit("demo", batch, crate::log::unix_ms_now()).await;
+    let again = hub.view("prices").unwrap();
+    assert_eq!(again.keys(), 1, "the old state is gone");
+    assert!(again.retired().is_none());
+    assert!(again.cut(&journal, &Narrow::All).cursor.offset() > cursor.offset());
+    assert!(journal.replay_after("prices", Some(&cursor)).await.is_err());
+}
