@@ -11,7 +11,7 @@
 //! | process | [`serve`] (`viewtape serve`: start-up in every mode, listening, graceful stop), [`cli`] (the other subcommands: `check-config`, `snapshot …`, `log …`, `run`, `new`, and `deploy`, the admin client) |
 //! | transport | [`listener`] — the accept loop; HTTP/1.1 carried to a router, lean or through hyper, and HTTP/2 over TLS with a reloadable certificate |
 //! | HTTP | [`http`] — the one router: routes, layers, the API error; [`http::admin`] |
-//! | operations | [`deploy`] — a new module into a running runtime; [`snapshot`] — snapshot body, cut, write, restore; [`recovery`] — a snapshot and the local log at start-up, the data directory's identity; [`cluster`] — replicas applying a JetStream stream as their log |
+//! | operations | [`catalog`] — runtimes as data: created, replaced and deleted by records of the log; [`deploy`] — a new module into a running runtime; [`snapshot`] — snapshot body, cut, write, restore; [`recovery`] — a snapshot and the local log at start-up, the data directory's identity; [`cluster`] — replicas applying a JetStream stream as their log |
 //! | streams | [`sse`] — one subscriber: replay or state, then live; the socket its transport and the fan-out pass share |
 //! | observation | [`metrics`] — Prometheus metrics, reading the counters of the layers below |
 //! | settings | [`config`] — settings; [`auth`] — tokens and grants of views and their keys |

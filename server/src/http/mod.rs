@@ -30,7 +30,6 @@ pub mod openapi;
 #[cfg(test)]
 mod props;
 mod query;
-mod runtimes;
 mod schema;
 mod views;
 

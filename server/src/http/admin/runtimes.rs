@@ -1,4 +1,4 @@
-//! Runtimes as data, through the admin routes (access and strict inputs as in [`super::admin`]):
+//! Runtimes as data, through the admin routes (access and strict inputs as in [`super`]):
 //!
 //! | route | what |
 //! |---|---|
@@ -20,12 +20,12 @@ use axum::Json;
 use bytes::Bytes;
 use viewtape_journal::ViewName;
 
-use super::admin::{json_object, Admin, Authorized};
-use super::ApiError;
+use super::gate::{json_object, Admin, Authorized};
 use crate::catalog::{CatalogError, Changed};
 use crate::config::{LimitsSection, BUILTIN_GUESTS};
 use crate::deploy::MAX_MODULE_BYTES;
 use crate::host::ModuleFingerprint;
+use crate::http::ApiError;
 use crate::log::Definition;
 use crate::runtime::registry::Registered;
 
