@@ -18,7 +18,7 @@
 //! A change holds the cuts ([`Runtimes::hold_cuts`]): a snapshot holds the runtimes as they were
 //! before a change or after it, never halfway.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
@@ -32,6 +32,9 @@ use crate::log::{unix_ms_now, DefineEntry, Definition, Entry, Log, LogPosition, 
 use crate::runtime::registry::{ModuleStore, Registered, Runtimes};
 use crate::runtime::{RuntimeConfig, RuntimeHandle, RuntimeSnapshot};
 use crate::schema::{ConfiguredSchemas, ViewSchema};
+
+/// Verdicts on a cluster's runtime changes kept for their publishers.
+const KEPT_VERDICTS: usize = 1024;
 
 /// What a `PUT` did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,7 +114,7 @@ pub struct Catalog {
     /// One change at a time, from its check to its record applied.
     changing: tokio::sync::Mutex<()>,
     /// On a cluster: the verdicts on what this node published, by position, for its waiter.
-    verdicts: Mutex<HashMap<LogPosition, Result<Changed, String>>>,
+    verdicts: Mutex<BTreeMap<LogPosition, Result<Changed, String>>>,
 }
 
 impl Catalog {
@@ -132,7 +135,7 @@ impl Catalog {
             hub,
             log,
             changing: tokio::sync::Mutex::new(()),
-            verdicts: Mutex::new(HashMap::new()),
+            verdicts: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -233,7 +236,18 @@ impl Catalog {
         position: LogPosition,
     ) -> Result<(), CatalogError> {
         let pending = entry.pending;
-        let outcome = self.define(entry, module, Some(position)).await;
+        // Judged at its position, as every node judges it: another change may have come first.
+        let checked = match pending {
+            true => self.check(&entry.runtime, &entry.definition),
+            false => Ok(()),
+        };
+        let outcome = match checked {
+            Ok(()) => self.define(entry, module, Some(position)).await,
+            Err(error) => {
+                drop(self.log.turn(Some(position), 1).await);
+                Err(error)
+            }
+        };
         self.settle(pending, position, outcome)
     }
 
@@ -267,10 +281,12 @@ impl Catalog {
         if let Err(error) = &outcome {
             tracing::info!(%error, position = position.get(), "a runtime change on the stream was refused; it changes nothing");
         }
-        self.verdicts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(position, outcome.map_err(|error| error.to_string()));
+        let mut verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner);
+        verdicts.insert(position, outcome.map_err(|error| error.to_string()));
+        // Kept for the node that published it, which takes it at once; the oldest go.
+        while verdicts.len() > KEPT_VERDICTS {
+            verdicts.pop_first();
+        }
         Ok(())
     }
 
