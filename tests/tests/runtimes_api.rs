@@ -384,3 +384,44 @@ async fn the_readmes_runtime_quick_start_works_as_written() -> anyhow::Result<()
     update(&mut stream, "m1").await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configs_runtimes_are_the_starting_set() -> anyhow::Result<()> {
+    let mut server = start().await?;
+    let tick = |seq: u64| format!("{{\"symbol\":\"ACME\",\"price\":1.5,\"seq\":{seq}}}\n");
+    ingest_ok(&server, "demo", &tick(1)).await?;
+    // Made something else through the API: it runs so until a start, where the config's
+    // definition is declared again.
+    put(
+        &server,
+        "demo",
+        serde_json::json!({"module": "builtin:ticker", "views": ["prices"], "config": "other"}),
+        200,
+    )
+    .await?;
+    server.kill9().await?;
+    server.restart().await?;
+    let back = admin(&server, "GET", "/admin/runtimes/demo", b"").await?;
+    let back: serde_json::Value = serde_json::from_str(&back.text())?;
+    ensure!(
+        back["config"] == "",
+        "the config's definition again: {back}"
+    );
+
+    // Deleted: gone until the next start, which declares it again, fresh.
+    let resp = admin(&server, "DELETE", "/admin/runtimes/demo", b"").await?;
+    ensure!(resp.status() == 200, "{}", resp.text());
+    ensure!(server.ingest("demo", &tick(2)).await?.status() == 404);
+    ensure!(server.get("/views/prices").await?.status() == 404);
+    server.kill9().await?;
+    server.restart().await?;
+    ensure!(server.get("/views/prices").await?.status() == 200);
+    let receipt = server.ingest("demo", &tick(1)).await?;
+    ensure!(receipt.status() == 200, "{}", receipt.text());
+    ensure!(
+        receipt.json()?["events"]["prices"] == 1,
+        "a fresh ticker takes seq 1 again: {}",
+        receipt.text()
+    );
+    Ok(())
+}

@@ -237,14 +237,13 @@ async fn defined_module(
     Ok(GuestModule::new(engine, &wasm)?)
 }
 
-/// A `[[runtime]]` of the config that a define record made something else (through the API)
-/// is declared as the config says, by a record: the config's runtimes are the starting set.
+/// A `[[runtime]]` of the config that the log deleted, or made something else (through the
+/// API), is declared as the config says, by a record: the config's runtimes are the starting
+/// set.
 async fn declare_configured(config: &Config, catalog: &Catalog) -> anyhow::Result<()> {
     for (i, section) in config.runtimes.iter().enumerate() {
-        let Some(running) = catalog.runtimes().get(&section.name) else {
-            continue;
-        };
-        if running.definition.is_none() {
+        let running = catalog.runtimes().get(&section.name);
+        if running.is_some_and(|running| running.definition.is_none()) {
             continue;
         }
         let wasm = section.wasm_bytes()?;
