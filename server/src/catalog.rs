@@ -18,7 +18,7 @@
 //! A change holds the cuts ([`Runtimes::hold_cuts`]): a snapshot holds the runtimes as they were
 //! before a change or after it, never halfway.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
@@ -99,6 +99,12 @@ pub enum CatalogError {
     },
 }
 
+/// How many verdicts on pending records a node keeps for their waiters. A waiter takes its
+/// verdict as soon as its node has applied the record, so only a burst of this many changes
+/// through other nodes within that moment could push one out (its waiter then answers that
+/// there is no verdict, and the change stands as judged).
+const VERDICTS_KEPT: usize = 1024;
+
 /// Creates, replaces and deletes runtimes; see the module docs.
 #[derive(Debug)]
 pub struct Catalog {
@@ -110,8 +116,10 @@ pub struct Catalog {
     log: Arc<Log>,
     /// One change at a time, from its check to its record applied.
     changing: tokio::sync::Mutex<()>,
-    /// On a cluster: the verdicts on what this node published, by position, for its waiter.
-    verdicts: Mutex<HashMap<LogPosition, Result<Changed, String>>>,
+    /// On a cluster: the verdicts on pending records, by position, for the waiter of the node
+    /// that published one; at most [`VERDICTS_KEPT`], the oldest dropped first (every node
+    /// judges every record, and only its publisher takes the verdict away).
+    verdicts: Mutex<BTreeMap<LogPosition, Result<Changed, String>>>,
 }
 
 impl Catalog {
@@ -132,7 +140,7 @@ impl Catalog {
             hub,
             log,
             changing: tokio::sync::Mutex::new(()),
-            verdicts: Mutex::new(HashMap::new()),
+            verdicts: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -233,8 +241,17 @@ impl Catalog {
         position: LogPosition,
     ) -> Result<(), CatalogError> {
         let pending = entry.pending;
-        let outcome = self.define(entry, module, Some(position)).await;
-        self.settle(pending, position, outcome)
+        // A pending record is judged again here, at its position, alike on every node: two
+        // nodes may have published overlapping definitions side by side.
+        let outcome = match pending {
+            true => self.check(&entry.runtime, &entry.definition),
+            false => Ok(()),
+        };
+        let outcome = match outcome {
+            Ok(()) => self.define(entry, module, Some(position)).await,
+            Err(error) => Err(error),
+        };
+        self.settle(pending, position, outcome).await
     }
 
     /// Applies a logged retire record at `position`; as [`Catalog::apply_define`].
@@ -250,12 +267,12 @@ impl Catalog {
             .retire(entry, Some(position))
             .await
             .map(|()| Changed::Replaced);
-        self.settle(true, position, outcome)
+        self.settle(true, position, outcome).await
     }
 
     /// Keeps the verdict on a pending record for its waiter; a judged record's failure is the
-    /// caller's.
-    fn settle(
+    /// caller's. A refused record consumes its position all the same, changing nothing.
+    async fn settle(
         &self,
         pending: bool,
         position: LogPosition,
@@ -264,13 +281,18 @@ impl Catalog {
         if !pending {
             return outcome.map(|_| ());
         }
+        if outcome.is_err() {
+            // Refused before its turn was taken (a turn taken already is taken again harmlessly).
+            drop(self.log.turn(Some(position), 1).await);
+        }
         if let Err(error) = &outcome {
             tracing::info!(%error, position = position.get(), "a runtime change on the stream was refused; it changes nothing");
         }
-        self.verdicts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(position, outcome.map_err(|error| error.to_string()));
+        let mut verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner);
+        verdicts.insert(position, outcome.map_err(|error| error.to_string()));
+        while verdicts.len() > VERDICTS_KEPT {
+            verdicts.pop_first();
+        }
         Ok(())
     }
 
@@ -348,8 +370,15 @@ impl Catalog {
             }
             None => (None, None),
         };
-        // A replacement takes the running state over, as a deploy does.
-        let handle = self.spawn(&name, &entry.definition, module, saved).await?;
+        // A replacement takes the running state over, as a deploy does. The define record
+        // decides the runtime's module, on every node alike: a cluster node finds it in the
+        // runtime's history (so it is not taken for another build, or for a runtime whose
+        // history this node lacks).
+        let mut saved = saved.unwrap_or_default();
+        saved.ran(&entry.definition.module);
+        let handle = self
+            .spawn(&name, &entry.definition, module, Some(saved))
+            .await?;
         let position = match position {
             Some(position) => Some(position),
             None => self
@@ -421,8 +450,7 @@ impl Catalog {
         let name = entry.runtime.clone();
         let held = self.runtimes.hold_cuts().await;
         let Some(registered) = self.runtimes.get(&name) else {
-            // Applied at its position all the same: a record of a runtime this node lacks.
-            drop(self.log.turn(position, 1).await);
+            // A record of a runtime this node lacks: its position is consumed by the caller.
             return Err(CatalogError::NoSuchRuntime(name));
         };
         let (_, guard) =
