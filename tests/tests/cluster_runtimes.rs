@@ -187,7 +187,10 @@ async fn a_runtime_created_through_one_node_runs_on_every_node() -> anyhow::Resu
         for (id, data) in &frames {
             let event = stream.next_event().await.with_context(|| node.logs())?;
             ensure!(event.event == "update", "{event:?}");
-            ensure!(event.id.as_deref() == Some(id.as_str()), "{event:?} != {id}");
+            ensure!(
+                event.id.as_deref() == Some(id.as_str()),
+                "{event:?} != {id}"
+            );
             ensure!(event.data == *data, "{event:?}");
         }
     }
