@@ -120,6 +120,9 @@ pub struct Catalog {
     /// that published one; at most [`VERDICTS_KEPT`], the oldest dropped first (every node
     /// judges every record, and only its publisher takes the verdict away).
     verdicts: Mutex<BTreeMap<LogPosition, Result<Changed, String>>>,
+    /// Wakes the waiters for verdicts when one is given (after the record's position counts as
+    /// applied: a waiter waits for its verdict, not for the position).
+    verdict_given: tokio::sync::Notify,
 }
 
 impl Catalog {
@@ -141,6 +144,7 @@ impl Catalog {
             log,
             changing: tokio::sync::Mutex::new(()),
             verdicts: Mutex::new(BTreeMap::new()),
+            verdict_given: tokio::sync::Notify::new(),
         }
     }
 
@@ -288,11 +292,14 @@ impl Catalog {
         if let Err(error) = &outcome {
             tracing::info!(%error, position = position.get(), "a runtime change on the stream was refused; it changes nothing");
         }
-        let mut verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner);
-        verdicts.insert(position, outcome.map_err(|error| error.to_string()));
-        while verdicts.len() > VERDICTS_KEPT {
-            verdicts.pop_first();
+        {
+            let mut verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner);
+            verdicts.insert(position, outcome.map_err(|error| error.to_string()));
+            while verdicts.len() > VERDICTS_KEPT {
+                verdicts.pop_first();
+            }
         }
+        self.verdict_given.notify_waiters();
         Ok(())
     }
 
@@ -508,28 +515,30 @@ impl Catalog {
             .await
             .map_err(|error| shared(error.to_string()))?;
         let sequence = published.sequence;
-        let mut committed = self.log.watch_committed();
-        let applied = tokio::time::timeout(stream.timeout(), async {
-            let _ = committed.wait_for(|committed| *committed >= sequence).await;
-        })
-        .await;
-        let verdict = self
-            .verdicts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&sequence);
-        match (applied, verdict) {
-            (_, Some(Ok(changed))) => Ok(changed),
-            (_, Some(Err(reason))) => Err(shared(reason)),
-            (Ok(_), None) => Err(shared(format!(
-                "no verdict on the change at sequence {}",
-                sequence.get()
-            ))),
-            (Err(_), None) => Err(shared(format!(
-                "published at sequence {}, not applied by this node within {:?}",
-                sequence.get(),
-                stream.timeout()
-            ))),
+        // The verdict is given once the record is applied (its position may count as applied a
+        // moment before): wait for the verdict itself, within the stream's timeout.
+        let deadline = tokio::time::Instant::now() + stream.timeout();
+        loop {
+            let given = self.verdict_given.notified();
+            let mut given = std::pin::pin!(given);
+            given.as_mut().enable();
+            let verdict = self
+                .verdicts
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&sequence);
+            match verdict {
+                Some(Ok(changed)) => return Ok(changed),
+                Some(Err(reason)) => return Err(shared(reason)),
+                None => {}
+            }
+            if tokio::time::timeout_at(deadline, given).await.is_err() {
+                return Err(shared(format!(
+                    "published at sequence {}, no verdict from this node within {:?}",
+                    sequence.get(),
+                    stream.timeout()
+                )));
+            }
         }
     }
 }
