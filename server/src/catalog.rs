@@ -33,9 +33,6 @@ use crate::runtime::registry::{ModuleStore, Registered, Runtimes};
 use crate::runtime::{RuntimeConfig, RuntimeHandle, RuntimeSnapshot};
 use crate::schema::{ConfiguredSchemas, ViewSchema};
 
-/// Verdicts on a cluster's runtime changes kept for their publishers.
-const KEPT_VERDICTS: usize = 1024;
-
 /// What a `PUT` did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Changed {
@@ -102,6 +99,12 @@ pub enum CatalogError {
     },
 }
 
+/// How many verdicts on pending records a node keeps for their waiters. A waiter takes its
+/// verdict as soon as its node has applied the record, so only a burst of this many changes
+/// through other nodes within that moment could push one out (its waiter then answers that
+/// there is no verdict, and the change stands as judged).
+const VERDICTS_KEPT: usize = 1024;
+
 /// Creates, replaces and deletes runtimes; see the module docs.
 #[derive(Debug)]
 pub struct Catalog {
@@ -113,8 +116,13 @@ pub struct Catalog {
     log: Arc<Log>,
     /// One change at a time, from its check to its record applied.
     changing: tokio::sync::Mutex<()>,
-    /// On a cluster: the verdicts on what this node published, by position, for its waiter.
+    /// On a cluster: the verdicts on pending records, by position, for the waiter of the node
+    /// that published one; at most [`VERDICTS_KEPT`], the oldest dropped first (every node
+    /// judges every record, and only its publisher takes the verdict away).
     verdicts: Mutex<BTreeMap<LogPosition, Result<Changed, String>>>,
+    /// Wakes the waiters for verdicts when one is given (after the record's position counts as
+    /// applied: a waiter waits for its verdict, not for the position).
+    verdict_given: tokio::sync::Notify,
 }
 
 impl Catalog {
@@ -136,6 +144,7 @@ impl Catalog {
             log,
             changing: tokio::sync::Mutex::new(()),
             verdicts: Mutex::new(BTreeMap::new()),
+            verdict_given: tokio::sync::Notify::new(),
         }
     }
 
@@ -236,19 +245,17 @@ impl Catalog {
         position: LogPosition,
     ) -> Result<(), CatalogError> {
         let pending = entry.pending;
-        // Judged at its position, as every node judges it: another change may have come first.
-        let checked = match pending {
+        // A pending record is judged again here, at its position, alike on every node: two
+        // nodes may have published overlapping definitions side by side.
+        let outcome = match pending {
             true => self.check(&entry.runtime, &entry.definition),
             false => Ok(()),
         };
-        let outcome = match checked {
+        let outcome = match outcome {
             Ok(()) => self.define(entry, module, Some(position)).await,
-            Err(error) => {
-                drop(self.log.turn(Some(position), 1).await);
-                Err(error)
-            }
+            Err(error) => Err(error),
         };
-        self.settle(pending, position, outcome)
+        self.settle(pending, position, outcome).await
     }
 
     /// Applies a logged retire record at `position`; as [`Catalog::apply_define`].
@@ -264,12 +271,12 @@ impl Catalog {
             .retire(entry, Some(position))
             .await
             .map(|()| Changed::Replaced);
-        self.settle(true, position, outcome)
+        self.settle(true, position, outcome).await
     }
 
     /// Keeps the verdict on a pending record for its waiter; a judged record's failure is the
-    /// caller's.
-    fn settle(
+    /// caller's. A refused record consumes its position all the same, changing nothing.
+    async fn settle(
         &self,
         pending: bool,
         position: LogPosition,
@@ -278,15 +285,21 @@ impl Catalog {
         if !pending {
             return outcome.map(|_| ());
         }
+        if outcome.is_err() {
+            // Refused before its turn was taken (a turn taken already is taken again harmlessly).
+            drop(self.log.turn(Some(position), 1).await);
+        }
         if let Err(error) = &outcome {
             tracing::info!(%error, position = position.get(), "a runtime change on the stream was refused; it changes nothing");
         }
-        let mut verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner);
-        verdicts.insert(position, outcome.map_err(|error| error.to_string()));
-        // Kept for the node that published it, which takes it at once; the oldest go.
-        while verdicts.len() > KEPT_VERDICTS {
-            verdicts.pop_first();
+        {
+            let mut verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner);
+            verdicts.insert(position, outcome.map_err(|error| error.to_string()));
+            while verdicts.len() > VERDICTS_KEPT {
+                verdicts.pop_first();
+            }
         }
+        self.verdict_given.notify_waiters();
         Ok(())
     }
 
@@ -364,8 +377,15 @@ impl Catalog {
             }
             None => (None, None),
         };
-        // A replacement takes the running state over, as a deploy does.
-        let handle = self.spawn(&name, &entry.definition, module, saved).await?;
+        // A replacement takes the running state over, as a deploy does. The define record
+        // decides the runtime's module, on every node alike: a cluster node finds it in the
+        // runtime's history (so it is not taken for another build, or for a runtime whose
+        // history this node lacks).
+        let mut saved = saved.unwrap_or_default();
+        saved.ran(&entry.definition.module);
+        let handle = self
+            .spawn(&name, &entry.definition, module, Some(saved))
+            .await?;
         let position = match position {
             Some(position) => Some(position),
             None => self
@@ -437,8 +457,7 @@ impl Catalog {
         let name = entry.runtime.clone();
         let held = self.runtimes.hold_cuts().await;
         let Some(registered) = self.runtimes.get(&name) else {
-            // Applied at its position all the same: a record of a runtime this node lacks.
-            drop(self.log.turn(position, 1).await);
+            // A record of a runtime this node lacks: its position is consumed by the caller.
             return Err(CatalogError::NoSuchRuntime(name));
         };
         let (_, guard) =
@@ -496,28 +515,30 @@ impl Catalog {
             .await
             .map_err(|error| shared(error.to_string()))?;
         let sequence = published.sequence;
-        let mut committed = self.log.watch_committed();
-        let applied = tokio::time::timeout(stream.timeout(), async {
-            let _ = committed.wait_for(|committed| *committed >= sequence).await;
-        })
-        .await;
-        let verdict = self
-            .verdicts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&sequence);
-        match (applied, verdict) {
-            (_, Some(Ok(changed))) => Ok(changed),
-            (_, Some(Err(reason))) => Err(shared(reason)),
-            (Ok(_), None) => Err(shared(format!(
-                "no verdict on the change at sequence {}",
-                sequence.get()
-            ))),
-            (Err(_), None) => Err(shared(format!(
-                "published at sequence {}, not applied by this node within {:?}",
-                sequence.get(),
-                stream.timeout()
-            ))),
+        // The verdict is given once the record is applied (its position may count as applied a
+        // moment before): wait for the verdict itself, within the stream's timeout.
+        let deadline = tokio::time::Instant::now() + stream.timeout();
+        loop {
+            let given = self.verdict_given.notified();
+            let mut given = std::pin::pin!(given);
+            given.as_mut().enable();
+            let verdict = self
+                .verdicts
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&sequence);
+            match verdict {
+                Some(Ok(changed)) => return Ok(changed),
+                Some(Err(reason)) => return Err(shared(reason)),
+                None => {}
+            }
+            if tokio::time::timeout_at(deadline, given).await.is_err() {
+                return Err(shared(format!(
+                    "published at sequence {}, no verdict from this node within {:?}",
+                    sequence.get(),
+                    stream.timeout()
+                )));
+            }
         }
     }
 }
