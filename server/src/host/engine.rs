@@ -1,12 +1,12 @@
 //! The shared wasmtime engine and its linker with the ABI's host functions.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use viewtape_guest::abi;
 use wasmtime::{
-    Caller, Config, Engine, InstanceAllocationStrategy, Linker, Memory, OptLevel,
-    PoolingAllocationConfig, ResourceLimiter,
+    Caller, Config, Engine, InstanceAllocationStrategy, InstancePre, Linker, Memory, Module,
+    OptLevel, PoolingAllocationConfig, ResourceLimiter,
 };
 
 use super::{EngineConfig, LoadError};
@@ -25,6 +25,10 @@ struct Inner {
     linker: Linker<HostState>,
     config: EngineConfig,
     pooled: bool,
+    /// The JS engine guest (`guests::JS_ENGINE_WASM`), compiled on first use: a server without
+    /// JavaScript runtimes never pays its compile (about two seconds), one with many pays it
+    /// once. The lock is held while compiling, so concurrent loads wait for the one compile.
+    js_engine: Mutex<Option<Arc<InstancePre<HostState>>>>,
 }
 
 impl std::fmt::Debug for GuestEngine {
@@ -60,6 +64,7 @@ impl GuestEngine {
                 linker,
                 config,
                 pooled,
+                js_engine: Mutex::new(None),
             }),
         })
     }
@@ -81,6 +86,32 @@ impl GuestEngine {
 
     pub(crate) fn linker(&self) -> &Linker<HostState> {
         &self.inner.linker
+    }
+
+    /// The JS engine guest, compiled and pre-linked for this engine (once; see `js.rs`).
+    ///
+    /// # Errors
+    /// [`LoadError::Compile`] / [`LoadError::Link`] if the embedded module does not load: a
+    /// broken build of the server, not of the user's module.
+    pub(crate) fn js_engine(&self) -> Result<Arc<InstancePre<HostState>>, LoadError> {
+        let mut slot = self
+            .inner
+            .js_engine
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(pre) = &*slot {
+            return Ok(pre.clone());
+        }
+        let module = Module::new(&self.inner.engine, super::guests::JS_ENGINE_WASM)
+            .map_err(|e| LoadError::Compile(e.into_boxed_dyn_error()))?;
+        let pre = Arc::new(
+            self.inner
+                .linker
+                .instantiate_pre(&module)
+                .map_err(|e| LoadError::Link(e.into_boxed_dyn_error()))?,
+        );
+        *slot = Some(pre.clone());
+        Ok(pre)
     }
 }
 
