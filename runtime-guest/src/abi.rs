@@ -54,3 +54,22 @@ pub fn is_valid_view(view: &[u8]) -> bool {
             .iter()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
+
+/// First bytes of the JS engine guest's init input (`ABI.md`, "JavaScript guests").
+pub const JS_INIT_MAGIC: &[u8; 4] = b"VTJS";
+/// JS init mode: compile, evaluate and run the module's `init(config)`.
+pub const JS_MODE_RUN: u8 = 0;
+/// JS init mode: compile the module only (a syntax check; nothing runs).
+pub const JS_MODE_CHECK: u8 = 1;
+
+/// The JS engine guest's init input: [`JS_INIT_MAGIC`], `mode`, the source's length (`u32`,
+/// little-endian), the source, then the runtime's config to the end.
+pub fn js_init_input(mode: u8, source: &[u8], config: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(9 + source.len() + config.len());
+    out.extend_from_slice(JS_INIT_MAGIC);
+    out.push(mode);
+    out.extend_from_slice(&(source.len() as u32).to_le_bytes());
+    out.extend_from_slice(source);
+    out.extend_from_slice(config);
+    out
+}

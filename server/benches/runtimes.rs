@@ -427,12 +427,51 @@ fn output_design(c: &mut Criterion) {
     g.finish();
 }
 
+/// The demo ticker as a Rust guest (`guests::TICKER_WASM`) and in JavaScript
+/// (`examples/js/ticker.js`, on the embedded QuickJS engine): 1,000 ticks a batch through the
+/// host, as a runtime commits them (the batch, its output decoded, then `save`), no journal.
+fn ticker_guest(c: &mut Criterion) {
+    let rt = tokio_rt();
+    let engine = GuestEngine::new(EngineConfig::default()).expect("engine");
+    let js = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/js/ticker.js"
+    ))
+    .expect("examples/js/ticker.js");
+    eprintln!("JS engine module: {} bytes", guests::JS_ENGINE_WASM.len());
+    let mut g = c.benchmark_group("ticker_guest");
+    g.throughput(Throughput::Elements(BATCH as u64));
+    for (name, bytes) in [("rust", guests::TICKER_WASM.to_vec()), ("js", js)] {
+        let module = GuestModule::new(&engine, &bytes).expect("module");
+        let mut instance = bench_instance(&rt, &module);
+        let mut seq = 1;
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || {
+                    let input = ticks(seq);
+                    seq += BATCH as u64;
+                    input
+                },
+                |input| {
+                    rt.block_on(async {
+                        let batch = instance.on_batch(&input).await.expect("batch");
+                        assert_eq!(batch.events.len(), BATCH);
+                        instance.save().await.expect("save")
+                    })
+                },
+                criterion::BatchSize::SmallInput,
+            )
+        });
+    }
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = ticker_end_to_end, publish_path, validation, instantiate, output_design
+    targets = ticker_end_to_end, publish_path, validation, instantiate, output_design, ticker_guest
 }
 criterion_main!(benches);

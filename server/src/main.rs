@@ -78,7 +78,7 @@ enum Command {
     Deploy {
         /// The runtime.
         runtime: String,
-        /// The new module (`.wasm`).
+        /// The new module (`.wasm`, or `.js` for a JavaScript guest).
         wasm: PathBuf,
         /// The server: `host:port`, or a URL (`http://host:port`, `https://host[:port]`).
         #[arg(long, default_value = "127.0.0.1:8080")]
@@ -111,7 +111,7 @@ enum Command {
     /// real limits; prints what each batch published, gaps and errors as NDJSON. Exits 1 when
     /// any batch failed, saying how many.
     Run {
-        /// The guest module (`.wasm`).
+        /// The guest module (`.wasm`, or `.js` for a JavaScript guest).
         wasm: PathBuf,
         /// A file whose bytes are handed to the guest's `init` (its `config`).
         #[arg(long)]

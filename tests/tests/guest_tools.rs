@@ -101,8 +101,10 @@ async fn cargo(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_on_a_file_that_is_not_wasm_says_so_in_one_line() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let path = dir.path().join("input.ndjson");
-    std::fs::write(&path, "{\"symbol\":\"ACME\",\"price\":1.5,\"seq\":1}\n")?;
+    // Text would be taken for JavaScript (and refused as JavaScript that does not compile):
+    // a compressed file is neither.
+    let path = dir.path().join("input.ndjson.gz");
+    std::fs::write(&path, b"\x1f\x8b\x08\0\0\0\0\0")?;
     let path = path.display().to_string();
     let (code, output) = cli(&["run", &path], &[]).await?;
     ensure!(code == 1, "exit {code}:\n{output}");
@@ -110,7 +112,8 @@ async fn run_on_a_file_that_is_not_wasm_says_so_in_one_line() -> anyhow::Result<
         output.trim_end()
             == format!(
                 "error: {path}: not a WebAssembly module (it does not start with `\\0asm`): give \
-                 the .wasm a guest's build writes (cargo build --target wasm32-unknown-unknown)"
+                 the .wasm a guest's build writes (cargo build --target wasm32-unknown-unknown), \
+                 or a JavaScript module's source"
             ),
         "{output}"
     );

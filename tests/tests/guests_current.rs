@@ -7,6 +7,10 @@
 //! when it is that version, else rustup's toolchain of that release. When neither is there the
 //! test fails, naming the install command: passing without comparing would let stale modules
 //! through unnoticed on exactly the machines (CI among them) that run a newer stable.
+//!
+//! The same holds for the clang that compiles the JS engine guest's C (QuickJS), recorded in
+//! `server/guests/clang-version`: without that clang here the test fails, naming the install
+//! command, as it does without the recorded rustc.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -63,6 +67,31 @@ fn recorded_toolchain(repo: &Path, recorded: &str) -> anyhow::Result<Command> {
     )
 }
 
+/// Fails, naming what to do, unless the clang here is the one recorded in `clang-version`.
+fn recorded_clang(recorded: &str) -> anyhow::Result<()> {
+    let here = Command::new("clang")
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .and_then(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .next()
+                .map(|line| line.trim().to_owned())
+        });
+    ensure!(
+        here.as_deref() == Some(recorded),
+        "server/guests/js.wasm was built with `{recorded}`, and only that clang reproduces it \
+         (it compiles QuickJS's C); here clang is {}. Install it (scripts/test does):\n\n    \
+         sudo apt-get install -y clang llvm\n\n\
+         or, to move the guests to your clang, rebuild them and commit server/guests/:\n\n    \
+         scripts/build-guests\n",
+        here.map_or("missing".into(), |v| format!("`{v}`"))
+    );
+    Ok(())
+}
+
 fn wasm_files(dir: &Path) -> anyhow::Result<Vec<String>> {
     let mut names = Vec::new();
     for entry in fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
@@ -84,6 +113,9 @@ fn checked_in_guests_are_what_the_sources_build() -> anyhow::Result<()> {
         .trim()
         .to_owned();
     let mut build = recorded_toolchain(&repo, &recorded)?;
+    let clang = fs::read_to_string(checked_in.join("clang-version"))
+        .context("reading server/guests/clang-version")?;
+    recorded_clang(clang.trim())?;
 
     let tmp = tempfile::tempdir()?;
     let fresh = tmp.path().join("out");

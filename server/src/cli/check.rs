@@ -41,7 +41,7 @@ pub fn check_files(config: &Config) -> Result<(), Problem> {
     // Runtimes on one module (the built-in ticker, say) have it compiled once.
     let mut loaded = HashSet::new();
     for (i, runtime) in config.runtimes.iter().enumerate() {
-        let key = format!("runtime[{i}].wasm");
+        let key = format!("runtime[{i}].module");
         let wasm = runtime.wasm_bytes().map_err(|error| {
             Problem::new(&key, format!("cannot read {}: {error}", runtime.wasm))
         })?;

@@ -15,7 +15,7 @@ use crate::http::admin::TOKEN_ENV;
 pub struct DeployOptions {
     /// The runtime.
     pub runtime: String,
-    /// The new module (`.wasm`).
+    /// The new module (`.wasm`, or `.js` for a JavaScript guest).
     pub wasm: PathBuf,
     /// The server: `host:port`, or a URL (`http://host:port`, `https://host[:port]`).
     pub server: String,
@@ -166,10 +166,16 @@ async fn put_module(
     let stream = tokio::net::TcpStream::connect((target.host.as_str(), target.port))
         .await
         .map_err(|e| anyhow::anyhow!("cannot connect to {authority}: {e}"))?;
+    // The server tells the two apart by the bytes; the type is for whatever sits between.
+    let content_type = if module.starts_with(b"\0asm") {
+        "application/wasm"
+    } else {
+        "text/javascript"
+    };
     let request = hyper::Request::put(format!("/admin/runtimes/{runtime}/module"))
         .header(hyper::header::HOST, &authority)
         .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
-        .header(hyper::header::CONTENT_TYPE, "application/wasm")
+        .header(hyper::header::CONTENT_TYPE, content_type)
         .body(Full::new(bytes::Bytes::from(module)))?;
     let response = if target.https {
         let name = tokio_rustls::rustls::pki_types::ServerName::try_from(target.host.clone())

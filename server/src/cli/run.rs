@@ -1,4 +1,4 @@
-//! `viewtape run GUEST.wasm`: a guest module, in the real host with the real limits, over
+//! `viewtape run GUEST.wasm` (or `GUEST.js`): a guest module, in the real host with the real limits, over
 //! recorded input — batch by batch, as the server would run it, without a server.
 //!
 //! Input is read from a reader (stdin), split into batches of `batch_lines` lines. Every

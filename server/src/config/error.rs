@@ -79,10 +79,19 @@ pub struct Source {
 impl Source {
     /// The error for `problem`, with the file, the key and its line.
     pub fn error(&self, problem: Problem) -> ConfigError {
+        // A key the file gives by its alias is named as written: `[[runtime]] wasm =`.
+        let key = match problem.key.strip_suffix(".module") {
+            Some(table)
+                if !self.spans.has(&problem.key) && self.spans.has(&format!("{table}.wasm")) =>
+            {
+                format!("{table}.wasm")
+            }
+            _ => problem.key,
+        };
         ConfigError::Invalid {
             path: self.path.clone(),
-            line: self.spans.line_of(&problem.key),
-            key: Some(problem.key),
+            line: self.spans.line_of(&key),
+            key: Some(key),
             message: problem.message,
         }
     }

@@ -61,12 +61,13 @@ impl Config {
 /// The keys a table of a config must have (the sections' fields without a default), by the
 /// table's path with its indices left out.
 const REQUIRED: [(&str, &[&str]); 2] = [
-    ("runtime[]", &["name", "wasm"]),
+    ("runtime[]", &["name", "module"]),
     ("runtime[].source", &["file"]),
 ];
 
 /// The first key the table at `path` (`runtime[0]`) must have and the file leaves out, as a
-/// path (`runtime[0].wasm`); `None` when it has them all, or is no table that has any.
+/// path (`runtime[0].module`); `None` when it has them all, or is no table that has any. A key
+/// given by one of its aliases ([`ALIASES`]) is there.
 fn missing_key(spans: &spans::Spans, path: &str) -> Option<String> {
     let mut shape = String::with_capacity(path.len());
     let mut in_index = false;
@@ -85,9 +86,19 @@ fn missing_key(spans: &spans::Spans, path: &str) -> Option<String> {
     }
     required
         .iter()
+        .find(|key| {
+            let alias = ALIASES
+                .iter()
+                .find(|(name, _)| name == *key)
+                .map(|(_, a)| a);
+            !spans.has(&format!("{path}.{key}"))
+                && !alias.is_some_and(|alias| spans.has(&format!("{path}.{alias}")))
+        })
         .map(|key| format!("{path}.{key}"))
-        .find(|key| !spans.has(key))
 }
+
+/// Keys a file may also give by another name: `[[runtime]] wasm =` is `module =`.
+const ALIASES: [(&str, &str); 1] = [("module", "wasm")];
 
 #[cfg(test)]
 pub(super) mod tests {
@@ -133,6 +144,21 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn a_runtime_names_its_module_with_module_or_its_alias_wasm() {
+        for key in ["module", "wasm"] {
+            let config = load(&format!(
+                "[[runtime]]\nname = \"a\"\n{key} = \"builtin:ticker\"\nviews = [\"prices\"]\n"
+            ))
+            .unwrap();
+            assert_eq!(config.runtimes[0].wasm, "builtin:ticker", "{key}");
+        }
+        let error = load("[[runtime]]\nname = \"a\"\nmodule = \"a.js\"\nwasm = \"b.js\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("duplicate field"), "{error}");
+    }
+
+    #[test]
     fn syntax_errors_name_the_line_and_the_key() {
         let error =
             load("[journal]\nmax_age = \"1h\"\nmax_records_per_view = \"many\"\n").unwrap_err();
@@ -150,7 +176,7 @@ pub(super) mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            error.contains("line 2, key runtime[0].wasm: missing field"),
+            error.contains("line 2, key runtime[0].module: missing field"),
             "{error}"
         );
         let error = load("[[runtime]]\nwasm = \"builtin:ticker\"\n[[runtime]]\n")

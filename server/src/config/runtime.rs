@@ -24,7 +24,9 @@ pub const BUILTIN_GUESTS: [(&str, &[u8]); 3] = [
 pub struct RuntimeSection {
     /// The runtime's name (ingest URL, logs, metrics).
     pub name: String,
-    /// `builtin:<guest>` or a path to a `.wasm` file.
+    /// `module =`: `builtin:<guest>`, or a path to a `.wasm` file (a WebAssembly guest) or a
+    /// `.js` file (a JavaScript guest, `DESIGN.md` §15). `wasm =` is an alias.
+    #[serde(rename = "module", alias = "wasm")]
     pub wasm: String,
     /// Views that exist from the start.
     #[serde(default)]
@@ -106,7 +108,7 @@ impl RuntimeSection {
     /// The guest module's bytes.
     ///
     /// # Errors
-    /// The `.wasm` file cannot be read.
+    /// The module's file cannot be read.
     pub fn wasm_bytes(&self) -> std::io::Result<Vec<u8>> {
         match self.wasm.strip_prefix("builtin:") {
             Some(builtin) => Ok(BUILTIN_GUESTS

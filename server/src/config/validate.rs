@@ -58,7 +58,7 @@ fn validate_runtime<'a>(
     if let Some(builtin) = runtime.wasm.strip_prefix("builtin:") {
         if !BUILTIN_GUESTS.iter().any(|(name, _)| *name == builtin) {
             return Err(Problem::new(
-                key("wasm"),
+                key("module"),
                 format!(
                     "runtime {:?}: no built-in guest {builtin:?} (built-in: {})",
                     runtime.name,

@@ -1,15 +1,16 @@
 //! The shared wasmtime engine and its linker with the ABI's host functions.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use viewtape_guest::abi;
 use wasmtime::{
-    Caller, Config, Engine, InstanceAllocationStrategy, Linker, Memory, OptLevel,
-    PoolingAllocationConfig, ResourceLimiter,
+    Caller, Config, Engine, InstanceAllocationStrategy, InstancePre, Linker, Memory, Module,
+    OptLevel, PoolingAllocationConfig, ResourceLimiter,
 };
 
-use super::{EngineConfig, LoadError};
+use super::{EngineConfig, LoadError, ModuleFingerprint};
 
 /// Longest guest error or log message kept, in bytes.
 const MAX_MESSAGE_BYTES: usize = 4096;
@@ -25,7 +26,18 @@ struct Inner {
     linker: Linker<HostState>,
     config: EngineConfig,
     pooled: bool,
+    /// The JS engine guest (`guests::JS_ENGINE_WASM`), compiled on first use: a server without
+    /// JavaScript runtimes never pays its compile (about two seconds), one with many pays it
+    /// once. The lock is held while compiling, so concurrent loads wait for the one compile.
+    js_engine: Mutex<Option<Arc<InstancePre<HostState>>>>,
+    /// The WebAssembly modules compiled last, by fingerprint: a module that is checked, kept
+    /// and then run (an upload, a definition, a deploy, a cluster's record of either) is
+    /// compiled once, not at each step.
+    recent: Mutex<VecDeque<(ModuleFingerprint, Arc<InstancePre<HostState>>)>>,
 }
+
+/// How many compiled modules [`GuestEngine`] keeps for the next load of the same bytes.
+const RECENT_MODULES: usize = 16;
 
 impl std::fmt::Debug for GuestEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -60,6 +72,8 @@ impl GuestEngine {
                 linker,
                 config,
                 pooled,
+                js_engine: Mutex::new(None),
+                recent: Mutex::new(VecDeque::new()),
             }),
         })
     }
@@ -81,6 +95,68 @@ impl GuestEngine {
 
     pub(crate) fn linker(&self) -> &Linker<HostState> {
         &self.inner.linker
+    }
+
+    /// The JS engine guest, compiled and pre-linked for this engine (once; see `js.rs`).
+    ///
+    /// # Errors
+    /// [`LoadError::Compile`] / [`LoadError::Link`] if the embedded module does not load: a
+    /// broken build of the server, not of the user's module.
+    pub(crate) fn js_engine(&self) -> Result<Arc<InstancePre<HostState>>, LoadError> {
+        let mut slot = self
+            .inner
+            .js_engine
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(pre) = &*slot {
+            return Ok(pre.clone());
+        }
+        let module = Module::new(&self.inner.engine, super::guests::JS_ENGINE_WASM)
+            .map_err(|e| LoadError::Compile(e.into_boxed_dyn_error()))?;
+        let pre = Arc::new(
+            self.inner
+                .linker
+                .instantiate_pre(&module)
+                .map_err(|e| LoadError::Link(e.into_boxed_dyn_error()))?,
+        );
+        *slot = Some(pre.clone());
+        Ok(pre)
+    }
+
+    /// The module with `fingerprint` if it was compiled lately.
+    pub(crate) fn recent(
+        &self,
+        fingerprint: &ModuleFingerprint,
+    ) -> Option<Arc<InstancePre<HostState>>> {
+        let recent = self
+            .inner
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        recent
+            .iter()
+            .find(|(kept, _)| kept == fingerprint)
+            .map(|(_, pre)| Arc::clone(pre))
+    }
+
+    /// Keeps `pre`, compiled from the module `fingerprint` names, for its next load.
+    pub(crate) fn remember(
+        &self,
+        fingerprint: ModuleFingerprint,
+        pre: Arc<InstancePre<HostState>>,
+    ) {
+        let mut recent = self
+            .inner
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if recent.iter().any(|(kept, _)| *kept == fingerprint) {
+            return;
+        }
+        if recent.len() == RECENT_MODULES {
+            recent.pop_front();
+        }
+        recent.push_back((fingerprint, pre));
     }
 }
 

@@ -12,9 +12,20 @@ pub enum LoadError {
     /// The bytes are not WebAssembly at all (a text file, an executable, an archive).
     #[error(
         "not a WebAssembly module (it does not start with `\\0asm`): give the .wasm a guest's \
-         build writes (cargo build --target wasm32-unknown-unknown)"
+         build writes (cargo build --target wasm32-unknown-unknown), or a JavaScript module's \
+         source"
     )]
     NotWasm,
+    /// JavaScript source that does not compile.
+    #[error("the JavaScript module does not compile: {message}")]
+    JsSyntax {
+        /// The engine's message: the error and its `guest.js:LINE:COLUMN`.
+        message: String,
+    },
+    /// The JavaScript engine failed while checking a module (it ran out of fuel or memory on
+    /// a huge source, or the server's embedded engine is broken).
+    #[error("the JavaScript engine failed to check the module: {0}")]
+    JsEngine(String),
     /// WebAssembly, but not a core module: a component (or a binary version this host does not
     /// read).
     #[error(
@@ -72,7 +83,11 @@ impl LoadError {
                     .into()
             }
             Self::Engine(_) => "the wasm engine failed (the server log says why)".into(),
+            Self::JsEngine(_) => {
+                "the JavaScript engine failed to check the module (the server log says why)".into()
+            }
             Self::NotWasm
+            | Self::JsSyntax { .. }
             | Self::NotModule
             | Self::AbiVersion { .. }
             | Self::MissingExport { .. }

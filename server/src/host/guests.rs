@@ -16,6 +16,10 @@ pub const JSON_WASM: &[u8] = include_bytes!("../../guests/json.wasm");
 /// memory). Not for production use.
 pub const MISBEHAVE_WASM: &[u8] = include_bytes!("../../guests/misbehave.wasm");
 
+/// `js`: the JavaScript engine (QuickJS). Not a runtime by itself: the host runs a JavaScript
+/// module's source on it (`host/js.rs`).
+pub const JS_ENGINE_WASM: &[u8] = include_bytes!("../../guests/js.wasm");
+
 /// The example guests' state as they `save` it: the SDK stores it after an 8-byte version
 /// header (`\xffVTS` and `STATE_VERSION`, 0 for them).
 #[cfg(test)]

@@ -122,7 +122,7 @@ impl GuestInstance {
             limits,
             declaration: None,
         };
-        let len = this.write_input(config).await?;
+        let len = this.write_input(&module.init_input(config)).await?;
         this.call(init, len)
             .await
             .map_err(|e| refused("config", e))?;
@@ -238,6 +238,13 @@ impl GuestInstance {
     ) -> Result<(), GuestError> {
         match self.call_raw(f, params).await? {
             abi::STATUS_OK => Ok(()),
+            // A guest that handles a refused `memory.grow` (QuickJS throws `out of memory`)
+            // failed for its memory all the same, not for its input.
+            abi::STATUS_ERROR if self.store.data().limiter.memory_exceeded => {
+                Err(GuestError::MemoryExceeded {
+                    limit: self.limits.max_memory_bytes,
+                })
+            }
             abi::STATUS_ERROR => Err(GuestError::GuestRejected {
                 message: self
                     .store
@@ -260,6 +267,7 @@ impl GuestInstance {
         let data = self.store.data_mut();
         data.error = None;
         data.reply = None;
+        data.limiter.memory_exceeded = false;
         self.store
             .set_fuel(self.limits.fuel)
             .map_err(|e| GuestError::Instantiate(e.into_boxed_dyn_error()))?;

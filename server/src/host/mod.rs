@@ -7,6 +7,8 @@
 //!   `Linker` with the ABI's host functions.
 //! - [`GuestModule`] — one per guest binary: compiled once, checked once (ABI version, exports),
 //!   pre-linked into an `InstancePre` so instantiating is cheap. Cheap to clone.
+//!   A JavaScript module is a `GuestModule` too: its source, and the embedded JS engine guest
+//!   (compiled once per engine) as its code (`js.rs`).
 //! - [`GuestInstance`] — one per running runtime: a `Store` and its instance, owned by exactly
 //!   one task and never put behind a lock (`runtime::RuntimeHandle` talks to that task).
 //!
@@ -38,6 +40,7 @@ mod engine;
 mod error;
 pub mod guests;
 mod instance;
+mod js;
 mod module;
 
 pub use batch::{EventKind, GuestBatch, GuestEvent};

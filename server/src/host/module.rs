@@ -1,4 +1,5 @@
-//! A compiled, checked and pre-linked guest module.
+//! A compiled, checked and pre-linked guest module: WebAssembly, or JavaScript run by the
+//! embedded engine (`js.rs`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,7 +13,8 @@ use wasmtime::{ExternType, InstancePre, Module, ValType};
 use super::engine::HostState;
 use super::{GuestEngine, LoadError};
 
-/// Names the exact bytes of a guest module: `sha256:<hex>` of them. A guest's saved state and
+/// Names the exact bytes of a guest module: `sha256:<hex>` of them (of a JavaScript module, of
+/// its source, not of the engine that runs it). A guest's saved state and
 /// a logged batch mean something only to the module with this fingerprint.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -47,6 +49,19 @@ pub struct GuestModule {
     engine: GuestEngine,
     pre: Arc<InstancePre<HostState>>,
     fingerprint: ModuleFingerprint,
+    kind: ModuleKind,
+}
+
+/// What the bytes of a [`GuestModule`] were.
+#[derive(Clone)]
+enum ModuleKind {
+    /// A WebAssembly guest: `pre` is its own module.
+    Wasm,
+    /// JavaScript: `pre` is the engine's, shared; the source goes into every instance's init.
+    JavaScript {
+        /// The module's source (UTF-8, checked to compile).
+        source: Arc<[u8]>,
+    },
 }
 
 impl std::fmt::Debug for GuestModule {
@@ -74,8 +89,11 @@ const FUNCS: [(&str, usize, &str); 5] = [
 impl GuestModule {
     /// Compiles `wasm` (binary) and checks it is a guest of this ABI version.
     ///
+    /// Bytes that are not WebAssembly but text are a JavaScript module (`js.rs`): compiled by
+    /// the embedded engine, [`LoadError::JsSyntax`] when they do not compile.
+    ///
     /// # Errors
-    /// [`LoadError::NotWasm`] for bytes that are not WebAssembly, [`LoadError::NotModule`] for a
+    /// [`LoadError::NotWasm`] for bytes that are neither, [`LoadError::NotModule`] for a
     /// component (WebAssembly, not a core module), [`LoadError::Compile`] for bytes that are
     /// not a valid module, [`LoadError::AbiVersion`]
     /// for a guest built against another ABI, [`LoadError::MissingExport`] /
@@ -85,23 +103,53 @@ impl GuestModule {
         // Told apart before wasmtime sees them, which would answer with its parser's message
         // and the bytes it found.
         if !wasm.starts_with(WASM_MAGIC) {
-            return Err(LoadError::NotWasm);
+            if !super::js::is_source(wasm) {
+                return Err(LoadError::NotWasm);
+            }
+            let pre = engine.js_engine()?;
+            super::js::check_syntax(engine, &pre, wasm)?;
+            return Ok(Self {
+                engine: engine.clone(),
+                pre,
+                fingerprint: ModuleFingerprint::of(wasm),
+                kind: ModuleKind::JavaScript {
+                    source: Arc::from(wasm),
+                },
+            });
         }
         if !wasm.starts_with(MODULE_PREAMBLE) {
             return Err(LoadError::NotModule);
         }
-        let module = Module::new(engine.engine(), wasm)
-            .map_err(|e| LoadError::Compile(e.into_boxed_dyn_error()))?;
-        check_abi(&module)?;
-        let pre = engine
-            .linker()
-            .instantiate_pre(&module)
-            .map_err(|e| LoadError::Link(e.into_boxed_dyn_error()))?;
+        let fingerprint = ModuleFingerprint::of(wasm);
+        let pre = match engine.recent(&fingerprint) {
+            Some(pre) => pre,
+            None => {
+                let module = Module::new(engine.engine(), wasm)
+                    .map_err(|e| LoadError::Compile(e.into_boxed_dyn_error()))?;
+                check_abi(&module)?;
+                let pre = engine
+                    .linker()
+                    .instantiate_pre(&module)
+                    .map_err(|e| LoadError::Link(e.into_boxed_dyn_error()))?;
+                let pre = Arc::new(pre);
+                engine.remember(fingerprint.clone(), Arc::clone(&pre));
+                pre
+            }
+        };
         Ok(Self {
             engine: engine.clone(),
-            pre: Arc::new(pre),
-            fingerprint: ModuleFingerprint::of(wasm),
+            pre,
+            fingerprint,
+            kind: ModuleKind::Wasm,
         })
+    }
+
+    /// `"wasm"` or `"js"`: what kind of guest it is.
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            ModuleKind::Wasm => "wasm",
+            ModuleKind::JavaScript { .. } => "js",
+        }
     }
 
     /// The fingerprint of the bytes it was compiled from.
@@ -114,8 +162,24 @@ impl GuestModule {
         &self.engine
     }
 
+    /// Whether it is a JavaScript module (run by the embedded engine).
+    pub fn is_javascript(&self) -> bool {
+        matches!(self.kind, ModuleKind::JavaScript { .. })
+    }
+
     pub(crate) fn pre(&self) -> &InstancePre<HostState> {
         &self.pre
+    }
+
+    /// What `init` is given for a runtime with `config`: the config itself, or for JavaScript,
+    /// the source and the config framed for the engine.
+    pub(crate) fn init_input<'a>(&self, config: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
+        match &self.kind {
+            ModuleKind::Wasm => config.into(),
+            ModuleKind::JavaScript { source } => {
+                abi::js_init_input(abi::JS_MODE_RUN, source, config).into()
+            }
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 
-fn engine() -> &'static GuestEngine {
+pub(super) fn engine() -> &'static GuestEngine {
     static ENGINE: OnceLock<GuestEngine> = OnceLock::new();
     ENGINE.get_or_init(|| GuestEngine::new(EngineConfig::default()).unwrap())
 }
@@ -381,14 +381,16 @@ async fn input_buffer_grows() {
 
 /// A file that is not WebAssembly at all (or a component) used to be refused with wasmtime's
 /// parser message and a dump of the bytes it found: it gets one line of ours, naming what to give.
+/// Text is JavaScript (`js.rs`): NDJSON given by mistake is refused as JavaScript that does not
+/// compile, naming where.
 #[test]
 fn not_wasm_and_components_are_refused_in_our_words() {
-    for text in [
-        &b"{\"symbol\":\"ACME\"}\n"[..],
-        b"",
-        b"\0as",
-        b"\x7fELF\x02\x01\x01",
-    ] {
+    let err = GuestModule::new(engine(), b"{\"symbol\":\"ACME\"}\n").unwrap_err();
+    assert!(
+        matches!(&err, LoadError::JsSyntax { message } if message.ends_with("(at guest.js:1:10)")),
+        "{err}"
+    );
+    for text in [&b""[..], b"\0as", b"\x7fELF\x02\x01\x01"] {
         let err = GuestModule::new(engine(), text).unwrap_err();
         assert!(matches!(err, LoadError::NotWasm), "{err}");
         let message = err.to_string();

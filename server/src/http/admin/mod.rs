@@ -9,7 +9,7 @@
 //! | `GET /admin/snapshots` | every file in `<data-dir>/snapshots`, newest first: `{"snapshots":[{"name","kind","exact","age_seconds","size","valid","error"}]}` |
 //! | `POST /admin/restore` | body `{"name": "snap-….vtsnap"}`: replace the running server's state with that snapshot's |
 //! | `GET /admin/runtimes` | every runtime, in name order: `{"runtimes":[{"name","module","state_bytes","batches","last_error"}]}`, `last_error` being `null` or `{"kind","message","at_ms"}` ([`GuestFailure`]) |
-//! | `PUT /admin/runtimes/{runtime}/module` | body: a `.wasm` module (at most 64 MiB): swap it into the runtime between two batches, the guest's state carried over; `{"runtime","module","previous","position"}`; 422 when it does not load or refuses the state (the old module keeps running) |
+//! | `PUT /admin/runtimes/{runtime}/module` | body: a `.wasm` module or a JavaScript module's source (`Content-Type` not checked: `application/wasm`, `text/javascript`; at most 64 MiB): swap it into the runtime between two batches, the guest's state carried over; `{"runtime","module","previous","position"}`; 422 when it does not load or refuses the state (the old module keeps running) |
 //! | `POST /admin/modules`, `PUT`/`GET`/`DELETE /admin/runtimes/{runtime}` | runtimes as data: see [`runtimes`] |
 //!
 //! ## Access
@@ -267,7 +267,7 @@ impl From<DeployActionError> for ApiError {
     }
 }
 
-/// `PUT /admin/runtimes/{runtime}/module` with a `.wasm` body.
+/// `PUT /admin/runtimes/{runtime}/module` with a `.wasm` or JavaScript body (the bytes say which).
 async fn deploy(
     _: Authorized,
     State(admin): State<Arc<Admin>>,

@@ -2,7 +2,7 @@
 //!
 //! | route | what |
 //! |---|---|
-//! | `POST /admin/modules` | body: a guest module (at most 64 MiB); checked and kept by SHA-256: `{"module":"sha256:…","kind":"wasm","bytes":N}`, the same for the same bytes |
+//! | `POST /admin/modules` | body: a guest module, WebAssembly or JavaScript (at most 64 MiB); checked and kept by SHA-256: `{"module":"sha256:…","kind":"wasm"|"js","bytes":N}`, the same for the same bytes |
 //! | `PUT /admin/runtimes/{runtime}` | body: `{"module","views"[,"config","schemas","limits"]}`; `201` created, `200` replaced (the state carried over as by a deploy) or unchanged; `400` a body that is not such JSON, `422` a wrong field (named in `field`), `409 view_conflict` a view another runtime has |
 //! | `GET /admin/runtimes/{runtime}` | its definition and status |
 //! | `DELETE /admin/runtimes/{runtime}` | `200`; its ingest answers `404` from then on and its views are retired |
@@ -84,7 +84,7 @@ pub(super) async fn put_module(
     tracing::info!(action = "module", module = %module.fingerprint(), bytes = size, "admin: module kept");
     Ok(Json(serde_json::json!({
         "module": module.fingerprint().to_string(),
-        "kind": "wasm",
+        "kind": module.kind_name(),
         "bytes": size,
     })))
 }

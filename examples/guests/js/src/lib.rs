@@ -1,0 +1,465 @@
+//! `js`: the JavaScript engine guest. QuickJS (through `rquickjs`), compiled to
+//! `wasm32-unknown-unknown` and exported with the SDK like any guest, runs a user's JavaScript
+//! module as a runtime (`DESIGN.md` §15). The server embeds it and gives it the user's source
+//! with the runtime's config, framed as `ABI.md` ("JavaScript guests") says.
+//!
+//! ## The contract
+//!
+//! The user's module (ES module syntax, strict) exports:
+//!
+//! - `onBatch(state, input, ctx)` (required): `input` is the batch as a string; returns the new
+//!   state (returning `undefined` keeps `state`, which it may have changed in place). A throw
+//!   rejects the whole batch; the message names the error and where it was thrown
+//!   (`guest.js:LINE:COLUMN`).
+//! - `init(config)` (optional): `config` is the runtime's config string; returns the initial
+//!   state (`{}` without an `init`).
+//! - `schemas` (optional): `{ VIEW: JSON Schema, … }`, the runtime's declaration.
+//! - `migrate(old)` (optional): called at a restore when the state was saved by another source
+//!   (a deploy of an edited module); returns the state this source works with. Without it the
+//!   old state is taken as it is.
+//!
+//! `ctx.publish(view, key, value)` publishes a string or a `Uint8Array` as its bytes and any
+//! other value as its JSON; `ctx.delete(view, key)`, `ctx.reportGap(reason)` and
+//! `ctx.log(level, message)` (`'debug' | 'info' | 'warn' | 'error'`) do what the SDK's
+//! `Context` does.
+//!
+//! ## State
+//!
+//! Saved as JSON: `{"source":"<FNV-1a 64 of the source, hex>","batches":N,"state":STATE}`
+//! after the SDK's version header. `JSON.stringify(state)` runs at the end of every batch, so
+//! a state that is not JSON (a cycle, a `BigInt`) rejects the batch that made it.
+//!
+//! ## Determinism
+//!
+//! - There is no clock: the ABI gives a guest no time, so `Date.now()` is `0` and `new Date()`
+//!   is 1970-01-01T00:00:00Z on every node and at every replay. Put time in the input.
+//! - `Math.random()` is a SplitMix64 stream reseeded before every batch from the number of
+//!   batches the runtime has run (carried in its state), so a replay draws the same numbers.
+//! - No timers, no I/O, no `import` of other modules.
+//!
+//! ## Why a Rust guest around QuickJS
+//!
+//! The SDK already implements the ABI (buffers, replies, the panic hook, the declaration); the
+//! engine only adds what JavaScript needs. `ctx.publish` writes straight into the SDK's
+//! `Context` for the batch (moved into a thread-local while the JS runs), so an event costs
+//! no copy beyond the one into the output buffer.
+
+use std::cell::{Cell, RefCell};
+
+use rquickjs::{
+    CatchResultExt, CaughtError, Ctx, Function, Module, Object, Persistent, TypedArray, Value,
+};
+use viewtape_guest::{abi, export_runtime, Context, Error, Level, Result, Runtime, Schemas};
+
+/// The name the user's module is compiled under: what error locations name.
+pub const MODULE_NAME: &str = "guest.js";
+
+/// QuickJS's own stack limit. Below the 4 MiB shadow stack the build script links with
+/// (`-zstack-size`): QuickJS computes its limit from the stack top, which wraps with its 1 MiB
+/// default when the shadow stack sits below 1 MiB.
+const MAX_STACK_BYTES: usize = 3 << 20;
+
+thread_local! {
+    /// The SDK's context of the running batch, moved here while JS runs so `ctx.*` can reach it.
+    static CURRENT: RefCell<Context> = RefCell::new(Context::default());
+    /// `Math.random`'s state.
+    static RANDOM: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The clock the QuickJS shim asks for: always the epoch (see "Determinism"). Defined here,
+/// wasm-ld resolves the shim's import to it and the module imports nothing but `viewtape`.
+#[cfg(target_arch = "wasm32")]
+#[no_mangle]
+pub extern "C" fn __rquickjs_host_now_us() -> f64 {
+    0.0
+}
+
+/// The init input, as `ABI.md` frames it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct InitInput<'a> {
+    /// Compile only: the host checks a module's syntax at load.
+    pub check_only: bool,
+    /// The user's source.
+    pub source: &'a str,
+    /// The runtime's config.
+    pub config: &'a [u8],
+}
+
+impl<'a> InitInput<'a> {
+    /// Reads the framing of `ABI.md`.
+    ///
+    /// # Errors
+    /// Input that is not framed so, or a source that is not UTF-8.
+    pub fn parse(input: &'a [u8]) -> Result<Self> {
+        let rest = input
+            .strip_prefix(abi::JS_INIT_MAGIC)
+            .ok_or("the JS engine's init input does not start with its magic")?;
+        let (&mode, rest) = rest.split_first().ok_or("cut short")?;
+        let (len, rest) = rest
+            .split_first_chunk::<4>()
+            .ok_or("cut short in the source length")?;
+        let len = u32::from_le_bytes(*len) as usize;
+        if rest.len() < len {
+            return Err("cut short in the source".into());
+        }
+        let (source, config) = rest.split_at(len);
+        let source = std::str::from_utf8(source).map_err(|e| Error::msg(format!("the module is not UTF-8: {e}")))?;
+        Ok(Self {
+            check_only: mode == abi::JS_MODE_CHECK,
+            source,
+            config,
+        })
+    }
+}
+
+/// A user's module, running.
+pub struct JsGuest {
+    /// `None` for a syntax check (`ABI.md`): nothing runs.
+    live: Option<Live>,
+}
+
+struct Live {
+    // Field order is drop order: the persistent values before the context and the runtime.
+    on_batch: Persistent<Function<'static>>,
+    migrate: Option<Persistent<Function<'static>>>,
+    ctx_object: Persistent<Object<'static>>,
+    state: Persistent<Value<'static>>,
+    /// `JSON.stringify(state)` as of the last batch (or init, or restore).
+    state_json: String,
+    source_id: String,
+    batches: u64,
+    schemas: Schemas,
+    context: rquickjs::Context,
+    _runtime: rquickjs::Runtime,
+}
+
+/// FNV-1a, 64 bits: names a source in the saved state, so a restore knows another source saved
+/// it. Not a security boundary (the host fingerprints modules with SHA-256).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// SplitMix64's output function.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn next_random() -> f64 {
+    RANDOM.with(|s| {
+        let x = s.get().wrapping_add(0x9e37_79b9_7f4a_7c15);
+        s.set(x);
+        // 53 random bits, as a double in [0, 1).
+        (mix(x) >> 11) as f64 / (1u64 << 53) as f64
+    })
+}
+
+fn seed_random(batches: u64) {
+    RANDOM.with(|s| s.set(mix(batches ^ 0x5654_4a53_5241_4e44)));
+}
+
+/// `file:line:column` of where `stack` says the user's code was, if it does: the first frame in
+/// the user's module (a frame in a builtin, `JSON.parse` say, is skipped).
+fn location(stack: &str) -> Option<String> {
+    stack.lines().find_map(|frame| {
+        let at = frame.find(MODULE_NAME)?;
+        let rest = &frame[at..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '_' | '-')))
+            .unwrap_or(rest.len());
+        Some(rest[..end].to_owned())
+    })
+}
+
+/// A caught JS error as the user reads it: `Name: message (at guest.js:L:C)`.
+fn describe<'js>(ctx: &Ctx<'js>, caught: CaughtError<'js>) -> String {
+    match caught {
+        CaughtError::Exception(e) => {
+            let name: Option<String> = e.get("name").ok();
+            let message = e.message().unwrap_or_default();
+            let mut text = match name {
+                Some(name) if !name.is_empty() => format!("{name}: {message}"),
+                _ => message,
+            };
+            if let Some(at) = e.stack().as_deref().and_then(location) {
+                text.push_str(&format!(" (at {at})"));
+            }
+            text
+        }
+        CaughtError::Value(v) => {
+            let shown = ctx
+                .json_stringify(v)
+                .ok()
+                .flatten()
+                .and_then(|s| s.to_string().ok())
+                .unwrap_or_else(|| "a value".into());
+            format!("uncaught {shown}")
+        }
+        CaughtError::Error(e) => e.to_string(),
+    }
+}
+
+fn js_error(ctx: &Ctx<'_>, error: rquickjs::Error) -> Error {
+    let caught = Err::<(), _>(error).catch(ctx);
+    match caught {
+        Ok(()) => Error::msg("unknown JavaScript error"),
+        Err(caught) => Error::msg(describe(ctx, caught)),
+    }
+}
+
+fn stringify<'js>(ctx: &Ctx<'js>, value: Value<'js>) -> rquickjs::Result<Option<String>> {
+    ctx.json_stringify(value)?
+        .map(|s| s.to_string())
+        .transpose()
+}
+
+/// The `ctx` object handed to `onBatch`.
+fn ctx_object<'js>(ctx: &Ctx<'js>) -> rquickjs::Result<Object<'js>> {
+    let object = Object::new(ctx.clone())?;
+    object.set(
+        "publish",
+        Function::new(
+            ctx.clone(),
+            |ctx: Ctx<'js>, view: String, key: String, value: Value<'js>| -> rquickjs::Result<()> {
+                if let Some(s) = value.as_string() {
+                    let s = s.to_string()?;
+                    CURRENT.with_borrow_mut(|c| c.publish(&view, &key, s.as_bytes()));
+                } else if let Ok(bytes) = TypedArray::<u8>::from_value(value.clone()) {
+                    // SAFETY: the slice is copied into the output buffer at once, with no
+                    // JavaScript run while it lives.
+                    let bytes = unsafe { bytes.as_bytes() }.unwrap_or_default();
+                    CURRENT.with_borrow_mut(|c| c.publish(&view, &key, bytes));
+                } else {
+                    let json = stringify(&ctx, value)?.ok_or_else(|| {
+                        rquickjs::Exception::throw_type(
+                            &ctx,
+                            "ctx.publish: the value has no JSON (undefined or a function)",
+                        )
+                    })?;
+                    CURRENT.with_borrow_mut(|c| c.publish(&view, &key, json.as_bytes()));
+                }
+                Ok(())
+            },
+        )?,
+    )?;
+    object.set(
+        "delete",
+        Function::new(ctx.clone(), |view: String, key: String| {
+            CURRENT.with_borrow_mut(|c| c.delete(&view, &key));
+        })?,
+    )?;
+    object.set(
+        "reportGap",
+        Function::new(ctx.clone(), |reason: String| {
+            CURRENT.with_borrow_mut(|c| c.report_gap(&reason));
+        })?,
+    )?;
+    object.set(
+        "log",
+        Function::new(
+            ctx.clone(),
+            |ctx: Ctx<'js>, level: String, message: String| -> rquickjs::Result<()> {
+                let level = match level.as_str() {
+                    "error" => Level::Error,
+                    "warn" => Level::Warn,
+                    "info" => Level::Info,
+                    "debug" => Level::Debug,
+                    other => {
+                        return Err(rquickjs::Exception::throw_type(
+                            &ctx,
+                            &format!("ctx.log: level {other:?} is none of 'debug', 'info', 'warn', 'error'"),
+                        ))
+                    }
+                };
+                CURRENT.with_borrow_mut(|c| c.log(level, &message));
+                Ok(())
+            },
+        )?,
+    )?;
+    Ok(object)
+}
+
+/// Replaces the clock-free `Math.random` with the seeded one.
+fn install_random(ctx: &Ctx<'_>) -> rquickjs::Result<()> {
+    let math: Object = ctx.globals().get("Math")?;
+    math.set("random", Function::new(ctx.clone(), next_random)?)?;
+    Ok(())
+}
+
+/// The `schemas` export as the SDK's declaration.
+fn schemas<'js>(ctx: &Ctx<'js>, namespace: &Object<'js>) -> rquickjs::Result<Schemas> {
+    let mut schemas = Schemas::new();
+    let declared: Value = namespace.get("schemas")?;
+    let Some(declared) = declared.as_object() else {
+        return Ok(schemas);
+    };
+    for entry in declared.props::<String, Value>() {
+        let (view, schema) = entry?;
+        let json = stringify(ctx, schema)?.unwrap_or_else(|| "true".into());
+        schemas = schemas.view_json(&view, json);
+    }
+    Ok(schemas)
+}
+
+fn optional_function<'js>(
+    namespace: &Object<'js>,
+    name: &str,
+) -> rquickjs::Result<Option<Function<'js>>> {
+    let value: Value = namespace.get(name)?;
+    Ok(value.into_function())
+}
+
+impl Live {
+    fn new(input: &InitInput<'_>) -> Result<Self> {
+        let runtime = rquickjs::Runtime::new().map_err(Error::msg)?;
+        runtime.set_max_stack_size(MAX_STACK_BYTES);
+        let context = rquickjs::Context::full(&runtime).map_err(Error::msg)?;
+        let config = String::from_utf8_lossy(input.config).into_owned();
+        seed_random(0);
+        let live = context.with(|ctx| -> Result<Live> {
+            let fail = |e| js_error(&ctx, e);
+            install_random(&ctx).map_err(fail)?;
+            let module = Module::declare(ctx.clone(), MODULE_NAME, input.source).map_err(fail)?;
+            let (module, promise) = module.eval().map_err(fail)?;
+            promise.finish::<()>().map_err(fail)?;
+            let namespace = module.namespace().map_err(fail)?;
+            let on_batch = optional_function(&namespace, "onBatch")
+                .map_err(fail)?
+                .ok_or("the module exports no function `onBatch(state, input, ctx)`")?;
+            let migrate = optional_function(&namespace, "migrate").map_err(fail)?;
+            let state = match optional_function(&namespace, "init").map_err(fail)? {
+                Some(init) => init.call::<_, Value>((config,)).map_err(fail)?,
+                None => Object::new(ctx.clone()).map_err(fail)?.into_value(),
+            };
+            let state_json = state_json(&ctx, state.clone())?;
+            let schemas = schemas(&ctx, &namespace).map_err(fail)?;
+            let ctx_object = ctx_object(&ctx).map_err(fail)?;
+            Ok(Live {
+                on_batch: Persistent::save(&ctx, on_batch),
+                migrate: migrate.map(|f| Persistent::save(&ctx, f)),
+                ctx_object: Persistent::save(&ctx, ctx_object),
+                state: Persistent::save(&ctx, state),
+                state_json,
+                source_id: format!("{:016x}", fnv1a(input.source.as_bytes())),
+                batches: 0,
+                schemas,
+                context: context.clone(),
+                _runtime: runtime.clone(),
+            })
+        })?;
+        Ok(live)
+    }
+}
+
+/// `JSON.stringify(state)`, or why the state is not JSON.
+fn state_json<'js>(ctx: &Ctx<'js>, state: Value<'js>) -> Result<String> {
+    match stringify(ctx, state) {
+        Ok(Some(json)) => Ok(json),
+        Ok(None) => Err(Error::msg(
+            "the state is not JSON (undefined or a function): return a JSON value",
+        )),
+        Err(e) => Err(Error::msg(format!(
+            "the state is not JSON: {}",
+            js_error(ctx, e)
+        ))),
+    }
+}
+
+impl Runtime for JsGuest {
+    fn init(input: &[u8]) -> Result<Self> {
+        let input = InitInput::parse(input)?;
+        if input.check_only {
+            let runtime = rquickjs::Runtime::new().map_err(Error::msg)?;
+            runtime.set_max_stack_size(MAX_STACK_BYTES);
+            let context = rquickjs::Context::full(&runtime).map_err(Error::msg)?;
+            context.with(|ctx| {
+                Module::declare(ctx.clone(), MODULE_NAME, input.source)
+                    .map(drop)
+                    .map_err(|e| js_error(&ctx, e))
+            })?;
+            return Ok(Self { live: None });
+        }
+        Ok(Self {
+            live: Some(Live::new(&input)?),
+        })
+    }
+
+    fn on_batch(&mut self, input: &[u8], ctx: &mut Context) -> Result<()> {
+        let live = self.live.as_mut().ok_or("a syntax check runs no batch")?;
+        let input = std::str::from_utf8(input)
+            .map_err(|e| Error::msg(format!("the batch is not UTF-8: {e}")))?;
+        seed_random(live.batches);
+        CURRENT.with_borrow_mut(|current| std::mem::swap(current, ctx));
+        let result = live.context.with(|js| -> Result<(Persistent<Value<'static>>, String)> {
+            let fail = |e| js_error(&js, e);
+            let on_batch = live.on_batch.clone().restore(&js).map_err(fail)?;
+            let state = live.state.clone().restore(&js).map_err(fail)?;
+            let object = live.ctx_object.clone().restore(&js).map_err(fail)?;
+            let returned: Value = on_batch
+                .call((state.clone(), input, object))
+                .map_err(fail)?;
+            let next = if returned.is_undefined() { state } else { returned };
+            let json = state_json(&js, next.clone())?;
+            Ok((Persistent::save(&js, next), json))
+        });
+        CURRENT.with_borrow_mut(|current| std::mem::swap(current, ctx));
+        let (state, json) = result?;
+        live.batches += 1;
+        live.state = state;
+        live.state_json = json;
+        Ok(())
+    }
+
+    fn save(&self) -> Vec<u8> {
+        let Some(live) = &self.live else {
+            return b"null".to_vec();
+        };
+        format!(
+            "{{\"source\":\"{}\",\"batches\":{},\"state\":{}}}",
+            live.source_id, live.batches, live.state_json
+        )
+        .into_bytes()
+    }
+
+    fn restore(&mut self, saved: &[u8]) -> Result<()> {
+        let live = self.live.as_mut().ok_or("a syntax check restores nothing")?;
+        let saved = std::str::from_utf8(saved).map_err(Error::msg)?;
+        let (state, json, batches) = live.context.with(|js| -> Result<_> {
+            let fail = |e| js_error(&js, e);
+            let saved: Object = js
+                .json_parse(saved)
+                .map_err(fail)?
+                .into_object()
+                .ok_or("the saved state is not a JSON object")?;
+            let source: String = saved.get("source").map_err(fail)?;
+            let batches: f64 = saved.get("batches").map_err(fail)?;
+            let mut state: Value = saved.get("state").map_err(fail)?;
+            if source != live.source_id {
+                if let Some(migrate) = &live.migrate {
+                    let migrate = migrate.clone().restore(&js).map_err(fail)?;
+                    state = migrate
+                        .call((state,))
+                        .map_err(|e| Error::msg(format!("migrate: {}", fail(e))))?;
+                }
+            }
+            let json = state_json(&js, state.clone())?;
+            Ok((Persistent::save(&js, state), json, batches as u64))
+        })?;
+        live.state = state;
+        live.state_json = json;
+        live.batches = batches;
+        Ok(())
+    }
+
+    fn schemas(&self) -> Schemas {
+        self.live
+            .as_ref()
+            .map(|live| live.schemas.clone())
+            .unwrap_or_default()
+    }
+}
+
+export_runtime!(JsGuest);
