@@ -15,7 +15,7 @@ const TOKEN: &str = "runtime-cli-token-7";
 async fn viewtape(server: &Server, args: &[&str]) -> anyhow::Result<(i32, String)> {
     let addr = format!("http://localhost:{}/", server.addr().port());
     let mut args = args.to_vec();
-    args.extend(["--server", &addr]);
+    args.extend(["--server", addr.as_str()]);
     cli(&args, &[(ADMIN_TOKEN_ENV, TOKEN)]).await
 }
 

@@ -145,8 +145,8 @@ fn validate_overlaps(i: usize, runtimes: &[RuntimeSection]) -> Result<(), Proble
                 return Err(Problem::new(
                     format!("runtime[{i}].views"),
                     format!(
-                        "runtime {:?}: view {view:?} overlaps view {theirs:?} of runtime {:?}: \
-                         a view belongs to one runtime",
+                        "runtime {:?}: view {view:?} overlaps {theirs:?} of runtime {:?}: \
+                         a view has one runtime",
                         runtime.name, earlier.name
                     ),
                 ));
@@ -289,17 +289,17 @@ mod tests {
             (
                 "[[runtime]]\nname = \"a\"\nwasm = \"builtin:json\"\nviews = [\"orders\"]\n\
                  [[runtime]]\nname = \"b\"\nwasm = \"builtin:json\"\nviews = [\"x\", \"orders\"]\n",
-                "view \"orders\" overlaps view \"orders\" of runtime \"a\"",
+                "view \"orders\" overlaps \"orders\" of runtime \"a\"",
             ),
             (
                 "[[runtime]]\nname = \"a\"\nwasm = \"builtin:json\"\nviews = [\"chat.7\"]\n\
                  [[runtime]]\nname = \"b\"\nwasm = \"builtin:json\"\nviews = [\"chat.*\"]\n",
-                "view \"chat.*\" overlaps view \"chat.7\" of runtime \"a\"",
+                "view \"chat.*\" overlaps \"chat.7\" of runtime \"a\"",
             ),
             (
                 "[[runtime]]\nname = \"a\"\nwasm = \"builtin:json\"\nviews = [\"chat.*\"]\n\
                  [[runtime]]\nname = \"b\"\nwasm = \"builtin:json\"\nviews = [\"chat.room.*\"]\n",
-                "view \"chat.room.*\" overlaps view \"chat.*\" of runtime \"a\"",
+                "view \"chat.room.*\" overlaps \"chat.*\" of runtime \"a\"",
             ),
             ("[server]\nmax_body = \"12 parsecs\"\n", "not a byte size"),
             ("[server]\ncors_origins = [\"*\"]\n", "not an origin"),
