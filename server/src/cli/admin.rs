@@ -66,7 +66,9 @@ impl AdminClient {
     /// The token is not set, or `server` is not an address.
     pub fn new(server: &str, cacert: Option<PathBuf>) -> anyhow::Result<Self> {
         let token = std::env::var(TOKEN_ENV)
-            .map_err(|_| anyhow::anyhow!("set {TOKEN_ENV} to the server's admin token"))?;
+            .ok()
+            .filter(|token| !token.is_empty())
+            .ok_or_else(|| anyhow::anyhow!("set {TOKEN_ENV} to the server's admin token"))?;
         Ok(Self {
             target: Target::parse(server)?,
             cacert,
