@@ -15,6 +15,9 @@
 //  3. its live plots of deliveries and ingest move: a burst of ingest and a subscriber reading
 //     show up as rates above zero, and the subscriber in the view's subscriber count, which goes
 //     back to zero once it has gone.
+//  4. its form creates a `builtin:json` runtime (name, views) that ingest reaches and that the
+//     table lists; a view another runtime has is refused with the server's message; the
+//     runtime's Delete button (confirmed) deletes it: gone from the table, its ingest a 404.
 // It takes a screenshot of the page while the subscriber reads.
 import { createHash } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -113,6 +116,31 @@ try {
   reader.abort();
   await stream;
   await until(async () => number((await row('views', 'prices'))[SUBSCRIBERS]) === 0, WAIT, 'no subscriber once the reader has gone');
+
+  // 4. Runtimes as data, from the page.
+  const create = async (name, views) => {
+    await page.fill('#create-name', name);
+    await page.fill('#create-views', views);
+    await page.click('#create button');
+  };
+  await create('rooms', 'room.*, lobby');
+  await until(async () => (await text('#create-status')).includes('rooms: created'), WAIT, 'the runtime created');
+  await until(async () => (await row('runtimes', 'rooms')) !== null, WAIT, 'the new runtime listed');
+  const defined = await getJson(base, '/admin/runtimes/rooms', admin);
+  check(defined.module === 'builtin:json' && JSON.stringify(defined.views) === '["room.*","lobby"]', `defined: ${JSON.stringify(defined)}`);
+  const line = JSON.stringify({ view: 'room.7', key: 'm1', value: { text: 'hi' } });
+  const ingested = await fetch(`${base}/runtimes/rooms/ingest`, { method: 'POST', body: `${line}\n` });
+  check(ingested.status === 200, `ingest into the new runtime: ${ingested.status}`);
+  await create('other', 'lobby');
+  await until(async () => /other: 409 view_conflict: .*lobby/.test(await text('#create-status')), WAIT, 'the conflict shown');
+  check((await row('runtimes', 'other')) === null, 'nothing created on a conflict');
+  page.once('dialog', dialog => dialog.accept());
+  await page.click('#runtimes button.delete[data-runtime="rooms"]');
+  await until(async () => (await text('#create-status')).includes('rooms: deleted'), WAIT, 'the runtime deleted');
+  await until(async () => (await row('runtimes', 'rooms')) === null, WAIT, 'the runtime gone from the table');
+  const after = await fetch(`${base}/runtimes/rooms/ingest`, { method: 'POST', body: `${line}\n` });
+  check(after.status === 404, `ingest after the delete: ${after.status}`);
+  log('a runtime created and deleted from the page');
   done();
 } finally {
   await browser.close();

@@ -8,7 +8,7 @@
 //!
 //! | layer | modules |
 //! |---|---|
-//! | process | [`serve`] (`viewtape serve`: start-up in every mode, listening, graceful stop), [`cli`] (the other subcommands: `check-config`, `snapshot …`, `log …`, `run`, `new`, and `deploy`, the admin client) |
+//! | process | [`serve`] (`viewtape serve`: start-up in every mode, listening, graceful stop), [`cli`] (the other subcommands: `check-config`, `snapshot …`, `log …`, `run`, `new`, and the admin client's `deploy`, `runtime …` and `module put`) |
 //! | transport | [`listener`] — the accept loop; HTTP/1.1 carried to a router, lean or through hyper, and HTTP/2 over TLS with a reloadable certificate |
 //! | HTTP | [`http`] — the one router: routes, layers, the API error; [`http::admin`] |
 //! | operations | [`catalog`] — runtimes as data: created, replaced and deleted by records of the log; [`deploy`] — a new module into a running runtime; [`snapshot`] — snapshot body, cut, write, restore; [`recovery`] — a snapshot and the local log at start-up, the data directory's identity; [`cluster`] — replicas applying a JetStream stream as their log |
@@ -49,10 +49,12 @@ mod sse;
 // else stays inside.
 
 // The command line.
+pub use cli::admin::{AdminAnswer, AdminClient};
 pub use cli::check::check_file;
-pub use cli::deploy::{deploy_module, DeployAnswer, DeployOptions};
+pub use cli::deploy::{deploy_module, DeployOptions};
 pub use cli::inspect::{dump_log, inspect_file, inspect_log, verify_dir};
 pub use cli::run::{run, RunOptions};
+pub use cli::runtime::{admin_command, AdminCommand, RuntimeDefinition};
 pub use cli::scaffold::{new_guest, Sdk};
 pub use serve::{serve, ServeOptions};
 

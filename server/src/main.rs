@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 use viewtape_server::check_file;
 use viewtape_server::Config;
+use viewtape_server::{admin_command, AdminCommand, RuntimeDefinition};
 use viewtape_server::{serve, ServeOptions};
 
 /// The variable that sets `--log-format`.
@@ -80,14 +81,17 @@ enum Command {
         runtime: String,
         /// The new module (`.wasm`, or `.js` for a JavaScript guest).
         wasm: PathBuf,
-        /// The server: `host:port`, or a URL (`http://host:port`, `https://host[:port]`).
-        #[arg(long, default_value = "127.0.0.1:8080")]
-        server: String,
-        /// For https: the PEM certificates to trust (default: the system's, from
-        /// `$SSL_CERT_FILE` or /etc/ssl/certs/ca-certificates.crt).
-        #[arg(long)]
-        cacert: Option<PathBuf>,
+        #[command(flatten)]
+        server: AdminServer,
     },
+    /// Create, replace, show or delete a runtime of a running server, without a restart (each
+    /// change is a record of its log). Needs the server's admin token in VIEWTAPE_ADMIN_TOKEN.
+    #[command(subcommand)]
+    Runtime(RuntimeCommand),
+    /// Upload a module to a running server, for `runtime put --module sha256:…`. Needs the
+    /// server's admin token in VIEWTAPE_ADMIN_TOKEN.
+    #[command(subcommand)]
+    Module(ModuleCommand),
     /// Inspect snapshot files.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
@@ -131,6 +135,78 @@ enum Command {
     },
 }
 
+/// The running server an admin command talks to.
+#[derive(Debug, clap::Args)]
+struct AdminServer {
+    /// The server: `host:port`, or a URL (`http://host:port`, `https://host[:port]`).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    server: String,
+    /// For https: the PEM certificates to trust (default: the system's, from
+    /// `$SSL_CERT_FILE` or /etc/ssl/certs/ca-certificates.crt).
+    #[arg(long)]
+    cacert: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum RuntimeCommand {
+    /// Create the runtime NAME, or replace it (the guest's state carries over, as by a deploy);
+    /// prints its definition and status.
+    Put {
+        /// The runtime.
+        name: String,
+        /// Its module: `builtin:<guest>` (json, ticker, …), `sha256:<hex>` of a module uploaded
+        /// already, or a module file, uploaded first.
+        #[arg(long)]
+        module: String,
+        /// A view it publishes to, or a pattern (`chat.*`); repeat for more.
+        #[arg(long = "view", required = true)]
+        views: Vec<String>,
+        /// The text handed to the guest's `init`.
+        #[arg(long)]
+        config: Option<String>,
+        /// A JSON Schema for one of its views: VIEW=FILE; repeat for more.
+        #[arg(long = "schema", value_parser = view_and_file)]
+        schemas: Vec<(String, PathBuf)>,
+        #[command(flatten)]
+        server: AdminServer,
+    },
+    /// Print the runtime's definition and status.
+    Get {
+        /// The runtime.
+        name: String,
+        #[command(flatten)]
+        server: AdminServer,
+    },
+    /// Delete the runtime: its ingest answers 404 from then on, its views are retired (their
+    /// streams end with `event: retired`).
+    Delete {
+        /// The runtime.
+        name: String,
+        #[command(flatten)]
+        server: AdminServer,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ModuleCommand {
+    /// Upload a module (`.wasm`): the server checks it, keeps it and prints its `sha256:…`.
+    Put {
+        /// The module file.
+        file: PathBuf,
+        #[command(flatten)]
+        server: AdminServer,
+    },
+}
+
+/// `--schema VIEW=FILE`.
+fn view_and_file(text: &str) -> anyhow::Result<(String, PathBuf)> {
+    let (view, file) = text
+        .split_once('=')
+        .filter(|(view, file)| !view.is_empty() && !file.is_empty())
+        .with_context(|| format!("{text:?}: give VIEW=FILE"))?;
+    Ok((view.to_owned(), PathBuf::from(file)))
+}
+
 #[derive(Debug, Subcommand)]
 enum LogCommand {
     /// Print the input of every batch a runtime committed that the log still holds (since the
@@ -167,7 +243,7 @@ fn serve_environment() -> String {
     format!(
         "Environment:
   {secret:<21} the HS256 secret of clients' tokens: auth is on with it (or with [auth] public_keys)
-  {admin:<21} the bearer token of the /admin routes (`viewtape deploy`); unset: no admin routes
+  {admin:<21} the bearer token of the /admin routes (`viewtape deploy`, `runtime`, `module`); unset: no admin routes
   {format:<21} the log format, as --log-format
   RUST_LOG              which log lines are written (default: info; e.g. viewtape_server=debug)
   NO_COLOR              set (and not empty): log lines without colours, even on a terminal",
@@ -338,17 +414,56 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             runtime,
             wasm,
             server,
-            cacert,
         } => {
             let answer = viewtape_server::deploy_module(&viewtape_server::DeployOptions {
                 runtime,
                 wasm,
-                server,
-                cacert,
+                server: server.server,
+                cacert: server.cacert,
             })
             .await?;
-            println!("{}", answer.body);
-            std::process::exit(if answer.status == 200 { 0 } else { 1 })
+            println!("{}", answer.into_body()?);
+            Ok(())
+        }
+        Command::Runtime(command) => {
+            let (server, command) = match command {
+                RuntimeCommand::Put {
+                    name,
+                    module,
+                    views,
+                    config,
+                    schemas,
+                    server,
+                } => (
+                    server,
+                    AdminCommand::PutRuntime {
+                        name,
+                        definition: RuntimeDefinition {
+                            module,
+                            views,
+                            config,
+                            schemas,
+                        },
+                    },
+                ),
+                RuntimeCommand::Get { name, server } => (server, AdminCommand::GetRuntime { name }),
+                RuntimeCommand::Delete { name, server } => {
+                    (server, AdminCommand::DeleteRuntime { name })
+                }
+            };
+            let body = admin_command(&server.server, server.cacert, command).await?;
+            println!("{body}");
+            Ok(())
+        }
+        Command::Module(ModuleCommand::Put { file, server }) => {
+            let body = admin_command(
+                &server.server,
+                server.cacert,
+                AdminCommand::PutModule { file },
+            )
+            .await?;
+            println!("{body}");
+            Ok(())
         }
         Command::Log(LogCommand::Dump { dir, runtime }) => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());

@@ -326,7 +326,9 @@ async fn browser_demo_page_lists_the_views_and_follows_the_one_chosen() -> anyho
 /// Chromium on the operator page `/admin/`: a wrong token is refused; with the token it shows
 /// the server ready, the views with their subscribers, the runtimes with batches counting up,
 /// their module's SHA-256, state bytes and last error (after a batch the guest refuses), the
-/// log, the snapshots, and live plots of deliveries and ingest that move. Takes a screenshot
+/// log, the snapshots, and live plots of deliveries and ingest that move; its form creates a
+/// `builtin:json` runtime, shows a conflict's refusal, and its Delete button deletes the runtime
+/// (`PUT`/`DELETE /admin/runtimes/{runtime}`). Takes a screenshot
 /// (`$VIEWTAPE_ADMIN_SCREENSHOT`, else a temporary file; `docs/admin.png` was made this way).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn browser_operator_page_shows_the_server_live() -> anyhow::Result<()> {

@@ -15,6 +15,7 @@ impl Config {
         let mut names = HashSet::new();
         for (i, runtime) in self.runtimes.iter().enumerate() {
             validate_runtime(i, runtime, &mut names)?;
+            validate_overlaps(i, &self.runtimes)?;
         }
         validate_public_views(&self.auth)?;
         validate_connections(&self.server)?;
@@ -118,6 +119,39 @@ fn validate_views(i: usize, runtime: &RuntimeSection) -> Result<(), Problem> {
                 runtime.name, runtime.views
             ),
         ));
+    }
+    Ok(())
+}
+
+/// The `i`th `[[runtime]]`'s views against those of the runtimes before it (whose claims are
+/// valid already): a view belongs to one runtime, so no two runtimes declare the same one, nor a
+/// pattern that takes another's view or overlaps another's pattern (as `PUT
+/// /admin/runtimes/{runtime}` refuses with `409 view_conflict`).
+fn validate_overlaps(i: usize, runtimes: &[RuntimeSection]) -> Result<(), Problem> {
+    let runtime = &runtimes[i];
+    let claims = |runtime: &RuntimeSection| -> Vec<(String, ViewClaim)> {
+        runtime
+            .views
+            .iter()
+            .filter_map(|view| Some((view.clone(), ViewClaim::new(view).ok()?)))
+            .collect()
+    };
+    for (view, claim) in claims(runtime) {
+        for earlier in &runtimes[..i] {
+            if let Some((theirs, _)) = claims(earlier)
+                .into_iter()
+                .find(|(_, other)| other.overlaps(&claim))
+            {
+                return Err(Problem::new(
+                    format!("runtime[{i}].views"),
+                    format!(
+                        "runtime {:?}: view {view:?} overlaps {theirs:?} of runtime {:?}: \
+                         a view has one runtime",
+                        runtime.name, earlier.name
+                    ),
+                ));
+            }
+        }
     }
     Ok(())
 }
@@ -252,6 +286,21 @@ mod tests {
                 "[[runtime]]\nname = \"a\"\nwasm = \"builtin:ticker\"\n",
                 "declare the views",
             ),
+            (
+                "[[runtime]]\nname = \"a\"\nwasm = \"builtin:json\"\nviews = [\"orders\"]\n\
+                 [[runtime]]\nname = \"b\"\nwasm = \"builtin:json\"\nviews = [\"x\", \"orders\"]\n",
+                "view \"orders\" overlaps \"orders\" of runtime \"a\"",
+            ),
+            (
+                "[[runtime]]\nname = \"a\"\nwasm = \"builtin:json\"\nviews = [\"chat.7\"]\n\
+                 [[runtime]]\nname = \"b\"\nwasm = \"builtin:json\"\nviews = [\"chat.*\"]\n",
+                "view \"chat.*\" overlaps \"chat.7\" of runtime \"a\"",
+            ),
+            (
+                "[[runtime]]\nname = \"a\"\nwasm = \"builtin:json\"\nviews = [\"chat.*\"]\n\
+                 [[runtime]]\nname = \"b\"\nwasm = \"builtin:json\"\nviews = [\"chat.room.*\"]\n",
+                "view \"chat.room.*\" overlaps \"chat.*\" of runtime \"a\"",
+            ),
             ("[server]\nmax_body = \"12 parsecs\"\n", "not a byte size"),
             ("[server]\ncors_origins = [\"*\"]\n", "not an origin"),
             ("[server]\ntls_cert = \"c.pem\"\n", "go together"),
@@ -271,5 +320,13 @@ mod tests {
                 "{text:?}: {error}"
             );
         }
+    }
+
+    #[test]
+    fn runtimes_whose_views_do_not_overlap_are_accepted() {
+        let text = "[[runtime]]\nname = \"a\"\nwasm = \"builtin:json\"\nviews = [\"chat.*\", \"orders\"]\n\
+                    [[runtime]]\nname = \"b\"\nwasm = \"builtin:json\"\nviews = [\"chats\", \"order\", \"rooms.*\"]\n";
+        let config = load(text).unwrap();
+        assert_eq!(config.runtimes.len(), 2);
     }
 }

@@ -52,7 +52,7 @@ pub struct LogMetrics {
     pub apply_lag_sequences: Gauge,
     /// On a cluster: how long ago the last applied record was published.
     pub apply_lag_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
-    /// On a cluster: records applied, by kind (`batch`, `deploy`, `restore`, `foreign`).
+    /// On a cluster: records applied, by kind (one of [`RECORD_KINDS`]).
     pub records_by_kind: Family<[(&'static str, &'static str); 1], Counter>,
     /// On a cluster: 1 for each task whose lease this node holds (the demo feed, a file source).
     pub leases_held: Family<[(&'static str, String); 1], Gauge>,

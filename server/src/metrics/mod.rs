@@ -242,6 +242,15 @@ mod tests {
             "viewtape_journal_pruned_total{cause=\"bytes\"} 0",
             "viewtape_journal_replays_total{outcome=\"served\"} 0",
             "viewtape_journal_replays_total{outcome=\"refused\",reason=\"stale_epoch\"} 0",
+            // Every kind of record a cluster's node applies, at 0 from the start.
+            "viewtape_cluster_records_total{kind=\"batch\"} 0",
+            "viewtape_cluster_records_total{kind=\"batches\"} 0",
+            "viewtape_cluster_records_total{kind=\"deploy\"} 0",
+            "viewtape_cluster_records_total{kind=\"define\"} 0",
+            "viewtape_cluster_records_total{kind=\"retire\"} 0",
+            "viewtape_cluster_records_total{kind=\"restore\"} 0",
+            "viewtape_cluster_records_total{kind=\"foreign\"} 0",
+            "viewtape_cluster_records_total{kind=\"passed_over\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }
