@@ -374,9 +374,12 @@ impl Hub {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(name);
+        // Marked before the gap: a stream that meets the gap finds the view retired.
+        if let Some(view) = &removed {
+            let _ = view.retired.set(reason.to_owned());
+        }
         self.journal.scope([name]).report_gap();
         if let Some(view) = removed {
-            let _ = view.retired.set(reason.to_owned());
             view.wake_all();
             tracing::info!(view = name, reason, "view retired");
         }

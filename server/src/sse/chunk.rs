@@ -98,6 +98,9 @@ impl Subscriber {
                 // cursorless feed.
                 self.pending_or_wait().await
             }
+            // Retired meanwhile: the gap a retirement marks ends the stream with `retired`
+            // (the loop's next turn), not a reset.
+            Err(_) if self.view.retired().is_some() => None,
             Err(error) => {
                 self.reset(ResetReason::Replay(&error));
                 None
