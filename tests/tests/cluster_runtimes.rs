@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use viewtape_tests::cluster::{applied, position, CONVERGE};
-use viewtape_tests::server::{config_file, ADMIN_TOKEN_ENV};
+use viewtape_tests::server::ADMIN_TOKEN_ENV;
 use viewtape_tests::{expect, http, EventStream, NatsServer, Response, Server};
 
 const TOKEN: &str = "cluster-runtimes-token";
@@ -293,55 +293,5 @@ async fn a_runtime_deleted_through_one_node_is_retired_on_every_node() -> anyhow
             node.logs()
         );
     }
-    Ok(())
-}
-
-/// The default runtime, and `notes` besides.
-const WITH_NOTES: &str =
-    "[[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n\n\
-     [[runtime]]\nname = \"notes\"\nwasm = \"builtin:json\"\nviews = [\"notes\"]\n";
-
-/// A node joining with a `[[runtime]]` the stream does not know declares it by a record: every
-/// node then runs it, and it is fed and read through any node (DESIGN §14). Not so yet: the
-/// joining node declares only its module (a deploy record of the runtime), which the others
-/// pass over, as `cluster_changes::a_node_with_an_extra_runtime_stops_no_one` shows.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a config's extra runtime is not yet declared by a define record on a cluster"]
-async fn a_node_joining_with_an_extra_runtime_declares_it() -> anyhow::Result<()> {
-    let nats = NatsServer::start().await?;
-    let mut nodes = admin_nodes(&nats, 2).await?;
-    let config = config_file(WITH_NOTES)?;
-    let path = config.path().display().to_string();
-    nodes.push(admin_node(&nats, &["--config", &path]).await?);
-    for node in &nodes {
-        runtime_status(node, "notes", 200).await?;
-    }
-    let mut last = 0;
-    for (i, node) in nodes.iter().enumerate() {
-        let note = format!("{{\"view\":\"notes\",\"key\":\"n{i}\",\"value\":{i}}}\n");
-        let resp = node.ingest("notes", &note).await?;
-        ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
-        last = position(&resp.json()?)?;
-    }
-    let mut states = Vec::new();
-    for node in &nodes {
-        applied(node, last).await?;
-        let readyz = node.get("/readyz").await?;
-        ensure!(readyz.status() == 200, "{}\n{}", readyz.text(), node.logs());
-        ensure!(
-            readyz.json()?["passed_over"]
-                .as_array()
-                .is_none_or(|passed| passed.is_empty()),
-            "{}",
-            readyz.text()
-        );
-        states.push(node.get("/views/notes").await?.json()?);
-    }
-    ensure!(
-        states[0]["entries"].as_object().map(|e| e.len()) == Some(3),
-        "{}",
-        states[0]
-    );
-    ensure!(states.iter().all(|s| *s == states[0]), "{states:?}");
     Ok(())
 }
