@@ -1,5 +1,6 @@
 //! What a guest emitted for one batch, decoded from its output buffer (`ABI.md`).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -119,22 +120,29 @@ impl GuestBatch {
 /// Interns view names so an event costs an `Arc` clone, not a `String`.
 #[derive(Debug, Default)]
 pub(crate) struct ViewNames {
-    names: Vec<Arc<str>>,
+    names: HashSet<Arc<str>>,
 }
+
+/// Most view names an instance keeps interned: past it they start over, so that a guest
+/// publishing to ever new views (a pattern's) costs a hash lookup per event and bounded memory.
+const MAX_INTERNED: usize = 4096;
 
 impl ViewNames {
     fn get(&mut self, view: &[u8]) -> Result<Arc<str>, GuestError> {
-        if let Some(name) = self.names.iter().find(|n| n.as_bytes() == view) {
-            return Ok(Arc::clone(name));
-        }
         let name = std::str::from_utf8(view)
             .ok()
             .filter(|_| abi::is_valid_view(view))
             .ok_or_else(|| GuestError::InvalidView {
                 view: String::from_utf8_lossy(view).into_owned(),
             })?;
+        if let Some(name) = self.names.get(name) {
+            return Ok(Arc::clone(name));
+        }
+        if self.names.len() >= MAX_INTERNED {
+            self.names.clear();
+        }
         let name: Arc<str> = Arc::from(name);
-        self.names.push(Arc::clone(&name));
+        self.names.insert(Arc::clone(&name));
         Ok(name)
     }
 }
