@@ -63,10 +63,23 @@ mod tests {
 
     /// Every `.route("PATH", method(…))` in the HTTP module's sources, with its methods.
     fn routed() -> BTreeSet<(String, String)> {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/http");
+        let mut files = Vec::new();
+        let mut dirs = vec![std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src/http"
+        ))];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                match path.is_dir() {
+                    true => dirs.push(path),
+                    false => files.push(path),
+                }
+            }
+        }
         let mut out = BTreeSet::new();
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        for file in files {
+            let text = std::fs::read_to_string(file).unwrap();
             for piece in text.split(".route(").skip(1) {
                 let piece = piece.trim_start();
                 let Some(rest) = piece.strip_prefix('"') else {
