@@ -190,7 +190,10 @@ async fn the_js_logstats_publishes_what_the_rust_one_does() -> anyhow::Result<()
         ensure!(rust_ok && js_ok, "{rust_out:?}\n{js_out:?}");
         // All but the size of the saved state, whose format is each guest's own.
         let published = |out: &[serde_json::Value]| -> Vec<serde_json::Value> {
-            out.iter().filter(|l| l.get("state_bytes").is_none()).cloned().collect()
+            out.iter()
+                .filter(|l| l.get("state_bytes").is_none())
+                .cloned()
+                .collect()
         };
         ensure!(
             published(&rust_out) == published(&js_out) && js_out.len() > 3,
@@ -207,7 +210,8 @@ async fn the_js_logstats_publishes_what_the_rust_one_does() -> anyhow::Result<()
     let (ok, out) = run(&[&js], "api info\nbad/name info\n").await?;
     ensure!(!ok, "{out:?}");
     ensure!(
-        out.iter().any(|l| l.to_string().contains("line 2: service name")),
+        out.iter()
+            .any(|l| l.to_string().contains("line 2: service name")),
         "{out:?}"
     );
     Ok(())
@@ -227,7 +231,11 @@ async fn the_js_logstats_takes_over_the_rust_logstats_state() -> anyhow::Result<
     )
     .await?;
     ensure!(ok);
-    let (ok, out) = run(&[&example("logstats.js"), "--state", &state_arg], "api info d\n").await?;
+    let (ok, out) = run(
+        &[&example("logstats.js"), "--state", &state_arg],
+        "api info d\n",
+    )
+    .await?;
     ensure!(ok, "{out:?}");
     ensure!(
         out.iter().any(|l| l["update"]["value"]
@@ -249,7 +257,13 @@ async fn the_js_vwap_averages_each_symbols_last_n_trades() -> anyhow::Result<()>
                   {\"symbol\":\"ACME\",\"price\":11,\"qty\":300}\n\
                   {\"symbol\":\"ACME\",\"price\":12,\"qty\":100}\n";
     let (ok, out) = run(
-        &[&example("vwap.js"), "--config", &config, "--batch-lines", "2"],
+        &[
+            &example("vwap.js"),
+            "--config",
+            &config,
+            "--batch-lines",
+            "2",
+        ],
         trades,
     )
     .await?;
@@ -271,10 +285,16 @@ async fn the_js_vwap_averages_each_symbols_last_n_trades() -> anyhow::Result<()>
         "{\"symbol\":\"ACME\",\"price\":-1,\"qty\":1}\n",
     )
     .await?;
-    ensure!(!ok && out.iter().any(|l| l.to_string().contains("line 1: price and qty")), "{out:?}");
+    ensure!(
+        !ok && out
+            .iter()
+            .any(|l| l.to_string().contains("line 1: price and qty")),
+        "{out:?}"
+    );
     std::fs::write(dir.path().join("bad"), "zero")?;
     let bad = dir.path().join("bad").display().to_string();
-    let (ok, out) = run(&[&example("vwap.js"), "--config", &bad], "").await
+    let (ok, out) = run(&[&example("vwap.js"), "--config", &bad], "")
+        .await
         .unwrap_or((false, Vec::new()));
     ensure!(!ok, "{out:?}");
     Ok(())
