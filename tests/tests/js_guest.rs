@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::ensure;
+use anyhow::{ensure, Context as _};
 use serde_json::json;
 use viewtape_tests::server::{cli, config_file};
 use viewtape_tests::Server;
@@ -145,5 +145,157 @@ async fn check_config_refuses_js_that_does_not_compile_naming_line_and_column() 
     )?;
     let (code, output) = cli(&["check-config", &path], &[]).await?;
     ensure!(code == 0, "exit {code}:\n{output}");
+    Ok(())
+}
+
+fn example(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/js")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// `viewtape run ARGS < input`: exit success and stdout, as NDJSON lines.
+async fn run(args: &[&str], input: &str) -> anyhow::Result<(bool, Vec<serde_json::Value>)> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("input");
+    std::fs::write(&path, input)?;
+    let out = tokio::process::Command::new(viewtape_tests::server::binary().await?)
+        .arg("run")
+        .args(args)
+        .stdin(std::fs::File::open(&path)?)
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines = stdout
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)))?;
+    Ok((out.status.success(), lines))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_js_logstats_publishes_what_the_rust_one_does() -> anyhow::Result<()> {
+    let input = "api ERROR boom\napi info ok\nweb warn slow\napi INFO again\n\
+                 db debug x\nweb retired\ndb trace y\nweb info back\napi odd level\n";
+    let rust = viewtape_tests::server::guest_wasm("logstats")
+        .display()
+        .to_string();
+    let js = example("logstats.js");
+    for batch_lines in ["1", "4", "100"] {
+        let (rust_ok, rust_out) = run(&[&rust, "--batch-lines", batch_lines], input).await?;
+        let (js_ok, js_out) = run(&[&js, "--batch-lines", batch_lines], input).await?;
+        ensure!(rust_ok && js_ok, "{rust_out:?}\n{js_out:?}");
+        // All but the size of the saved state, whose format is each guest's own.
+        let published = |out: &[serde_json::Value]| -> Vec<serde_json::Value> {
+            out.iter()
+                .filter(|l| l.get("state_bytes").is_none())
+                .cloned()
+                .collect()
+        };
+        ensure!(
+            published(&rust_out) == published(&js_out) && js_out.len() > 3,
+            "batches of {batch_lines}:\n{rust_out:?}\n{js_out:?}"
+        );
+        ensure!(
+            js_out.iter().any(|l| l["update"]["value"]
+                == json!({"service": "api", "error": 1, "warn": 0, "info": 2, "debug": 0,
+                          "trace": 0, "other": 1, "total": 4})),
+            "{js_out:?}"
+        );
+    }
+    // A bad service name rejects the batch, naming the line.
+    let (ok, out) = run(&[&js], "api info\nbad/name info\n").await?;
+    ensure!(!ok, "{out:?}");
+    ensure!(
+        out.iter()
+            .any(|l| l.to_string().contains("line 2: service name")),
+        "{out:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_js_logstats_takes_over_the_rust_logstats_state() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let state = dir.path().join("state");
+    let state_arg = state.display().to_string();
+    let rust = viewtape_tests::server::guest_wasm("logstats")
+        .display()
+        .to_string();
+    let (ok, _) = run(
+        &[&rust, "--save-state", &state_arg],
+        "api error a\napi info b\nweb warn c\n",
+    )
+    .await?;
+    ensure!(ok);
+    let (ok, out) = run(
+        &[&example("logstats.js"), "--state", &state_arg],
+        "api info d\n",
+    )
+    .await?;
+    ensure!(ok, "{out:?}");
+    ensure!(
+        out.iter().any(|l| l["update"]["value"]
+            == json!({"service": "api", "error": 1, "warn": 0, "info": 2, "debug": 0,
+                      "trace": 0, "other": 0, "total": 3})),
+        "{out:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_js_vwap_averages_each_symbols_last_n_trades() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("window");
+    std::fs::write(&config, "2")?;
+    let config = config.display().to_string();
+    let trades = "{\"symbol\":\"ACME\",\"price\":10,\"qty\":100}\n\
+                  {\"symbol\":\"BOLT\",\"price\":3,\"qty\":10}\n\
+                  {\"symbol\":\"ACME\",\"price\":11,\"qty\":300}\n\
+                  {\"symbol\":\"ACME\",\"price\":12,\"qty\":100}\n";
+    let (ok, out) = run(
+        &[
+            &example("vwap.js"),
+            "--config",
+            &config,
+            "--batch-lines",
+            "2",
+        ],
+        trades,
+    )
+    .await?;
+    ensure!(ok, "{out:?}");
+    let updates: Vec<_> = out.iter().filter_map(|l| l.get("update")).collect();
+    ensure!(
+        updates
+            == [
+                &json!({"view": "vwap", "key": "ACME", "value": {"symbol": "ACME", "vwap": 10, "volume": 100, "trades": 1}}),
+                &json!({"view": "vwap", "key": "BOLT", "value": {"symbol": "BOLT", "vwap": 3, "volume": 10, "trades": 1}}),
+                // The window of 2: (11·300 + 12·100) / 400; the trade at 10 has left it.
+                &json!({"view": "vwap", "key": "ACME", "value": {"symbol": "ACME", "vwap": 11.25, "volume": 400, "trades": 2}}),
+            ],
+        "{out:?}"
+    );
+    // A bad trade rejects its batch, naming the line; a bad window is refused at init.
+    let (ok, out) = run(
+        &[&example("vwap.js")],
+        "{\"symbol\":\"ACME\",\"price\":-1,\"qty\":1}\n",
+    )
+    .await?;
+    ensure!(
+        !ok && out
+            .iter()
+            .any(|l| l.to_string().contains("line 1: price and qty")),
+        "{out:?}"
+    );
+    std::fs::write(dir.path().join("bad"), "zero")?;
+    let bad = dir.path().join("bad").display().to_string();
+    let (ok, out) = run(&[&example("vwap.js"), "--config", &bad], "")
+        .await
+        .unwrap_or((false, Vec::new()));
+    ensure!(!ok, "{out:?}");
     Ok(())
 }

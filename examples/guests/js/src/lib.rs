@@ -16,7 +16,9 @@
 //! - `schemas` (optional): `{ VIEW: JSON Schema, … }`, the runtime's declaration.
 //! - `migrate(old)` (optional): called at a restore when the state was saved by another source
 //!   (a deploy of an edited module); returns the state this source works with. Without it the
-//!   old state is taken as it is.
+//!   old state is taken as it is. State another guest saved (a WebAssembly build of the
+//!   runtime, whose format is its own) reaches `migrate` as the saved bytes, a string (a
+//!   `Uint8Array` if they are not UTF-8); without a `migrate` such state is refused.
 //!
 //! `ctx.publish(view, key, value)` publishes a string or a `Uint8Array` as its bytes and any
 //! other value as its JSON; `ctx.delete(view, key)`, `ctx.reportGap(reason)` and
@@ -368,6 +370,46 @@ fn state_json<'js>(ctx: &Ctx<'js>, state: Value<'js>) -> Result<String> {
     }
 }
 
+/// The parts of state this engine saved (`{"source","batches","state"}`, see "State"): `None`
+/// for bytes another guest saved.
+fn envelope<'js>(
+    js: &Ctx<'js>,
+    saved: &[u8],
+) -> rquickjs::Result<Option<(String, u64, Value<'js>)>> {
+    let Ok(text) = std::str::from_utf8(saved) else {
+        return Ok(None);
+    };
+    let Ok(parsed) = js.json_parse(text) else {
+        // Not JSON: the exception it left is not the user's.
+        drop(js.catch());
+        return Ok(None);
+    };
+    let Some(saved) = parsed.into_object() else {
+        return Ok(None);
+    };
+    let source: Value = saved.get("source")?;
+    let batches: Value = saved.get("batches")?;
+    let state: Value = saved.get("state")?;
+    match (source.as_string(), batches.as_number()) {
+        (Some(source), Some(batches)) if !state.is_undefined() => {
+            Ok(Some((source.to_string()?, batches as u64, state)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// `migrate(old)`, its throw told as the refusal of the state.
+fn call_migrate<'js>(
+    js: &Ctx<'js>,
+    migrate: &Persistent<Function<'static>>,
+    old: Value<'js>,
+) -> Result<Value<'js>> {
+    let migrate = migrate.clone().restore(js).map_err(|e| js_error(js, e))?;
+    migrate
+        .call((old,))
+        .map_err(|e| Error::msg(format!("migrate: {}", js_error(js, e))))
+}
+
 impl Runtime for JsGuest {
     fn init(input: &[u8]) -> Result<Self> {
         let input = InitInput::parse(input)?;
@@ -426,27 +468,35 @@ impl Runtime for JsGuest {
 
     fn restore(&mut self, saved: &[u8]) -> Result<()> {
         let live = self.live.as_mut().ok_or("a syntax check restores nothing")?;
-        let saved = std::str::from_utf8(saved).map_err(Error::msg)?;
         let (state, json, batches) = live.context.with(|js| -> Result<_> {
             let fail = |e| js_error(&js, e);
-            let saved: Object = js
-                .json_parse(saved)
-                .map_err(fail)?
-                .into_object()
-                .ok_or("the saved state is not a JSON object")?;
-            let source: String = saved.get("source").map_err(fail)?;
-            let batches: f64 = saved.get("batches").map_err(fail)?;
-            let mut state: Value = saved.get("state").map_err(fail)?;
-            if source != live.source_id {
-                if let Some(migrate) = &live.migrate {
-                    let migrate = migrate.clone().restore(&js).map_err(fail)?;
-                    state = migrate
-                        .call((state,))
-                        .map_err(|e| Error::msg(format!("migrate: {}", fail(e))))?;
+            let (state, batches) = match envelope(&js, saved).map_err(fail)? {
+                Some((source, batches, state)) if source == live.source_id => (state, batches),
+                Some((_, batches, state)) => match &live.migrate {
+                    Some(migrate) => (call_migrate(&js, migrate, state)?, batches),
+                    None => (state, batches),
+                },
+                None => {
+                    // Another guest saved it (a WebAssembly build of this runtime, say): only
+                    // `migrate` can read it.
+                    let migrate = live.migrate.as_ref().ok_or(
+                        "the state was saved by another guest, not a JavaScript module: \
+                         export migrate(old) to take it over (old is that state as a string, \
+                         or a Uint8Array if it is not UTF-8)",
+                    )?;
+                    let old = match std::str::from_utf8(saved) {
+                        Ok(text) => rquickjs::String::from_str(js.clone(), text)
+                            .map_err(fail)?
+                            .into_value(),
+                        Err(_) => TypedArray::<u8>::new(js.clone(), saved.to_vec())
+                            .map_err(fail)?
+                            .into_value(),
+                    };
+                    (call_migrate(&js, migrate, old)?, 0)
                 }
-            }
+            };
             let json = state_json(&js, state.clone())?;
-            Ok((Persistent::save(&js, state), json, batches as u64))
+            Ok((Persistent::save(&js, state), json, batches))
         })?;
         live.state = state;
         live.state_json = json;
