@@ -53,7 +53,7 @@ pub use cli::check::check_file;
 pub use cli::deploy::{deploy_module, DeployAnswer, DeployOptions};
 pub use cli::inspect::{dump_log, inspect_file, inspect_log, verify_dir};
 pub use cli::run::{run, RunOptions};
-pub use cli::scaffold::{new_guest, Sdk};
+pub use cli::scaffold::{new_guest, new_script_guest, NpmSdk, ScaffoldError, Script, Sdk};
 pub use serve::{serve, ServeOptions};
 
 // Settings and the environment the server reads.
