@@ -27,7 +27,12 @@ async fn npm(dir: &Path, args: &[&str], env: &[(&str, &Path)]) -> anyhow::Result
     }
     let out = tokio::time::timeout(NPM_TIMEOUT, command.output())
         .await
-        .with_context(|| format!("npm {args:?} in {}: no end in {NPM_TIMEOUT:?}", dir.display()))?
+        .with_context(|| {
+            format!(
+                "npm {args:?} in {}: no end in {NPM_TIMEOUT:?}",
+                dir.display()
+            )
+        })?
         .with_context(|| format!("npm {args:?}: is npm installed?"))?;
     let output = format!(
         "{}\n{}",

@@ -87,22 +87,23 @@ pub fn new_script_guest(
     sdk: &NpmSdk,
 ) -> Result<PathBuf, ScaffoldError> {
     check_name(name)?;
-    let fill = |template: &str| -> Result<String, ScaffoldError> {
-        Ok(template
+    let specifier = sdk.specifier()?;
+    let fill = |template: &str| {
+        template
             .replace("{{name}}", name)
-            .replace("{{sdk}}", &sdk.specifier()?)
+            .replace("{{sdk}}", &specifier)
             .replace("{{esbuild}}", ESBUILD)
-            .replace("{{typescript}}", TYPESCRIPT))
+            .replace("{{typescript}}", TYPESCRIPT)
     };
     let (source, package, guest) = match script {
         Script::TypeScript => ("src/guest.ts", PACKAGE_TS, GUEST_TS),
         Script::JavaScript => ("src/guest.js", PACKAGE_JS, GUEST_JS),
     };
     let mut files = vec![
-        ("package.json", fill(package)?),
-        (source, fill(guest)?),
-        ("test/guest.test.mjs", fill(TEST)?),
-        ("README.md", fill(README_MD)?.replace("{{source}}", source)),
+        ("package.json", fill(package)),
+        (source, fill(guest)),
+        ("test/guest.test.mjs", fill(TEST)),
+        ("README.md", fill(README_MD).replace("{{source}}", source)),
         ("input.ndjson", INPUT.to_owned()),
         (".gitignore", "node_modules/\ndist/\n".to_owned()),
     ];
