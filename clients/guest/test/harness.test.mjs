@@ -120,7 +120,8 @@ test('a module that does not compile is refused at runGuest, saying where', need
   try {
     await assert.rejects(runGuest(guest.path), error => {
       assert.ok(error instanceof GuestError, String(error));
-      assert.match(error.message, /guest\.js/);
+      assert.match(error.message, /does not compile: SyntaxError/);
+      assert.match(error.message, /guest\.js:2:/, 'the line');
       return true;
     });
   } finally {
