@@ -6,7 +6,7 @@
 //! | `deploy.rs` | `viewtape deploy`: a new module sent to a running server's admin route |
 //! | `inspect.rs` | `viewtape snapshot …` and `viewtape log …`: read snapshot and log files |
 //! | `run.rs` | `viewtape run`: a guest over recorded input |
-//! | `scaffold.rs` | `viewtape new`: a guest crate |
+//! | `scaffold/` | `viewtape new`: a guest, as a Rust crate or a TypeScript/JavaScript package |
 
 pub mod check;
 pub mod deploy;
