@@ -55,7 +55,7 @@ pub use cli::deploy::{deploy_module, DeployOptions};
 pub use cli::inspect::{dump_log, inspect_file, inspect_log, verify_dir};
 pub use cli::run::{run, RunOptions};
 pub use cli::runtime::{admin_command, AdminCommand, RuntimeDefinition};
-pub use cli::scaffold::{new_guest, Sdk};
+pub use cli::scaffold::{new_guest, new_script_guest, NpmSdk, ScaffoldError, Script, Sdk};
 pub use serve::{serve, ServeOptions};
 
 // Settings and the environment the server reads.

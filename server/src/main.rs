@@ -40,6 +40,19 @@ enum LogFormat {
     Json,
 }
 
+/// `viewtape new --lang`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Lang {
+    /// A Rust crate, built for `wasm32-unknown-unknown`.
+    Rust,
+    /// A TypeScript npm package, bundled to one `dist/guest.js`.
+    #[value(alias = "typescript")]
+    Ts,
+    /// A JavaScript npm package, bundled to one `dist/guest.js`.
+    #[value(alias = "javascript")]
+    Js,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the server. Without --config: the embedded demo (runtime `demo`, view `prices`).
@@ -98,16 +111,21 @@ enum Command {
     /// Inspect the log.
     #[command(subcommand)]
     Log(LogCommand),
-    /// Write a new guest crate NAME (publishing to the view NAME) that builds and passes its
-    /// tests as generated.
+    /// Write a new guest NAME (publishing to the view NAME) that builds and passes its tests as
+    /// generated: a Rust crate, or a TypeScript or JavaScript npm package.
     New {
-        /// The crate's and its view's name.
+        /// The guest's and its view's name.
         name: String,
         /// Where to create it.
         #[arg(long, default_value = ".")]
         dir: PathBuf,
-        /// A viewtape checkout's SDK directory (`runtime-guest`) to depend on by path; default:
-        /// the SDK of this release, by git (its tag in viewtape's repository).
+        /// The guest's language.
+        #[arg(long, value_enum, default_value_t = Lang::Rust)]
+        lang: Lang,
+        /// A viewtape checkout's SDK to depend on by path: its `runtime-guest` directory for
+        /// Rust, its `clients/guest` directory (or a tarball `npm pack` made of it) for ts and js;
+        /// default: the SDK of this release (Rust: its tag in viewtape's repository, by git;
+        /// ts and js: `@viewtape/guest` of its version).
         #[arg(long)]
         sdk: Option<PathBuf>,
     },
@@ -360,14 +378,36 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let ok = viewtape_server::inspect_file(&file, &mut std::io::stdout())?;
             std::process::exit(if ok { 0 } else { 1 })
         }
-        Command::New { name, dir, sdk } => {
-            let sdk = sdk.map_or_else(
-                viewtape_server::Sdk::this_release,
-                viewtape_server::Sdk::Path,
-            );
-            let created = viewtape_server::new_guest(&name, &dir, &sdk)?;
+        Command::New {
+            name,
+            dir,
+            lang,
+            sdk,
+        } => {
+            let script = match lang {
+                Lang::Rust => None,
+                Lang::Ts => Some(viewtape_server::Script::TypeScript),
+                Lang::Js => Some(viewtape_server::Script::JavaScript),
+            };
+            let (created, next) = match script {
+                None => {
+                    let sdk = sdk.map_or_else(
+                        viewtape_server::Sdk::this_release,
+                        viewtape_server::Sdk::Path,
+                    );
+                    (viewtape_server::new_guest(&name, &dir, &sdk)?, "cargo test")
+                }
+                Some(script) => {
+                    let sdk = sdk.map_or_else(
+                        viewtape_server::NpmSdk::this_release,
+                        viewtape_server::NpmSdk::Path,
+                    );
+                    let created = viewtape_server::new_script_guest(&name, &dir, script, &sdk)?;
+                    (created, "npm install && npm test")
+                }
+            };
             println!(
-                "created {}: cd there, then `cargo test`; its README says how to build and run it",
+                "created {}: cd there, then `{next}`; its README says how to build and run it",
                 created.display()
             );
             Ok(())

@@ -8,7 +8,7 @@
 //! | `inspect.rs` | `viewtape snapshot …` and `viewtape log …`: read snapshot and log files |
 //! | `runtime.rs` | `viewtape runtime put`, `get` and `delete`, and `viewtape module put`: runtimes as data |
 //! | `run.rs` | `viewtape run`: a guest over recorded input |
-//! | `scaffold.rs` | `viewtape new`: a guest crate |
+//! | `scaffold/` | `viewtape new`: a guest, as a Rust crate or a TypeScript/JavaScript package |
 
 pub mod admin;
 pub mod check;

@@ -1,7 +1,7 @@
-//! `viewtape new NAME`: writes a guest crate that builds for `wasm32-unknown-unknown` and passes
-//! its tests as generated — a runtime keeping a running total per key, publishing to the view
-//! `NAME`, with unit tests on the SDK's harness and a README saying how to build, test, run it
-//! over recorded input and configure it in a server.
+//! A Rust guest: a crate that builds for `wasm32-unknown-unknown` and passes its tests as
+//! generated — a runtime keeping a running total per key, publishing to the view `NAME`, with
+//! unit tests on the SDK's harness and a README saying how to build, test, run it over recorded
+//! input and configure it in a server.
 //!
 //! The SDK is not on crates.io. The crate depends on it by git, on the tag of the release this
 //! binary is (`v0.1.0` of the repository it was built from), which works on any machine with
@@ -9,6 +9,11 @@
 //! instead. The build machine's own checkout is never written into the crate.
 
 use std::path::{Path, PathBuf};
+
+use super::{check_name, write_files, ScaffoldError};
+
+/// What `--sdk` names for a Rust guest.
+const RUST_SDK: &str = "the runtime-guest directory of a viewtape checkout";
 
 /// The viewtape SDK (`viewtape-guest`) a new crate depends on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,10 +44,10 @@ impl Sdk {
         match self {
             Self::Git { repository, tag } => Ok(format!("git = {repository:?}, tag = {tag:?}")),
             Self::Path(dir) => {
-                let absolute =
-                    std::fs::canonicalize(dir).map_err(|_| ScaffoldError::NoSdk(dir.clone()))?;
+                let absolute = std::fs::canonicalize(dir)
+                    .map_err(|_| ScaffoldError::no_sdk(dir.clone(), RUST_SDK))?;
                 if !absolute.join("Cargo.toml").is_file() {
-                    return Err(ScaffoldError::NoSdk(absolute));
+                    return Err(ScaffoldError::no_sdk(absolute, RUST_SDK));
                 }
                 let text = absolute.to_string_lossy().replace('\\', "/");
                 Ok(format!("path = {text:?}"))
@@ -51,71 +56,29 @@ impl Sdk {
     }
 }
 
-/// Why a crate was not written.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ScaffoldError {
-    /// The name cannot be a crate and a view name.
-    #[error("{0:?} cannot name a guest: use 1-64 of a-z 0-9 _ -, starting with a letter")]
-    BadName(String),
-    /// The SDK directory given has no `Cargo.toml`.
-    #[error("no viewtape SDK at {}: --sdk names the runtime-guest directory of a viewtape checkout", .0.display())]
-    NoSdk(PathBuf),
-    /// The target exists already.
-    #[error("{} already exists", .0.display())]
-    Exists(PathBuf),
-    /// Writing failed.
-    #[error("cannot write {}", path.display())]
-    Io {
-        /// The file or directory.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-}
-
 /// Writes the crate `name` into `parent/name`, depending on `sdk`. Returns its directory.
 ///
 /// # Errors
 /// A bad name, an SDK path without the SDK, an existing directory, or a failed write.
 pub fn new_guest(name: &str, parent: &Path, sdk: &Sdk) -> Result<PathBuf, ScaffoldError> {
-    let valid = name.len() <= 64
-        && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
-    if !valid {
-        return Err(ScaffoldError::BadName(name.to_owned()));
-    }
+    check_name(name)?;
     let sdk_source = sdk.source()?;
-    let dir = parent.join(name);
-    if dir.exists() {
-        return Err(ScaffoldError::Exists(dir));
-    }
     let fill = |template: &str| {
         template
             .replace("{{name}}", name)
             .replace("{{crate}}", &name.replace('-', "_"))
             .replace("{{sdk}}", &sdk_source)
     };
-    for (file, template) in [
-        ("Cargo.toml", CARGO_TOML),
-        ("src/lib.rs", LIB_RS),
-        ("README.md", README_MD),
-        ("input.ndjson", INPUT),
-        (".gitignore", "/target\n"),
-    ] {
-        let path = dir.join(file);
-        let write = |path: &Path| {
-            if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
-            std::fs::write(path, fill(template))
-        };
-        write(&path).map_err(|source| ScaffoldError::Io { path, source })?;
-    }
-    Ok(dir)
+    write_files(
+        &parent.join(name),
+        &[
+            ("Cargo.toml", fill(CARGO_TOML)),
+            ("src/lib.rs", fill(LIB_RS)),
+            ("README.md", fill(README_MD)),
+            ("input.ndjson", INPUT.to_owned()),
+            (".gitignore", "/target\n".to_owned()),
+        ],
+    )
 }
 
 const CARGO_TOML: &str = r#"[package]
@@ -346,7 +309,7 @@ mod tests {
         }
         assert!(matches!(
             new_guest("orders", tmp.path(), &Sdk::Path(tmp.path().to_owned())),
-            Err(ScaffoldError::NoSdk(_))
+            Err(ScaffoldError::NoSdk { .. })
         ));
         let dir = new_guest("orders", tmp.path(), &checkout()).unwrap();
         assert!(dir.join("src/lib.rs").is_file());
