@@ -1,6 +1,6 @@
 //! JavaScript guests on a cluster, end to end with a real `nats-server`: a JS module posted to
 //! one node runs on every node, and a guest that calls `Date.now()` and `Math.random()`
-//! publishes the same frames on every node (DESIGN §15: deterministic by construction).
+//! publishes the same frames on every node (deterministic by construction).
 
 use std::time::{Duration, Instant};
 
@@ -131,8 +131,7 @@ async fn two_nodes_publish_the_same_frames_from_date_and_random() -> anyhow::Res
     draws.sort_unstable();
     draws.dedup();
     ensure!(draws.len() == 24, "every draw differs: {values:?}");
-    // The guest ABI gives no ingest time yet: Date.now() is the epoch on every node (DESIGN §15
-    // wants the batch's logged ingest time).
+    // The guest ABI gives no ingest time yet: Date.now() is the epoch on every node.
     for value in &values {
         ensure!(
             value["now"] == 0 && value["date"] == "1970-01-01T00:00:00.000Z",

@@ -1,4 +1,4 @@
-//! JavaScript guests (`DESIGN.md` §15) through the real binary: a `[[runtime]]` whose `module`
+//! JavaScript guests through the real binary: a `[[runtime]]` whose `module`
 //! is a `.js` file serves its view over HTTP; `viewtape run` runs the JS ticker
 //! (`examples/js/ticker.js`) as it runs a `.wasm`; `check-config` refuses a module that does not
 //! compile, naming the line and the column.

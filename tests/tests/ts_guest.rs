@@ -1,4 +1,4 @@
-//! A TypeScript guest from nothing, through the real binary and npm (`DESIGN.md` §15):
+//! A TypeScript guest from nothing, through the real binary and npm:
 //! `viewtape new demo --lang ts --sdk clients/guest` → `npm install` → `npm run build` (one
 //! `dist/guest.js`, no imports left) → `npm test` (node:test on `@viewtape/guest`'s harness, which
 //! runs the bundle with this build's binary) → `viewtape run dist/guest.js` over the package's

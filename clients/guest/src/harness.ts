@@ -1,6 +1,6 @@
 // The test harness of @viewtape/guest: runs a built guest (one bundled `.js` file, or a `.wasm`)
 // in the engine the server runs it in, by running the `viewtape` binary: each `feed` is one batch
-// of `viewtape run GUEST --state … --save-state …` (DESIGN.md §15), so what a test sees is what a
+// of `viewtape run GUEST --state … --save-state …`, so what a test sees is what a
 // server would publish — the same JS engine, limits, schema checks and all-or-nothing batches.
 //
 // The state lives between feeds as the host saved it (a file in a temporary directory): a

@@ -1,5 +1,5 @@
-// @viewtape/guest: the contract of a viewtape guest written in JavaScript or TypeScript (DESIGN.md
-// §15), as types. A guest is an ES module, bundled to one file with no imports left, that the
+// @viewtape/guest: the contract of a viewtape guest written in JavaScript or TypeScript, as
+// types. A guest is an ES module, bundled to one file with no imports left, that the
 // server runs in its embedded JS engine; these names are what the engine looks for:
 //
 //   export function init(config: string): State
@@ -50,8 +50,8 @@ export type Init<State> = (config: string) => State;
  * NDJSON, one record per line) and returns the new state. It may change `state` in place and return it. Throwing
  * rejects the batch as a whole.
  *
- * Deterministic by construction: `Date.now()` is the batch's ingest time, `Math.random()` is
- * seeded from the batch's position; there are no timers, no I/O and no other clock.
+ * Deterministic by construction: `Date.now()` is the epoch (0) for now, `Math.random()` is
+ * seeded from the runtime's count of batches; there are no timers, no I/O and no other clock.
  */
 export type OnBatch<State> = (state: State, input: string, ctx: Ctx) => State;
 

@@ -25,7 +25,7 @@ pub struct RuntimeSection {
     /// The runtime's name (ingest URL, logs, metrics).
     pub name: String,
     /// `module =`: `builtin:<guest>`, or a path to a `.wasm` file (a WebAssembly guest) or a
-    /// `.js` file (a JavaScript guest, `DESIGN.md` §15). `wasm =` is an alias.
+    /// `.js` file (a JavaScript guest). `wasm =` is an alias.
     #[serde(rename = "module", alias = "wasm")]
     pub wasm: String,
     /// Views that exist from the start.

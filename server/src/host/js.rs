@@ -1,4 +1,4 @@
-//! JavaScript guests (`DESIGN.md` §15): a module whose bytes are JavaScript source, run by the
+//! JavaScript guests: a module whose bytes are JavaScript source, run by the
 //! JS engine guest the server embeds (`guests::JS_ENGINE_WASM`, built from
 //! `examples/guests/js`).
 //!

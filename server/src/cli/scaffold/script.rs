@@ -1,4 +1,4 @@
-//! A TypeScript or JavaScript guest (`DESIGN.md` §15): an npm package whose `npm run build`
+//! A TypeScript or JavaScript guest: an npm package whose `npm run build`
 //! bundles `src/guest.ts` (or `.js`) with esbuild into one ES module with no imports left,
 //! `dist/guest.js` — the module a server runs — and whose `npm test` runs node:test tests on
 //! `@viewtape/guest`'s harness, which runs that module in the `viewtape` binary's own engine.
@@ -409,8 +409,8 @@ then `curl --data-binary @input.ndjson http://127.0.0.1:8080/runtimes/{{name}}/i
 `http://127.0.0.1:8080/views/{{name}}/events`. A new build goes to a running server without a
 restart, its state carried over: `viewtape deploy {{name}} dist/guest.js`.
 
-A guest is deterministic: `Date.now()` is the batch's ingest time, `Math.random()` is seeded from
-the batch's position, and there are no timers and no I/O. A loop that never ends runs out of fuel
+A guest is deterministic: `Date.now()` is the epoch (0) for now, `Math.random()` is seeded from
+the runtime's count of batches, and there are no timers and no I/O. A loop that never ends runs out of fuel
 and an allocation past the memory limit fails the batch, as for any guest.
 "#;
 
