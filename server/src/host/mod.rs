@@ -38,6 +38,7 @@ mod batch;
 mod config;
 mod engine;
 mod error;
+mod fingerprint;
 pub mod guests;
 mod instance;
 mod js;
@@ -47,8 +48,9 @@ pub use batch::{EventKind, GuestBatch, GuestEvent};
 pub use config::{EngineConfig, Limits, DEFAULT_FUEL};
 pub use engine::GuestEngine;
 pub use error::{GuestError, LoadError};
+pub use fingerprint::ModuleFingerprint;
 pub use instance::GuestInstance;
-pub use module::{GuestModule, ModuleFingerprint};
+pub use module::GuestModule;
 
 /// Decodes a guest's batch output buffer (`ABI.md`) the way [`GuestInstance::on_batch`] does.
 /// Exposed for the benchmarks that compare output designs; not needed to run guests.

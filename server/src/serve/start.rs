@@ -24,7 +24,7 @@ use bytes::Bytes;
 use viewtape_journal::EventJournal;
 use viewtape_snapshots::SnapshotDir;
 
-use crate::catalog::{Catalog, Changed};
+use crate::catalog::{Catalog, CatalogError, Changed};
 use crate::cluster::{Appliers, Cluster};
 use crate::config::{Config, RuntimeSection};
 use crate::deploy::Deployer;
@@ -251,12 +251,16 @@ async fn declare_configured(config: &Config, catalog: &Catalog) -> anyhow::Resul
         let definition = section
             .definition(i, fingerprint)
             .map_err(|problem| anyhow::anyhow!("{}: {}", problem.key, problem.message))?;
-        let changed = catalog
-            .put(&section.name, definition)
-            .await
-            .map_err(|error| anyhow::anyhow!("{error}"))?;
-        if changed != Changed::Unchanged {
-            tracing::info!(runtime = %section.name, "the config declares this runtime otherwise than the log held it: declared by a record");
+        match catalog.put(&section.name, definition).await {
+            Ok(Changed::Unchanged) => {}
+            Ok(_) => {
+                tracing::info!(runtime = %section.name, "the config declares this runtime otherwise than the log held it: declared by a record")
+            }
+            // Another runtime, made through the API, has its views now: the log's wins.
+            Err(CatalogError::Conflict { .. }) | Err(CatalogError::Refused { .. }) => {
+                tracing::warn!(runtime = %section.name, "the config's runtime cannot be declared again: the log's runtimes stand")
+            }
+            Err(error) => return Err(anyhow::anyhow!("{error}")),
         }
     }
     Ok(())
