@@ -26,6 +26,25 @@ pub async fn nodes(nats: &NatsServer, n: usize) -> anyhow::Result<Vec<Server>> {
     Ok(out)
 }
 
+/// A node on `nats` with the admin routes on under `token`, and `args` besides; ready.
+pub async fn admin_node(nats: &NatsServer, token: &str, args: &[&str]) -> anyhow::Result<Server> {
+    let url = nats.url();
+    let mut all = vec!["--nats", url.as_str()];
+    all.extend_from_slice(args);
+    let server = Server::start_with_env(&all, &[(crate::server::ADMIN_TOKEN_ENV, token)]).await?;
+    server.ready(CONVERGE).await?;
+    Ok(server)
+}
+
+/// `n` admin nodes on `nats` (see [`admin_node`]), each on the default config.
+pub async fn admin_nodes(nats: &NatsServer, token: &str, n: usize) -> anyhow::Result<Vec<Server>> {
+    let mut nodes = Vec::new();
+    for _ in 0..n {
+        nodes.push(admin_node(nats, token, &[]).await?);
+    }
+    Ok(nodes)
+}
+
 /// Waits until the node has applied stream sequence `position`.
 pub async fn applied(server: &Server, position: u64) -> anyhow::Result<()> {
     let deadline = Instant::now() + CONVERGE;

@@ -8,30 +8,13 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _};
-use viewtape_tests::cluster::{applied, frames, ingest_all, operator, position, CONVERGE};
-use viewtape_tests::server::{config_file, guest_wasm, with_custom_section, ADMIN_TOKEN_ENV};
+use viewtape_tests::cluster::{
+    admin_nodes, applied, frames, ingest_all, operator, position, CONVERGE,
+};
+use viewtape_tests::server::{config_file, guest_wasm, with_custom_section};
 use viewtape_tests::{expect, http, Feed, NatsServer, Response, Server};
 
 const TOKEN: &str = "cluster-changes-token";
-
-/// A node on `nats` with the admin routes on, and `args` besides; ready.
-async fn admin_node(nats: &NatsServer, args: &[&str]) -> anyhow::Result<Server> {
-    let url = nats.url();
-    let mut all = vec!["--nats", url.as_str()];
-    all.extend_from_slice(args);
-    let server = Server::start_with_env(&all, &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
-    server.ready(CONVERGE).await?;
-    Ok(server)
-}
-
-/// `n` admin nodes on `nats`.
-async fn admin_nodes(nats: &NatsServer, n: usize) -> anyhow::Result<Vec<Server>> {
-    let mut nodes = Vec::new();
-    for _ in 0..n {
-        nodes.push(admin_node(nats, &[]).await?);
-    }
-    Ok(nodes)
-}
 
 /// An admin request with the token.
 async fn admin(server: &Server, method: &str, path: &str, body: &[u8]) -> anyhow::Result<Response> {
@@ -75,7 +58,7 @@ async fn state(server: &Server) -> anyhow::Result<(String, serde_json::Value)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deploy_through_one_node_switches_every_node_with_no_reset() -> anyhow::Result<()> {
     let nats = NatsServer::start().await?;
-    let nodes = admin_nodes(&nats, 3).await?;
+    let nodes = admin_nodes(&nats, TOKEN, 3).await?;
     let mut feed = Feed::new(&["ACME", "BOLT", "CRUX"]);
     ingest_all(&nodes, &mut feed, 3, 2).await?;
     let cursor = expect::cursor_of(&expect::tape(&nodes[0], "prices", 6).await?[5])?;
@@ -156,7 +139,7 @@ async fn a_deploy_through_one_node_switches_every_node_with_no_reset() -> anyhow
 async fn a_live_restore_through_one_node_restores_every_node_under_one_cursor() -> anyhow::Result<()>
 {
     let nats = NatsServer::start().await?;
-    let mut nodes = admin_nodes(&nats, 3).await?;
+    let mut nodes = admin_nodes(&nats, TOKEN, 3).await?;
     let mut feed = Feed::new(&["ACME", "BOLT"]);
     ingest_all(&nodes, &mut feed, 3, 2).await?;
     let (_, snapshot_state) = state(&nodes[2]).await?;
@@ -283,7 +266,7 @@ async fn a_rogue_node_acknowledges_nothing_and_stops_no_one(
     applies: bool,
 ) -> anyhow::Result<()> {
     let nats = NatsServer::start().await?;
-    let healthy = admin_nodes(&nats, 2).await?;
+    let healthy = admin_nodes(&nats, TOKEN, 2).await?;
     let mut feed = Feed::new(&["ACME", "BOLT"]);
     ingest_all(&healthy, &mut feed, 3, 2).await?;
 
@@ -353,7 +336,7 @@ const WITH_NOTES: &str =
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_with_an_extra_runtime_stops_no_one() -> anyhow::Result<()> {
     let nats = NatsServer::start().await?;
-    let mut healthy = admin_nodes(&nats, 2).await?;
+    let mut healthy = admin_nodes(&nats, TOKEN, 2).await?;
     let mut feed = Feed::new(&["ACME", "BOLT"]);
     ingest_all(&healthy, &mut feed, 3, 2).await?;
 
@@ -446,7 +429,7 @@ async fn a_node_with_an_extra_runtime_stops_no_one() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_a_node_cannot_read_stops_it_and_says_why() -> anyhow::Result<()> {
     let nats = NatsServer::start().await?;
-    let nodes = admin_nodes(&nats, 2).await?;
+    let nodes = admin_nodes(&nats, TOKEN, 2).await?;
     let mut feed = Feed::new(&["ACME"]);
     ingest_all(&nodes, &mut feed, 2, 1).await?;
     let before = frames(&nodes[0], 2).await?;

@@ -7,8 +7,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
-use viewtape_tests::cluster::{applied, position, CONVERGE};
-use viewtape_tests::server::ADMIN_TOKEN_ENV;
+use viewtape_tests::cluster::{admin_nodes, applied, position, CONVERGE};
 use viewtape_tests::{expect, http, EventStream, NatsServer, Response, Server};
 
 const TOKEN: &str = "cluster-runtimes-token";
@@ -18,25 +17,6 @@ const CHAT: &str = r#"{"module":"builtin:json","views":["chat.*"]}"#;
 
 /// The room the tests write to.
 const ROOM: &str = "chat.room-1";
-
-/// A node on `nats` with the admin routes on, and `args` besides; ready.
-async fn admin_node(nats: &NatsServer, args: &[&str]) -> anyhow::Result<Server> {
-    let url = nats.url();
-    let mut all = vec!["--nats", url.as_str()];
-    all.extend_from_slice(args);
-    let server = Server::start_with_env(&all, &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
-    server.ready(CONVERGE).await?;
-    Ok(server)
-}
-
-/// `n` admin nodes on `nats`, each on the default config (which names no `chat`).
-async fn admin_nodes(nats: &NatsServer, n: usize) -> anyhow::Result<Vec<Server>> {
-    let mut nodes = Vec::new();
-    for _ in 0..n {
-        nodes.push(admin_node(nats, &[]).await?);
-    }
-    Ok(nodes)
-}
 
 /// An admin request with the token.
 async fn admin(server: &Server, method: &str, path: &str, body: &[u8]) -> anyhow::Result<Response> {
@@ -157,7 +137,7 @@ async fn same_room(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runtime_created_through_one_node_runs_on_every_node() -> anyhow::Result<()> {
     let nats = NatsServer::start().await?;
-    let mut nodes = admin_nodes(&nats, 3).await?;
+    let mut nodes = admin_nodes(&nats, TOKEN, 3).await?;
     {
         let all: Vec<&Server> = nodes.iter().collect();
         create_chat(&nodes[0], &all).await?;
@@ -250,7 +230,7 @@ async fn a_runtime_created_through_one_node_runs_on_every_node() -> anyhow::Resu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runtime_deleted_through_one_node_is_retired_on_every_node() -> anyhow::Result<()> {
     let nats = NatsServer::start().await?;
-    let nodes = admin_nodes(&nats, 3).await?;
+    let nodes = admin_nodes(&nats, TOKEN, 3).await?;
     let all: Vec<&Server> = nodes.iter().collect();
     create_chat(&nodes[0], &all).await?;
     let last = ingest_chat(&nodes[2], &messages(0, 3)).await?;
