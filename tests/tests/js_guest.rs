@@ -299,3 +299,60 @@ async fn the_js_vwap_averages_each_symbols_last_n_trades() -> anyhow::Result<()>
     ensure!(!ok, "{out:?}");
     Ok(())
 }
+
+/// The compiled JS engine is kept in `DATA_DIR/cache` by default: a restart loads it instead of
+/// compiling it again, and a damaged copy (here: after `kill -9`) is compiled again and replaced,
+/// never loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compiled_js_engine_is_kept_and_a_damaged_copy_is_replaced() -> anyhow::Result<()> {
+    let module = js_ticker().display().to_string();
+    let file = config_file(&config(&module))?;
+    let path = file.path().display().to_string();
+    // An empty VIEWTAPE_CACHE_DIR is unset: the server's own default, not the tests' shared one.
+    let mut server =
+        Server::start_with_env(&["--config", &path], &[("VIEWTAPE_CACHE_DIR", "")]).await?;
+    server.ready(Duration::from_secs(30)).await?;
+    server
+        .ingest_ok("{\"symbol\":\"ACME\",\"price\":1,\"seq\":1}\n")
+        .await?;
+    let cache = server.data_dir().join("cache");
+    let kept: Vec<PathBuf> = std::fs::read_dir(&cache)
+        .with_context(|| format!("{} holds the compiled engine", cache.display()))?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    ensure!(
+        kept.len() == 1 && kept[0].extension().is_some_and(|e| e == "cwasm"),
+        "{kept:?}"
+    );
+    let whole = std::fs::read(&kept[0])?;
+
+    server.kill9().await?;
+    let mut damaged = whole.clone();
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 0x55;
+    std::fs::write(&kept[0], &damaged)?;
+    server.restart().await?;
+    server.ready(Duration::from_secs(30)).await?;
+    server
+        .ingest_ok("{\"symbol\":\"ACME\",\"price\":2,\"seq\":2}\n")
+        .await?;
+    let resp = server.get("/views/prices").await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    ensure!(
+        resp.json()?["entries"]["ACME"]["price"] == json!(2),
+        "{}",
+        resp.text()
+    );
+    ensure!(
+        server.logs().contains("cached code is damaged"),
+        "the damage is logged: {}",
+        server.logs()
+    );
+    let replaced = std::fs::read(&kept[0])?;
+    ensure!(
+        replaced != damaged && replaced.len() == whole.len(),
+        "the damaged copy was replaced by a whole one"
+    );
+    server.stop_graceful().await?;
+    Ok(())
+}

@@ -36,8 +36,11 @@ pub fn check_file(path: &Path, adjust: impl FnOnce(&mut Config)) -> Result<Confi
 /// # Errors
 /// The first that does not, with its key.
 pub fn check_files(config: &Config) -> Result<(), Problem> {
-    let engine = GuestEngine::new(EngineConfig::default())
-        .map_err(|error| Problem::new("runtime", format!("no guest engine: {error}")))?;
+    let engine = GuestEngine::new(EngineConfig {
+        cache_dir: crate::host::cache_dir(crate::host::user_cache_dir),
+        ..EngineConfig::default()
+    })
+    .map_err(|error| Problem::new("runtime", format!("no guest engine: {error}")))?;
     // Runtimes on one module (the built-in ticker, say) have it compiled once.
     let mut loaded = HashSet::new();
     for (i, runtime) in config.runtimes.iter().enumerate() {

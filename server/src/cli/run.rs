@@ -67,6 +67,7 @@ pub async fn run(
 ) -> anyhow::Result<Ran> {
     let engine = GuestEngine::new(EngineConfig {
         pooled_instances: 0,
+        cache_dir: crate::host::cache_dir(crate::host::user_cache_dir),
         ..EngineConfig::default()
     })?;
     let module = GuestModule::new(&engine, &options.wasm)?;

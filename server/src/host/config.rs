@@ -1,5 +1,6 @@
 //! Limits per runtime and engine-wide settings, with safe defaults.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// What one runtime may use. `Limits { batch_timeout, ..Default::default() }` works.
@@ -49,6 +50,9 @@ pub struct EngineConfig {
     pub pooled_instances: u32,
     /// Largest linear memory any runtime may be given (the pool's slot size). Default 64 MiB.
     pub max_memory_bytes: usize,
+    /// Where compiled code is kept between processes (`code_cache.rs`); `None` compiles it in
+    /// every process. Default `None`.
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -56,6 +60,7 @@ impl Default for EngineConfig {
         Self {
             pooled_instances: 64,
             max_memory_bytes: 64 << 20,
+            cache_dir: None,
         }
     }
 }

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use viewtape_guest::abi;
 use wasmtime::{
-    Caller, Config, Engine, InstanceAllocationStrategy, InstancePre, Linker, Memory, Module,
-    OptLevel, PoolingAllocationConfig, ResourceLimiter,
+    Caller, Config, Engine, InstanceAllocationStrategy, InstancePre, Linker, Memory, OptLevel,
+    PoolingAllocationConfig, ResourceLimiter,
 };
 
 use super::{EngineConfig, LoadError, ModuleFingerprint};
@@ -26,9 +26,9 @@ struct Inner {
     linker: Linker<HostState>,
     config: EngineConfig,
     pooled: bool,
-    /// The JS engine guest (`guests::JS_ENGINE_WASM`), compiled on first use: a server without
-    /// JavaScript runtimes never pays its compile (about two seconds), one with many pays it
-    /// once. The lock is held while compiling, so concurrent loads wait for the one compile.
+    /// The JS engine guest (`guests::JS_ENGINE_WASM`), compiled on first use (or loaded from
+    /// the code cache): a server without JavaScript runtimes never pays its compile (about two
+    /// seconds), one with many pays it once. The lock is held while compiling, so concurrent loads wait for the one compile.
     js_engine: Mutex<Option<Arc<InstancePre<HostState>>>>,
     /// The WebAssembly modules compiled last, by fingerprint: a module that is checked, kept
     /// and then run (an upload, a definition, a deploy, a cluster's record of either) is
@@ -111,8 +111,11 @@ impl GuestEngine {
         if let Some(pre) = &*slot {
             return Ok(pre.clone());
         }
-        let module = Module::new(&self.inner.engine, super::guests::JS_ENGINE_WASM)
-            .map_err(|e| LoadError::Compile(e.into_boxed_dyn_error()))?;
+        let module = super::code_cache::load_or_compile(
+            &self.inner.engine,
+            super::guests::JS_ENGINE_WASM,
+            self.inner.config.cache_dir.as_deref(),
+        )?;
         let pre = Arc::new(
             self.inner
                 .linker

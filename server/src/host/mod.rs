@@ -8,7 +8,8 @@
 //! - [`GuestModule`] — one per guest binary: compiled once, checked once (ABI version, exports),
 //!   pre-linked into an `InstancePre` so instantiating is cheap. Cheap to clone.
 //!   A JavaScript module is a `GuestModule` too: its source, and the embedded JS engine guest
-//!   (compiled once per engine) as its code (`js.rs`).
+//!   (compiled once per engine, and kept on disk between processes: `code_cache.rs`) as its
+//!   code (`js.rs`).
 //! - [`GuestInstance`] — one per running runtime: a `Store` and its instance, owned by exactly
 //!   one task and never put behind a lock (`runtime::RuntimeHandle` talks to that task).
 //!
@@ -35,6 +36,7 @@
 //! linear memory once into a `Bytes`, and every payload is a zero-copy slice of it.
 
 mod batch;
+mod code_cache;
 mod config;
 mod engine;
 mod error;
@@ -45,6 +47,7 @@ mod js;
 mod module;
 
 pub use batch::{EventKind, GuestBatch, GuestEvent};
+pub use code_cache::{cache_dir, user_cache_dir};
 pub use config::{EngineConfig, Limits, DEFAULT_FUEL};
 pub use engine::GuestEngine;
 pub use error::{GuestError, LoadError};

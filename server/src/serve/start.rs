@@ -93,7 +93,10 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         }
     };
 
-    let engine = GuestEngine::new(EngineConfig::default())?;
+    let engine = GuestEngine::new(EngineConfig {
+        cache_dir: crate::host::cache_dir(|| Some(data_dir.join("cache"))),
+        ..EngineConfig::default()
+    })?;
     let modules_dir = data_dir.join("modules");
     let modules =
         Arc::new(ModuleStore::open(&modules_dir).map_err(|error| {

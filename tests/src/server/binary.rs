@@ -107,6 +107,18 @@ fn locate_or_build() -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
+/// The environment variable that names the server's code cache directory.
+pub const CACHE_DIR_VAR: &str = "VIEWTAPE_CACHE_DIR";
+
+/// The code cache the servers of the tests share: `$VIEWTAPE_CACHE_DIR` if set, else
+/// `code-cache` beside the binary (`target/debug/code-cache`).
+pub fn code_cache_dir(bin: &Path) -> PathBuf {
+    match std::env::var_os(CACHE_DIR_VAR) {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => bin.with_file_name("code-cache"),
+    }
+}
+
 /// Runs the binary with `args` (and `env`) to completion, within 60 s; its exit code and its
 /// stdout followed by its stderr.
 ///

@@ -37,7 +37,9 @@ use tokio::process::{Child, ChildStderr, Command};
 
 use crate::http;
 
-pub use binary::{binary, cli, config_file, guest_wasm, with_custom_section};
+pub use binary::{
+    binary, cli, code_cache_dir, config_file, guest_wasm, with_custom_section, CACHE_DIR_VAR,
+};
 
 /// How long the server may take to print its listening line.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -216,6 +218,9 @@ impl Server {
             )
             // Admin routes are opt-in per test, whatever the test runner's environment says.
             .env_remove(ADMIN_TOKEN_ENV)
+            // Every test's server shares one code cache (each data directory would have its
+            // own, and compile the JS engine again), unless the runner names one.
+            .env(CACHE_DIR_VAR, code_cache_dir(&bin))
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
