@@ -89,7 +89,8 @@ pub enum CatalogError {
         #[source]
         source: LogError,
     },
-    /// A cluster's stream did not take the record, or this node did not apply it in time.
+    /// A cluster's stream did not take the record, or this node did not apply it in time:
+    /// whether it changed anything is not known here.
     #[error("runtime {runtime:?}: {reason}")]
     Shared {
         /// The runtime.
@@ -119,7 +120,7 @@ pub struct Catalog {
     /// On a cluster: the verdicts on pending records, by position, for the waiter of the node
     /// that published one; at most [`VERDICTS_KEPT`], the oldest dropped first (every node
     /// judges every record, and only its publisher takes the verdict away).
-    verdicts: Mutex<BTreeMap<LogPosition, Result<Changed, String>>>,
+    verdicts: Mutex<BTreeMap<LogPosition, Result<Changed, CatalogError>>>,
     /// Wakes the waiters for verdicts when one is given (after the record's position counts as
     /// applied: a waiter waits for its verdict, not for the position).
     verdict_given: tokio::sync::Notify,
@@ -179,6 +180,28 @@ impl Catalog {
     /// # Errors
     /// [`CatalogError`]; nothing changed.
     pub async fn put(&self, name: &str, definition: Definition) -> Result<Changed, CatalogError> {
+        self.put_by(name, definition, false).await
+    }
+
+    /// [`Catalog::put`] by a cluster's node that is settling its config's runtimes with the
+    /// stream: it publishes while the node takes no other change yet.
+    ///
+    /// # Errors
+    /// As [`Catalog::put`].
+    pub async fn put_settling(
+        &self,
+        name: &str,
+        definition: Definition,
+    ) -> Result<Changed, CatalogError> {
+        self.put_by(name, definition, true).await
+    }
+
+    async fn put_by(
+        &self,
+        name: &str,
+        definition: Definition,
+        settling: bool,
+    ) -> Result<Changed, CatalogError> {
         let _changing = self.changing.lock().await;
         self.check(name, &definition)?;
         let existing = self.runtimes.get(name);
@@ -201,7 +224,7 @@ impl Catalog {
                 pending: true,
                 ..entry
             });
-            return self.publish(stream, name, entry).await;
+            return self.publish(stream, name, entry, settling).await;
         }
         let changed = self.define(entry, module, None).await?;
         tracing::info!(runtime = name, ?changed, "runtime defined");
@@ -223,7 +246,7 @@ impl Catalog {
         };
         if let Some(stream) = self.log.stream() {
             return self
-                .publish(stream, name, Entry::Retire(entry))
+                .publish(stream, name, Entry::Retire(entry), false)
                 .await
                 .map(|_| ());
         }
@@ -245,6 +268,16 @@ impl Catalog {
         position: LogPosition,
     ) -> Result<(), CatalogError> {
         let pending = entry.pending;
+        let running = self.runtimes.get(&entry.runtime);
+        if running
+            .and_then(|running| running.definition)
+            .is_some_and(|running| *running == entry.definition)
+        {
+            // It runs that definition already (two nodes of a cluster declared the same runtime
+            // side by side, say): nothing to change, but the position is consumed.
+            drop(self.log.turn(Some(position), 1).await);
+            return self.settle(pending, position, Ok(Changed::Unchanged)).await;
+        }
         // A pending record is judged again here, at its position, alike on every node: two
         // nodes may have published overlapping definitions side by side.
         let outcome = match pending {
@@ -294,7 +327,7 @@ impl Catalog {
         }
         {
             let mut verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner);
-            verdicts.insert(position, outcome.map_err(|error| error.to_string()));
+            verdicts.insert(position, outcome);
             while verdicts.len() > VERDICTS_KEPT {
                 verdicts.pop_first();
             }
@@ -499,21 +532,25 @@ impl Catalog {
         }
     }
 
-    /// Publishes a runtime change to the cluster's stream and waits for this node's verdict.
+    /// Publishes a runtime change to the cluster's stream (`settling`: while the node settles)
+    /// and waits for this node's verdict.
     async fn publish(
         &self,
         stream: &crate::log::StreamLog,
         name: &str,
         entry: Entry,
+        settling: bool,
     ) -> Result<Changed, CatalogError> {
         let shared = |reason: String| CatalogError::Shared {
             runtime: name.to_owned(),
             reason,
         };
-        let published = stream
-            .publish(name, entry.encode(), stream.own_id())
-            .await
-            .map_err(|error| shared(error.to_string()))?;
+        let (payload, id) = (entry.encode(), stream.own_id());
+        let published = match settling {
+            true => stream.publish_settling(name, payload, id).await,
+            false => stream.publish(name, payload, id).await,
+        }
+        .map_err(|error| shared(error.to_string()))?;
         let sequence = published.sequence;
         // The verdict is given once the record is applied (its position may count as applied a
         // moment before): wait for the verdict itself, within the stream's timeout.
@@ -527,10 +564,8 @@ impl Catalog {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(&sequence);
-            match verdict {
-                Some(Ok(changed)) => return Ok(changed),
-                Some(Err(reason)) => return Err(shared(reason)),
-                None => {}
+            if let Some(verdict) = verdict {
+                return verdict;
             }
             if tokio::time::timeout_at(deadline, given).await.is_err() {
                 return Err(shared(format!(

@@ -83,7 +83,16 @@ pub async fn ingest_all(
 
 /// The first `n` frames of the tape of `prices`: (id, data) each.
 pub async fn frames(server: &Server, n: usize) -> anyhow::Result<Vec<(String, String)>> {
-    Ok(expect::tape(server, "prices", n)
+    view_frames(server, "prices", n).await
+}
+
+/// The first `n` frames of `view`'s tape on `server`: id and data.
+pub async fn view_frames(
+    server: &Server,
+    view: &str,
+    n: usize,
+) -> anyhow::Result<Vec<(String, String)>> {
+    Ok(expect::tape(server, view, n)
         .await?
         .into_iter()
         .map(|e| (e.id.unwrap_or_default(), e.data))

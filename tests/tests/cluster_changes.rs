@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _};
 use viewtape_tests::cluster::{
-    admin_nodes, applied, frames, ingest_all, operator, position, CONVERGE,
+    admin_nodes, applied, frames, ingest_all, operator, position, view_frames, CONVERGE,
 };
 use viewtape_tests::server::{config_file, guest_wasm, with_custom_section};
 use viewtape_tests::{expect, http, Feed, NatsServer, Response, Server};
@@ -330,13 +330,14 @@ const WITH_NOTES: &str =
     "[[runtime]]\nname = \"demo\"\nwasm = \"builtin:ticker\"\nviews = [\"prices\"]\n\n\
      [[runtime]]\nname = \"notes\"\nwasm = \"builtin:json\"\nviews = [\"notes\"]\n";
 
-/// A node whose config has a runtime the others lack runs it, and its records stop no one:
-/// the others pass over them and stay ready; a node later configured with that runtime, on a
-/// state that holds none of its history, is not ready and says so.
+/// A node joining with a runtime in its config that the cluster lacks declares it by a define
+/// record: every node runs it from then on, at the same positions, and stays ready; its views
+/// are fed and read through any node, and a node that joins later with a config lacking it
+/// serves it too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_with_an_extra_runtime_stops_no_one() -> anyhow::Result<()> {
+async fn a_node_joining_with_an_extra_runtime_makes_every_node_run_it() -> anyhow::Result<()> {
     let nats = NatsServer::start().await?;
-    let mut healthy = admin_nodes(&nats, TOKEN, 2).await?;
+    let healthy = admin_nodes(&nats, TOKEN, 2).await?;
     let mut feed = Feed::new(&["ACME", "BOLT"]);
     ingest_all(&healthy, &mut feed, 3, 2).await?;
 
@@ -344,85 +345,70 @@ async fn a_node_with_an_extra_runtime_stops_no_one() -> anyhow::Result<()> {
     let path = config.path().display().to_string();
     let extra = Server::start(&["--nats", &nats.url(), "--config", &path]).await?;
     extra.ready(CONVERGE).await?;
-    let mut last = 0;
-    for i in 0..20 {
-        let note = format!("{{\"view\":\"notes\",\"key\":\"n{i}\",\"value\":{i}}}\n");
-        let resp = extra.ingest("notes", &note).await?;
-        ensure!(resp.status() == 200, "{}", resp.text());
-        last = position(&healthy[i % 2].ingest_ok(&feed.batch(1)).await?)?;
+    // Ready once it applied its record: the others run `notes` once they have applied as far.
+    let defined = extra.get("/readyz").await?.json()?["applied"]
+        .as_u64()
+        .context("applied")?;
+    for node in &healthy {
+        applied(node, defined).await?;
     }
-    for node in healthy.iter().chain([&extra]) {
+    // Every node runs `notes` now: fed through each node in turn, prices beside it.
+    let mut last = 0;
+    let nodes = [&healthy[0], &healthy[1], &extra];
+    for i in 0..12 {
+        let note = format!("{{\"view\":\"notes\",\"key\":\"n{i}\",\"value\":{i}}}\n");
+        let resp = nodes[i % 3].ingest("notes", &note).await?;
+        ensure!(
+            resp.status() == 200,
+            "{}\n{}",
+            resp.text(),
+            nodes[i % 3].logs()
+        );
+        last = position(&nodes[(i + 1) % 3].ingest_ok(&feed.batch(1)).await?)?;
+    }
+    let late = Server::start(&["--nats", &nats.url()]).await?;
+    late.ready(CONVERGE).await?;
+    let nodes = [&healthy[0], &healthy[1], &extra, &late];
+    for node in nodes {
         applied(node, last).await?;
         let readyz = node.get("/readyz").await?;
         ensure!(readyz.status() == 200, "{}\n{}", readyz.text(), node.logs());
-    }
-    for node in &healthy {
-        let body = node.get("/readyz").await?.json()?;
         ensure!(
-            body["passed_over"] == serde_json::json!(["notes"]),
-            "{body}"
-        );
-        ensure!(node.get("/views/notes").await?.status() == 404);
-    }
-    let n = 6 + 20;
-    let tape = frames(&healthy[0], n).await?;
-    ensure!(
-        frames(&healthy[1], n).await? == tape,
-        "healthy tapes differ"
-    );
-    ensure!(
-        frames(&extra, n).await? == tape,
-        "the extra node applies another history"
-    );
-    let notes = extra.get("/views/notes").await?.json()?;
-    ensure!(
-        notes["entries"].as_object().map(|e| e.len()) == Some(20),
-        "{notes}"
-    );
-
-    // A healthy node restarted with `notes` on its own snapshot, made while it passed over
-    // the records of `notes`. (Without a snapshot it would apply the stream from its
-    // beginning, `notes` and all.) The stream no longer holds them where a runtime's records
-    // go (as when they age out, or when they went in messages of several runtimes): the
-    // snapshot itself says that `notes` was passed over.
-    let resp = admin(&healthy[1], "POST", "/admin/snapshot", b"").await?;
-    ensure!(resp.status() == 200, "{}", resp.text());
-    let dir = healthy[1].data_dir().to_owned();
-    healthy[1].kill9().await?;
-    operator(&nats)
-        .await?
-        .get_stream("viewtape")
-        .await?
-        .purge()
-        .filter("viewtape.in.notes")
-        .await?;
-    let late = Server::start_in(&dir, &["--nats", &nats.url(), "--config", &path]).await?;
-    let deadline = Instant::now() + CONVERGE;
-    let body = loop {
-        let body = late.get("/readyz").await?.json()?;
-        if body["refused"].is_string() || Instant::now() > deadline {
-            break body;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let refused = body["refused"].as_str().unwrap_or_default();
-    ensure!(
-        refused.contains("\"notes\"") && refused.contains("history"),
-        "{body}"
-    );
-    ensure!(late.get("/readyz").await?.status() == 503);
-    let resp = late.ingest("demo", &feed.batch(1)).await?;
-    ensure!(resp.status() != 200, "{}", resp.text());
-    // It put nothing on the stream: the others stay ready and go on.
-    let receipt = healthy[0].ingest_ok(&feed.batch(1)).await?;
-    for node in [&healthy[0], &extra] {
-        applied(node, position(&receipt)?).await?;
-        ensure!(
-            node.get("/readyz").await?.status() == 200,
+            readyz.json()?["passed_over"] == serde_json::json!([]),
             "{}",
-            node.logs()
+            readyz.text()
+        );
+        let notes = node.get("/views/notes").await?;
+        ensure!(notes.status() == 200, "{}", notes.text());
+        let entries = notes.json()?["entries"].clone();
+        ensure!(
+            entries.as_object().map(|e| e.len()) == Some(12),
+            "{entries}"
         );
     }
+    let prices = 6 + 12;
+    let tape = frames(&healthy[0], prices).await?;
+    for node in &nodes[1..] {
+        ensure!(
+            frames(node, prices).await? == tape,
+            "the tapes of prices differ"
+        );
+    }
+    let notes = view_frames(&healthy[0], "notes", 12).await?;
+    for node in &nodes[1..] {
+        ensure!(
+            view_frames(node, "notes", 12).await? == notes,
+            "the tapes of notes differ"
+        );
+    }
+    // The definition is the extra node's config, shown by every node.
+    let definition = admin(&healthy[1], "GET", "/admin/runtimes/notes", b"").await?;
+    ensure!(definition.status() == 200, "{}", definition.text());
+    ensure!(
+        definition.json()?["module"] == "builtin:json",
+        "{}",
+        definition.text()
+    );
     Ok(())
 }
 

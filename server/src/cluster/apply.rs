@@ -27,10 +27,10 @@ use tracing::Instrument as _;
 use super::bucket::BoxError;
 use super::halt::SharedError;
 use super::{Cluster, Halt, APPLY_ATTEMPTS, RETRY, STREAM_CHECK};
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, CatalogError};
 use crate::host::{GuestEngine, GuestModule, ModuleFingerprint};
 use crate::log::stream::{RECORD_HEADER, RECORD_VERSION, SHARED_VERSION};
-use crate::log::{BatchEntry, Entry, Log, LogPosition, Outcome};
+use crate::log::{BatchEntry, Definition, Entry, Log, LogPosition, Outcome};
 use crate::runtime::handle::Record;
 use crate::runtime::registry::{ModuleStore, Registered, Runtimes};
 use crate::runtime::{ApplyError, DeployError, IngestError, RuntimeSnapshot};
@@ -49,6 +49,9 @@ pub struct Appliers {
     pub snapshots: Arc<Snapshots>,
     /// Runtime changes (define and retire records apply through it).
     pub catalog: Arc<Catalog>,
+    /// This node's config's runtimes: one the stream has no record of is declared by a define
+    /// record, so that every node runs it.
+    pub configured: BTreeMap<String, Definition>,
 }
 
 impl Cluster {
@@ -444,34 +447,59 @@ impl Cluster {
         });
     }
 
-    /// Declares this node's module for every runtime whose module the stream has not decided
-    /// yet, then checks that its config names a module each runtime has run on the stream: a
-    /// node that runs another build than the cluster is not ready and takes no ingest.
+    /// Settles this node's runtimes against the stream, once, when it has caught up:
+    /// - a runtime of its config that the stream has no record of is declared by a define
+    ///   record (published here, applied by every node: all of them run it from then on);
+    /// - one the stream defined runs as the stream says (a config that says otherwise is
+    ///   logged);
+    /// - one whose module the stream has not decided yet has this node's declared (a deploy
+    ///   record); then this node's config must name a module the runtime has run on the
+    ///   stream, with the guest config the stream decided: a node that runs another build than
+    ///   the cluster is not ready and takes no ingest.
     async fn settle_modules(&self, appliers: &Appliers, log: &Log) {
         let mut refused = Vec::new();
         for (name, registered) in appliers.runtimes.iter() {
+            if let Some(running) = &registered.definition {
+                let Some(own) = appliers.configured.get(&name) else {
+                    continue;
+                };
+                match registered.handle.save().await {
+                    Ok(saved) => refused.extend(disagreements(&name, own, running, &saved)),
+                    Err(error) => refused.push(format!(
+                        "runtime {name:?}: its state could not be read: {error}"
+                    )),
+                }
+                continue;
+            }
             // NATS away, or the declaration not applied in time: tried again until it goes
             // through (the node stays not ready and takes no ingest meanwhile).
             let mut attempt = 0u32;
-            let saved = loop {
+            let declared = loop {
                 match self.declare(appliers, log, &name, &registered).await {
-                    Ok(Some(saved)) => break Some(saved),
-                    Ok(None) => {
-                        refused.push(format!(
-                            "runtime {name:?}: the stream holds its records from before this node's state, which holds nothing of it (the state was made by a node that does not run it): this node cannot know its history. To serve it, start this node with an empty data directory, so it joins from the stream's beginning or from a shared snapshot that holds the runtime"
-                        ));
-                        break None;
-                    }
+                    Ok(declared) => break declared,
                     Err(error) => {
                         if attempt.is_multiple_of(5) {
-                            tracing::warn!(%error, runtime = name, "cluster: the runtime's module could not be declared on the stream yet; retrying");
+                            tracing::warn!(%error, runtime = name, "cluster: the runtime could not be declared on the stream yet; retrying");
                         }
                         attempt += 1;
                         tokio::time::sleep(RETRY).await;
                     }
                 }
             };
-            let Some(saved) = saved else { continue };
+            let saved = match declared {
+                Declared::Module(saved) => saved,
+                Declared::Defined => continue,
+                Declared::Refused(reason) => {
+                    refused.push(format!("runtime {name:?}: {reason}"));
+                    continue;
+                }
+                Declared::HistoryMissing => {
+                    refused.push(format!(
+                        "runtime {name:?}: the stream holds its records from before this node's state, which holds nothing of it (the state was made by a node that does not run it): this node cannot know its history. To serve it, start this node with an empty data directory, so it joins from the stream's beginning or from a shared snapshot that holds the runtime"
+                    ));
+                    continue;
+                }
+            };
             if !saved.modules.contains(&registered.configured) {
                 refused.push(format!(
                     "runtime {name:?}: this node's config names module {}, which the cluster never ran; the cluster runs {}. Start this node on the cluster's module, or deploy yours through any node (PUT /admin/runtimes/{name}/module, or viewtape deploy)",
@@ -484,6 +512,11 @@ impl Cluster {
                 refused.push(format!(
                     "runtime {name:?}: this node's guest config (`config =`, crc {own:08x}) is not the one the cluster runs (crc {decided:08x}). Start this node with the same `config =` as the others"
                 ));
+            }
+        }
+        for name in appliers.configured.keys() {
+            if appliers.runtimes.get(name).is_none() {
+                tracing::warn!(runtime = name, "cluster: this node's config declares a runtime the cluster deleted; it stays deleted (PUT /admin/runtimes/{{runtime}} creates it again on every node)");
             }
         }
         if !refused.is_empty() {
@@ -499,41 +532,57 @@ impl Cluster {
         self.update_readiness(log.committed(), stream_last);
     }
 
-    /// Declares `registered`'s module (and guest config) on the stream if the stream has not
-    /// decided it yet; returns the runtime's state then (the modules it has run on the stream,
-    /// the config the stream decided), or `None` when the stream holds records of the runtime
-    /// from before this node's state, or this node passed over some before it, and the state
-    /// has never applied its declaration: its history is missing here.
+    /// Declares the config runtime `registered` on the stream if the stream has not decided its
+    /// module yet: by a define record when the stream holds no record of it, else by a deploy
+    /// record of its module. See [`Declared`].
     async fn declare(
         &self,
         appliers: &Appliers,
         log: &Log,
         name: &str,
         registered: &Registered,
-    ) -> Result<Option<RuntimeSnapshot>, DeclareError> {
+    ) -> Result<Declared, DeclareError> {
         let saved = registered.handle.save().await?;
-        if saved.modules.is_empty() {
-            // Its records on its own subject, and any this node passed over before (also those
-            // in messages of several runtimes, and those the stream no longer holds).
-            let stream = &self.stream_log;
-            let first = self
-                .first_record_on(stream.subject(name))
-                .await?
-                .into_iter()
-                .chain(stream.first_passed_over(name))
-                .min();
-            if let Some(first) = first {
-                if first <= log.committed() {
-                    return Ok(None);
+        if !saved.modules.is_empty() {
+            return Ok(Declared::Module(saved));
+        }
+        // Its records on its own subject, and any this node passed over before (also those in
+        // messages of several runtimes, and those the stream no longer holds).
+        let stream = &self.stream_log;
+        let first = self
+            .first_record_on(stream.subject(name))
+            .await?
+            .into_iter()
+            .chain(stream.first_passed_over(name))
+            .min();
+        if first.is_some_and(|first| first <= log.committed()) {
+            return Ok(Declared::HistoryMissing);
+        }
+        let running = registered.handle.module();
+        let wasm = appliers.modules.get(&running)?;
+        self.put_module(&wasm).await.map_err(DeclareError::Bucket)?;
+        match (first, appliers.configured.get(name)) {
+            (None, Some(definition)) => {
+                match appliers
+                    .catalog
+                    .put_settling(name, definition.clone())
+                    .await
+                {
+                    Ok(changed) => {
+                        tracing::info!(runtime = name, ?changed, "cluster: this node's config declares a runtime the stream had no record of: defined on every node");
+                        Ok(Declared::Defined)
+                    }
+                    Err(error @ (CatalogError::Shared { .. } | CatalogError::Log { .. })) => {
+                        Err(DeclareError::Define(error))
+                    }
+                    Err(error) => Ok(Declared::Refused(error.to_string())),
                 }
             }
-            let running = registered.handle.module();
-            let wasm = appliers.modules.get(&running)?;
-            self.put_module(&wasm).await.map_err(DeclareError::Bucket)?;
-            registered.handle.declare_module().await?;
+            _ => {
+                registered.handle.declare_module().await?;
+                Ok(Declared::Module(registered.handle.save().await?))
+            }
         }
-        let saved = registered.handle.save().await?;
-        Ok(Some(saved))
     }
 
     /// The sequence of the first record on `subject` the stream holds, if it holds any.
@@ -560,6 +609,34 @@ impl Cluster {
             readiness.broken = Some(halt);
         });
     }
+}
+
+/// How this node's config (`own`) disagrees with the cluster's definition of runtime `name`
+/// (`running`, whose state is `saved`), as reasons to refuse: it names a module the runtime has
+/// not run on the stream, or another guest config or schemas. Other differences (views,
+/// limits) are logged: the node runs the cluster's definition.
+fn disagreements(
+    name: &str,
+    own: &Definition,
+    running: &Definition,
+    saved: &RuntimeSnapshot,
+) -> Vec<String> {
+    let mut reasons = Vec::new();
+    if !saved.modules.contains(&own.module) {
+        reasons.push(format!(
+            "runtime {name:?}: this node's config names module {}, which the cluster never ran; the cluster defined it on {}. Start this node on the cluster's module, or deploy yours through any node (PUT /admin/runtimes/{name}/module, or viewtape deploy)",
+            own.module, running.module
+        ));
+    }
+    if own.guest_config() != running.guest_config() || own.schemas != running.schemas {
+        reasons.push(format!(
+            "runtime {name:?}: this node's guest config (`config =`, `schemas`) is not the one the cluster defined. Start this node with the cluster's (GET /admin/runtimes/{name} shows it), or change it through any node (PUT /admin/runtimes/{name})"
+        ));
+    }
+    if reasons.is_empty() && (own.views != running.views || own.limits != running.limits) {
+        tracing::warn!(runtime = name, "cluster: this node's config gives this runtime other views or limits than the cluster defined; it runs the cluster's definition (GET /admin/runtimes/{{runtime}} shows it)");
+    }
+    reasons
 }
 
 /// Applies `record` at `sequence` to `registered`, again while the runtime is unavailable (a
@@ -648,6 +725,24 @@ enum DeclareError {
     /// The declaration was not applied.
     #[error(transparent)]
     Declare(#[from] DeployError),
+    /// The define record was not published, or not applied in time.
+    #[error(transparent)]
+    Define(CatalogError),
+}
+
+/// What declaring a config runtime on the stream came to.
+enum Declared {
+    /// Its module is decided (now or before): the runtime's state then (the modules it has run
+    /// on the stream, the guest config the stream decided).
+    Module(RuntimeSnapshot),
+    /// The stream had no record of it: it is defined by a record, as this node's config says.
+    Defined,
+    /// The cluster refused its definition (its views overlap another runtime's, say).
+    Refused(String),
+    /// The stream holds records of it from before this node's state, or this node passed over
+    /// some before, and the state has never applied its declaration: its history is missing
+    /// here.
+    HistoryMissing,
 }
 
 /// `n` as a gauge's value.

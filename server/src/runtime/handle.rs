@@ -186,6 +186,11 @@ impl RuntimeHandle {
         Ok(handle)
     }
 
+    /// Whether `other` is a handle of the same task.
+    pub fn is_same(&self, other: &RuntimeHandle) -> bool {
+        self.tx.same_channel(&other.tx)
+    }
+
     /// The runtime's name.
     pub fn name(&self) -> &str {
         &self.name

@@ -120,6 +120,15 @@ impl Runtimes {
         self.read().get(name).cloned()
     }
 
+    /// The task that runs as `name` now, if it is not `stopped`'s: the runtime was replaced
+    /// (by a define record) while `stopped` ended. `None` when it was deleted, or its task
+    /// itself stopped.
+    pub fn successor(&self, name: &str, stopped: &RuntimeHandle) -> Option<RuntimeHandle> {
+        self.get(name)
+            .map(|registered| registered.handle)
+            .filter(|handle| !handle.is_same(stopped))
+    }
+
     /// The runtime that publishes to `view`, by name or by a pattern.
     pub fn taking(&self, view: &str) -> Option<Registered> {
         self.read().values().find(|r| r.takes(view)).cloned()

@@ -20,10 +20,14 @@ use tracing::Instrument;
 
 use crate::hub::Hub;
 use crate::log::producer::{ProducerEpoch, ProducerSeq, ProducerStamp};
-use crate::runtime::{IngestError, RuntimeHandle};
+use crate::runtime::registry::Runtimes;
+use crate::runtime::IngestError;
 
 /// The `Producer-Id` of the demo feed.
 pub const PRODUCER_ID: &str = "viewtape-demo-feed";
+
+/// The runtime the feed feeds.
+const DEMO: &str = "demo";
 
 const SYMBOLS: [(&str, f64); 5] = [
     ("ACME", 101.25),
@@ -33,11 +37,15 @@ const SYMBOLS: [(&str, f64); 5] = [
     ("HOOLI", 77.70),
 ];
 
-/// Starts the feed; abort the handle to stop it.
-pub fn spawn_feed(runtime: RuntimeHandle, hub: Arc<Hub>, rate: u32) -> JoinHandle<()> {
+/// Starts the feed into the runtime `demo`, and into what replaces it (a define record may);
+/// abort the handle to stop it.
+pub fn spawn_feed(runtimes: Arc<Runtimes>, hub: Arc<Hub>, rate: u32) -> JoinHandle<()> {
     let span = tracing::info_span!("demo_feed", rate);
     tokio::spawn(
         async move {
+            let Some(mut runtime) = runtimes.get(DEMO).map(|registered| registered.handle) else {
+                return;
+            };
             let (mut seq, mut prices) = resume_point(&hub);
             // At most 100 batches a second; higher rates send several ticks per batch.
             let batches_per_second = rate.clamp(1, 100);
@@ -88,8 +96,17 @@ pub fn spawn_feed(runtime: RuntimeHandle, hub: Arc<Hub>, rate: u32) -> JoinHandl
                 match runtime.ingest(batch.clone(), Some(stamp)).await {
                     Ok(_) => producer_seq = producer_seq.next(),
                     Err(error @ IngestError::Stopped { .. }) => {
-                        tracing::debug!(%error, "runtime stopped; demo feed ends");
-                        return;
+                        match runtimes.successor(DEMO, &runtime) {
+                            Some(next) => {
+                                tracing::info!("runtime replaced; the demo feed goes on into it");
+                                runtime = next;
+                                unsent = Some(batch);
+                            }
+                            None => {
+                                tracing::debug!(%error, "runtime stopped; demo feed ends");
+                                return;
+                            }
+                        }
                     }
                     // The runtime's history moved under the feed (a restore took it back to
                     // a snapshot, or forward to a later one whose seqs the feed had used for

@@ -172,8 +172,9 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
     for (name, wasm) in changed {
         deploy_at_start(&runtimes, &name, &wasm, &engine).await?;
     }
+    let configured = configured_definitions(config, &modules)?;
     if cluster.is_none() {
-        declare_configured(config, &catalog).await?;
+        declare_configured(&configured, &catalog).await?;
     }
     let snapshots = Arc::new(Snapshots::new(
         Arc::clone(&hub),
@@ -192,6 +193,7 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
             engine: engine.clone(),
             snapshots: Arc::clone(&snapshots),
             catalog: Arc::clone(&catalog),
+            configured,
         };
         cluster.spawn_apply(appliers, Arc::clone(&begun.log));
     }
@@ -240,28 +242,42 @@ async fn defined_module(
     Ok(GuestModule::new(engine, &wasm)?)
 }
 
-/// A `[[runtime]]` of the config that the log deleted, or made something else (through the
-/// API), is declared as the config says, by a record: the config's runtimes are the starting
-/// set.
-async fn declare_configured(config: &Config, catalog: &Catalog) -> anyhow::Result<()> {
+/// The config's `[[runtime]]`s as definitions, their modules kept in the store.
+fn configured_definitions(
+    config: &Config,
+    modules: &ModuleStore,
+) -> anyhow::Result<BTreeMap<String, Definition>> {
+    let mut definitions = BTreeMap::new();
     for (i, section) in config.runtimes.iter().enumerate() {
-        let running = catalog.runtimes().get(&section.name);
-        if running.is_some_and(|running| running.definition.is_none()) {
-            continue;
-        }
-        let wasm = section.wasm_bytes()?;
-        let fingerprint = catalog.modules().put(&wasm)?;
+        let fingerprint = modules.put(&section.wasm_bytes()?)?;
         let definition = section
             .definition(i, fingerprint)
             .map_err(|problem| anyhow::anyhow!("{}: {}", problem.key, problem.message))?;
-        match catalog.put(&section.name, definition).await {
+        definitions.insert(section.name.clone(), definition);
+    }
+    Ok(definitions)
+}
+
+/// A `[[runtime]]` of the config that the log deleted, or made something else (through the
+/// API), is declared as the config says, by a record: the config's runtimes are the starting
+/// set. (On a cluster the stream decides: `Cluster::settle_modules`.)
+async fn declare_configured(
+    configured: &BTreeMap<String, Definition>,
+    catalog: &Catalog,
+) -> anyhow::Result<()> {
+    for (name, definition) in configured {
+        let running = catalog.runtimes().get(name);
+        if running.is_some_and(|running| running.definition.is_none()) {
+            continue;
+        }
+        match catalog.put(name, definition.clone()).await {
             Ok(Changed::Unchanged) => {}
             Ok(_) => {
-                tracing::info!(runtime = %section.name, "the config declares this runtime otherwise than the log held it: declared by a record")
+                tracing::info!(runtime = %name, "the config declares this runtime otherwise than the log held it: declared by a record")
             }
             // Another runtime, made through the API, has its views now: the log's wins.
             Err(CatalogError::Conflict { .. }) | Err(CatalogError::Refused { .. }) => {
-                tracing::warn!(runtime = %section.name, "the config's runtime cannot be declared again: the log's runtimes stand")
+                tracing::warn!(runtime = %name, "the config's runtime cannot be declared again: the log's runtimes stand")
             }
             Err(error) => return Err(anyhow::anyhow!("{error}")),
         }

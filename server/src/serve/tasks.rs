@@ -42,17 +42,15 @@ impl Tasks {
     pub(super) fn spawn_rest(&mut self, options: &ServeOptions, started: &Started) {
         let config = &options.config;
         let cluster = &started.cluster;
-        if let Some(demo) = started
-            .runtimes
-            .get("demo")
-            .filter(|_| options.demo_rate > 0)
-        {
-            let (handle, hub, rate) = (
-                demo.handle.clone(),
+        if started.runtimes.get("demo").is_some() && options.demo_rate > 0 {
+            let (runtimes, hub, rate) = (
+                Arc::clone(&started.runtimes),
                 Arc::clone(&started.hub),
                 options.demo_rate,
             );
-            let feed = move || super::demo::spawn_feed(handle.clone(), Arc::clone(&hub), rate);
+            let feed = move || {
+                super::demo::spawn_feed(Arc::clone(&runtimes), Arc::clone(&hub), rate)
+            };
             self.sources.push(match cluster {
                 // Once per cluster: the node holding its lease feeds it.
                 Some(cluster) => {
@@ -89,32 +87,49 @@ impl Tasks {
 /// when it takes the lease.
 fn start_sources(
     config: &Config,
-    runtimes: &Runtimes,
+    runtimes: &Arc<Runtimes>,
     cluster: Option<&Arc<Cluster>>,
     log: &Arc<Log>,
 ) -> Vec<JoinHandle<()>> {
     let mut sources = Vec::new();
     for section in &config.runtimes {
-        let (Some(source), Some(registered)) = (&section.source, runtimes.get(&section.name))
-        else {
+        let Some(source) = &section.source else {
             continue;
         };
-        let (handle, file) = (registered.handle.clone(), source.file.clone());
+        if runtimes.get(&section.name).is_none() {
+            continue;
+        }
+        let (runtimes, name, file) = (
+            Arc::clone(runtimes),
+            section.name.clone(),
+            source.file.clone(),
+        );
         let follow = move || {
-            let (handle, file) = (handle.clone(), file.clone());
+            let (runtimes, name, file) = (Arc::clone(&runtimes), name.clone(), file.clone());
             tokio::spawn(async move {
-                let position = match handle.save().await {
-                    Ok(saved) => saved
-                        .checkpoint
-                        .map(|SourceCheckpoint::FileTail(position)| position),
-                    Err(error) => {
-                        tracing::debug!(%error, "runtime stopped; its file source does not start");
-                        return;
-                    }
+                let Some(mut handle) = runtimes.get(&name).map(|registered| registered.handle)
+                else {
+                    return;
                 };
-                let tail = FileTail::new(FileTailConfig::new(file), position);
-                // Ends when the runtime stops, or is aborted with this task.
-                handle.follow(tail).await;
+                loop {
+                    let position = match handle.save().await {
+                        Ok(saved) => saved
+                            .checkpoint
+                            .map(|SourceCheckpoint::FileTail(position)| position),
+                        Err(error) => {
+                            tracing::debug!(%error, "runtime stopped; its file source does not start");
+                            return;
+                        }
+                    };
+                    let tail = FileTail::new(FileTailConfig::new(file.clone()), position);
+                    // Ends when the runtime stops, or is aborted with this task; a runtime
+                    // replaced by a define record is followed on from its checkpoint.
+                    handle.follow(tail).await;
+                    match runtimes.successor(&name, &handle) {
+                        Some(next) => handle = next,
+                        None => return,
+                    }
+                }
             })
         };
         sources.push(match cluster {
