@@ -425,3 +425,70 @@ async fn the_configs_runtimes_are_the_starting_set() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// A batch that waited in the queue of a runtime while it was replaced runs on the replacement
+/// (it never ran on the old task); one that waited while it was deleted is `404`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_queued_across_a_replacement_runs_on_the_replacement() -> anyhow::Result<()> {
+    let server = start().await?;
+    let first = upload(&server, &counter(0)?).await?;
+    let second = upload(&server, &counter(1)?).await?;
+    // `loop` runs for a few seconds before it runs out of fuel: the window in which the
+    // requests below queue up behind it, in the order they are sent.
+    let limits = serde_json::json!({"fuel": 60_000_000_000u64, "batch_timeout": "60s"});
+    let definition = |module: &str| serde_json::json!({"module": module, "views": ["state"], "limits": limits.clone()});
+    put(&server, "counter", definition(&first), 201).await?;
+    let addr = server.addr();
+    let send = move |method: &'static str, path: &'static str, body: Vec<u8>| {
+        let auth = format!("Bearer {TOKEN}");
+        tokio::spawn(async move {
+            http::request(addr, method, path, &[("Authorization", &auth)], &body).await
+        })
+    };
+    // The task is busy with a batch that runs out of fuel; the replacement waits behind it,
+    // and `count` behind the replacement.
+    let busy = send("POST", "/runtimes/counter/ingest", b"loop\n".to_vec());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let replace = send(
+        "PUT",
+        "/admin/runtimes/counter",
+        definition(&second).to_string().into_bytes(),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let queued = send("POST", "/runtimes/counter/ingest", b"count\n".to_vec());
+    let busy = busy.await??;
+    ensure!(busy.status() == 422, "{} {}", busy.status(), busy.text());
+    let replace = replace.await??;
+    ensure!(
+        replace.status() == 200,
+        "{} {}",
+        replace.status(),
+        replace.text()
+    );
+    let queued = queued.await??;
+    ensure!(
+        queued.status() == 200,
+        "{} {}",
+        queued.status(),
+        queued.text()
+    );
+    let state = server.get("/views/state").await?.json()?;
+    ensure!(state["entries"]["count"] == 1, "{state}");
+
+    // The same with a deletion: the waiting batch learns that the runtime is gone.
+    let busy = send("POST", "/runtimes/counter/ingest", b"loop\n".to_vec());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let delete = send("DELETE", "/admin/runtimes/counter", Vec::new());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let queued = send("POST", "/runtimes/counter/ingest", b"count\n".to_vec());
+    ensure!(busy.await??.status() == 422);
+    ensure!(delete.await??.status() == 200);
+    let queued = queued.await??;
+    ensure!(
+        queued.status() == 404,
+        "{} {}",
+        queued.status(),
+        queued.text()
+    );
+    Ok(())
+}

@@ -20,7 +20,7 @@ use super::query::Params;
 use super::{ApiError, AppState};
 use crate::host::GuestError;
 use crate::log::producer::{ProducerEpoch, ProducerSeq, ProducerStamp, MAX_PRODUCER_ID};
-use crate::runtime::IngestError;
+use crate::runtime::{IngestError, RuntimeHandle};
 
 const PRODUCER_ID: &str = "producer-id";
 const PRODUCER_EPOCH: &str = "producer-epoch";
@@ -48,10 +48,9 @@ async fn ingest(
     let Path(runtime) = runtime?;
     Caller::of(&state, &headers, None)?.ingest(&runtime)?;
     Params::parse(query.as_deref(), &[], &[])?;
-    let registered = state
-        .runtimes
-        .get(&runtime)
-        .ok_or_else(|| ApiError::not_found(format!("no runtime named {runtime:?}")))?;
+    if state.runtimes.get(&runtime).is_none() {
+        return Err(no_runtime(&runtime));
+    }
     let producer = producer_stamp(&headers)?;
     let limit = state.config.max_body;
     // A declared length over the limit is refused before the body is read, so a client that
@@ -72,14 +71,14 @@ async fn ingest(
             "the body is empty: a batch is at least one byte of input; nothing was committed",
         ));
     }
-    let accepted = registered
-        .handle
-        .ingest(input, producer)
-        .await
-        .map_err(|error| {
-            state.metrics.ingest_rejected.inc();
-            refusal(error)
-        })?;
+    let accepted = on_runtime(&state, &runtime, |handle| {
+        let (input, producer) = (input.clone(), producer.clone());
+        async move { handle.ingest(input, producer).await }
+    })
+    .await
+    .inspect_err(|_| {
+        state.metrics.ingest_rejected.inc();
+    })?;
     state.metrics.ingest_accepted.inc();
     let mut response = Json(accepted.receipt).into_response();
     if accepted.duplicate {
@@ -89,6 +88,41 @@ async fn ingest(
         );
     }
     Ok(response)
+}
+
+/// How many times a request follows its runtime to the task that replaced it.
+const REPLACEMENTS_FOLLOWED: usize = 4;
+
+/// Runs `op` on the task of `runtime`. A task that stopped because a define record replaced
+/// the runtime meanwhile never ran what waited in its queue: `op` runs again on its successor.
+/// A runtime deleted meanwhile is `404`.
+async fn on_runtime<T, Op, Fut>(state: &AppState, runtime: &str, op: Op) -> Result<T, ApiError>
+where
+    Op: Fn(RuntimeHandle) -> Fut,
+    Fut: std::future::Future<Output = Result<T, IngestError>>,
+{
+    let mut handle = state
+        .runtimes
+        .get(runtime)
+        .ok_or_else(|| no_runtime(runtime))?
+        .handle;
+    for _ in 0..REPLACEMENTS_FOLLOWED {
+        match op(handle.clone()).await {
+            Err(IngestError::Stopped { .. }) => match state.runtimes.successor(runtime, &handle) {
+                Some(next) => handle = next,
+                None if state.runtimes.get(runtime).is_none() => return Err(no_runtime(runtime)),
+                None => break,
+            },
+            answer => return answer.map_err(refusal),
+        }
+    }
+    Err(refusal(IngestError::Stopped {
+        runtime: runtime.to_owned(),
+    }))
+}
+
+fn no_runtime(runtime: &str) -> ApiError {
+    ApiError::not_found(format!("no runtime named {runtime:?}"))
 }
 
 /// The answer to a body that could not be read: `413` past the limit, else `400` (bad chunked
@@ -257,12 +291,15 @@ async fn claim(
 ) -> Result<Response, ApiError> {
     let Path((runtime, id)) = path?;
     Caller::of(&state, &headers, None)?.ingest(&runtime)?;
-    let registered = state
-        .runtimes
-        .get(&runtime)
-        .ok_or_else(|| ApiError::not_found(format!("no runtime named {runtime:?}")))?;
+    if state.runtimes.get(&runtime).is_none() {
+        return Err(no_runtime(&runtime));
+    }
     let id = producer_id(&id)?;
-    let accepted = registered.handle.claim(id.clone()).await.map_err(refusal)?;
+    let accepted = on_runtime(&state, &runtime, |handle| {
+        let id = id.clone();
+        async move { handle.claim(id).await }
+    })
+    .await?;
     let Some(epoch) = accepted.claimed else {
         return Err(ApiError::internal("the claim was answered as a batch"));
     };

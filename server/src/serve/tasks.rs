@@ -48,9 +48,8 @@ impl Tasks {
                 Arc::clone(&started.hub),
                 options.demo_rate,
             );
-            let feed = move || {
-                super::demo::spawn_feed(Arc::clone(&runtimes), Arc::clone(&hub), rate)
-            };
+            let feed =
+                move || super::demo::spawn_feed(Arc::clone(&runtimes), Arc::clone(&hub), rate);
             self.sources.push(match cluster {
                 // Once per cluster: the node holding its lease feeds it.
                 Some(cluster) => {
