@@ -12,6 +12,11 @@
 //!   parse alone.
 //! - `output_design`: one host call per event vs one buffer per batch, 1,000 events of 90 bytes,
 //!   with hand-written WAT guests so only the boundary and the copying differ.
+//! - `ticker_guest`: the JS ticker beside the Rust ticker on the same batches (batch + save).
+//! - `js_runtime`: a JavaScript runtime's start (instantiate, evaluate the source, restore the
+//!   state the JS ticker saved after a batch) and a deploy of a new JS build (check its source,
+//!   then start it from that state through its `migrate`); and, printed, the resident memory
+//!   one more JS instance takes.
 
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -433,11 +438,7 @@ fn output_design(c: &mut Criterion) {
 fn ticker_guest(c: &mut Criterion) {
     let rt = tokio_rt();
     let engine = GuestEngine::new(EngineConfig::default()).expect("engine");
-    let js = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../examples/js/ticker.js"
-    ))
-    .expect("examples/js/ticker.js");
+    let js = js_ticker();
     eprintln!("JS engine module: {} bytes", guests::JS_ENGINE_WASM.len());
     let mut g = c.benchmark_group("ticker_guest");
     g.throughput(Throughput::Elements(BATCH as u64));
@@ -466,12 +467,106 @@ fn ticker_guest(c: &mut Criterion) {
     g.finish();
 }
 
+/// The JS ticker's source.
+fn js_ticker() -> Vec<u8> {
+    std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/js/ticker.js"
+    ))
+    .expect("examples/js/ticker.js")
+}
+
+/// Resident memory of this process, in bytes.
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|pages| pages.parse().ok())
+        .expect("resident pages");
+    pages * 4096
+}
+
+fn js_runtime(c: &mut Criterion) {
+    let rt = tokio_rt();
+    // The compiled JS engine comes from the code cache, as in a server that ran JS before.
+    let engine = GuestEngine::new(EngineConfig {
+        cache_dir: viewtape_server::cache_dir(viewtape_server::user_cache_dir),
+        ..EngineConfig::default()
+    })
+    .expect("engine");
+    let source = js_ticker();
+    let module = GuestModule::new(&engine, &source).expect("the JS ticker");
+    let limits = Limits::default();
+    let mut first = bench_instance(&rt, &module);
+    let saved = rt.block_on(async {
+        first.on_batch(&ticks(1)).await.expect("batch");
+        first.save().await.expect("save")
+    });
+    drop(first);
+    let mut g = c.benchmark_group("js_runtime");
+    g.bench_function("start", |b| {
+        b.iter(|| {
+            rt.block_on(GuestInstance::new(
+                &module,
+                "bench",
+                &limits,
+                b"",
+                Some(&saved),
+            ))
+            .expect("start")
+        })
+    });
+    let mut build = 0u64;
+    g.bench_function("deploy", |b| {
+        b.iter(|| {
+            // Another build each time: a new source, checked and started from the state.
+            build += 1;
+            let mut next = source.clone();
+            next.extend_from_slice(
+                format!("\nexport function migrate(old) {{ return old; }}\n// build {build}\n")
+                    .as_bytes(),
+            );
+            let module = GuestModule::new(&engine, &next).expect("the new build");
+            rt.block_on(GuestInstance::new(
+                &module,
+                "bench",
+                &limits,
+                b"",
+                Some(&saved),
+            ))
+            .expect("deploy")
+        })
+    });
+    g.finish();
+
+    const INSTANCES: u64 = 32;
+    let before = resident_bytes();
+    let instances: Vec<GuestInstance> = (0..INSTANCES)
+        .map(|_| {
+            rt.block_on(GuestInstance::new(
+                &module,
+                "bench",
+                &limits,
+                b"",
+                Some(&saved),
+            ))
+            .expect("instance")
+        })
+        .collect();
+    let per_instance = resident_bytes().saturating_sub(before) / INSTANCES;
+    eprintln!(
+        "js_runtime/memory: {per_instance} bytes resident per JS ticker instance ({INSTANCES} instances, restored after one batch)"
+    );
+    drop(black_box(instances));
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = ticker_end_to_end, publish_path, validation, instantiate, output_design, ticker_guest
+    targets = ticker_end_to_end, publish_path, validation, instantiate, output_design, ticker_guest, js_runtime
 }
 criterion_main!(benches);

@@ -65,8 +65,8 @@ pub use http::admin::TOKEN_ENV as ADMIN_TOKEN_ENV;
 
 // The host, a runtime, the views and the router, for benchmarks that drive them in-process.
 pub use host::{
-    decode_output, guests, EngineConfig, EventKind, GuestBatch, GuestEngine, GuestEvent,
-    GuestInstance, GuestModule, Limits, DEFAULT_FUEL,
+    cache_dir, decode_output, guests, user_cache_dir, EngineConfig, EventKind, GuestBatch,
+    GuestEngine, GuestEvent, GuestInstance, GuestModule, Limits, DEFAULT_FUEL,
 };
 pub use http::{app, AppState};
 pub use hub::narrow::Narrow;

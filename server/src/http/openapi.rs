@@ -86,10 +86,15 @@ mod tests {
                     continue;
                 };
                 let (path, rest) = rest.split_once('"').unwrap();
-                // The method router runs to the end of the call: up to the next `.route(` at
-                // the latest, so take the text before it and find the method functions in it.
+                // The method router runs to the end of the call: up to the next `.route(` or
+                // the end of the function at the latest, so take the text before them and find
+                // the method functions in it.
                 let call = rest.split(".route(").next().unwrap_or(rest);
-                let call = &call[..call.find("\n        .").unwrap_or(call.len())];
+                let end = [call.find("\n        ."), call.find("\n}")]
+                    .into_iter()
+                    .flatten()
+                    .min();
+                let call = &call[..end.unwrap_or(call.len())];
                 for method in ["get", "post", "put", "delete", "patch"] {
                     if call.contains(&format!(" {method}("))
                         || call.contains(&format!(".{method}("))
