@@ -30,6 +30,9 @@ pub const IMPORT_REPLY: &str = "reply";
 pub const IMPORT_ERROR: &str = "error";
 /// Host import: `(level, ptr, len)`, a log line.
 pub const IMPORT_LOG: &str = "log";
+/// Host import: `() -> i64`, the current batch's ingest time as the log holds it (Unix
+/// milliseconds); `0` outside `viewtape_on_batch`.
+pub const IMPORT_BATCH_TIME: &str = "batch_time";
 
 /// Status returned by an export on success.
 pub const STATUS_OK: i32 = 0;

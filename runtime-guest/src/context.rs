@@ -63,6 +63,14 @@ impl Context {
         }
     }
 
+    /// When the batch was ingested, as the log holds it (Unix milliseconds): the same on every
+    /// node of a cluster and at every replay, so a runtime may use it where it would read a
+    /// clock. (The ABI gives a guest no other time.) Natively, in tests, what
+    /// [`testing::Harness::at`](crate::testing::Harness::at) set.
+    pub fn batch_time_ms(&self) -> u64 {
+        crate::export::host_batch_time()
+    }
+
     pub(crate) fn into_buffer(self) -> Vec<u8> {
         self.out
     }

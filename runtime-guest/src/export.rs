@@ -20,6 +20,7 @@ mod sys {
         pub fn reply(ptr: *const u8, len: usize);
         pub fn error(ptr: *const u8, len: usize);
         pub fn log(level: i32, ptr: *const u8, len: usize);
+        pub fn batch_time() -> i64;
     }
 }
 
@@ -55,6 +56,20 @@ pub(crate) fn host_log(level: Level, msg: &str) {
     };
     #[cfg(not(target_arch = "wasm32"))]
     let _ = (level, msg);
+}
+
+thread_local! {
+    /// The ingest time natively (in wasm the host's): what `testing::Harness::at` set.
+    pub(crate) static NATIVE_BATCH_TIME: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The current batch's ingest time from the host (Unix milliseconds).
+pub(crate) fn host_batch_time() -> u64 {
+    #[cfg(target_arch = "wasm32")]
+    // SAFETY: the import takes nothing and returns a number.
+    return u64::try_from(unsafe { sys::batch_time() }).unwrap_or(0);
+    #[cfg(not(target_arch = "wasm32"))]
+    NATIVE_BATCH_TIME.with(std::cell::Cell::get)
 }
 
 fn fail(err: Error) -> i32 {

@@ -35,6 +35,7 @@ pub struct Harness<R> {
     max_event: usize,
     max_batch: usize,
     logs: Vec<(Level, String)>,
+    time_ms: u64,
 }
 
 /// The host's default event payload limit (`[runtime.limits] max_event`).
@@ -58,7 +59,15 @@ impl<R: Runtime> Harness<R> {
             max_event: DEFAULT_MAX_EVENT,
             max_batch: DEFAULT_MAX_BATCH,
             logs: Vec::new(),
+            time_ms: 0,
         })
+    }
+
+    /// Sets the ingest time of the batches that follow ([`Context::batch_time_ms`]), in Unix
+    /// milliseconds (default 0): `harness.at(1_700_000_000_000).batch(input)`.
+    pub fn at(&mut self, time_ms: u64) -> &mut Self {
+        self.time_ms = time_ms;
+        self
     }
 
     /// Refuses, like the host, batches that publish to a view not in `views` (the runtime's
@@ -93,6 +102,7 @@ impl<R: Runtime> Harness<R> {
             )));
         }
         let mut ctx = Context::default();
+        crate::export::NATIVE_BATCH_TIME.with(|time| time.set(self.time_ms));
         let ran = self.runtime.on_batch(input, &mut ctx);
         self.logs = ctx.logs().to_vec();
         let result = ran
@@ -195,6 +205,10 @@ mod tests {
 
         fn on_batch(&mut self, input: &[u8], ctx: &mut Context) -> Result<()> {
             for line in std::str::from_utf8(input).map_err(Error::msg)?.lines() {
+                if line == "time" {
+                    ctx.publish("clock", "now", ctx.batch_time_ms().to_string().as_bytes());
+                    continue;
+                }
                 let mut words = line.splitn(3, ' ');
                 let (view, key) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
                 ctx.log(Level::Info, &format!("publishing {key}"));
@@ -229,5 +243,17 @@ mod tests {
             let err = h.batch(input).unwrap_err();
             assert!(err.to_string().contains(reason), "{err}");
         }
+    }
+
+    #[test]
+    fn a_batch_sees_the_ingest_time_the_harness_gives() {
+        let mut h = Harness::<Lines>::new(b"").unwrap();
+        let now = |h: &mut Harness<Lines>| match h.batch(b"time").unwrap().as_slice() {
+            [Output::Update { payload, .. }] => String::from_utf8(payload.clone()).unwrap(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(now(&mut h), "0");
+        h.at(1_700_000_000_123);
+        assert_eq!(now(&mut h), "1700000000123");
     }
 }

@@ -167,7 +167,7 @@ fn ticker_end_to_end(c: &mut Criterion) {
     g.bench_function("guest_only_1000x45B", |b| {
         b.iter_custom(|iters| {
             timed(iters, &mut seq, short_ticks, |input| {
-                let batch = rt.block_on(instance.on_batch(&input)).expect("batch");
+                let batch = rt.block_on(instance.on_batch(&input, 0)).expect("batch");
                 debug_assert_eq!(batch.events.len(), BATCH);
             })
         })
@@ -193,7 +193,7 @@ fn publish_path(c: &mut Criterion) {
 
     let mut instance = bench_instance(&rt, &module);
     g.bench_function("guest_and_decode", |b| {
-        b.iter(|| rt.block_on(instance.on_batch(&input)).expect("batch"))
+        b.iter(|| rt.block_on(instance.on_batch(&input, 0)).expect("batch"))
     });
 
     let journal = Arc::new(EventJournal::new(JournalConfig::default()));
@@ -227,7 +227,7 @@ fn validation(c: &mut Criterion) {
             .expect("instance");
         let schemas = ViewSchemas::declared(instance.declaration(), &Default::default(), None)
             .expect("the ticker's declaration");
-        let batch = instance.on_batch(&ticks(1)).await.expect("batch");
+        let batch = instance.on_batch(&ticks(1), 0).await.expect("batch");
         let payloads: Vec<Bytes> = batch.events.into_iter().map(|e| e.payload).collect();
         (schemas, payloads)
     });
@@ -455,7 +455,7 @@ fn ticker_guest(c: &mut Criterion) {
                 },
                 |input| {
                     rt.block_on(async {
-                        let batch = instance.on_batch(&input).await.expect("batch");
+                        let batch = instance.on_batch(&input, 0).await.expect("batch");
                         assert_eq!(batch.events.len(), BATCH);
                         instance.save().await.expect("save")
                     })
@@ -500,7 +500,7 @@ fn js_runtime(c: &mut Criterion) {
     let limits = Limits::default();
     let mut first = bench_instance(&rt, &module);
     let saved = rt.block_on(async {
-        first.on_batch(&ticks(1)).await.expect("batch");
+        first.on_batch(&ticks(1), 0).await.expect("batch");
         first.save().await.expect("save")
     });
     drop(first);

@@ -150,6 +150,10 @@ enum Command {
         /// CPU per batch, in fuel (`[runtime.limits] fuel`).
         #[arg(long, default_value_t = viewtape_server::DEFAULT_FUEL)]
         fuel: u64,
+        /// The ingest time every batch gets, in Unix milliseconds (what a guest's batch time,
+        /// and a JavaScript guest's `Date.now()`, give); by default the clock when it runs.
+        #[arg(long)]
+        batch_time: Option<u64>,
     },
 }
 
@@ -419,6 +423,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             save_state,
             batch_lines,
             fuel,
+            batch_time,
         } => {
             let read = |path: &PathBuf| {
                 std::fs::read(path)
@@ -429,6 +434,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 config: config.as_ref().map(read).transpose()?.unwrap_or_default(),
                 state: state.as_ref().map(read).transpose()?,
                 batch_lines,
+                batch_time,
                 limits: viewtape_server::Limits {
                     fuel,
                     ..viewtape_server::Limits::default()

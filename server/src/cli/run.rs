@@ -26,6 +26,7 @@ use bytes::Bytes;
 
 use crate::host::{EngineConfig, EventKind, GuestEngine, GuestEvent, GuestModule, Limits};
 use crate::hub::frame;
+use crate::log::unix_ms_now;
 use crate::runtime::guest::{Fit, GuestSlot, SlotError, Typing};
 
 /// How to run.
@@ -39,6 +40,8 @@ pub struct RunOptions {
     pub state: Option<Vec<u8>>,
     /// Input lines per batch.
     pub batch_lines: usize,
+    /// The ingest time of every batch (Unix ms); `None`: the clock when it runs.
+    pub batch_time: Option<u64>,
     /// The limits, as `[runtime.limits]` would give them.
     pub limits: Limits,
 }
@@ -100,7 +103,15 @@ pub async fn run(
             break;
         }
         batch_number += 1;
-        match slot.run(batch.as_bytes(), &mut last_good, Fit::Check).await {
+        match slot
+            .run(
+                batch.as_bytes(),
+                options.batch_time.unwrap_or_else(unix_ms_now),
+                &mut last_good,
+                Fit::Check,
+            )
+            .await
+        {
             Ok(output) => {
                 for reason in &output.gaps {
                     emit(
@@ -178,6 +189,7 @@ mod tests {
             config: config.to_vec(),
             state,
             batch_lines: 2,
+            batch_time: None,
             limits: Limits::default(),
         };
         let mut out = Vec::new();

@@ -202,6 +202,8 @@ pub(crate) struct HostState {
     pub(crate) reply: Option<Bytes>,
     /// What the guest reported with `error` during the current call.
     pub(crate) error: Option<String>,
+    /// The current batch's ingest time, as the log holds it (Unix ms); `0` outside a batch.
+    pub(crate) batch_time_ms: i64,
 }
 
 /// The memory limiter; remembers that it refused growth, so the failure that follows (a Rust
@@ -304,6 +306,11 @@ fn linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
             }
             Ok(())
         },
+    )?;
+    linker.func_wrap(
+        abi::IMPORT_MODULE,
+        abi::IMPORT_BATCH_TIME,
+        |caller: Caller<'_, HostState>| -> i64 { caller.data().batch_time_ms },
     )?;
     Ok(linker)
 }

@@ -72,6 +72,7 @@ impl GuestInstance {
                 },
                 memory: None,
                 reply: None,
+                batch_time_ms: 0,
                 error: None,
             },
         );
@@ -152,12 +153,13 @@ impl GuestInstance {
         &self.limits
     }
 
-    /// Runs one batch and returns what the guest emitted.
+    /// Runs one batch, ingested at `at_ms` (Unix ms, as the log holds it: what the guest's
+    /// `batch_time` import answers during the call), and returns what the guest emitted.
     ///
     /// # Errors
     /// [`GuestError::BatchTooLarge`] before the guest is called; otherwise any failure of the
     /// guest, each naming its cause.
-    pub async fn on_batch(&mut self, input: &[u8]) -> Result<GuestBatch, GuestError> {
+    pub async fn on_batch(&mut self, input: &[u8], at_ms: u64) -> Result<GuestBatch, GuestError> {
         if input.len() > self.limits.max_batch_bytes {
             return Err(GuestError::BatchTooLarge {
                 size: input.len(),
@@ -166,7 +168,10 @@ impl GuestInstance {
         }
         let len = self.write_input(input).await?;
         let f = self.on_batch.clone();
-        self.call(f, len).await?;
+        self.store.data_mut().batch_time_ms = i64::try_from(at_ms).unwrap_or(i64::MAX);
+        let called = self.call(f, len).await;
+        self.store.data_mut().batch_time_ms = 0;
+        called?;
         let reply = self.take_reply()?;
         decode(reply, &mut self.views, self.limits.max_event_bytes)
     }

@@ -64,6 +64,7 @@ pub(crate) fn check_syntax(
             },
             memory: None,
             reply: None,
+            batch_time_ms: 0,
             error: None,
         },
     );
@@ -169,6 +170,7 @@ export const schemas = { prices: { type: 'object', required: ['symbol', 'price']
         let batch = g
             .on_batch(
                 b"{\"symbol\":\"ACME\",\"price\":12.5,\"seq\":1}\n{\"symbol\":\"ACME\",\"price\":null,\"seq\":3}\n",
+                0,
             )
             .await
             .unwrap();
@@ -205,7 +207,7 @@ export const schemas = { prices: { type: 'object', required: ['symbol', 'price']
              ctx.publish('v', 'b', new Uint8Array([104, 105])); ctx.publish('v', 'c', [1, 'x']); }",
         )
         .await;
-        let batch = g.on_batch(b"raw text").await.unwrap();
+        let batch = g.on_batch(b"raw text", 0).await.unwrap();
         let payloads: Vec<_> = batch.events.iter().map(|e| text(&e.payload)).collect();
         assert_eq!(payloads, ["raw text", "hi", r#"[1,"x"]"#]);
     }
@@ -216,13 +218,12 @@ export const schemas = { prices: { type: 'object', required: ['symbol', 'price']
         let mut g = GuestInstance::new(&js, "js", &Limits::default(), b"", None)
             .await
             .unwrap();
-        g.on_batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}")
+        g.on_batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}", 0)
             .await
             .unwrap();
         let saved = g.save().await.unwrap();
         let err = g
-            .on_batch(b"{\"symbol\":\"A\",\"price\":2,\"seq\":2}\n{\"symbol\":\"A\",\"price\":-1,\"seq\":3}")
-            .await
+            .on_batch(b"{\"symbol\":\"A\",\"price\":2,\"seq\":2}\n{\"symbol\":\"A\",\"price\":-1,\"seq\":3}", 0).await
             .unwrap_err();
         let GuestError::GuestRejected { message } = &err else {
             panic!("unexpected {err:?}");
@@ -238,7 +239,7 @@ export const schemas = { prices: { type: 'object', required: ['symbol', 'price']
             .await
             .unwrap();
         let batch = g
-            .on_batch(b"{\"symbol\":\"A\",\"price\":2,\"seq\":2}")
+            .on_batch(b"{\"symbol\":\"A\",\"price\":2,\"seq\":2}", 0)
             .await
             .unwrap();
         assert_eq!(batch.events.len(), 1);
@@ -248,7 +249,7 @@ export const schemas = { prices: { type: 'object', required: ['symbol', 'price']
     #[tokio::test]
     async fn a_builtin_throw_names_the_users_line_not_the_engines() {
         let mut g = instance(PRICES).await;
-        let err = g.on_batch(b"{oops").await.unwrap_err();
+        let err = g.on_batch(b"{oops", 0).await.unwrap_err();
         let message = err.to_string();
         assert!(message.contains("SyntaxError"), "{message}");
         assert!(message.ends_with("(at guest.js:8:26)"), "{message}");
@@ -267,12 +268,12 @@ export const schemas = { prices: { type: 'object', required: ['symbol', 'price']
         let mut g = GuestInstance::new(&js, "js", &limits, b"", None)
             .await
             .unwrap();
-        let err = g.on_batch(b"spin").await.unwrap_err();
+        let err = g.on_batch(b"spin", 0).await.unwrap_err();
         assert!(matches!(err, GuestError::FuelExhausted { .. }), "{err}");
         let mut g = GuestInstance::new(&js, "js", &limits, b"", None)
             .await
             .unwrap();
-        let batch = g.on_batch(b"fine").await.unwrap();
+        let batch = g.on_batch(b"fine", 0).await.unwrap();
         assert_eq!(text(&batch.events[0].payload), "fine");
     }
 
@@ -289,7 +290,7 @@ export const schemas = { prices: { type: 'object', required: ['symbol', 'price']
         let mut g = GuestInstance::new(&js, "js", &limits, b"", None)
             .await
             .unwrap();
-        let err = g.on_batch(b"go").await.unwrap_err();
+        let err = g.on_batch(b"go", 0).await.unwrap_err();
         assert!(
             matches!(err, GuestError::MemoryExceeded { limit } if limit == 16 << 20),
             "{err}"
@@ -307,8 +308,8 @@ export const schemas = { prices: { type: 'object', required: ['symbol', 'price']
             let mut g = GuestInstance::new(&js, "js", &Limits::default(), b"", None)
                 .await
                 .unwrap();
-            let first = g.on_batch(b"x").await.unwrap();
-            let second = g.on_batch(b"x").await.unwrap();
+            let first = g.on_batch(b"x", 0).await.unwrap();
+            let second = g.on_batch(b"x", 0).await.unwrap();
             outputs.push((
                 text(&first.events[0].payload).to_owned(),
                 text(&second.events[0].payload).to_owned(),
@@ -339,7 +340,7 @@ export const schemas = { prices: { type: 'object', required: ['symbol', 'price']
         let mut g = GuestInstance::new(&new, "js", &Limits::default(), b"", Some(&saved))
             .await
             .unwrap();
-        let batch = g.on_batch(b"").await.unwrap();
+        let batch = g.on_batch(b"", 0).await.unwrap();
         assert_eq!(text(&batch.events[0].payload), r#"{"count":2}"#);
     }
 

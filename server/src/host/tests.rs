@@ -44,8 +44,7 @@ fn updates(batch: &GuestBatch) -> Vec<(String, String, String)> {
 async fn ticker_publishes_normalized_ticks() {
     let mut g = instance(ticker(), Limits::default()).await;
     let batch = g
-        .on_batch(b"{\"symbol\":\"ACME\",\"seq\":1,\"price\":12.50}\n{\"symbol\":\"XYZ\",\"price\":3,\"seq\":2}\n")
-        .await
+        .on_batch(b"{\"symbol\":\"ACME\",\"seq\":1,\"price\":12.50}\n{\"symbol\":\"XYZ\",\"price\":3,\"seq\":2}\n", 0).await
         .unwrap();
     assert_eq!(
         updates(&batch),
@@ -69,7 +68,7 @@ async fn ticker_publishes_normalized_ticks() {
 async fn ticker_malformed_line_names_the_line() {
     let mut g = instance(ticker(), Limits::default()).await;
     let err = g
-        .on_batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}\n{oops\n")
+        .on_batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}\n{oops\n", 0)
         .await
         .unwrap_err();
     match err {
@@ -83,11 +82,11 @@ async fn ticker_malformed_line_names_the_line() {
 #[tokio::test]
 async fn ticker_seq_jump_reports_gap() {
     let mut g = instance(ticker(), Limits::default()).await;
-    g.on_batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}")
+    g.on_batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":1}", 0)
         .await
         .unwrap();
     let batch = g
-        .on_batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":4}")
+        .on_batch(b"{\"symbol\":\"A\",\"price\":1,\"seq\":4}", 0)
         .await
         .unwrap();
     assert_eq!(batch.gaps.len(), 1);
@@ -103,7 +102,10 @@ async fn ticker_seq_jump_reports_gap() {
 async fn publish_delete_and_gap_in_order() {
     let mut g = instance(misbehave(), Limits::default()).await;
     let batch = g
-        .on_batch(b"publish v1 k1 hello\ndelete v1 k0\ngap feed restarted\npublish v2 k2 world")
+        .on_batch(
+            b"publish v1 k1 hello\ndelete v1 k0\ngap feed restarted\npublish v2 k2 world",
+            0,
+        )
         .await
         .unwrap();
     assert_eq!(batch.gaps, vec!["feed restarted".to_string()]);
@@ -128,7 +130,7 @@ async fn publish_delete_and_gap_in_order() {
 async fn rejected_batch_returns_the_guest_message_and_nothing_else() {
     let mut g = instance(misbehave(), Limits::default()).await;
     let err = g
-        .on_batch(b"publish v k x\nfail bad input on line 2")
+        .on_batch(b"publish v k x\nfail bad input on line 2", 0)
         .await
         .unwrap_err();
     assert!(
@@ -141,13 +143,13 @@ async fn rejected_batch_returns_the_guest_message_and_nothing_else() {
 #[tokio::test]
 async fn save_restore_round_trip() {
     let mut g = instance(misbehave(), Limits::default()).await;
-    g.on_batch(b"count\ncount").await.unwrap();
+    g.on_batch(b"count\ncount", 0).await.unwrap();
     let state = g.save().await.unwrap();
     assert_eq!(guests::saved_state(&state), b"2");
     let mut fresh = GuestInstance::new(misbehave(), "test", &Limits::default(), b"", Some(&state))
         .await
         .unwrap();
-    let batch = fresh.on_batch(b"count").await.unwrap();
+    let batch = fresh.on_batch(b"count", 0).await.unwrap();
     assert_eq!(&batch.events[0].payload[..], b"3");
 }
 
@@ -169,7 +171,7 @@ async fn init_failure_is_reported() {
 #[tokio::test]
 async fn panic_is_a_trap_with_its_message() {
     let mut g = instance(misbehave(), Limits::default()).await;
-    let err = g.on_batch(b"panic kaboom").await.unwrap_err();
+    let err = g.on_batch(b"panic kaboom", 0).await.unwrap_err();
     match &err {
         GuestError::Trap {
             message: Some(m), ..
@@ -201,7 +203,7 @@ async fn every_guest_failure_is_told_in_our_words() {
         (b"oom", "memory limit"),
     ] {
         let mut g = instance(misbehave(), Limits::default()).await;
-        let err = g.on_batch(line).await.unwrap_err();
+        let err = g.on_batch(line, 0).await.unwrap_err();
         let public = err.public_message();
         assert!(public.contains(told), "{public}");
         assert!(!public.contains("wasm"), "{public}");
@@ -222,7 +224,7 @@ async fn every_guest_failure_is_told_in_our_words() {
 async fn infinite_loop_uses_up_its_fuel_well_before_the_deadline() {
     let mut g = instance(misbehave(), Limits::default()).await;
     let started = Instant::now();
-    let err = g.on_batch(b"loop").await.unwrap_err();
+    let err = g.on_batch(b"loop", 0).await.unwrap_err();
     let took = started.elapsed();
     assert!(
         matches!(err, GuestError::FuelExhausted { fuel } if fuel == DEFAULT_FUEL),
@@ -240,7 +242,7 @@ async fn the_same_batch_always_uses_the_same_fuel() {
     let mut used = Vec::new();
     for _ in 0..3 {
         let mut g = instance(misbehave(), Limits::default()).await;
-        g.on_batch(batch).await.unwrap();
+        g.on_batch(batch, 0).await.unwrap();
         used.push(DEFAULT_FUEL - g.fuel_left());
     }
     assert!(used.iter().all(|u| *u == used[0] && *u > 0), "{used:?}");
@@ -251,7 +253,7 @@ async fn the_same_batch_always_uses_the_same_fuel() {
                 ..Limits::default()
             };
             let mut g = instance(misbehave(), limits).await;
-            let outcome = g.on_batch(batch).await;
+            let outcome = g.on_batch(batch, 0).await;
             assert_eq!(outcome.is_ok(), passes, "fuel {fuel}: {outcome:?}");
         }
     }
@@ -266,7 +268,7 @@ async fn the_wall_clock_backstop_still_stops_a_guest_with_a_huge_budget() {
     };
     let mut g = instance(misbehave(), limits).await;
     let started = Instant::now();
-    let err = g.on_batch(b"loop").await.unwrap_err();
+    let err = g.on_batch(b"loop", 0).await.unwrap_err();
     let took = started.elapsed();
     assert!(matches!(err, GuestError::Timeout { .. }), "{err}");
     assert!(
@@ -296,7 +298,7 @@ async fn a_running_guest_yields_to_the_other_tasks_of_its_thread() {
         }
     });
     tokio::task::yield_now().await;
-    let err = g.on_batch(b"loop").await.unwrap_err();
+    let err = g.on_batch(b"loop", 0).await.unwrap_err();
     counter.abort();
     assert!(matches!(err, GuestError::Timeout { .. }), "{err}");
     let ticks = ticks.load(Ordering::Relaxed);
@@ -313,7 +315,7 @@ async fn memory_bomb_is_stopped() {
         ..Limits::default()
     };
     let mut g = instance(misbehave(), limits).await;
-    let err = g.on_batch(b"oom").await.unwrap_err();
+    let err = g.on_batch(b"oom", 0).await.unwrap_err();
     assert!(
         matches!(err, GuestError::MemoryExceeded { limit } if limit == 16 << 20),
         "{err}"
@@ -331,8 +333,8 @@ async fn oversized_event_is_refused() {
         ..Limits::default()
     };
     let mut g = instance(misbehave(), limits).await;
-    g.on_batch(b"big v 1000").await.unwrap();
-    let err = g.on_batch(b"big v 1001").await.unwrap_err();
+    g.on_batch(b"big v 1000", 0).await.unwrap();
+    let err = g.on_batch(b"big v 1001", 0).await.unwrap_err();
     assert!(
         matches!(&err, GuestError::EventTooLarge { view, size: 1001, limit: 1000, .. } if view == "v"),
         "{err}"
@@ -346,7 +348,7 @@ async fn oversized_batch_is_refused_before_the_guest() {
         ..Limits::default()
     };
     let mut g = instance(misbehave(), limits).await;
-    let err = g.on_batch(b"publish v k 12345").await.unwrap_err();
+    let err = g.on_batch(b"publish v k 12345", 0).await.unwrap_err();
     assert!(
         matches!(
             err,
@@ -362,7 +364,7 @@ async fn oversized_batch_is_refused_before_the_guest() {
 #[tokio::test]
 async fn invalid_view_name_is_named_as_such() {
     let mut g = instance(misbehave(), Limits::default()).await;
-    let err = g.on_batch(b"publish bad/view k x").await.unwrap_err();
+    let err = g.on_batch(b"publish bad/view k x", 0).await.unwrap_err();
     assert!(
         matches!(&err, GuestError::InvalidView { view } if view == "bad/view"),
         "{err}"
@@ -373,9 +375,9 @@ async fn invalid_view_name_is_named_as_such() {
 #[tokio::test]
 async fn input_buffer_grows() {
     let mut g = instance(misbehave(), Limits::default()).await;
-    g.on_batch(b"count").await.unwrap();
+    g.on_batch(b"count", 0).await.unwrap();
     let big = format!("publish v k {}", "y".repeat(100_000));
-    let batch = g.on_batch(big.as_bytes()).await.unwrap();
+    let batch = g.on_batch(big.as_bytes(), 0).await.unwrap();
     assert_eq!(batch.events[0].payload.len(), 100_000);
 }
 
@@ -518,7 +520,7 @@ async fn hand_written_guest_with_bad_reply_pointer_is_a_trap_not_a_crash() {
     )
     .unwrap();
     let mut g = instance(&module, Limits::default()).await;
-    let err = g.on_batch(b"x").await.unwrap_err();
+    let err = g.on_batch(b"x", 0).await.unwrap_err();
     assert!(
         matches!(&err, GuestError::Trap { trap, .. } if trap.contains("out of bounds")),
         "{err}"
@@ -664,7 +666,7 @@ proptest! {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let result = runtime.block_on(async {
             let mut g = instance(json_guest(), Limits::default()).await;
-            g.on_batch(&line).await
+            g.on_batch(&line, 0).await
         });
         let shown = String::from_utf8_lossy(&line).into_owned();
         match &result {
@@ -707,11 +709,38 @@ proptest! {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let result = runtime.block_on(async {
             let mut g = instance(module, Limits::default()).await;
-            g.on_batch(&input).await
+            g.on_batch(&input, 0).await
         });
         match result {
             Ok(_) | Err(GuestError::GuestRejected { .. } | GuestError::InvalidView { .. }) => {}
             Err(other) => prop_assert!(false, "guest {}: {}: {}", guest, String::from_utf8_lossy(&input), other),
         }
     }
+}
+
+#[tokio::test]
+async fn batch_time_is_the_batchs_ingest_time_and_zero_outside_a_batch() {
+    // `viewtape_on_batch` succeeds only when `batch_time` is 1700000000123; `viewtape_save`
+    // only when it is 0.
+    let module = wat_module(
+        r#"(import "viewtape" "reply" (func $reply (param i32 i32)))
+           (import "viewtape" "batch_time" (func $batch_time (result i64)))
+           (memory (export "memory") 1)
+           (func (export "viewtape_abi_v1"))
+           (func (export "viewtape_input") (param i32) (result i32) i32.const 1024)
+           (func (export "viewtape_init") (param i32) (result i32) i32.const 0)
+           (func (export "viewtape_restore") (param i32) (result i32) i32.const 0)
+           (func (export "viewtape_save") (result i32)
+              i32.const 0 i32.const 0 call $reply
+              i32.const 0 i32.const -1 call $batch_time i64.eqz select)
+           (func (export "viewtape_on_batch") (param i32) (result i32)
+              i32.const 0 i32.const 0 call $reply
+              i32.const 0 i32.const -1
+              call $batch_time i64.const 1700000000123 i64.eq select)"#,
+    )
+    .unwrap();
+    let mut g = instance(&module, Limits::default()).await;
+    g.on_batch(b"x", 1_700_000_000_123).await.unwrap();
+    g.save().await.unwrap();
+    assert!(g.on_batch(b"x", 1_700_000_000_124).await.is_err());
 }

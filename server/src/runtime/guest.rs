@@ -149,7 +149,7 @@ impl GuestSlot {
         self.instance = None;
     }
 
-    /// Runs `input` through the guest; the events must go to the declared views and fit their
+    /// Runs `input`, ingested at `at_ms`, through the guest; the events must go to the declared views and fit their
     /// schemas (unless `fit` says they are known to). On success `state` becomes the guest's
     /// new state; on failure the instance is made again from `state`, the last good one.
     ///
@@ -158,6 +158,7 @@ impl GuestSlot {
     pub async fn run(
         &mut self,
         input: &[u8],
+        at_ms: u64,
         state: &mut Bytes,
         fit: Fit,
     ) -> Result<GuestBatch, SlotError> {
@@ -173,7 +174,7 @@ impl GuestSlot {
                 return Err(SlotError::Unavailable(error));
             }
         };
-        let outcome = match instance.on_batch(input).await {
+        let outcome = match instance.on_batch(input, at_ms).await {
             Ok(batch) => match typed(views.as_deref(), schemas.as_deref(), batch) {
                 Ok(batch) => instance.save().await.map(|saved| (batch, saved)),
                 Err(error) => Err(error),

@@ -130,7 +130,11 @@ impl<S: BatchSink> Task<S> {
             return Ok(GuestBatch::default());
         }
         let runtime = self.name.to_string();
-        match self.slot.run(&entry.input, &mut self.last.state, fit).await {
+        match self
+            .slot
+            .run(&entry.input, entry.at_ms, &mut self.last.state, fit)
+            .await
+        {
             Ok(batch) => Ok(batch),
             Err(SlotError::Unavailable(source)) => {
                 tracing::error!(error = %source, "runtime unavailable: re-instantiation failed");
