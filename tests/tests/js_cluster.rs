@@ -1,6 +1,7 @@
 //! JavaScript guests on a cluster, end to end with a real `nats-server`: a JS module posted to
 //! one node runs on every node, and a guest that calls `Date.now()` and `Math.random()`
-//! publishes the same frames on every node (deterministic by construction).
+//! publishes the same frames on every node (deterministic by construction: the time is the
+//! batch's, as logged).
 
 use std::time::{Duration, Instant};
 
@@ -98,6 +99,14 @@ async fn two_nodes_publish_the_same_frames_from_date_and_random() -> anyhow::Res
     }
 
     // Batches through both nodes.
+    let unix_ms = || -> anyhow::Result<u64> {
+        Ok(u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)?
+                .as_millis(),
+        )?)
+    };
+    let before = unix_ms()?;
     let mut last = 0;
     for batch in 0..6 {
         let body = format!("k{batch}a\nk{batch}b\n");
@@ -105,6 +114,7 @@ async fn two_nodes_publish_the_same_frames_from_date_and_random() -> anyhow::Res
         ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
         last = position(&resp.json()?)?;
     }
+    let after = unix_ms()?;
     for node in &nodes {
         applied(node, last).await?;
     }
@@ -131,11 +141,21 @@ async fn two_nodes_publish_the_same_frames_from_date_and_random() -> anyhow::Res
     draws.sort_unstable();
     draws.dedup();
     ensure!(draws.len() == 24, "every draw differs: {values:?}");
-    // The guest ABI gives no ingest time yet: Date.now() is the epoch on every node.
+    // Date.now() and new Date() are the batch's ingest time as logged: within the time the
+    // batches were sent, one value per batch, the same on both nodes (the tapes are equal).
     for value in &values {
+        let now = value["now"].as_u64().context("now")?;
         ensure!(
-            value["now"] == 0 && value["date"] == "1970-01-01T00:00:00.000Z",
-            "{value}"
+            (before..=after).contains(&now),
+            "{before}..{after}: {value}"
+        );
+        let date = value["date"].as_str().context("date")?;
+        ensure!(date.ends_with('Z') && date.starts_with("20"), "{value}");
+    }
+    for pair in values.chunks(2) {
+        ensure!(
+            pair[0]["now"] == pair[1]["now"],
+            "one time per batch: {pair:?}"
         );
     }
     Ok(())

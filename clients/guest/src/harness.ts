@@ -32,6 +32,15 @@ export interface RunGuestOptions {
   timeoutMs?: number;
 }
 
+/** How to run one batch. */
+export interface FeedOptions {
+  /**
+   * The batch's ingest time, what `Date.now()` gives the guest during the batch (Unix
+   * milliseconds, or a `Date`); default: the clock when it runs, as on a server.
+   */
+  at?: number | Date;
+}
+
 /** A value a batch published. */
 export interface Published {
   view: string;
@@ -80,7 +89,7 @@ export interface GuestRun<State = unknown> {
    * Rejects (with a `GuestError`) only when the binary could not run the batch at all; a batch the
    * guest rejects resolves with its `error`.
    */
-  feed(input: readonly string[] | string): Promise<Batch>;
+  feed(input: readonly string[] | string, options?: FeedOptions): Promise<Batch>;
   /** The state after the last good batch (`init`'s before any): the guest's state, JSON-decoded. */
   state(): State;
   /** The state after the last good batch as the host saved it: bytes for `savedState`. */
@@ -188,28 +197,33 @@ class Run<State> implements GuestRun<State> {
     await this.invoke('', 1, hasState);
   }
 
-  feed(input: readonly string[] | string): Promise<Batch> {
-    const next = this.queue.then(() => this.feedNow(input));
+  feed(input: readonly string[] | string, options: FeedOptions = {}): Promise<Batch> {
+    const next = this.queue.then(() => this.feedNow(input, options));
     this.queue = next.catch(() => undefined);
     return next;
   }
 
-  private async feedNow(input: readonly string[] | string): Promise<Batch> {
+  private async feedNow(input: readonly string[] | string, options: FeedOptions): Promise<Batch> {
     if (this.closed) throw new GuestError('feed after close()');
     let text = typeof input === 'string' ? input : input.map(line => `${line}\n`).join('');
     if (text && !text.endsWith('\n')) text += '\n';
     const lines = text.split('\n').length - 1;
     if (lines === 0) return { published: [], deleted: [], gaps: [], logs: [] };
-    return this.invoke(text, lines, true);
+    const at = options.at instanceof Date ? options.at.getTime() : options.at;
+    if (at !== undefined && !(Number.isSafeInteger(at) && at >= 0)) {
+      throw new GuestError(`feed: at must be a time at or after 1970, in whole milliseconds (got ${at})`);
+    }
+    return this.invoke(text, lines, true, at);
   }
 
-  /** One run of the binary over `input`, as one batch of `lines` lines. */
-  private async invoke(input: string, lines: number, fromState: boolean): Promise<Batch> {
+  /** One run of the binary over `input`, as one batch of `lines` lines ingested at `at`. */
+  private async invoke(input: string, lines: number, fromState: boolean, at?: number): Promise<Batch> {
     const next = `${this.statePath}.next`;
     const args = ['--log-format', 'json', 'run', this.module, '--batch-lines', String(lines)];
     args.push('--config', this.configPath, '--save-state', next);
     if (fromState) args.push('--state', this.statePath);
     if (this.options.fuel !== undefined) args.push('--fuel', String(this.options.fuel));
+    if (at !== undefined) args.push('--batch-time', String(at));
     const { code, stdout, stderr } = await execute(
       this.viewtape,
       args,
