@@ -46,6 +46,8 @@
 //! `Context` for the batch (moved into a thread-local while the JS runs), so an event costs
 //! no copy beyond the one into the output buffer.
 
+mod json;
+
 use std::cell::{Cell, RefCell};
 
 use rquickjs::{
@@ -66,6 +68,8 @@ thread_local! {
     static CURRENT: RefCell<Context> = RefCell::new(Context::default());
     /// `Math.random`'s state.
     static RANDOM: Cell<u64> = const { Cell::new(0) };
+    /// Where `ctx.publish` writes a value's JSON before it is published.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The clock the QuickJS shim asks for: always the epoch (see "Determinism"). Defined here,
@@ -105,7 +109,8 @@ impl<'a> InitInput<'a> {
             return Err("cut short in the source".into());
         }
         let (source, config) = rest.split_at(len);
-        let source = std::str::from_utf8(source).map_err(|e| Error::msg(format!("the module is not UTF-8: {e}")))?;
+        let source = std::str::from_utf8(source)
+            .map_err(|e| Error::msg(format!("the module is not UTF-8: {e}")))?;
         Ok(Self {
             check_only: mode == abi::JS_MODE_CHECK,
             source,
@@ -218,22 +223,57 @@ fn stringify<'js>(ctx: &Ctx<'js>, value: Value<'js>) -> rquickjs::Result<Option<
         .transpose()
 }
 
+/// A JavaScript string as UTF-8, borrowed from the engine (no copy for an ASCII string).
+///
+/// # Errors
+/// A string with a lone surrogate, which has no UTF-8.
+fn utf8(string: rquickjs::String<'_>) -> rquickjs::Result<rquickjs::CString<'_>> {
+    let c = string.to_cstring()?;
+    // SAFETY: `as_ptr` points at the `len` bytes the engine made, which live as long as `c`.
+    let bytes = unsafe { std::slice::from_raw_parts(c.as_ptr().cast::<u8>(), c.len()) };
+    std::str::from_utf8(bytes)?;
+    Ok(c)
+}
+
 /// The `ctx` object handed to `onBatch`.
-fn ctx_object<'js>(ctx: &Ctx<'js>) -> rquickjs::Result<Object<'js>> {
+fn ctx_object<'js>(ctx: &Ctx<'js>, intrinsics: json::Intrinsics) -> rquickjs::Result<Object<'js>> {
     let object = Object::new(ctx.clone())?;
     object.set(
         "publish",
         Function::new(
             ctx.clone(),
-            |ctx: Ctx<'js>, view: String, key: String, value: Value<'js>| -> rquickjs::Result<()> {
+            move |ctx: Ctx<'js>,
+                  view: rquickjs::String<'js>,
+                  key: rquickjs::String<'js>,
+                  value: Value<'js>|
+                  -> rquickjs::Result<()> {
+                let view = utf8(view)?;
+                let key = utf8(key)?;
+                let (view, key) = (view.as_str(), key.as_str());
                 if let Some(s) = value.as_string() {
-                    let s = s.to_string()?;
-                    CURRENT.with_borrow_mut(|c| c.publish(&view, &key, s.as_bytes()));
-                } else if let Ok(bytes) = TypedArray::<u8>::from_value(value.clone()) {
+                    let s = utf8(s.clone())?;
+                    CURRENT.with_borrow_mut(|c| c.publish(view, key, s.as_str().as_bytes()));
+                    return Ok(());
+                }
+                // Plain data is written here; anything else by `JSON.stringify`, below (the
+                // fast path runs no JavaScript before it refuses a value, so the fallback
+                // sees the value as it was).
+                let written = SCRATCH.with_borrow_mut(|buf| {
+                    buf.clear();
+                    let written = json::write(&ctx, &intrinsics, &value, buf).is_ok();
+                    if written {
+                        CURRENT.with_borrow_mut(|c| c.publish(view, key, buf));
+                    }
+                    written
+                });
+                if written {
+                    return Ok(());
+                }
+                if let Ok(bytes) = TypedArray::<u8>::from_value(value.clone()) {
                     // SAFETY: the slice is copied into the output buffer at once, with no
                     // JavaScript run while it lives.
                     let bytes = unsafe { bytes.as_bytes() }.unwrap_or_default();
-                    CURRENT.with_borrow_mut(|c| c.publish(&view, &key, bytes));
+                    CURRENT.with_borrow_mut(|c| c.publish(view, key, bytes));
                 } else {
                     let json = stringify(&ctx, value)?.ok_or_else(|| {
                         rquickjs::Exception::throw_type(
@@ -241,7 +281,7 @@ fn ctx_object<'js>(ctx: &Ctx<'js>) -> rquickjs::Result<Object<'js>> {
                             "ctx.publish: the value has no JSON (undefined or a function)",
                         )
                     })?;
-                    CURRENT.with_borrow_mut(|c| c.publish(&view, &key, json.as_bytes()));
+                    CURRENT.with_borrow_mut(|c| c.publish(view, key, json.as_bytes()));
                 }
                 Ok(())
             },
@@ -269,12 +309,12 @@ fn ctx_object<'js>(ctx: &Ctx<'js>) -> rquickjs::Result<Object<'js>> {
                     "warn" => Level::Warn,
                     "info" => Level::Info,
                     "debug" => Level::Debug,
-                    other => {
-                        return Err(rquickjs::Exception::throw_type(
-                            &ctx,
-                            &format!("ctx.log: level {other:?} is none of 'debug', 'info', 'warn', 'error'"),
-                        ))
-                    }
+                    other => return Err(rquickjs::Exception::throw_type(
+                        &ctx,
+                        &format!(
+                            "ctx.log: level {other:?} is none of 'debug', 'info', 'warn', 'error'"
+                        ),
+                    )),
                 };
                 CURRENT.with_borrow_mut(|c| c.log(level, &message));
                 Ok(())
@@ -323,6 +363,7 @@ impl Live {
         seed_random(0);
         let live = context.with(|ctx| -> Result<Live> {
             let fail = |e| js_error(&ctx, e);
+            let intrinsics = json::Intrinsics::new(&ctx).map_err(fail)?;
             install_random(&ctx).map_err(fail)?;
             let module = Module::declare(ctx.clone(), MODULE_NAME, input.source).map_err(fail)?;
             let (module, promise) = module.eval().map_err(fail)?;
@@ -338,7 +379,7 @@ impl Live {
             };
             let state_json = state_json(&ctx, state.clone())?;
             let schemas = schemas(&ctx, &namespace).map_err(fail)?;
-            let ctx_object = ctx_object(&ctx).map_err(fail)?;
+            let ctx_object = ctx_object(&ctx, intrinsics).map_err(fail)?;
             Ok(Live {
                 on_batch: Persistent::save(&ctx, on_batch),
                 migrate: migrate.map(|f| Persistent::save(&ctx, f)),
@@ -435,18 +476,24 @@ impl Runtime for JsGuest {
             .map_err(|e| Error::msg(format!("the batch is not UTF-8: {e}")))?;
         seed_random(live.batches);
         CURRENT.with_borrow_mut(|current| std::mem::swap(current, ctx));
-        let result = live.context.with(|js| -> Result<(Persistent<Value<'static>>, String)> {
-            let fail = |e| js_error(&js, e);
-            let on_batch = live.on_batch.clone().restore(&js).map_err(fail)?;
-            let state = live.state.clone().restore(&js).map_err(fail)?;
-            let object = live.ctx_object.clone().restore(&js).map_err(fail)?;
-            let returned: Value = on_batch
-                .call((state.clone(), input, object))
-                .map_err(fail)?;
-            let next = if returned.is_undefined() { state } else { returned };
-            let json = state_json(&js, next.clone())?;
-            Ok((Persistent::save(&js, next), json))
-        });
+        let result = live
+            .context
+            .with(|js| -> Result<(Persistent<Value<'static>>, String)> {
+                let fail = |e| js_error(&js, e);
+                let on_batch = live.on_batch.clone().restore(&js).map_err(fail)?;
+                let state = live.state.clone().restore(&js).map_err(fail)?;
+                let object = live.ctx_object.clone().restore(&js).map_err(fail)?;
+                let returned: Value = on_batch
+                    .call((state.clone(), input, object))
+                    .map_err(fail)?;
+                let next = if returned.is_undefined() {
+                    state
+                } else {
+                    returned
+                };
+                let json = state_json(&js, next.clone())?;
+                Ok((Persistent::save(&js, next), json))
+            });
         CURRENT.with_borrow_mut(|current| std::mem::swap(current, ctx));
         let (state, json) = result?;
         live.batches += 1;
@@ -467,7 +514,10 @@ impl Runtime for JsGuest {
     }
 
     fn restore(&mut self, saved: &[u8]) -> Result<()> {
-        let live = self.live.as_mut().ok_or("a syntax check restores nothing")?;
+        let live = self
+            .live
+            .as_mut()
+            .ok_or("a syntax check restores nothing")?;
         let (state, json, batches) = live.context.with(|js| -> Result<_> {
             let fail = |e| js_error(&js, e);
             let (state, batches) = match envelope(&js, saved).map_err(fail)? {
