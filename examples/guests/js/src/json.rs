@@ -461,11 +461,10 @@ pub fn quote(text: &[u8], out: &mut Vec<u8>) {
 /// not finite. Returns `false`, writing nothing, for a number of 15 digits or more, which the
 /// engine writes.
 ///
-/// Rust's `{:e}` gives the shortest digits too, but breaks a tie between two shortest
-/// candidates equally near the double upwards where ECMAScript takes the even one. A tie
-/// needs a double that is exactly a decimal of one digit more than the shortest, and two
-/// decimals of at most 15 digits never read as the same double: with at most 14 shortest
-/// digits there is no tie.
+/// Two decimals of at most 15 significant digits never read as the same double. So a decimal
+/// of at most 15 digits that reads back as `x` is the shortest one's value, and there is no
+/// tie between two shortest candidates (which ECMAScript breaks towards the even one and
+/// Rust's `{:e}`, used for the numbers [`short_decimal`] does not take, upwards).
 pub fn number(x: f64, out: &mut Vec<u8>) -> bool {
     if !x.is_finite() {
         out.extend_from_slice(b"null");
@@ -474,6 +473,9 @@ pub fn number(x: f64, out: &mut Vec<u8>) -> bool {
     if x == 0.0 {
         // Both zeros.
         out.push(b'0');
+        return true;
+    }
+    if short_decimal(x, out) {
         return true;
     }
     // `d[.ddd]e[-]x`.
@@ -537,6 +539,65 @@ pub fn number(x: f64, out: &mut Vec<u8>) -> bool {
         );
     }
     true
+}
+
+/// Powers of ten, exact as doubles.
+const POWERS: [f64; 9] = [1.0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8];
+
+/// Writes `x` (finite, not zero) if it is `m / 10^d` for an `m` of at most 15 digits and a `d`
+/// of at most 8, and at least 1e-6 (below, ECMAScript writes an exponent): prices, counts,
+/// most measurements. The division of two exact doubles is rounded correctly, so
+/// `m / 10^d == x` says that the decimal reads back as `x`.
+fn short_decimal(x: f64, out: &mut Vec<u8>) -> bool {
+    let a = x.abs();
+    if !(1e-6..1e15).contains(&a) {
+        return false;
+    }
+    for (d, &power) in POWERS.iter().enumerate() {
+        let m = (a * power).round_ties_even();
+        if m >= 1e15 {
+            return false;
+        }
+        if m / power != a {
+            continue;
+        }
+        // Below 1e15: exact as an integer. Trailing zeros, should the rounding above have
+        // missed a shorter `d`, are the same value written longer.
+        let (mut m, mut d) = (m as u64, d);
+        while d > 0 && m % 10 == 0 {
+            m /= 10;
+            d -= 1;
+        }
+        if x < 0.0 {
+            out.push(b'-');
+        }
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut rest = m;
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        let digits = &digits[at..];
+        if d == 0 {
+            out.extend_from_slice(digits);
+        } else if digits.len() > d {
+            let point = digits.len() - d;
+            out.extend_from_slice(&digits[..point]);
+            out.push(b'.');
+            out.extend_from_slice(&digits[point..]);
+        } else {
+            out.extend_from_slice(b"0.");
+            out.extend(std::iter::repeat_n(b'0', d - digits.len()));
+            out.extend_from_slice(digits);
+        }
+        return true;
+    }
+    false
 }
 
 /// `fmt::Write` into a fixed buffer.
@@ -631,6 +692,7 @@ mod tests {
             "2 ** 53",
             "2 ** 53 + 2",
             "1 / 3",
+            "[0.000001, 0.0000015, 1e-7, 0.1, 0.01, 12.5, -0.5, 999999999999999, 1e15, 123.456]",
             "-634706844839396.2",
             "[0.5e16 + 1, 2 ** 60, 123456789012345.6]",
             "'plain'",
@@ -710,11 +772,15 @@ mod tests {
             };
             for i in 0..200_000u32 {
                 let r = next();
-                let x = match i % 4 {
+                let x = match i % 8 {
                     0 => f64::from_bits(r),
                     1 => (r % 10_000_000) as f64 / 100.0,
                     2 => (r >> 11) as f64 / (1u64 << 53) as f64,
-                    _ => (r as i64 as f64) / 1e10,
+                    3 => (r as i64 as f64) / 1e10,
+                    4 => -((r % 1_000_000_000) as f64) / 10f64.powi((r >> 60) as i32),
+                    5 => (r % 100_000) as f64 * 10f64.powi((r >> 59) as i32 - 12),
+                    6 => (r >> 14) as f64,
+                    _ => ((r % 2000) as f64 - 1000.0) / 8.0,
                 };
                 if !x.is_finite() {
                     continue;
