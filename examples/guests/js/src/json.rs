@@ -80,18 +80,34 @@ impl Intrinsics {
 pub fn write(
     ctx: &Ctx<'_>,
     intrinsics: &Intrinsics,
+    keys: &mut Keys,
     value: &Value<'_>,
+    out: &mut Vec<u8>,
+) -> Result<(), Refused> {
+    // SAFETY: `value` is a live value of the context `ctx` names, held for the whole call.
+    unsafe { write_raw(ctx.as_raw().as_ptr(), intrinsics, keys, value.as_raw(), out) }
+}
+
+/// [`write`] for a raw context and value.
+///
+/// # Safety
+/// `value` is a live value of `ctx`, held for the whole call; `keys` holds atoms of `ctx` only.
+pub unsafe fn write_raw(
+    ctx: *mut qjs::JSContext,
+    intrinsics: &Intrinsics,
+    keys: &mut Keys,
+    value: qjs::JSValue,
     out: &mut Vec<u8>,
 ) -> Result<(), Refused> {
     let start = out.len();
     let mut writer = Writer {
-        ctx: ctx.as_raw().as_ptr(),
+        ctx,
         intrinsics,
+        keys,
         out,
     };
-    // SAFETY: `value` is a live value of the context `ctx` names, held for the whole call.
     // `undefined` and symbols have no JSON: `JSON.stringify` says so.
-    let result = match unsafe { writer.value(value.as_raw(), 0) } {
+    let result = match writer.value(value, 0) {
         Ok(Kind::Written) => Ok(()),
         Ok(Kind::Nothing) | Err(Refused) => Err(Refused),
     };
@@ -101,9 +117,48 @@ pub fn write(
     result
 }
 
+/// How many property names [`Keys`] keeps.
+const MAX_KEYS: usize = 64;
+
+/// The property names met first, quoted: an event's keys are mostly the last event's. Each
+/// atom is held (its count raised) so the engine cannot free it and give its number to another
+/// string; [`Keys::release`] lets them go. They are one context's: another context's writes
+/// do without.
+#[derive(Debug)]
+pub struct Keys {
+    owner: *mut qjs::JSContext,
+    quoted: Vec<(qjs::JSAtom, Vec<u8>)>,
+}
+
+impl Default for Keys {
+    fn default() -> Self {
+        Self {
+            owner: ptr::null_mut(),
+            quoted: Vec::new(),
+        }
+    }
+}
+
+impl Keys {
+    /// Lets the held atoms go, if they are `ctx`'s.
+    ///
+    /// # Safety
+    /// `ctx` is a live context.
+    pub unsafe fn release(&mut self, ctx: *mut qjs::JSContext) {
+        if self.owner != ctx {
+            return;
+        }
+        for (atom, _) in self.quoted.drain(..) {
+            qjs::JS_FreeAtom(ctx, atom);
+        }
+        self.owner = ptr::null_mut();
+    }
+}
+
 struct Writer<'a> {
     ctx: *mut qjs::JSContext,
     intrinsics: &'a Intrinsics,
+    keys: &'a mut Keys,
     out: &'a mut Vec<u8>,
 }
 
@@ -383,6 +438,31 @@ impl Writer<'_> {
     /// # Safety
     /// `atom` is a live string atom of `self.ctx`.
     unsafe fn key(&mut self, atom: qjs::JSAtom) -> Result<(), Refused> {
+        if self.keys.owner == self.ctx {
+            if let Some((_, quoted)) = self.keys.quoted.iter().find(|(held, _)| *held == atom) {
+                self.out.extend_from_slice(quoted);
+                return Ok(());
+            }
+        }
+        let start = self.out.len();
+        self.text_of(atom)?;
+        if self.keys.quoted.is_empty() {
+            self.keys.owner = self.ctx;
+        }
+        if self.keys.owner == self.ctx && self.keys.quoted.len() < MAX_KEYS {
+            let quoted = self.out[start..].to_vec();
+            self.keys
+                .quoted
+                .push((qjs::JS_DupAtom(self.ctx, atom), quoted));
+        }
+        Ok(())
+    }
+
+    /// Writes the string `atom` names, quoted.
+    ///
+    /// # Safety
+    /// `atom` is a live string atom of `self.ctx`.
+    unsafe fn text_of(&mut self, atom: qjs::JSAtom) -> Result<(), Refused> {
         let mut len = 0;
         let ptr = qjs::JS_AtomToCStringLen(self.ctx, &mut len, atom);
         if ptr.is_null() {
@@ -628,8 +708,16 @@ mod tests {
             let intrinsics = Intrinsics::new(&ctx).expect("intrinsics");
             let value: Value = ctx.eval(source).expect("eval");
             let mut out = b"kept".to_vec();
-            let written = write(&ctx, &intrinsics, &value, &mut out)
+            let mut keys = Keys::default();
+            let written = write(&ctx, &intrinsics, &mut keys, &value, &mut out)
                 .map(|()| String::from_utf8(out[4..].to_vec()).expect("utf-8"));
+            // Again, with the keys known.
+            let mut again = Vec::new();
+            let twice = write(&ctx, &intrinsics, &mut keys, &value, &mut again)
+                .map(|()| String::from_utf8(again).expect("utf-8"));
+            assert_eq!(twice, written, "{source}, the second time");
+            // SAFETY: the keys are atoms of this live context.
+            unsafe { keys.release(ctx.as_raw().as_ptr()) };
             let expected = ctx
                 .json_stringify(value)
                 .expect("stringify")
@@ -652,12 +740,15 @@ mod tests {
             let intrinsics = Intrinsics::new(&ctx).expect("intrinsics");
             let value: Value = ctx.eval(source).expect("eval");
             let mut out = b"kept".to_vec();
+            let mut keys = Keys::default();
             assert_eq!(
-                write(&ctx, &intrinsics, &value, &mut out),
+                write(&ctx, &intrinsics, &mut keys, &value, &mut out),
                 Err(Refused),
                 "{source}"
             );
             assert_eq!(out, b"kept", "a refusal leaves the buffer as it was");
+            // SAFETY: the context is live.
+            unsafe { keys.release(ctx.as_raw().as_ptr()) };
         });
     }
 

@@ -51,7 +51,7 @@ mod json;
 use std::cell::{Cell, RefCell};
 
 use rquickjs::{
-    CatchResultExt, CaughtError, Ctx, Function, Module, Object, Persistent, TypedArray, Value,
+    qjs, CatchResultExt, CaughtError, Ctx, Function, Module, Object, Persistent, TypedArray, Value,
 };
 use viewtape_guest::{abi, export_runtime, Context, Error, Level, Result, Runtime, Schemas};
 
@@ -70,6 +70,11 @@ thread_local! {
     static RANDOM: Cell<u64> = const { Cell::new(0) };
     /// Where `ctx.publish` writes a value's JSON before it is published.
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// The property names `ctx.publish` quoted lately (see `json::Keys`), released when the
+    /// running module is dropped.
+    static KEYS: RefCell<json::Keys> = RefCell::new(json::Keys::default());
+    /// What tells plain data for `ctx.publish`, taken from the realm before the user's code ran.
+    static INTRINSICS: Cell<Option<json::Intrinsics>> = const { Cell::new(None) };
 }
 
 /// The clock the QuickJS shim asks for: always the epoch (see "Determinism"). Defined here,
@@ -297,58 +302,193 @@ fn utf8(string: rquickjs::String<'_>) -> rquickjs::Result<rquickjs::CString<'_>>
     Ok(c)
 }
 
+/// A JavaScript string's UTF-8, borrowed from the engine (the string's own bytes if it is
+/// ASCII), released when dropped.
+struct Text {
+    ctx: *mut qjs::JSContext,
+    ptr: *const std::ffi::c_char,
+    len: usize,
+}
+
+impl Text {
+    /// `None` for a value that is not a string, a string with a lone surrogate, or a failure
+    /// of the engine (whose exception it drops: the general path meets it again).
+    ///
+    /// # Safety
+    /// `value` is a live value of `ctx`, which outlives the `Text`.
+    unsafe fn new(ctx: *mut qjs::JSContext, value: qjs::JSValue) -> Option<Self> {
+        if !qjs::JS_IsString(value) {
+            return None;
+        }
+        let mut len = 0;
+        let ptr = qjs::JS_ToCStringLen2(ctx, &mut len, value, false);
+        if ptr.is_null() {
+            let exception = qjs::JS_GetException(ctx);
+            qjs::JS_FreeValue(ctx, exception);
+            return None;
+        }
+        let text = Self {
+            ctx,
+            ptr,
+            len: usize::try_from(len).ok()?,
+        };
+        let bytes = text.bytes();
+        (bytes.is_ascii() || std::str::from_utf8(bytes).is_ok()).then_some(text)
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the engine made `len` bytes at `ptr`, which live until `JS_FreeCString`.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) }
+    }
+
+    fn as_str(&self) -> &str {
+        // Checked in `new`.
+        std::str::from_utf8(self.bytes()).unwrap_or_default()
+    }
+}
+
+impl Drop for Text {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `JS_ToCStringLen2` on this context and is freed once.
+        unsafe { qjs::JS_FreeCString(self.ctx, self.ptr) };
+    }
+}
+
+/// `ctx.publish` as the engine calls it: the common case (a view and key that are strings, a
+/// value that is a string or plain data) straight from the engine's arguments, without
+/// rquickjs's conversions; anything else through the general function, `data[0]`, which
+/// also throws what a wrong call throws. The common case runs no JavaScript, so the general
+/// function sees the call as it was made.
+///
+/// # Safety
+/// Called by the engine: `argv` holds `argc` live values and `data` the one value the function
+/// was made with.
+unsafe extern "C" fn publish_fast(
+    ctx: *mut qjs::JSContext,
+    this: qjs::JSValue,
+    argc: std::ffi::c_int,
+    argv: *mut qjs::JSValue,
+    _magic: std::ffi::c_int,
+    data: *mut qjs::JSValue,
+) -> qjs::JSValue {
+    if argc >= 3 && publish_common(ctx, *argv, *argv.add(1), *argv.add(2)) {
+        return qjs::JS_UNDEFINED;
+    }
+    qjs::JS_Call(ctx, *data, this, argc, argv)
+}
+
+/// Publishes `value` if it is a string or plain data and `view` and `key` are strings.
+///
+/// # Safety
+/// The values are live values of `ctx`.
+unsafe fn publish_common(
+    ctx: *mut qjs::JSContext,
+    view: qjs::JSValue,
+    key: qjs::JSValue,
+    value: qjs::JSValue,
+) -> bool {
+    let (Some(view), Some(key)) = (Text::new(ctx, view), Text::new(ctx, key)) else {
+        return false;
+    };
+    let (view, key) = (view.as_str(), key.as_str());
+    if qjs::JS_IsString(value) {
+        let Some(value) = Text::new(ctx, value) else {
+            return false;
+        };
+        CURRENT.with_borrow_mut(|c| c.publish(view, key, value.bytes()));
+        return true;
+    }
+    let Some(intrinsics) = INTRINSICS.get() else {
+        return false;
+    };
+    SCRATCH.with_borrow_mut(|buf| {
+        buf.clear();
+        let written = KEYS.with_borrow_mut(|keys| {
+            // SAFETY: `value` is live for the call; the keys are atoms of this context (the
+            // only one a guest runs user code in).
+            unsafe { json::write_raw(ctx, &intrinsics, keys, value, buf) }.is_ok()
+        });
+        if written {
+            CURRENT.with_borrow_mut(|c| c.publish(view, key, buf));
+        }
+        written
+    })
+}
+
+/// `ctx.publish`: [`publish_fast`] around `general`.
+fn publish_function<'js>(ctx: &Ctx<'js>, general: Function<'js>) -> rquickjs::Result<Value<'js>> {
+    let mut data = [general.as_raw()];
+    // SAFETY: `data` holds one live value, which the engine duplicates into the function.
+    let function = unsafe {
+        qjs::JS_NewCFunctionData(
+            ctx.as_raw().as_ptr(),
+            Some(publish_fast),
+            3,
+            0,
+            1,
+            data.as_mut_ptr(),
+        )
+    };
+    // SAFETY: the engine's new value (owned), or the exception marker it is checked for.
+    if unsafe { qjs::JS_IsException(function) } {
+        return Err(rquickjs::Error::Exception);
+    }
+    // SAFETY: `function` is a new value owned here, handed over to the `Value`.
+    Ok(unsafe { Value::from_raw(ctx.clone(), function) })
+}
+
 /// The `ctx` object handed to `onBatch`.
 fn ctx_object<'js>(ctx: &Ctx<'js>, intrinsics: json::Intrinsics) -> rquickjs::Result<Object<'js>> {
     let object = Object::new(ctx.clone())?;
-    object.set(
-        "publish",
-        Function::new(
-            ctx.clone(),
-            move |ctx: Ctx<'js>,
-                  view: rquickjs::String<'js>,
-                  key: rquickjs::String<'js>,
-                  value: Value<'js>|
-                  -> rquickjs::Result<()> {
-                let view = utf8(view)?;
-                let key = utf8(key)?;
-                let (view, key) = (view.as_str(), key.as_str());
-                if let Some(s) = value.as_string() {
-                    let s = utf8(s.clone())?;
-                    CURRENT.with_borrow_mut(|c| c.publish(view, key, s.as_str().as_bytes()));
-                    return Ok(());
-                }
-                // Plain data is written here; anything else by `JSON.stringify`, below (the
-                // fast path runs no JavaScript before it refuses a value, so the fallback
-                // sees the value as it was).
-                let written = SCRATCH.with_borrow_mut(|buf| {
-                    buf.clear();
-                    let written = json::write(&ctx, &intrinsics, &value, buf).is_ok();
-                    if written {
-                        CURRENT.with_borrow_mut(|c| c.publish(view, key, buf));
-                    }
-                    written
+    let general = Function::new(
+        ctx.clone(),
+        move |ctx: Ctx<'js>,
+              view: rquickjs::String<'js>,
+              key: rquickjs::String<'js>,
+              value: Value<'js>|
+              -> rquickjs::Result<()> {
+            let view = utf8(view)?;
+            let key = utf8(key)?;
+            let (view, key) = (view.as_str(), key.as_str());
+            if let Some(s) = value.as_string() {
+                let s = utf8(s.clone())?;
+                CURRENT.with_borrow_mut(|c| c.publish(view, key, s.as_str().as_bytes()));
+                return Ok(());
+            }
+            // Plain data is written here; anything else by `JSON.stringify`, below (the
+            // fast path runs no JavaScript before it refuses a value, so the fallback
+            // sees the value as it was).
+            let written = SCRATCH.with_borrow_mut(|buf| {
+                buf.clear();
+                let written = KEYS.with_borrow_mut(|keys| {
+                    json::write(&ctx, &intrinsics, keys, &value, buf).is_ok()
                 });
                 if written {
-                    return Ok(());
+                    CURRENT.with_borrow_mut(|c| c.publish(view, key, buf));
                 }
-                if let Ok(bytes) = TypedArray::<u8>::from_value(value.clone()) {
-                    // SAFETY: the slice is copied into the output buffer at once, with no
-                    // JavaScript run while it lives.
-                    let bytes = unsafe { bytes.as_bytes() }.unwrap_or_default();
-                    CURRENT.with_borrow_mut(|c| c.publish(view, key, bytes));
-                } else {
-                    let json = stringify(&ctx, value)?.ok_or_else(|| {
-                        rquickjs::Exception::throw_type(
-                            &ctx,
-                            "ctx.publish: the value has no JSON (undefined or a function)",
-                        )
-                    })?;
-                    CURRENT.with_borrow_mut(|c| c.publish(view, key, json.as_bytes()));
-                }
-                Ok(())
-            },
-        )?,
+                written
+            });
+            if written {
+                return Ok(());
+            }
+            if let Ok(bytes) = TypedArray::<u8>::from_value(value.clone()) {
+                // SAFETY: the slice is copied into the output buffer at once, with no
+                // JavaScript run while it lives.
+                let bytes = unsafe { bytes.as_bytes() }.unwrap_or_default();
+                CURRENT.with_borrow_mut(|c| c.publish(view, key, bytes));
+            } else {
+                let json = stringify(&ctx, value)?.ok_or_else(|| {
+                    rquickjs::Exception::throw_type(
+                        &ctx,
+                        "ctx.publish: the value has no JSON (undefined or a function)",
+                    )
+                })?;
+                CURRENT.with_borrow_mut(|c| c.publish(view, key, json.as_bytes()));
+            }
+            Ok(())
+        },
     )?;
+    object.set("publish", publish_function(ctx, general)?)?;
     object.set(
         "delete",
         Function::new(ctx.clone(), |view: String, key: String| {
@@ -418,6 +558,16 @@ fn optional_function<'js>(
     Ok(value.into_function())
 }
 
+impl Drop for Live {
+    fn drop(&mut self) {
+        // The property names `ctx.publish` holds go before the context that owns them.
+        self.context.with(|ctx| {
+            // SAFETY: the context is live; `release` lets go of its own atoms only.
+            KEYS.with_borrow_mut(|keys| unsafe { keys.release(ctx.as_raw().as_ptr()) });
+        });
+    }
+}
+
 impl Live {
     fn new(input: &InitInput<'_>) -> Result<Self> {
         let runtime = rquickjs::Runtime::new().map_err(Error::msg)?;
@@ -428,6 +578,7 @@ impl Live {
         let live = context.with(|ctx| -> Result<Live> {
             let fail = |e| js_error(&ctx, e);
             let intrinsics = json::Intrinsics::new(&ctx).map_err(fail)?;
+            INTRINSICS.set(Some(intrinsics));
             install_random(&ctx).map_err(fail)?;
             let module = Module::declare(ctx.clone(), MODULE_NAME, input.source).map_err(fail)?;
             let (module, promise) = module.eval().map_err(fail)?;
@@ -630,7 +781,94 @@ export_runtime!(JsGuest);
 
 #[cfg(test)]
 mod tests {
-    use super::decimal_len;
+    use super::{decimal_len, JsGuest};
+    use viewtape_guest::testing::Harness;
+    use viewtape_guest::{abi, Output};
+
+    fn guest(source: &str) -> Harness<JsGuest> {
+        Harness::new(&abi::js_init_input(
+            abi::JS_MODE_RUN,
+            source.as_bytes(),
+            b"",
+        ))
+        .expect("the module loads")
+    }
+
+    /// Each value published under `i` and, as a string, `JSON.stringify` of it under `json i`.
+    const VALUES: &str = r#"
+const values = () => [
+  { symbol: 'ACME', price: 12.5, seq: 7 }, [1, 'two', null, [3], { a: undefined }], 'raw text',
+  0.1 + 0.2, -0, 1e21, true, null, { toJSON() { return 'mine'; } }, new Date(0),
+  { get g() { return 'got'; } }, { nested: { deeper: [1.25, 'é', '\n'] } }, new Number(4),
+  Object.assign(Object.create(null), { bare: 1 }), { '\ud800': 'lone' },
+];
+export function onBatch(state, input, ctx) {
+  values().forEach((v, i) => {
+    ctx.publish('v', String(i), v);
+    if (typeof v !== 'string') ctx.publish('v', `json ${i}`, JSON.stringify(v));
+  });
+  ctx.publish('v', 'bytes', new Uint8Array([104, 105]));
+}
+"#;
+
+    #[test]
+    fn publish_writes_what_json_stringify_writes() {
+        let mut h = guest(VALUES);
+        for _ in 0..2 {
+            let out = h.batch(b"").expect("batch");
+            let payload = |key: &str| {
+                out.iter()
+                    .find_map(|o| match o {
+                        Output::Update {
+                            key: k, payload, ..
+                        } if k == key => Some(payload.clone()),
+                        _ => None,
+                    })
+                    .unwrap_or_else(|| panic!("no {key}"))
+            };
+            for i in 0..15 {
+                let json = format!("json {i}");
+                if out
+                    .iter()
+                    .any(|o| matches!(o, Output::Update { key, .. } if *key == json))
+                {
+                    assert_eq!(
+                        String::from_utf8(payload(&i.to_string())),
+                        String::from_utf8(payload(&json)),
+                        "value {i}"
+                    );
+                }
+            }
+            assert_eq!(payload("2"), b"raw text");
+            assert_eq!(payload("bytes"), b"hi");
+        }
+    }
+
+    #[test]
+    fn publish_refuses_what_it_refused_before() {
+        for (call, expected) in [
+            ("ctx.publish('v', 'k', undefined)", "the value has no JSON"),
+            ("ctx.publish('v', 'k', () => 1)", "the value has no JSON"),
+            ("ctx.publish('v', 'k', 10n)", "BigInt"),
+            ("ctx.publish('v', 1, {})", "String"),
+            ("ctx.publish(null, 'k', {})", "String"),
+            ("ctx.publish('v', 'k')", "3 where expected"),
+            ("ctx.publish('v', '\\ud800', 'x')", "utf"),
+            (
+                "const o = {}; o.o = o; ctx.publish('v', 'k', o)",
+                "circular",
+            ),
+        ] {
+            let mut h = guest(&format!(
+                "export function onBatch(state, input, ctx) {{ {call}; }}"
+            ));
+            let error = h.batch(b"").expect_err(call).to_string();
+            assert!(
+                error.to_lowercase().contains(&expected.to_lowercase()),
+                "{call}: {error}"
+            );
+        }
+    }
 
     fn len(text: &str) -> usize {
         decimal_len(|i| text.as_bytes().get(i).copied().unwrap_or(0))
