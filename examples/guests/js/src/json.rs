@@ -234,16 +234,14 @@ impl Writer<'_> {
         let bytes = std::slice::from_raw_parts(ptr.cast::<u8>(), len);
         // A lone surrogate comes out as its own three bytes, which are not UTF-8:
         // `JSON.stringify` escapes it, which this leaves to it.
-        let result = match std::str::from_utf8(bytes) {
-            Ok(text) if quoted => {
-                quote(text.as_bytes(), self.out);
-                Ok(())
-            }
-            Ok(text) => {
-                self.out.extend_from_slice(text.as_bytes());
-                Ok(())
-            }
-            Err(_) => Err(Refused),
+        let result = if !is_utf8(bytes) {
+            Err(Refused)
+        } else if quoted {
+            quote(bytes, self.out);
+            Ok(())
+        } else {
+            self.out.extend_from_slice(bytes);
+            Ok(())
         };
         qjs::JS_FreeCString(self.ctx, ptr);
         result
@@ -474,16 +472,20 @@ impl Writer<'_> {
             return Err(Refused);
         };
         let bytes = std::slice::from_raw_parts(ptr.cast::<u8>(), len);
-        let result = match std::str::from_utf8(bytes) {
-            Ok(text) => {
-                quote(text.as_bytes(), self.out);
-                Ok(())
-            }
-            Err(_) => Err(Refused),
+        let result = if is_utf8(bytes) {
+            quote(bytes, self.out);
+            Ok(())
+        } else {
+            Err(Refused)
         };
         qjs::JS_FreeCString(self.ctx, ptr);
         result
     }
+}
+
+/// Whether `bytes` are UTF-8, ASCII checked first (the common case, and quicker).
+pub fn is_utf8(bytes: &[u8]) -> bool {
+    bytes.is_ascii() || std::str::from_utf8(bytes).is_ok()
 }
 
 /// Clears the exception a failed engine call left (out of memory, say): the value is refused

@@ -333,7 +333,7 @@ impl Text {
             len: usize::try_from(len).ok()?,
         };
         let bytes = text.bytes();
-        (bytes.is_ascii() || std::str::from_utf8(bytes).is_ok()).then_some(text)
+        json::is_utf8(bytes).then_some(text)
     }
 
     fn bytes(&self) -> &[u8] {
@@ -342,8 +342,8 @@ impl Text {
     }
 
     fn as_str(&self) -> &str {
-        // Checked in `new`.
-        std::str::from_utf8(self.bytes()).unwrap_or_default()
+        // SAFETY: `new` made sure the bytes are UTF-8.
+        unsafe { std::str::from_utf8_unchecked(self.bytes()) }
     }
 }
 
