@@ -47,6 +47,7 @@
 //! no copy beyond the one into the output buffer.
 
 mod json;
+mod parse;
 
 use std::cell::{Cell, RefCell};
 
@@ -528,6 +529,43 @@ fn ctx_object<'js>(ctx: &Ctx<'js>, intrinsics: json::Intrinsics) -> rquickjs::Re
     Ok(object)
 }
 
+/// Puts `parse::parse_fast` in front of `JSON.parse`, as the builtin is defined (writable,
+/// configurable, not enumerable, named `parse`, length 2).
+fn install_json_parse(ctx: &Ctx<'_>) -> rquickjs::Result<()> {
+    let json: Object = ctx.globals().get("JSON")?;
+    let original: Function = json.get("parse")?;
+    let mut data = [original.as_raw()];
+    // SAFETY: `data` holds one live value, which the engine duplicates into the function.
+    let function = unsafe {
+        qjs::JS_NewCFunctionData(
+            ctx.as_raw().as_ptr(),
+            Some(parse::parse_fast),
+            2,
+            0,
+            1,
+            data.as_mut_ptr(),
+        )
+    };
+    // SAFETY: the engine's new value (owned), or the exception marker it is checked for.
+    if unsafe { qjs::JS_IsException(function) } {
+        return Err(rquickjs::Error::Exception);
+    }
+    // SAFETY: `function` is a new value owned here, handed over to the `Value`.
+    let function = unsafe { Value::from_raw(ctx.clone(), function) };
+    let function = function.into_object().ok_or(rquickjs::Error::Unknown)?;
+    function.prop(
+        "name",
+        rquickjs::object::Property::from("parse").configurable(),
+    )?;
+    json.prop(
+        "parse",
+        rquickjs::object::Property::from(function)
+            .writable()
+            .configurable(),
+    )?;
+    Ok(())
+}
+
 /// Replaces the clock-free `Math.random` with the seeded one.
 fn install_random(ctx: &Ctx<'_>) -> rquickjs::Result<()> {
     let math: Object = ctx.globals().get("Math")?;
@@ -580,6 +618,7 @@ impl Live {
             let intrinsics = json::Intrinsics::new(&ctx).map_err(fail)?;
             INTRINSICS.set(Some(intrinsics));
             install_random(&ctx).map_err(fail)?;
+            install_json_parse(&ctx).map_err(fail)?;
             let module = Module::declare(ctx.clone(), MODULE_NAME, input.source).map_err(fail)?;
             let (module, promise) = module.eval().map_err(fail)?;
             promise.finish::<()>().map_err(fail)?;
@@ -842,6 +881,39 @@ export function onBatch(state, input, ctx) {
             assert_eq!(payload("2"), b"raw text");
             assert_eq!(payload("bytes"), b"hi");
         }
+    }
+
+    #[test]
+    fn json_parse_looks_and_fails_as_the_builtin() {
+        let mut h = guest(
+            r#"
+export function onBatch(state, input, ctx) {
+  const d = Object.getOwnPropertyDescriptor(JSON, 'parse');
+  ctx.publish('v', 'shape', [JSON.parse.name, JSON.parse.length, d.writable, d.enumerable,
+    d.configurable, typeof JSON.parse]);
+  ctx.publish('v', 'revived', JSON.parse('{"a":1,"b":[2]}', (k, v) => typeof v === 'number' ? v * 10 : v));
+  ctx.publish('v', 'coerced', JSON.parse({ toString() { return '[7]'; } }));
+  ctx.publish('v', 'parsed', JSON.parse(input));
+  try { JSON.parse('{"a":'); } catch (e) { ctx.publish('v', 'error', `${e.name}: ${e.message}`); }
+}
+"#,
+        );
+        let out = h.batch(r#"{"x":[1.5,"\u00e9"],"y":null}"#.as_bytes()).expect("batch");
+        let payload = |key: &str| {
+            out.iter()
+                .find_map(|o| match o {
+                    Output::Update {
+                        key: k, payload, ..
+                    } if k == key => String::from_utf8(payload.clone()).ok(),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("no {key}"))
+        };
+        assert_eq!(payload("shape"), r#"["parse",2,true,false,true,"function"]"#);
+        assert_eq!(payload("revived"), r#"{"a":10,"b":[20]}"#);
+        assert_eq!(payload("coerced"), "[7]");
+        assert_eq!(payload("parsed"), r#"{"x":[1.5,"é"],"y":null}"#);
+        assert!(payload("error").starts_with("SyntaxError: "), "{}", payload("error"));
     }
 
     #[test]

@@ -1,0 +1,499 @@
+//! `JSON.parse` for the text a batch hands it most: strict JSON without a reviver, parsed in
+//! Rust into the same values the engine's parser builds (objects, arrays, strings, numbers,
+//! `true`, `false`, `null`, through the same engine calls), and everything else, errors
+//! included, left to the engine's `JSON.parse`.
+//!
+//! The engine's parser reads each token into a JavaScript string or number through its
+//! generic lexer; this reads the UTF-8 bytes once and makes each value directly. It takes
+//! only text it reads exactly as the engine does: JSON's grammar with its four whitespace
+//! characters, no lone surrogate (escaped or not), at most [`MAX_DEPTH`] levels of nesting.
+//! Text it refuses is parsed again by the engine's `JSON.parse`, which throws the error it
+//! always threw. Neither runs any of the user's code (without a reviver), so parsing twice
+//! shows nowhere but in time.
+
+use rquickjs::qjs;
+
+use crate::Text;
+
+/// The nesting this parser follows before it leaves the text to the engine's parser.
+const MAX_DEPTH: u32 = 64;
+
+/// `JSON.parse(text[, reviver])` as the engine calls it: a string without a reviver is parsed
+/// here, anything else (or text refused here) by the engine's `JSON.parse`, `data[0]`.
+///
+/// # Safety
+/// Called by the engine: `argv` holds `argc` live values and `data` the one value the function
+/// was made with.
+pub unsafe extern "C" fn parse_fast(
+    ctx: *mut qjs::JSContext,
+    this: qjs::JSValue,
+    argc: std::ffi::c_int,
+    argv: *mut qjs::JSValue,
+    _magic: std::ffi::c_int,
+    data: *mut qjs::JSValue,
+) -> qjs::JSValue {
+    let reviver = argc >= 2 && !qjs::JS_IsUndefined(*argv.add(1));
+    if argc >= 1 && !reviver {
+        if let Some(text) = Text::new(ctx, *argv) {
+            if let Some(value) = parse(ctx, text.bytes()) {
+                return value;
+            }
+        }
+    }
+    qjs::JS_Call(ctx, *data, this, argc, argv)
+}
+
+/// The value `bytes` (UTF-8) hold as JSON, owned by the caller; `None` for text this leaves to
+/// the engine's parser, with nothing made left behind and no exception pending.
+///
+/// # Safety
+/// `ctx` is a live context.
+pub unsafe fn parse(ctx: *mut qjs::JSContext, bytes: &[u8]) -> Option<qjs::JSValue> {
+    let mut parser = Parser {
+        ctx,
+        bytes,
+        at: 0,
+        scratch: Vec::new(),
+    };
+    let value = parser.value(0)?;
+    parser.whitespace();
+    (parser.at == bytes.len()).then(|| value.into_raw())
+}
+
+/// An owned value, freed when dropped unless handed over.
+struct Owned {
+    ctx: *mut qjs::JSContext,
+    value: qjs::JSValue,
+}
+
+impl Owned {
+    /// Takes a value the engine made, `None` (its exception dropped) if it failed.
+    unsafe fn new(ctx: *mut qjs::JSContext, value: qjs::JSValue) -> Option<Self> {
+        if qjs::JS_IsException(value) {
+            drop_exception(ctx);
+            return None;
+        }
+        Some(Self { ctx, value })
+    }
+
+    fn into_raw(self) -> qjs::JSValue {
+        let value = self.value;
+        std::mem::forget(self);
+        value
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        // SAFETY: the value is owned here and freed once.
+        unsafe { qjs::JS_FreeValue(self.ctx, self.value) };
+    }
+}
+
+/// Clears the exception a failed engine call left (out of memory, say): the engine's parser
+/// meets the same condition and reports it.
+unsafe fn drop_exception(ctx: *mut qjs::JSContext) {
+    let exception = qjs::JS_GetException(ctx);
+    qjs::JS_FreeValue(ctx, exception);
+}
+
+struct Parser<'a> {
+    ctx: *mut qjs::JSContext,
+    bytes: &'a [u8],
+    at: usize,
+    /// A string with escapes, decoded.
+    scratch: Vec<u8>,
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.at).copied()
+    }
+
+    fn whitespace(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.at += 1;
+        }
+    }
+
+    /// Steps over `byte` after whitespace, if it is next.
+    fn eat(&mut self, byte: u8) -> bool {
+        self.whitespace();
+        let next = self.peek() == Some(byte);
+        if next {
+            self.at += 1;
+        }
+        next
+    }
+
+    unsafe fn value(&mut self, depth: u32) -> Option<Owned> {
+        self.whitespace();
+        match self.peek()? {
+            b'{' => self.object(depth),
+            b'[' => self.array(depth),
+            b'"' => {
+                let ctx = self.ctx;
+                let value = self.string(|text| {
+                    // SAFETY: `text` is UTF-8 (the input is; escapes are decoded to it).
+                    unsafe { qjs::JS_NewStringLen(ctx, text.as_ptr().cast(), text.len() as _) }
+                })?;
+                Owned::new(ctx, value)
+            }
+            b't' => self.literal(b"true", qjs::JS_TRUE),
+            b'f' => self.literal(b"false", qjs::JS_FALSE),
+            b'n' => self.literal(b"null", qjs::JS_NULL),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => None,
+        }
+    }
+
+    fn literal(&mut self, word: &[u8], value: qjs::JSValue) -> Option<Owned> {
+        let rest = self.bytes.get(self.at..)?;
+        if !rest.starts_with(word) {
+            return None;
+        }
+        self.at += word.len();
+        Some(Owned {
+            ctx: self.ctx,
+            value,
+        })
+    }
+
+    /// `-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?`, read as the nearest double (as the
+    /// engine's `strtod` reads it).
+    fn number(&mut self) -> Option<Owned> {
+        let start = self.at;
+        let digits = |parser: &mut Self| {
+            let from = parser.at;
+            while parser.peek().is_some_and(|b| b.is_ascii_digit()) {
+                parser.at += 1;
+            }
+            parser.at > from
+        };
+        if self.peek() == Some(b'-') {
+            self.at += 1;
+        }
+        match self.peek()? {
+            b'0' => {
+                self.at += 1;
+                if self.peek().is_some_and(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+            }
+            b'1'..=b'9' => {
+                digits(self);
+            }
+            _ => return None,
+        }
+        if self.peek() == Some(b'.') {
+            self.at += 1;
+            if !digits(self) {
+                return None;
+            }
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            self.at += 1;
+            if matches!(self.peek(), Some(b'+' | b'-')) {
+                self.at += 1;
+            }
+            if !digits(self) {
+                return None;
+            }
+        }
+        let text = std::str::from_utf8(&self.bytes[start..self.at]).ok()?;
+        let number: f64 = text.parse().ok()?;
+        Some(Owned {
+            ctx: self.ctx,
+            value: qjs::JS_NewFloat64(number),
+        })
+    }
+
+    /// Reads the string at `self.at` (its opening quote) and hands `make` its UTF-8.
+    fn string<R>(&mut self, make: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        let start = self.at + 1;
+        let mut at = start;
+        loop {
+            match *self.bytes.get(at)? {
+                b'"' => {
+                    self.at = at + 1;
+                    return Some(make(&self.bytes[start..at]));
+                }
+                b'\\' => break,
+                0..=0x1f => return None,
+                _ => at += 1,
+            }
+        }
+        // Escapes: decoded into the scratch buffer.
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&self.bytes[start..at]);
+        loop {
+            match *self.bytes.get(at)? {
+                b'"' => {
+                    self.at = at + 1;
+                    return Some(make(&self.scratch));
+                }
+                b'\\' => {
+                    let escaped = *self.bytes.get(at + 1)?;
+                    at += 2;
+                    let byte = match escaped {
+                        b'"' => b'"',
+                        b'\\' => b'\\',
+                        b'/' => b'/',
+                        b'b' => 0x08,
+                        b'f' => 0x0c,
+                        b'n' => b'\n',
+                        b'r' => b'\r',
+                        b't' => b'\t',
+                        b'u' => {
+                            let unit = self.hex4(at)?;
+                            at += 4;
+                            let c = match unit {
+                                0xd800..=0xdbff => {
+                                    // Only a pair makes a character; a lone half is left to
+                                    // the engine (a string that UTF-8 cannot hold).
+                                    if self.bytes.get(at..at + 2)? != b"\\u" {
+                                        return None;
+                                    }
+                                    let low = self.hex4(at + 2)?;
+                                    if !(0xdc00..=0xdfff).contains(&low) {
+                                        return None;
+                                    }
+                                    at += 6;
+                                    0x10000 + ((unit - 0xd800) << 10) + (low - 0xdc00)
+                                }
+                                0xdc00..=0xdfff => return None,
+                                _ => unit,
+                            };
+                            let c = char::from_u32(c)?;
+                            let mut buf = [0; 4];
+                            self.scratch
+                                .extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+                            continue;
+                        }
+                        _ => return None,
+                    };
+                    self.scratch.push(byte);
+                }
+                0..=0x1f => return None,
+                byte => {
+                    self.scratch.push(byte);
+                    at += 1;
+                }
+            }
+        }
+    }
+
+    /// The four hex digits at `at`.
+    fn hex4(&self, at: usize) -> Option<u32> {
+        let digits = self.bytes.get(at..at + 4)?;
+        let text = std::str::from_utf8(digits).ok()?;
+        if !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        u32::from_str_radix(text, 16).ok()
+    }
+
+    unsafe fn object(&mut self, depth: u32) -> Option<Owned> {
+        if depth >= MAX_DEPTH {
+            return None;
+        }
+        self.at += 1;
+        let object = Owned::new(self.ctx, qjs::JS_NewObject(self.ctx))?;
+        if self.eat(b'}') {
+            return Some(object);
+        }
+        loop {
+            self.whitespace();
+            if self.peek() != Some(b'"') {
+                return None;
+            }
+            let ctx = self.ctx;
+            let atom = self.string(|name| {
+                // SAFETY: `name` is UTF-8.
+                unsafe { qjs::JS_NewAtomLen(ctx, name.as_ptr().cast(), name.len() as _) }
+            })?;
+            if atom == qjs::JS_ATOM_NULL {
+                drop_exception(ctx);
+                return None;
+            }
+            let defined = if self.eat(b':') {
+                self.value(depth + 1).map(|value| {
+                    // SAFETY: the engine takes the value over, defined or not.
+                    unsafe {
+                        qjs::JS_DefinePropertyValue(
+                            ctx,
+                            object.value,
+                            atom,
+                            value.into_raw(),
+                            qjs::JS_PROP_C_W_E as _,
+                        )
+                    }
+                })
+            } else {
+                None
+            };
+            qjs::JS_FreeAtom(ctx, atom);
+            match defined {
+                Some(ok) if ok >= 0 => {}
+                Some(_) => {
+                    drop_exception(ctx);
+                    return None;
+                }
+                None => return None,
+            }
+            if self.eat(b'}') {
+                return Some(object);
+            }
+            if !self.eat(b',') {
+                return None;
+            }
+        }
+    }
+
+    unsafe fn array(&mut self, depth: u32) -> Option<Owned> {
+        if depth >= MAX_DEPTH {
+            return None;
+        }
+        self.at += 1;
+        let array = Owned::new(self.ctx, qjs::JS_NewArray(self.ctx))?;
+        if self.eat(b']') {
+            return Some(array);
+        }
+        let mut index = 0u32;
+        loop {
+            let element = self.value(depth + 1)?;
+            if qjs::JS_DefinePropertyValueUint32(
+                self.ctx,
+                array.value,
+                index,
+                element.into_raw(),
+                qjs::JS_PROP_C_W_E as _,
+            ) < 0
+            {
+                drop_exception(self.ctx);
+                return None;
+            }
+            index = index.checked_add(1)?;
+            if self.eat(b']') {
+                return Some(array);
+            }
+            if !self.eat(b',') {
+                return None;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rquickjs::{Function, Value};
+
+    /// What `parse` makes of `text` equals what the engine's parser makes of it (deeply: key
+    /// order, -0, types), or `parse` leaves it to the engine.
+    fn check(text: &str, taken: bool) {
+        let runtime = rquickjs::Runtime::new().expect("runtime");
+        let context = rquickjs::Context::full(&runtime).expect("context");
+        context.with(|ctx| {
+            // SAFETY: the context is live.
+            let parsed = unsafe { super::parse(ctx.as_raw().as_ptr(), text.as_bytes()) };
+            assert_eq!(parsed.is_some(), taken, "{text:?}");
+            let Some(parsed) = parsed else { return };
+            // SAFETY: `parse` hands over an owned value of this context.
+            let parsed = unsafe { Value::from_raw(ctx.clone(), parsed) };
+            let expected = ctx.json_parse(text).expect("the engine parses it");
+            let same: Function = ctx
+                .eval(
+                    "(function same(a, b) {
+                        if (typeof a !== typeof b) return false;
+                        if (typeof a !== 'object' || a === null || b === null) return Object.is(a, b);
+                        if (Array.isArray(a) !== Array.isArray(b)) return false;
+                        if (Object.getPrototypeOf(a) !== Object.getPrototypeOf(b)) return false;
+                        const ka = Reflect.ownKeys(a), kb = Reflect.ownKeys(b);
+                        if (ka.length !== kb.length) return false;
+                        for (let i = 0; i < ka.length; i++) {
+                          if (ka[i] !== kb[i]) return false;
+                          const da = Object.getOwnPropertyDescriptor(a, ka[i]);
+                          const db = Object.getOwnPropertyDescriptor(b, kb[i]);
+                          if (da.writable !== db.writable || da.enumerable !== db.enumerable
+                              || da.configurable !== db.configurable) return false;
+                          if (!same(a[ka[i]], b[kb[i]])) return false;
+                        }
+                        return true;
+                    })",
+                )
+                .expect("same");
+            let equal: bool = same.call((parsed, expected)).expect("compare");
+            assert!(equal, "{text:?}");
+        });
+    }
+
+    #[test]
+    fn parses_as_the_engine_parses() {
+        for text in [
+            r#"{"symbol":"S0","price":135.23,"seq":1}"#,
+            r#"{"symbol":"SYM0001","price":101.0001,"seq":1,"venue":"XNAS","note":"xxxx"}"#,
+            " \t\r\n{ \"a\" : [ 1 , 2.5e3 , -0 , 0 , -1.5E-7 , 1e400 , 123456789012345678901234567890 ] } \n",
+            "[]",
+            "{}",
+            "[[[]],{}]",
+            "\"plain\"",
+            "\"esc \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u0041 \\u00e9 \\u2028 \\ud83d\\ude00\"",
+            "\"raw é ☃ 😀\"",
+            "true",
+            "false",
+            "null",
+            "0",
+            "-0",
+            "0.5",
+            "2.2250738585072011e-308",
+            "5e-324",
+            "9007199254740993",
+            r#"{"a":1,"b":2,"a":3}"#,
+            r#"{"__proto__":{"x":1},"10":"ten","2":"two","b":null}"#,
+            r#"{"":""}"#,
+            "[1,\"two\",[3,{\"four\":[5]}],true,false,null]",
+        ] {
+            check(text, true);
+        }
+    }
+
+    #[test]
+    fn leaves_to_the_engine_what_it_does_not_take() {
+        for text in [
+            "",
+            " ",
+            "{",
+            "[1,]",
+            "{\"a\":1,}",
+            "{\"a\" 1}",
+            "{a:1}",
+            "01",
+            "1.",
+            ".5",
+            "+1",
+            "1e",
+            "-",
+            "NaN",
+            "Infinity",
+            "tru",
+            "nul",
+            "\"unterminated",
+            "\"tab\tinside\"",
+            "\"\\x41\"",
+            "\"\\u12\"",
+            "\"lone \\ud800\"",
+            "\"lone \\udc00\"",
+            "\"pair? \\ud800\\u0041\"",
+            "[1] 2",
+            "\u{feff}1",
+            "\u{a0}1",
+            "\u{b}1",
+        ] {
+            check(text, false);
+        }
+        let deep = format!("{}1{}", "[".repeat(70), "]".repeat(70));
+        check(&deep, false);
+        let ok = format!("{}1{}", "[".repeat(60), "]".repeat(60));
+        check(&ok, true);
+    }
+}
