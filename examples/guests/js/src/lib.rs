@@ -45,6 +45,14 @@
 //! engine only adds what JavaScript needs. `ctx.publish` writes straight into the SDK's
 //! `Context` for the batch (moved into a thread-local while the JS runs), so an event costs
 //! no copy beyond the one into the output buffer.
+//!
+//! ## Where an event's time goes
+//!
+//! Two builtins a runtime calls for every event have paths of their own in Rust, each taking
+//! only what it handles exactly as the engine does and handing everything else, unchanged, to
+//! the engine's own code: `ctx.publish` writes plain data as `JSON.stringify` would (`json`),
+//! and `JSON.parse` reads strict JSON (`parse`). The engine's `JSON.parse` reads numbers with
+//! libc's `strtod`, which the guest defines with Rust's parser.
 
 mod json;
 mod parse;
