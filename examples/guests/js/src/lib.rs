@@ -606,10 +606,14 @@ fn optional_function<'js>(
 
 impl Drop for Live {
     fn drop(&mut self) {
-        // The property names `ctx.publish` holds go before the context that owns them.
+        // The property names `ctx.publish` and `JSON.parse` hold go before the context that
+        // owns them.
         self.context.with(|ctx| {
-            // SAFETY: the context is live; `release` lets go of its own atoms only.
-            KEYS.with_borrow_mut(|keys| unsafe { keys.release(ctx.as_raw().as_ptr()) });
+            let raw = ctx.as_raw().as_ptr();
+            // SAFETY: the context is live; each lets go of this context's atoms only.
+            KEYS.with_borrow_mut(|keys| unsafe { keys.release(raw) });
+            // SAFETY: as above.
+            unsafe { parse::release_names(raw) };
         });
     }
 }
@@ -906,7 +910,9 @@ export function onBatch(state, input, ctx) {
 }
 "#,
         );
-        let out = h.batch(r#"{"x":[1.5,"\u00e9"],"y":null}"#.as_bytes()).expect("batch");
+        let out = h
+            .batch(r#"{"x":[1.5,"\u00e9"],"y":null}"#.as_bytes())
+            .expect("batch");
         let payload = |key: &str| {
             out.iter()
                 .find_map(|o| match o {
@@ -917,11 +923,18 @@ export function onBatch(state, input, ctx) {
                 })
                 .unwrap_or_else(|| panic!("no {key}"))
         };
-        assert_eq!(payload("shape"), r#"["parse",2,true,false,true,"function"]"#);
+        assert_eq!(
+            payload("shape"),
+            r#"["parse",2,true,false,true,"function"]"#
+        );
         assert_eq!(payload("revived"), r#"{"a":10,"b":[20]}"#);
         assert_eq!(payload("coerced"), "[7]");
         assert_eq!(payload("parsed"), r#"{"x":[1.5,"é"],"y":null}"#);
-        assert!(payload("error").starts_with("SyntaxError: "), "{}", payload("error"));
+        assert!(
+            payload("error").starts_with("SyntaxError: "),
+            "{}",
+            payload("error")
+        );
     }
 
     #[test]

@@ -11,9 +11,76 @@
 //! always threw. Neither runs any of the user's code (without a reviver), so parsing twice
 //! shows nowhere but in time.
 
+use std::cell::RefCell;
+
 use rquickjs::qjs;
 
 use crate::Text;
+
+thread_local! {
+    /// The property names `JSON.parse` met first, with their atoms (see [`Names`]).
+    static NAMES: RefCell<Names> = RefCell::new(Names::default());
+}
+
+/// How many property names [`Names`] keeps.
+const MAX_NAMES: usize = 64;
+
+/// The property names met first, with their atoms: the lines of a batch mostly have the same
+/// keys, and the engine makes a string for a name before it finds the atom it already has.
+/// Each atom is held (its count raised) so it stays the name's; [`release_names`] lets them
+/// go. They are one context's: another context's parses do without.
+struct Names {
+    owner: *mut qjs::JSContext,
+    names: Vec<(Box<[u8]>, qjs::JSAtom)>,
+}
+
+impl Default for Names {
+    fn default() -> Self {
+        Self {
+            owner: std::ptr::null_mut(),
+            names: Vec::new(),
+        }
+    }
+}
+
+impl Names {
+    /// The atom of `name` (UTF-8), owned by the caller; `JS_ATOM_NULL` if the engine failed.
+    unsafe fn atom(&mut self, ctx: *mut qjs::JSContext, name: &[u8]) -> qjs::JSAtom {
+        if self.owner == ctx {
+            if let Some((_, atom)) = self.names.iter().find(|(known, _)| **known == *name) {
+                return qjs::JS_DupAtom(ctx, *atom);
+            }
+        }
+        let atom = qjs::JS_NewAtomLen(ctx, name.as_ptr().cast(), name.len() as _);
+        if atom == qjs::JS_ATOM_NULL {
+            return atom;
+        }
+        if self.names.is_empty() {
+            self.owner = ctx;
+        }
+        if self.owner == ctx && self.names.len() < MAX_NAMES {
+            self.names.push((name.into(), qjs::JS_DupAtom(ctx, atom)));
+        }
+        atom
+    }
+}
+
+/// Lets go of the atoms `JSON.parse` holds, if they are `ctx`'s.
+///
+/// # Safety
+/// `ctx` is a live context.
+pub unsafe fn release_names(ctx: *mut qjs::JSContext) {
+    NAMES.with_borrow_mut(|names| {
+        if names.owner != ctx {
+            return;
+        }
+        for (_, atom) in names.names.drain(..) {
+            // SAFETY: the atom is held by the cache, of this live context.
+            unsafe { qjs::JS_FreeAtom(ctx, atom) };
+        }
+        names.owner = std::ptr::null_mut();
+    });
+}
 
 /// The nesting this parser follows before it leaves the text to the engine's parser.
 const MAX_DEPTH: u32 = 64;
@@ -49,15 +116,19 @@ pub unsafe extern "C" fn parse_fast(
 /// # Safety
 /// `ctx` is a live context.
 pub unsafe fn parse(ctx: *mut qjs::JSContext, bytes: &[u8]) -> Option<qjs::JSValue> {
-    let mut parser = Parser {
-        ctx,
-        bytes,
-        at: 0,
-        scratch: Vec::new(),
-    };
-    let value = parser.value(0)?;
-    parser.whitespace();
-    (parser.at == bytes.len()).then(|| value.into_raw())
+    NAMES.with_borrow_mut(|names| {
+        let mut parser = Parser {
+            ctx,
+            bytes,
+            at: 0,
+            scratch: Vec::new(),
+            names,
+        };
+        // SAFETY: the caller's `ctx` is live.
+        let value = unsafe { parser.value(0) }?;
+        parser.whitespace();
+        (parser.at == bytes.len()).then(|| value.into_raw())
+    })
 }
 
 /// An owned value, freed when dropped unless handed over.
@@ -103,6 +174,7 @@ struct Parser<'a> {
     at: usize,
     /// A string with escapes, decoded.
     scratch: Vec<u8>,
+    names: &'a mut Names,
 }
 
 impl Parser<'_> {
@@ -133,7 +205,7 @@ impl Parser<'_> {
             b'[' => self.array(depth),
             b'"' => {
                 let ctx = self.ctx;
-                let value = self.string(|text| {
+                let value = self.string(|text, _| {
                     // SAFETY: `text` is UTF-8 (the input is; escapes are decoded to it).
                     unsafe { qjs::JS_NewStringLen(ctx, text.as_ptr().cast(), text.len() as _) }
                 })?;
@@ -208,15 +280,16 @@ impl Parser<'_> {
         })
     }
 
-    /// Reads the string at `self.at` (its opening quote) and hands `make` its UTF-8.
-    fn string<R>(&mut self, make: impl FnOnce(&[u8]) -> R) -> Option<R> {
+    /// Reads the string at `self.at` (its opening quote) and hands `make` its UTF-8 (and the
+    /// names known).
+    fn string<R>(&mut self, make: impl FnOnce(&[u8], &mut Names) -> R) -> Option<R> {
         let start = self.at + 1;
         let mut at = start;
         loop {
             match *self.bytes.get(at)? {
                 b'"' => {
                     self.at = at + 1;
-                    return Some(make(&self.bytes[start..at]));
+                    return Some(make(&self.bytes[start..at], self.names));
                 }
                 b'\\' => break,
                 0..=0x1f => return None,
@@ -230,7 +303,7 @@ impl Parser<'_> {
             match *self.bytes.get(at)? {
                 b'"' => {
                     self.at = at + 1;
-                    return Some(make(&self.scratch));
+                    return Some(make(&self.scratch, self.names));
                 }
                 b'\\' => {
                     let escaped = *self.bytes.get(at + 1)?;
@@ -308,9 +381,9 @@ impl Parser<'_> {
                 return None;
             }
             let ctx = self.ctx;
-            let atom = self.string(|name| {
-                // SAFETY: `name` is UTF-8.
-                unsafe { qjs::JS_NewAtomLen(ctx, name.as_ptr().cast(), name.len() as _) }
+            let atom = self.string(|name, names| {
+                // SAFETY: `ctx` is live; `name` is UTF-8.
+                unsafe { names.atom(ctx, name) }
             })?;
             if atom == qjs::JS_ATOM_NULL {
                 drop_exception(ctx);
@@ -394,10 +467,22 @@ mod tests {
         let runtime = rquickjs::Runtime::new().expect("runtime");
         let context = rquickjs::Context::full(&runtime).expect("context");
         context.with(|ctx| {
+            let raw = ctx.as_raw().as_ptr();
+            // Twice: the second time with the names known.
             // SAFETY: the context is live.
-            let parsed = unsafe { super::parse(ctx.as_raw().as_ptr(), text.as_bytes()) };
+            let first = unsafe { super::parse(raw, text.as_bytes()) };
+            // SAFETY: `parse` hands over an owned value of this context.
+            let first = first.map(|value| unsafe { Value::from_raw(ctx.clone(), value) });
+            // SAFETY: the context is live.
+            let parsed = unsafe { super::parse(raw, text.as_bytes()) };
             assert_eq!(parsed.is_some(), taken, "{text:?}");
-            let Some(parsed) = parsed else { return };
+            assert_eq!(first.is_some(), taken, "{text:?}");
+            drop(first);
+            let Some(parsed) = parsed else {
+                // SAFETY: the context is live.
+                unsafe { super::release_names(raw) };
+                return;
+            };
             // SAFETY: `parse` hands over an owned value of this context.
             let parsed = unsafe { Value::from_raw(ctx.clone(), parsed) };
             let expected = ctx.json_parse(text).expect("the engine parses it");
@@ -424,6 +509,8 @@ mod tests {
                 .expect("same");
             let equal: bool = same.call((parsed, expected)).expect("compare");
             assert!(equal, "{text:?}");
+            // SAFETY: the context is live.
+            unsafe { super::release_names(raw) };
         });
     }
 
