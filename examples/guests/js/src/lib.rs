@@ -906,7 +906,11 @@ export function onBatch(state, input, ctx) {
   ctx.publish('v', 'revived', JSON.parse('{"a":1,"b":[2]}', (k, v) => typeof v === 'number' ? v * 10 : v));
   ctx.publish('v', 'coerced', JSON.parse({ toString() { return '[7]'; } }));
   ctx.publish('v', 'parsed', JSON.parse(input));
-  try { JSON.parse('{"a":'); } catch (e) { ctx.publish('v', 'error', `${e.name}: ${e.message}`); }
+  try { JSON.parse('{"a":'); } catch (e) {
+    ctx.publish('v', 'error', `${e.name}: ${e.message}`);
+    ctx.publish('v', 'stack', e.stack);
+  }
+  ctx.publish('v', 'ignored', JSON.parse('[1]', 'not a function'));
 }
 "#,
         );

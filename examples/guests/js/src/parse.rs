@@ -7,15 +7,13 @@
 //! generic lexer; this reads the UTF-8 bytes once and makes each value directly. It takes
 //! only text it reads exactly as the engine does: JSON's grammar with its four whitespace
 //! characters, no lone surrogate (escaped or not), at most [`MAX_DEPTH`] levels of nesting.
-//! Text it refuses is parsed again by the engine's `JSON.parse`, which throws the error it
-//! always threw. Neither runs any of the user's code (without a reviver), so parsing twice
-//! shows nowhere but in time.
+//! Text it refuses is parsed again by the engine's parser, `JS_ParseJSON`, as the builtin
+//! parses it, which throws the error it always threw. Neither runs any of the user's code
+//! (without a reviver), so parsing twice shows nowhere but in time.
 
 use std::cell::RefCell;
 
 use rquickjs::qjs;
-
-use crate::Text;
 
 thread_local! {
     /// The property names `JSON.parse` met first, with their atoms (see [`Names`]).
@@ -85,8 +83,11 @@ pub unsafe fn release_names(ctx: *mut qjs::JSContext) {
 /// The nesting this parser follows before it leaves the text to the engine's parser.
 const MAX_DEPTH: u32 = 64;
 
-/// `JSON.parse(text[, reviver])` as the engine calls it: a string without a reviver is parsed
-/// here, anything else (or text refused here) by the engine's `JSON.parse`, `data[0]`.
+/// `JSON.parse(text[, reviver])` as the engine calls it. A string without a reviver (a second
+/// argument that is a function) is parsed here, or if refused here by `JS_ParseJSON`, what the
+/// builtin calls for it, under the same name (`<input>`): the same value or error, and the
+/// same stack (this function's frame standing for the builtin's). Any other call goes to the
+/// builtin `JSON.parse`, `data[0]`.
 ///
 /// # Safety
 /// Called by the engine: `argv` holds `argc` live values and `data` the one value the function
@@ -99,15 +100,28 @@ pub unsafe extern "C" fn parse_fast(
     _magic: std::ffi::c_int,
     data: *mut qjs::JSValue,
 ) -> qjs::JSValue {
-    let reviver = argc >= 2 && !qjs::JS_IsUndefined(*argv.add(1));
-    if argc >= 1 && !reviver {
-        if let Some(text) = Text::new(ctx, *argv) {
-            if let Some(value) = parse(ctx, text.bytes()) {
-                return value;
-            }
-        }
+    let reviver = argc >= 2 && qjs::JS_IsFunction(ctx, *argv.add(1));
+    if argc < 1 || reviver || !qjs::JS_IsString(*argv) {
+        return qjs::JS_Call(ctx, *data, this, argc, argv);
     }
-    qjs::JS_Call(ctx, *data, this, argc, argv)
+    let mut len = 0;
+    let text = qjs::JS_ToCStringLen2(ctx, &mut len, *argv, false);
+    if text.is_null() {
+        return qjs::JS_EXCEPTION;
+    }
+    let parsed = usize::try_from(len).ok().and_then(|n| {
+        let bytes = std::slice::from_raw_parts(text.cast::<u8>(), n);
+        // A lone surrogate comes out as three bytes that are not UTF-8: the engine's.
+        crate::json::is_utf8(bytes)
+            .then(|| parse(ctx, bytes))
+            .flatten()
+    });
+    let value = match parsed {
+        Some(value) => value,
+        None => qjs::JS_ParseJSON(ctx, text, len, c"<input>".as_ptr()),
+    };
+    qjs::JS_FreeCString(ctx, text);
+    value
 }
 
 /// The value `bytes` (UTF-8) hold as JSON, owned by the caller; `None` for text this leaves to
