@@ -50,8 +50,9 @@ export type Init<State> = (config: string) => State;
  * NDJSON, one record per line) and returns the new state. It may change `state` in place and return it. Throwing
  * rejects the batch as a whole.
  *
- * Deterministic by construction: `Date.now()` is the epoch (0) for now, `Math.random()` is
- * seeded from the runtime's count of batches; there are no timers, no I/O and no other clock.
+ * Deterministic by construction: `Date.now()` and `new Date()` are the batch's ingest time as the
+ * log holds it (the same on every node and at every replay), `Math.random()` is seeded from the
+ * runtime's count of batches and that time; there are no timers, no I/O and no other clock.
  */
 export type OnBatch<State> = (state: State, input: string, ctx: Ctx) => State;
 

@@ -84,6 +84,43 @@ test('a saved state starts another run where the first stopped', needsBinary, as
   }
 });
 
+test('Date.now() is the batch time a feed gives, and Math.random() is the same for the same batches', needsBinary, async () => {
+  const guest = await guestFile(`
+export function init() { return {}; }
+export function onBatch(state, input, ctx) {
+  ctx.publish('clock', 'now', { now: Date.now(), iso: new Date().toISOString(), r: Math.random() });
+  return state;
+}
+`);
+  const draws = async () => {
+    const g = await runGuest(guest.path);
+    try {
+      const first = await g.feed(['a'], { at: 1_700_000_000_123 });
+      const second = await g.feed(['b'], { at: new Date('2026-12-05T12:00:00Z') });
+      assert.equal(g.state() !== undefined, true);
+      return [first, second].map(batch => batch.published[0].value);
+    } finally {
+      await g.close();
+    }
+  };
+  try {
+    const [first, second] = await draws();
+    assert.equal(first.now, 1_700_000_000_123);
+    assert.equal(first.iso, '2023-11-14T22:13:20.123Z');
+    assert.equal(second.now, Date.parse('2026-12-05T12:00:00Z'));
+    assert.notEqual(first.r, second.r);
+    assert.deepEqual(await draws(), [first, second], 'the same batches at the same times draw the same');
+    const g = await runGuest(guest.path);
+    try {
+      await assert.rejects(g.feed(['c'], { at: -1 }), GuestError);
+    } finally {
+      await g.close();
+    }
+  } finally {
+    await guest.remove();
+  }
+});
+
 test('config reaches init; deletes and schema checks are as the server has them', needsBinary, async () => {
   const guest = await guestFile(`
     export function init(config) { return { view: config.trim(), n: 0 }; }

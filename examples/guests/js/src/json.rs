@@ -1,0 +1,892 @@
+//! `JSON.stringify` for the values `ctx.publish` is given most: plain objects and arrays of
+//! strings, numbers, booleans and null, written straight into a byte buffer.
+//!
+//! QuickJS's own `JSON.stringify` builds a JavaScript string through its generic machinery (an
+//! array of the keys per object, a string per number, a stack array for cycles) that the
+//! engine then copies out as UTF-8: most of the cost of an event. [`write`] produces the same
+//! bytes for the values it takes and refuses ([`Refused`]) any other before it has run any of
+//! the user's code — it reads own data properties only, never a getter, a `toJSON` or a proxy
+//! trap — so the caller can hand a refused value to `JSON.stringify` as if this had not run.
+//!
+//! Taken: `null`, booleans, numbers, strings (without lone surrogates), and objects whose
+//! class and prototype are the intrinsic `Object`'s or `Array`'s, that have no `toJSON` (nor
+//! their prototype), whose enumerable string-keyed properties (array elements) are data
+//! properties with such values, `undefined` or symbols (skipped in an object, `null` in an
+//! array), nested at most [`MAX_DEPTH`] deep (so a cycle is refused, not followed). Arrays
+//! with holes, functions, `BigInt`s, boxed primitives, dates and every other class are
+//! refused.
+
+use std::fmt::Write as _;
+use std::ptr;
+
+use rquickjs::{qjs, Ctx, Object, Value};
+
+/// The nesting `write` follows before it refuses a value (a cycle, say).
+pub const MAX_DEPTH: u32 = 64;
+
+/// `write` did not take the value: nothing observable happened, the buffer is as it was.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Refused;
+
+/// What tells a plain object or array, taken from the realm before the user's code runs (the
+/// user may reassign `Object` and `Array`, not the intrinsics).
+#[derive(Clone, Copy, Debug)]
+pub struct Intrinsics {
+    object_class: u32,
+    array_class: u32,
+    /// The intrinsic prototypes, by address: compared, never dereferenced. They live as long
+    /// as the context.
+    object_proto: usize,
+    array_proto: usize,
+}
+
+/// The address of an object value (`0` for any other value).
+fn address(value: &Value<'_>) -> usize {
+    if value.is_object() {
+        // SAFETY: the value is an object, whose JSValue holds a pointer; it is only read.
+        unsafe { qjs::JS_VALUE_GET_PTR(value.as_raw()) as usize }
+    } else {
+        0
+    }
+}
+
+impl Intrinsics {
+    /// Reads them from a realm where no user code has run yet.
+    ///
+    /// # Errors
+    /// The engine's, if it cannot allocate an object.
+    pub fn new(ctx: &Ctx<'_>) -> rquickjs::Result<Self> {
+        let object = Object::new(ctx.clone())?;
+        let array = rquickjs::Array::new(ctx.clone())?;
+        let object_proto = object.get_prototype().ok_or(rquickjs::Error::Unknown)?;
+        let array_proto = array.get_prototype().ok_or(rquickjs::Error::Unknown)?;
+        // SAFETY: both values are live objects of this context.
+        let (object_class, array_class) = unsafe {
+            (
+                qjs::JS_GetClassID(object.as_raw()),
+                qjs::JS_GetClassID(array.as_raw()),
+            )
+        };
+        Ok(Self {
+            object_class,
+            array_class,
+            object_proto: address(object_proto.as_value()),
+            array_proto: address(array_proto.as_value()),
+        })
+    }
+}
+
+/// Appends `JSON.stringify(value)` to `out`, or refuses the value leaving `out` as it was.
+pub fn write(
+    ctx: &Ctx<'_>,
+    intrinsics: &Intrinsics,
+    keys: &mut Keys,
+    value: &Value<'_>,
+    out: &mut Vec<u8>,
+) -> Result<(), Refused> {
+    // SAFETY: `value` is a live value of the context `ctx` names, held for the whole call.
+    unsafe { write_raw(ctx.as_raw().as_ptr(), intrinsics, keys, value.as_raw(), out) }
+}
+
+/// [`write`] for a raw context and value.
+///
+/// # Safety
+/// `value` is a live value of `ctx`, held for the whole call; `keys` holds atoms of `ctx` only.
+pub unsafe fn write_raw(
+    ctx: *mut qjs::JSContext,
+    intrinsics: &Intrinsics,
+    keys: &mut Keys,
+    value: qjs::JSValue,
+    out: &mut Vec<u8>,
+) -> Result<(), Refused> {
+    let start = out.len();
+    let mut writer = Writer {
+        ctx,
+        intrinsics,
+        keys,
+        out,
+    };
+    // `undefined` and symbols have no JSON: `JSON.stringify` says so.
+    let result = match writer.value(value, 0) {
+        Ok(Kind::Written) => Ok(()),
+        Ok(Kind::Nothing) | Err(Refused) => Err(Refused),
+    };
+    if result.is_err() {
+        writer.out.truncate(start);
+    }
+    result
+}
+
+/// How many property names [`Keys`] keeps.
+const MAX_KEYS: usize = 64;
+
+/// The property names met first, quoted: an event's keys are mostly the last event's. Each
+/// atom is held (its count raised) so the engine cannot free it and give its number to another
+/// string; [`Keys::release`] lets them go. They are one context's: another context's writes
+/// do without.
+#[derive(Debug)]
+pub struct Keys {
+    owner: *mut qjs::JSContext,
+    quoted: Vec<(qjs::JSAtom, Vec<u8>)>,
+}
+
+impl Default for Keys {
+    fn default() -> Self {
+        Self {
+            owner: ptr::null_mut(),
+            quoted: Vec::new(),
+        }
+    }
+}
+
+impl Keys {
+    /// Lets the held atoms go, if they are `ctx`'s.
+    ///
+    /// # Safety
+    /// `ctx` is a live context.
+    pub unsafe fn release(&mut self, ctx: *mut qjs::JSContext) {
+        if self.owner != ctx {
+            return;
+        }
+        for (atom, _) in self.quoted.drain(..) {
+            qjs::JS_FreeAtom(ctx, atom);
+        }
+        self.owner = ptr::null_mut();
+    }
+}
+
+struct Writer<'a> {
+    ctx: *mut qjs::JSContext,
+    intrinsics: &'a Intrinsics,
+    keys: &'a mut Keys,
+    out: &'a mut Vec<u8>,
+}
+
+/// The engine's predefined atom `toJSON` (predefined atoms are never freed).
+const TO_JSON: qjs::JSAtom = qjs::JS_ATOM_toJSON as qjs::JSAtom;
+
+/// An owned `JSValue`, freed when dropped.
+struct Owned {
+    ctx: *mut qjs::JSContext,
+    value: qjs::JSValue,
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        // SAFETY: the value was handed over owned (a duplicate) by the engine and is freed once.
+        unsafe { qjs::JS_FreeValue(self.ctx, self.value) };
+    }
+}
+
+/// What an element or a property value is, for the caller to decide how it is written.
+enum Kind {
+    /// `undefined` or a symbol: no JSON of its own.
+    Nothing,
+    /// Written.
+    Written,
+}
+
+impl Writer<'_> {
+    /// # Safety
+    /// `value` is a live value of `self.ctx`.
+    unsafe fn value(&mut self, value: qjs::JSValue, depth: u32) -> Result<Kind, Refused> {
+        match qjs::JS_VALUE_GET_NORM_TAG(value) {
+            qjs::JS_TAG_NULL => self.out.extend_from_slice(b"null"),
+            qjs::JS_TAG_BOOL => self
+                .out
+                .extend_from_slice(if qjs::JS_VALUE_GET_BOOL(value) {
+                    b"true"
+                } else {
+                    b"false"
+                }),
+            qjs::JS_TAG_INT => {
+                let _ = write!(Bytes(self.out), "{}", qjs::JS_VALUE_GET_INT(value));
+            }
+            qjs::JS_TAG_FLOAT64 => {
+                if !number(qjs::JS_VALUE_GET_FLOAT64(value), self.out) {
+                    // The engine's digits (a number's string runs no user code).
+                    self.string(value, false)?;
+                }
+            }
+            qjs::JS_TAG_STRING | qjs::JS_TAG_STRING_ROPE => self.string(value, true)?,
+            qjs::JS_TAG_UNDEFINED | qjs::JS_TAG_SYMBOL => return Ok(Kind::Nothing),
+            qjs::JS_TAG_OBJECT => self.object(value, depth)?,
+            _ => return Err(Refused),
+        }
+        Ok(Kind::Written)
+    }
+
+    /// Writes a string, `quoted` as JSON or as it is; or a number's string (`quoted` false).
+    ///
+    /// # Safety
+    /// `value` is a live string or number of `self.ctx`.
+    unsafe fn string(&mut self, value: qjs::JSValue, quoted: bool) -> Result<(), Refused> {
+        let mut len = 0;
+        let ptr = qjs::JS_ToCStringLen2(self.ctx, &mut len, value, false);
+        if ptr.is_null() {
+            drop_exception(self.ctx);
+            return Err(Refused);
+        }
+        let Ok(len) = usize::try_from(len) else {
+            qjs::JS_FreeCString(self.ctx, ptr);
+            return Err(Refused);
+        };
+        let bytes = std::slice::from_raw_parts(ptr.cast::<u8>(), len);
+        // A lone surrogate comes out as its own three bytes, which are not UTF-8:
+        // `JSON.stringify` escapes it, which this leaves to it.
+        let result = if !is_utf8(bytes) {
+            Err(Refused)
+        } else if quoted {
+            quote(bytes, self.out);
+            Ok(())
+        } else {
+            self.out.extend_from_slice(bytes);
+            Ok(())
+        };
+        qjs::JS_FreeCString(self.ctx, ptr);
+        result
+    }
+
+    /// Whether `object` (a live object) has an own property `atom`, read without running code.
+    ///
+    /// # Safety
+    /// `object` is a live object of `self.ctx`, of an ordinary class.
+    unsafe fn has_own(&mut self, object: qjs::JSValue, atom: qjs::JSAtom) -> Result<bool, Refused> {
+        match qjs::JS_GetOwnProperty(self.ctx, ptr::null_mut(), object, atom) {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => {
+                drop_exception(self.ctx);
+                Err(Refused)
+            }
+        }
+    }
+
+    /// # Safety
+    /// `value` is a live object of `self.ctx`.
+    unsafe fn object(&mut self, value: qjs::JSValue, depth: u32) -> Result<(), Refused> {
+        if depth >= MAX_DEPTH {
+            return Err(Refused);
+        }
+        let class = qjs::JS_GetClassID(value);
+        let proto = if class == self.intrinsics.object_class {
+            self.intrinsics.object_proto
+        } else if class == self.intrinsics.array_class {
+            self.intrinsics.array_proto
+        } else {
+            return Err(Refused);
+        };
+        // Neither a proxy nor an exotic object (refused above): reading the prototype runs
+        // nothing.
+        let actual = Owned {
+            ctx: self.ctx,
+            value: qjs::JS_GetPrototype(self.ctx, value),
+        };
+        if !qjs::JS_IsObject(actual.value) || qjs::JS_VALUE_GET_PTR(actual.value) as usize != proto
+        {
+            return Err(Refused);
+        }
+        // `toJSON` on the object or on its prototype chain: the intrinsic prototypes (that of
+        // `Array.prototype` is `Object.prototype`, whose own is null).
+        let to_json = TO_JSON;
+        if self.has_own(value, to_json)?
+            || self.has_own(actual.value, to_json)?
+            || (class == self.intrinsics.array_class && {
+                let object_proto = Owned {
+                    ctx: self.ctx,
+                    value: qjs::JS_GetPrototype(self.ctx, actual.value),
+                };
+                !qjs::JS_IsObject(object_proto.value)
+                    || self.has_own(object_proto.value, to_json)?
+            })
+        {
+            return Err(Refused);
+        }
+        if class == self.intrinsics.array_class {
+            self.array(value, depth)
+        } else {
+            self.plain(value, depth)
+        }
+    }
+
+    /// The value of the own property `atom` of `object` if it is a data property; refused if
+    /// it is an accessor or absent.
+    ///
+    /// # Safety
+    /// `object` is a live ordinary object of `self.ctx`.
+    unsafe fn data(&mut self, object: qjs::JSValue, atom: qjs::JSAtom) -> Result<Owned, Refused> {
+        let mut desc = qjs::JSPropertyDescriptor {
+            flags: 0,
+            value: qjs::JS_UNDEFINED,
+            getter: qjs::JS_UNDEFINED,
+            setter: qjs::JS_UNDEFINED,
+        };
+        match qjs::JS_GetOwnProperty(self.ctx, &mut desc, object, atom) {
+            1 => {}
+            0 => return Err(Refused),
+            _ => {
+                drop_exception(self.ctx);
+                return Err(Refused);
+            }
+        }
+        let value = Owned {
+            ctx: self.ctx,
+            value: desc.value,
+        };
+        let getter = Owned {
+            ctx: self.ctx,
+            value: desc.getter,
+        };
+        let setter = Owned {
+            ctx: self.ctx,
+            value: desc.setter,
+        };
+        if desc.flags & qjs::JS_PROP_GETSET as i32 != 0
+            || !qjs::JS_IsUndefined(getter.value)
+            || !qjs::JS_IsUndefined(setter.value)
+        {
+            return Err(Refused);
+        }
+        Ok(value)
+    }
+
+    /// # Safety
+    /// `value` is a live array (of the intrinsic class and prototype) of `self.ctx`.
+    unsafe fn array(&mut self, value: qjs::JSValue, depth: u32) -> Result<(), Refused> {
+        let mut len = 0i64;
+        // An array's `length` is a data property: reading it runs nothing.
+        if qjs::JS_GetLength(self.ctx, value, &mut len) < 0 {
+            drop_exception(self.ctx);
+            return Err(Refused);
+        }
+        let len = u32::try_from(len).map_err(|_| Refused)?;
+        self.out.push(b'[');
+        for i in 0..len {
+            if i > 0 {
+                self.out.push(b',');
+            }
+            let atom = qjs::JS_NewAtomUInt32(self.ctx, i);
+            if atom == qjs::JS_ATOM_NULL {
+                drop_exception(self.ctx);
+                return Err(Refused);
+            }
+            let element = self.data(value, atom);
+            qjs::JS_FreeAtom(self.ctx, atom);
+            // A hole would be read through the prototypes: refused with the accessors.
+            let element = element?;
+            if qjs::JS_IsFunction(self.ctx, element.value) {
+                return Err(Refused);
+            }
+            if let Kind::Nothing = self.value(element.value, depth + 1)? {
+                self.out.extend_from_slice(b"null");
+            }
+        }
+        self.out.push(b']');
+        Ok(())
+    }
+
+    /// # Safety
+    /// `value` is a live plain object (of the intrinsic class and prototype) of `self.ctx`.
+    unsafe fn plain(&mut self, value: qjs::JSValue, depth: u32) -> Result<(), Refused> {
+        let mut tab: *mut qjs::JSPropertyEnum = ptr::null_mut();
+        let mut len = 0u32;
+        let flags = (qjs::JS_GPN_STRING_MASK | qjs::JS_GPN_ENUM_ONLY) as i32;
+        if qjs::JS_GetOwnPropertyNames(self.ctx, &mut tab, &mut len, value, flags) < 0 {
+            drop_exception(self.ctx);
+            return Err(Refused);
+        }
+        let result = self.properties(value, tab, len, depth);
+        qjs::JS_FreePropertyEnum(self.ctx, tab, len);
+        result
+    }
+
+    /// # Safety
+    /// `tab` holds `len` property names of the live plain object `value`.
+    unsafe fn properties(
+        &mut self,
+        value: qjs::JSValue,
+        tab: *const qjs::JSPropertyEnum,
+        len: u32,
+        depth: u32,
+    ) -> Result<(), Refused> {
+        self.out.push(b'{');
+        let mut first = true;
+        for i in 0..len as usize {
+            let atom = (*tab.add(i)).atom;
+            let property = self.data(value, atom)?;
+            if qjs::JS_IsFunction(self.ctx, property.value) {
+                return Err(Refused);
+            }
+            let tag = qjs::JS_VALUE_GET_NORM_TAG(property.value);
+            if tag == qjs::JS_TAG_UNDEFINED || tag == qjs::JS_TAG_SYMBOL {
+                continue;
+            }
+            if !first {
+                self.out.push(b',');
+            }
+            first = false;
+            self.key(atom)?;
+            self.out.push(b':');
+            self.value(property.value, depth + 1)?;
+        }
+        self.out.push(b'}');
+        Ok(())
+    }
+
+    /// # Safety
+    /// `atom` is a live string atom of `self.ctx`.
+    unsafe fn key(&mut self, atom: qjs::JSAtom) -> Result<(), Refused> {
+        if self.keys.owner == self.ctx {
+            if let Some((_, quoted)) = self.keys.quoted.iter().find(|(held, _)| *held == atom) {
+                self.out.extend_from_slice(quoted);
+                return Ok(());
+            }
+        }
+        let start = self.out.len();
+        self.text_of(atom)?;
+        if self.keys.quoted.is_empty() {
+            self.keys.owner = self.ctx;
+        }
+        if self.keys.owner == self.ctx && self.keys.quoted.len() < MAX_KEYS {
+            let quoted = self.out[start..].to_vec();
+            self.keys
+                .quoted
+                .push((qjs::JS_DupAtom(self.ctx, atom), quoted));
+        }
+        Ok(())
+    }
+
+    /// Writes the string `atom` names, quoted.
+    ///
+    /// # Safety
+    /// `atom` is a live string atom of `self.ctx`.
+    unsafe fn text_of(&mut self, atom: qjs::JSAtom) -> Result<(), Refused> {
+        let mut len = 0;
+        let ptr = qjs::JS_AtomToCStringLen(self.ctx, &mut len, atom);
+        if ptr.is_null() {
+            drop_exception(self.ctx);
+            return Err(Refused);
+        }
+        let Ok(len) = usize::try_from(len) else {
+            qjs::JS_FreeCString(self.ctx, ptr);
+            return Err(Refused);
+        };
+        let bytes = std::slice::from_raw_parts(ptr.cast::<u8>(), len);
+        let result = if is_utf8(bytes) {
+            quote(bytes, self.out);
+            Ok(())
+        } else {
+            Err(Refused)
+        };
+        qjs::JS_FreeCString(self.ctx, ptr);
+        result
+    }
+}
+
+/// Whether `bytes` are UTF-8, ASCII checked first (the common case, and quicker).
+pub fn is_utf8(bytes: &[u8]) -> bool {
+    bytes.is_ascii() || std::str::from_utf8(bytes).is_ok()
+}
+
+/// Clears the exception a failed engine call left (out of memory, say): the value is refused
+/// and `JSON.stringify` meets the same condition and reports it.
+unsafe fn drop_exception(ctx: *mut qjs::JSContext) {
+    let exception = qjs::JS_GetException(ctx);
+    qjs::JS_FreeValue(ctx, exception);
+}
+
+/// `fmt::Write` into a byte buffer.
+struct Bytes<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for Bytes<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// A JSON string of UTF-8 `text`, escaped as `JSON.stringify` escapes it: `"`, `\`, and the
+/// control characters (`\b`, `\t`, `\n`, `\f`, `\r`, else `\u00xx`, lowercase).
+pub fn quote(text: &[u8], out: &mut Vec<u8>) {
+    out.reserve(text.len() + 2);
+    out.push(b'"');
+    let mut from = 0;
+    for (i, &b) in text.iter().enumerate() {
+        let escaped: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&text[from..i]);
+        if escaped.is_empty() {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[usize::from(b >> 4)]);
+            out.push(HEX[usize::from(b & 15)]);
+        } else {
+            out.extend_from_slice(escaped);
+        }
+        from = i + 1;
+    }
+    out.extend_from_slice(&text[from..]);
+    out.push(b'"');
+}
+
+/// Writes a number as `JSON.stringify` writes it: `Number.prototype.toString()` (ECMAScript's
+/// Number::toString, the shortest digits that read back as the same double), `null` if it is
+/// not finite. Returns `false`, writing nothing, for a number of 15 digits or more, which the
+/// engine writes.
+///
+/// Two decimals of at most 15 significant digits never read as the same double. So a decimal
+/// of at most 15 digits that reads back as `x` is the shortest one's value, and there is no
+/// tie between two shortest candidates (which ECMAScript breaks towards the even one and
+/// Rust's `{:e}`, used for the numbers [`short_decimal`] does not take, upwards).
+pub fn number(x: f64, out: &mut Vec<u8>) -> bool {
+    if !x.is_finite() {
+        out.extend_from_slice(b"null");
+        return true;
+    }
+    if x == 0.0 {
+        // Both zeros.
+        out.push(b'0');
+        return true;
+    }
+    if short_decimal(x, out) {
+        return true;
+    }
+    // `d[.ddd]e[-]x`.
+    let mut buf = [0u8; 40];
+    let mut cursor = Cursor {
+        buf: &mut buf,
+        len: 0,
+    };
+    if write!(cursor, "{:e}", x.abs()).is_err() {
+        // Cannot happen (at most 17 digits and an exponent of three digits).
+        return false;
+    }
+    let len = cursor.len;
+    let text = &buf[..len];
+    let e_at = text.iter().position(|&c| c == b'e').unwrap_or(len);
+    let (mantissa, exponent) = text.split_at(e_at);
+    let exponent: i32 = std::str::from_utf8(exponent.get(1..).unwrap_or_default())
+        .ok()
+        .and_then(|e| e.parse().ok())
+        .unwrap_or(0);
+    let mut digits = [0u8; 24];
+    let mut k = 0;
+    for &c in mantissa {
+        if c != b'.' && k < digits.len() {
+            digits[k] = c;
+            k += 1;
+        }
+    }
+    if k == 0 || k > 14 {
+        return false;
+    }
+    let digits = &digits[..k];
+    let k = k as i32;
+    // The decimal point sits after the first `n` digits.
+    let n = exponent + 1;
+    if x < 0.0 {
+        out.push(b'-');
+    }
+    if k <= n && n <= 21 {
+        out.extend_from_slice(digits);
+        out.extend(std::iter::repeat_n(b'0', (n - k) as usize));
+    } else if 0 < n && n <= 21 {
+        out.extend_from_slice(&digits[..n as usize]);
+        out.push(b'.');
+        out.extend_from_slice(&digits[n as usize..]);
+    } else if -6 < n && n <= 0 {
+        out.extend_from_slice(b"0.");
+        out.extend(std::iter::repeat_n(b'0', (-n) as usize));
+        out.extend_from_slice(digits);
+    } else {
+        out.push(digits[0]);
+        if k > 1 {
+            out.push(b'.');
+            out.extend_from_slice(&digits[1..]);
+        }
+        let _ = write!(
+            Bytes(out),
+            "e{}{}",
+            if n - 1 < 0 { '-' } else { '+' },
+            (n - 1).abs()
+        );
+    }
+    true
+}
+
+/// Powers of ten, exact as doubles.
+const POWERS: [f64; 9] = [1.0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8];
+
+/// Writes `x` (finite, not zero) if it is `m / 10^d` for an `m` of at most 15 digits and a `d`
+/// of at most 8, and at least 1e-6 (below, ECMAScript writes an exponent): prices, counts,
+/// most measurements. The division of two exact doubles is rounded correctly, so
+/// `m / 10^d == x` says that the decimal reads back as `x`.
+fn short_decimal(x: f64, out: &mut Vec<u8>) -> bool {
+    let a = x.abs();
+    if !(1e-6..1e15).contains(&a) {
+        return false;
+    }
+    for (d, &power) in POWERS.iter().enumerate() {
+        let m = (a * power).round_ties_even();
+        if m >= 1e15 {
+            return false;
+        }
+        if m / power != a {
+            continue;
+        }
+        // Below 1e15: exact as an integer. Trailing zeros, should the rounding above have
+        // missed a shorter `d`, are the same value written longer.
+        let (mut m, mut d) = (m as u64, d);
+        while d > 0 && m % 10 == 0 {
+            m /= 10;
+            d -= 1;
+        }
+        if x < 0.0 {
+            out.push(b'-');
+        }
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut rest = m;
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        let digits = &digits[at..];
+        if d == 0 {
+            out.extend_from_slice(digits);
+        } else if digits.len() > d {
+            let point = digits.len() - d;
+            out.extend_from_slice(&digits[..point]);
+            out.push(b'.');
+            out.extend_from_slice(&digits[point..]);
+        } else {
+            out.extend_from_slice(b"0.");
+            out.extend(std::iter::repeat_n(b'0', d - digits.len()));
+            out.extend_from_slice(digits);
+        }
+        return true;
+    }
+    false
+}
+
+/// `fmt::Write` into a fixed buffer.
+struct Cursor<'a> {
+    buf: &'a mut [u8],
+    len: usize,
+}
+
+impl std::fmt::Write for Cursor<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len + s.len();
+        let slot = self.buf.get_mut(self.len..end).ok_or(std::fmt::Error)?;
+        slot.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `JSON.stringify` of what `source` evaluates to, and what `write` makes of it.
+    fn both(source: &str) -> (Option<String>, Result<String, Refused>) {
+        let runtime = rquickjs::Runtime::new().expect("runtime");
+        let context = rquickjs::Context::full(&runtime).expect("context");
+        context.with(|ctx| {
+            let intrinsics = Intrinsics::new(&ctx).expect("intrinsics");
+            let value: Value = ctx.eval(source).expect("eval");
+            let mut out = b"kept".to_vec();
+            let mut keys = Keys::default();
+            let written = write(&ctx, &intrinsics, &mut keys, &value, &mut out)
+                .map(|()| String::from_utf8(out[4..].to_vec()).expect("utf-8"));
+            // Again, with the keys known.
+            let mut again = Vec::new();
+            let twice = write(&ctx, &intrinsics, &mut keys, &value, &mut again)
+                .map(|()| String::from_utf8(again).expect("utf-8"));
+            assert_eq!(twice, written, "{source}, the second time");
+            // SAFETY: the keys are atoms of this live context.
+            unsafe { keys.release(ctx.as_raw().as_ptr()) };
+            let expected = ctx
+                .json_stringify(value)
+                .expect("stringify")
+                .map(|s| s.to_string().expect("string"));
+            (expected, written)
+        })
+    }
+
+    #[track_caller]
+    fn same(source: &str) {
+        let (expected, written) = both(source);
+        assert_eq!(written.ok(), expected, "{source}");
+    }
+
+    #[track_caller]
+    fn refused(source: &str) {
+        let runtime = rquickjs::Runtime::new().expect("runtime");
+        let context = rquickjs::Context::full(&runtime).expect("context");
+        context.with(|ctx| {
+            let intrinsics = Intrinsics::new(&ctx).expect("intrinsics");
+            let value: Value = ctx.eval(source).expect("eval");
+            let mut out = b"kept".to_vec();
+            let mut keys = Keys::default();
+            assert_eq!(
+                write(&ctx, &intrinsics, &mut keys, &value, &mut out),
+                Err(Refused),
+                "{source}"
+            );
+            assert_eq!(out, b"kept", "a refusal leaves the buffer as it was");
+            // SAFETY: the context is live.
+            unsafe { keys.release(ctx.as_raw().as_ptr()) };
+        });
+    }
+
+    #[test]
+    fn writes_what_json_stringify_writes() {
+        for source in [
+            "null",
+            "true",
+            "false",
+            "0",
+            "-0",
+            "42",
+            "-7",
+            "2147483647",
+            "2147483648",
+            "-2147483649",
+            "1.5",
+            "135.23",
+            "0.1 + 0.2",
+            "1e21",
+            "1e20",
+            "123456789012345680000",
+            "1e-6",
+            "1e-7",
+            "1.2345e-7",
+            "5e-324",
+            "1.7976931348623157e308",
+            "-1.5e300",
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            "2 ** 53",
+            "2 ** 53 + 2",
+            "1 / 3",
+            "[0.000001, 0.0000015, 1e-7, 0.1, 0.01, 12.5, -0.5, 999999999999999, 1e15, 123.456]",
+            "-634706844839396.2",
+            "[0.5e16 + 1, 2 ** 60, 123456789012345.6]",
+            "'plain'",
+            "''",
+            "'quote \" backslash \\\\ nl \\n cr \\r tab \\t bs \\b ff \\f nul \\0 us \\x1f del \\x7f'",
+            "'latin1 é ü ÿ'",
+            "'wide ☃ and an astral 😀'",
+            "'\\u2028\\u2029'",
+            "({})",
+            "[]",
+            "({ symbol: 'ACME', price: 12.5, seq: 7 })",
+            "({ b: 1, a: 2, 10: 'ten', 2: 'two', '-1': 'minus' })",
+            "({ u: undefined, s: Symbol('x'), n: null, k: 'kept' })",
+            "[1, 'two', null, undefined, Symbol('x'), true, [3, [4]], { a: [] }]",
+            "({ nested: { deeper: { deepest: [1.25, -0, 1e-9] } } })",
+            "({ 'key \"quoted\"\\n': 1, 'é': 2, '😀': 3 })",
+            "(() => { const o = { a: 1 }; Object.defineProperty(o, 'hidden', { value: 2, enumerable: false }); return o; })()",
+            "(() => { const a = [1, 2, 3]; a.extra = 'ignored'; return a; })()",
+            "(() => { const o = { a: 1, b: 2 }; delete o.a; o.a = 3; return o; })()",
+        ] {
+            same(source);
+        }
+    }
+
+    #[test]
+    fn refuses_what_it_does_not_copy_exactly() {
+        for source in [
+            "undefined",
+            "Symbol('x')",
+            "10n",
+            "({ big: 10n })",
+            "'lone \\ud800 surrogate'",
+            "({ '\\udc00': 1 })",
+            "[1, , 3]",
+            "({ get a() { return 1; } })",
+            "(() => { const a = [1]; Object.defineProperty(a, 0, { get() { return 2; } }); return a; })()",
+            "({ toJSON() { return 'mine'; } })",
+            "new Date(0)",
+            "new Number(1)",
+            "new String('s')",
+            "new Boolean(true)",
+            "({ f() {} })",
+            "[function () {}]",
+            "Object.create(null)",
+            "new (class Point { constructor() { this.x = 1; } })()",
+            "new Proxy({}, {})",
+            "new Map()",
+            "new Uint8Array(2)",
+            "(() => { const o = {}; o.self = o; return o; })()",
+            "(() => { let v = 1; for (let i = 0; i < 100; i++) v = [v]; return v; })()",
+        ] {
+            refused(source);
+        }
+    }
+
+    #[test]
+    fn refuses_when_a_prototype_has_to_json() {
+        refused("Object.prototype.toJSON = () => 1; ({ a: 1 })");
+        refused("Array.prototype.toJSON = () => 1; [1]");
+        refused("Object.prototype.toJSON = () => 1; [1]");
+    }
+
+    #[test]
+    fn numbers_match_number_to_string() {
+        let runtime = rquickjs::Runtime::new().expect("runtime");
+        let context = rquickjs::Context::full(&runtime).expect("context");
+        context.with(|ctx| {
+            let to_string: rquickjs::Function = ctx.eval("(x) => String(x)").expect("function");
+            // SplitMix64 over the bit patterns, and over decimal prices and integers.
+            let mut state = 0x1234_5678_9abc_def0_u64;
+            let mut next = || {
+                state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = state;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                z ^ (z >> 31)
+            };
+            for i in 0..200_000u32 {
+                let r = next();
+                let x = match i % 8 {
+                    0 => f64::from_bits(r),
+                    1 => (r % 10_000_000) as f64 / 100.0,
+                    2 => (r >> 11) as f64 / (1u64 << 53) as f64,
+                    3 => (r as i64 as f64) / 1e10,
+                    4 => -((r % 1_000_000_000) as f64) / 10f64.powi((r >> 60) as i32),
+                    5 => (r % 100_000) as f64 * 10f64.powi((r >> 59) as i32 - 12),
+                    6 => (r >> 14) as f64,
+                    _ => ((r % 2000) as f64 - 1000.0) / 8.0,
+                };
+                if !x.is_finite() {
+                    continue;
+                }
+                let mut out = Vec::new();
+                let expected: String = to_string.call((x,)).expect("String(x)");
+                if number(x, &mut out) {
+                    assert_eq!(String::from_utf8(out).expect("utf-8"), expected, "{x:e}");
+                } else {
+                    // Written with the engine's digits (`writes_what_json_stringify_writes`).
+                    assert!(out.is_empty());
+                }
+            }
+        });
+    }
+}
