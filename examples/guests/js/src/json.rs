@@ -488,9 +488,13 @@ pub fn is_utf8(bytes: &[u8]) -> bool {
     bytes.is_ascii() || std::str::from_utf8(bytes).is_ok()
 }
 
-/// Clears the exception a failed engine call left (out of memory, say): the value is refused
-/// and `JSON.stringify` meets the same condition and reports it.
-unsafe fn drop_exception(ctx: *mut qjs::JSContext) {
+/// Clears the exception a failed engine call left (out of memory, say): the fast path refuses
+/// what it was making, and the engine's own path (`JSON.stringify`, `JSON.parse`) meets the
+/// same condition and reports it.
+///
+/// # Safety
+/// `ctx` is a live context of the engine, used on its thread.
+pub(crate) unsafe fn drop_exception(ctx: *mut qjs::JSContext) {
     let exception = qjs::JS_GetException(ctx);
     qjs::JS_FreeValue(ctx, exception);
 }

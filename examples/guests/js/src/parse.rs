@@ -15,6 +15,8 @@ use std::cell::RefCell;
 
 use rquickjs::qjs;
 
+use crate::json::drop_exception;
+
 thread_local! {
     /// The property names `JSON.parse` met first, with their atoms (see [`Names`]).
     static NAMES: RefCell<Names> = RefCell::new(Names::default());
@@ -43,6 +45,9 @@ impl Default for Names {
 
 impl Names {
     /// The atom of `name` (UTF-8), owned by the caller; `JS_ATOM_NULL` if the engine failed.
+    ///
+    /// # Safety
+    /// `ctx` is a live context of the engine, used on its thread.
     unsafe fn atom(&mut self, ctx: *mut qjs::JSContext, name: &[u8]) -> qjs::JSAtom {
         if self.owner == ctx {
             if let Some((_, atom)) = self.names.iter().find(|(known, _)| **known == *name) {
@@ -153,6 +158,9 @@ struct Owned {
 
 impl Owned {
     /// Takes a value the engine made, `None` (its exception dropped) if it failed.
+    ///
+    /// # Safety
+    /// `ctx` is the live context that made `value`, which the caller owns and hands over.
     unsafe fn new(ctx: *mut qjs::JSContext, value: qjs::JSValue) -> Option<Self> {
         if qjs::JS_IsException(value) {
             drop_exception(ctx);
@@ -175,12 +183,6 @@ impl Drop for Owned {
     }
 }
 
-/// Clears the exception a failed engine call left (out of memory, say): the engine's parser
-/// meets the same condition and reports it.
-unsafe fn drop_exception(ctx: *mut qjs::JSContext) {
-    let exception = qjs::JS_GetException(ctx);
-    qjs::JS_FreeValue(ctx, exception);
-}
 
 struct Parser<'a> {
     ctx: *mut qjs::JSContext,
@@ -212,6 +214,11 @@ impl Parser<'_> {
         next
     }
 
+    /// The value at the cursor, `depth` levels down; `None` for text this parser leaves to the
+    /// engine's.
+    ///
+    /// # Safety
+    /// The parser's context is live, used on its thread.
     unsafe fn value(&mut self, depth: u32) -> Option<Owned> {
         self.whitespace();
         match self.peek()? {
@@ -380,6 +387,10 @@ impl Parser<'_> {
         u32::from_str_radix(text, 16).ok()
     }
 
+    /// The object at the cursor (after its `{`); as [`Parser::value`].
+    ///
+    /// # Safety
+    /// As [`Parser::value`].
     unsafe fn object(&mut self, depth: u32) -> Option<Owned> {
         if depth >= MAX_DEPTH {
             return None;
@@ -437,6 +448,10 @@ impl Parser<'_> {
         }
     }
 
+    /// The array at the cursor (after its `[`); as [`Parser::value`].
+    ///
+    /// # Safety
+    /// As [`Parser::value`].
     unsafe fn array(&mut self, depth: u32) -> Option<Owned> {
         if depth >= MAX_DEPTH {
             return None;
