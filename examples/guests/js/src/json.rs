@@ -223,6 +223,22 @@ impl Writer<'_> {
     unsafe fn string(&mut self, value: qjs::JSValue, quoted: bool) -> Result<(), Refused> {
         let mut len = 0;
         let ptr = qjs::JS_ToCStringLen2(self.ctx, &mut len, value, false);
+        self.engine_text(ptr, len, quoted)
+    }
+
+    /// Writes the C string the engine made (`ptr`, `len`), `quoted` as JSON or as it is, and
+    /// frees it. Refused when the engine failed (a null `ptr`), and when the text is not UTF-8:
+    /// a lone surrogate comes out as its own three bytes, and `JSON.stringify` escapes it,
+    /// which this leaves to it.
+    ///
+    /// # Safety
+    /// `ptr` is null or a C string of `self.ctx` of `len` bytes, not freed yet.
+    unsafe fn engine_text(
+        &mut self,
+        ptr: *const std::ffi::c_char,
+        len: qjs::size_t,
+        quoted: bool,
+    ) -> Result<(), Refused> {
         if ptr.is_null() {
             drop_exception(self.ctx);
             return Err(Refused);
@@ -232,8 +248,6 @@ impl Writer<'_> {
             return Err(Refused);
         };
         let bytes = std::slice::from_raw_parts(ptr.cast::<u8>(), len);
-        // A lone surrogate comes out as its own three bytes, which are not UTF-8:
-        // `JSON.stringify` escapes it, which this leaves to it.
         let result = if !is_utf8(bytes) {
             Err(Refused)
         } else if quoted {
@@ -463,23 +477,7 @@ impl Writer<'_> {
     unsafe fn text_of(&mut self, atom: qjs::JSAtom) -> Result<(), Refused> {
         let mut len = 0;
         let ptr = qjs::JS_AtomToCStringLen(self.ctx, &mut len, atom);
-        if ptr.is_null() {
-            drop_exception(self.ctx);
-            return Err(Refused);
-        }
-        let Ok(len) = usize::try_from(len) else {
-            qjs::JS_FreeCString(self.ctx, ptr);
-            return Err(Refused);
-        };
-        let bytes = std::slice::from_raw_parts(ptr.cast::<u8>(), len);
-        let result = if is_utf8(bytes) {
-            quote(bytes, self.out);
-            Ok(())
-        } else {
-            Err(Refused)
-        };
-        qjs::JS_FreeCString(self.ctx, ptr);
-        result
+        self.engine_text(ptr, len, true)
     }
 }
 
