@@ -13,12 +13,12 @@
 //!
 //! One file of about 600 lines on purpose: the loop, the check of each delivered sequence and the
 //! apply of each record are one sequence of decisions about one stream, read top to bottom.
+//! Settling the node's runtimes once it has caught up is `settle.rs`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::{consumer, stream};
 use futures_util::StreamExt as _;
 use tokio::task::JoinHandle;
@@ -27,13 +27,13 @@ use tracing::Instrument as _;
 use super::bucket::BoxError;
 use super::halt::SharedError;
 use super::{Cluster, Halt, APPLY_ATTEMPTS, RETRY, STREAM_CHECK};
-use crate::catalog::{Catalog, CatalogError};
+use crate::catalog::Catalog;
 use crate::host::{GuestEngine, GuestModule, ModuleFingerprint};
 use crate::log::stream::{RECORD_HEADER, RECORD_VERSION, SHARED_VERSION};
 use crate::log::{BatchEntry, Definition, Entry, Log, LogPosition, Outcome};
 use crate::runtime::handle::Record;
 use crate::runtime::registry::{ModuleStore, Registered, Runtimes};
-use crate::runtime::{ApplyError, DeployError, IngestError, RuntimeSnapshot};
+use crate::runtime::ApplyError;
 use crate::snapshot::Snapshots;
 
 /// What the apply loop applies records to.
@@ -447,158 +447,6 @@ impl Cluster {
         });
     }
 
-    /// Settles this node's runtimes against the stream, once, when it has caught up:
-    /// - a runtime of its config that the stream has no record of is declared by a define
-    ///   record (published here, applied by every node: all of them run it from then on);
-    /// - one the stream defined runs as the stream says (a config that says otherwise is
-    ///   logged);
-    /// - one whose module the stream has not decided yet has this node's declared (a deploy
-    ///   record); then this node's config must name a module the runtime has run on the
-    ///   stream, with the guest config the stream decided: a node that runs another build than
-    ///   the cluster is not ready and takes no ingest.
-    async fn settle_modules(&self, appliers: &Appliers, log: &Log) {
-        let mut refused = Vec::new();
-        for (name, registered) in appliers.runtimes.iter() {
-            if let Some(running) = &registered.definition {
-                let Some(own) = appliers.configured.get(&name) else {
-                    continue;
-                };
-                match registered.handle.save().await {
-                    Ok(saved) => refused.extend(disagreements(&name, own, running, &saved)),
-                    Err(error) => refused.push(format!(
-                        "runtime {name:?}: its state could not be read: {error}"
-                    )),
-                }
-                continue;
-            }
-            // NATS away, or the declaration not applied in time: tried again until it goes
-            // through (the node stays not ready and takes no ingest meanwhile).
-            let mut attempt = 0u32;
-            let declared = loop {
-                match self.declare(appliers, log, &name, &registered).await {
-                    Ok(declared) => break declared,
-                    Err(error) => {
-                        if attempt.is_multiple_of(5) {
-                            tracing::warn!(%error, runtime = name, "cluster: the runtime could not be declared on the stream yet; retrying");
-                        }
-                        attempt += 1;
-                        tokio::time::sleep(RETRY).await;
-                    }
-                }
-            };
-            let saved = match declared {
-                Declared::Module(saved) => saved,
-                Declared::Defined => continue,
-                Declared::Refused(reason) => {
-                    refused.push(format!("runtime {name:?}: {reason}"));
-                    continue;
-                }
-                Declared::HistoryMissing => {
-                    refused.push(format!(
-                        "runtime {name:?}: the stream holds its records from before this node's state, which holds nothing of it (the state was made by a node that does not run it): this node cannot know its history. To serve it, start this node with an empty data directory, so it joins from the stream's beginning or from a shared snapshot that holds the runtime"
-                    ));
-                    continue;
-                }
-            };
-            if !saved.modules.contains(&registered.configured) {
-                refused.push(format!(
-                    "runtime {name:?}: this node's config names module {}, which the cluster never ran; the cluster runs {}. Start this node on the cluster's module, or deploy yours through any node (PUT /admin/runtimes/{name}/module, or viewtape deploy)",
-                    registered.configured,
-                    registered.handle.module()
-                ));
-            }
-            let own = registered.handle.guest_config_crc();
-            if let Some(decided) = saved.config.filter(|&decided| decided != own) {
-                refused.push(format!(
-                    "runtime {name:?}: this node's guest config (`config =`, crc {own:08x}) is not the one the cluster runs (crc {decided:08x}). Start this node with the same `config =` as the others"
-                ));
-            }
-        }
-        for name in appliers.configured.keys() {
-            if appliers.runtimes.get(name).is_none() {
-                tracing::warn!(runtime = name, "cluster: this node's config declares a runtime the cluster deleted; it stays deleted (PUT /admin/runtimes/{{runtime}} creates it again on every node)");
-            }
-        }
-        if !refused.is_empty() {
-            let reason = refused.join("; ");
-            tracing::error!(%reason, "cluster: this node runs another build than the cluster: not ready, no ingest; it applies the stream with the cluster's modules meanwhile");
-            self.stream_log.refuse(reason.clone());
-            self.readiness
-                .send_modify(|readiness| readiness.refused = Some(reason));
-        }
-        self.stream_log.open();
-        self.settled.store(true, Ordering::Relaxed);
-        let stream_last = LogPosition::new(self.stream_last.load(Ordering::Relaxed));
-        self.update_readiness(log.committed(), stream_last);
-    }
-
-    /// Declares the config runtime `registered` on the stream if the stream has not decided its
-    /// module yet: by a define record when the stream holds no record of it, else by a deploy
-    /// record of its module. See [`Declared`].
-    async fn declare(
-        &self,
-        appliers: &Appliers,
-        log: &Log,
-        name: &str,
-        registered: &Registered,
-    ) -> Result<Declared, DeclareError> {
-        let saved = registered.handle.save().await?;
-        if !saved.modules.is_empty() {
-            return Ok(Declared::Module(saved));
-        }
-        // Its records on its own subject, and any this node passed over before (also those in
-        // messages of several runtimes, and those the stream no longer holds).
-        let stream = &self.stream_log;
-        let first = self
-            .first_record_on(stream.subject(name))
-            .await?
-            .into_iter()
-            .chain(stream.first_passed_over(name))
-            .min();
-        if first.is_some_and(|first| first <= log.committed()) {
-            return Ok(Declared::HistoryMissing);
-        }
-        let running = registered.handle.module();
-        let wasm = appliers.modules.get(&running)?;
-        self.put_module(&wasm).await.map_err(DeclareError::Bucket)?;
-        match (first, appliers.configured.get(name)) {
-            (None, Some(definition)) => {
-                match appliers
-                    .catalog
-                    .put_settling(name, definition.clone())
-                    .await
-                {
-                    Ok(changed) => {
-                        tracing::info!(runtime = name, ?changed, "cluster: this node's config declares a runtime the stream had no record of: defined on every node");
-                        Ok(Declared::Defined)
-                    }
-                    Err(error @ (CatalogError::Shared { .. } | CatalogError::Log { .. })) => {
-                        Err(DeclareError::Define(error))
-                    }
-                    Err(error) => Ok(Declared::Refused(error.to_string())),
-                }
-            }
-            _ => {
-                registered.handle.declare_module().await?;
-                Ok(Declared::Module(registered.handle.save().await?))
-            }
-        }
-    }
-
-    /// The sequence of the first record on `subject` the stream holds, if it holds any.
-    async fn first_record_on(&self, subject: String) -> Result<Option<LogPosition>, DeclareError> {
-        let stream = self
-            .js
-            .get_stream_no_info(&self.stream)
-            .await
-            .map_err(|error| DeclareError::Stream(error.into()))?;
-        match stream.get_first_raw_message_by_subject(subject, 1).await {
-            Ok(message) => Ok(Some(LogPosition::new(message.sequence))),
-            Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
-            Err(error) => Err(DeclareError::Stream(error.into())),
-        }
-    }
-
     /// Stops applying for good: the node is not ready, takes no ingest, and says why.
     pub(super) fn break_off(&self, halt: Halt) {
         tracing::error!(reason = %halt, halt = halt.kind(), stream = %self.stream, "cluster: this node stopped applying the stream and is not ready; it keeps serving what it has");
@@ -609,34 +457,6 @@ impl Cluster {
             readiness.broken = Some(halt);
         });
     }
-}
-
-/// How this node's config (`own`) disagrees with the cluster's definition of runtime `name`
-/// (`running`, whose state is `saved`), as reasons to refuse: it names a module the runtime has
-/// not run on the stream, or another guest config or schemas. Other differences (views,
-/// limits) are logged: the node runs the cluster's definition.
-fn disagreements(
-    name: &str,
-    own: &Definition,
-    running: &Definition,
-    saved: &RuntimeSnapshot,
-) -> Vec<String> {
-    let mut reasons = Vec::new();
-    if !saved.modules.contains(&own.module) {
-        reasons.push(format!(
-            "runtime {name:?}: this node's config names module {}, which the cluster never ran; the cluster defined it on {}. Start this node on the cluster's module, or deploy yours through any node (PUT /admin/runtimes/{name}/module, or viewtape deploy)",
-            own.module, running.module
-        ));
-    }
-    if own.guest_config() != running.guest_config() || own.schemas != running.schemas {
-        reasons.push(format!(
-            "runtime {name:?}: this node's guest config (`config =`, `schemas`) is not the one the cluster defined. Start this node with the cluster's (GET /admin/runtimes/{name} shows it), or change it through any node (PUT /admin/runtimes/{name})"
-        ));
-    }
-    if reasons.is_empty() && (own.views != running.views || own.limits != running.limits) {
-        tracing::warn!(runtime = name, "cluster: this node's config gives this runtime other views or limits than the cluster defined; it runs the cluster's definition (GET /admin/runtimes/{{runtime}} shows it)");
-    }
-    reasons
 }
 
 /// Applies `record` at `sequence` to `registered`, again while the runtime is unavailable (a
@@ -705,44 +525,6 @@ async fn apply_shared(
             Err(reason)
         }
     }
-}
-
-/// Why a runtime's module could not be declared on the stream yet (tried again until it is).
-#[derive(Debug, thiserror::Error)]
-enum DeclareError {
-    /// The runtime's state could not be read.
-    #[error(transparent)]
-    Save(#[from] IngestError),
-    /// The module is not in this node's store.
-    #[error(transparent)]
-    Store(#[from] std::io::Error),
-    /// The module could not be put in the bucket.
-    #[error(transparent)]
-    Bucket(BoxError),
-    /// The stream could not be read.
-    #[error(transparent)]
-    Stream(BoxError),
-    /// The declaration was not applied.
-    #[error(transparent)]
-    Declare(#[from] DeployError),
-    /// The define record was not published, or not applied in time.
-    #[error(transparent)]
-    Define(CatalogError),
-}
-
-/// What declaring a config runtime on the stream came to.
-enum Declared {
-    /// Its module is decided (now or before): the runtime's state then (the modules it has run
-    /// on the stream, the guest config the stream decided).
-    Module(RuntimeSnapshot),
-    /// The stream had no record of it: it is defined by a record, as this node's config says.
-    Defined,
-    /// The cluster refused its definition (its views overlap another runtime's, say).
-    Refused(String),
-    /// The stream holds records of it from before this node's state, or this node passed over
-    /// some before, and the state has never applied its declaration: its history is missing
-    /// here.
-    HistoryMissing,
 }
 
 /// `n` as a gauge's value.

@@ -14,6 +14,7 @@
 //! | `bucket` | the object store: shared snapshots, modules by SHA-256, snapshots to restore |
 //! | `lease` | what runs once per cluster (the demo feed, file sources) |
 //! | `apply` | the apply loop: every record in order |
+//! | `settle` | once caught up: the config's runtimes declared, a contradicting config refused |
 //! | `halt` | why a node stops applying, for good: [`Halt`] |
 //! | `restore` | a live restore, published by any node and applied by all |
 //!
@@ -48,6 +49,7 @@ mod bucket;
 mod halt;
 mod lease;
 mod restore;
+mod settle;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64};
