@@ -12,21 +12,13 @@ use viewtape_tests::cluster::{
     admin_nodes, applied, frames, ingest_all, operator, position, view_frames, CONVERGE,
 };
 use viewtape_tests::server::{config_file, guest_wasm, with_custom_section};
-use viewtape_tests::{expect, http, Feed, NatsServer, Response, Server};
+use viewtape_tests::{expect, Feed, NatsServer, Response, Server};
 
 const TOKEN: &str = "cluster-changes-token";
 
 /// An admin request with the token.
 async fn admin(server: &Server, method: &str, path: &str, body: &[u8]) -> anyhow::Result<Response> {
-    let auth = format!("Bearer {TOKEN}");
-    http::request(
-        server.addr(),
-        method,
-        path,
-        &[("Authorization", &auth)],
-        body,
-    )
-    .await
+    server.admin(TOKEN, method, path, &[], body).await
 }
 
 /// The ticker with a custom section naming `build`: the same guest, another module.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use viewtape_tests::cluster::{admin_nodes, applied, position, CONVERGE};
-use viewtape_tests::{expect, http, EventStream, NatsServer, Response, Server};
+use viewtape_tests::{expect, EventStream, NatsServer, Response, Server};
 
 const TOKEN: &str = "cluster-runtimes-token";
 
@@ -20,15 +20,7 @@ const ROOM: &str = "chat.room-1";
 
 /// An admin request with the token.
 async fn admin(server: &Server, method: &str, path: &str, body: &[u8]) -> anyhow::Result<Response> {
-    let auth = format!("Bearer {TOKEN}");
-    http::request(
-        server.addr(),
-        method,
-        path,
-        &[("Authorization", &auth)],
-        body,
-    )
-    .await
+    server.admin(TOKEN, method, path, &[], body).await
 }
 
 /// Waits until `GET /admin/runtimes/{runtime}` on `server` answers `status`.

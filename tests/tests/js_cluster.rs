@@ -9,7 +9,7 @@ use anyhow::{bail, ensure, Context as _};
 use serde_json::json;
 use viewtape_tests::cluster::{applied, position, CONVERGE};
 use viewtape_tests::server::ADMIN_TOKEN_ENV;
-use viewtape_tests::{expect, http, NatsServer, Response, Server};
+use viewtape_tests::{expect, NatsServer, Response, Server};
 
 const TOKEN: &str = "js-cluster-token";
 
@@ -34,15 +34,8 @@ async fn admin(
     content_type: &str,
     body: &[u8],
 ) -> anyhow::Result<Response> {
-    let auth = format!("Bearer {TOKEN}");
-    http::request(
-        server.addr(),
-        method,
-        path,
-        &[("Authorization", &auth), ("Content-Type", content_type)],
-        body,
-    )
-    .await
+    let headers = [("Content-Type", content_type)];
+    server.admin(TOKEN, method, path, &headers, body).await
 }
 
 /// Waits until `runtime` exists on `server`.

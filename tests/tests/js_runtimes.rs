@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context as _};
 use serde_json::json;
 use viewtape_tests::server::{config_file, ADMIN_TOKEN_ENV};
-use viewtape_tests::{cursor_offset, expect, http, EventStream, Response, Server, SseEvent};
+use viewtape_tests::{cursor_offset, expect, EventStream, Response, Server, SseEvent};
 
 const TOKEN: &str = "js-runtimes-token";
 
@@ -122,15 +122,8 @@ async fn admin(
     content_type: &str,
     body: &[u8],
 ) -> anyhow::Result<Response> {
-    let auth = format!("Bearer {TOKEN}");
-    http::request(
-        server.addr(),
-        method,
-        path,
-        &[("Authorization", &auth), ("Content-Type", content_type)],
-        body,
-    )
-    .await
+    let headers = [("Content-Type", content_type)];
+    server.admin(TOKEN, method, path, &headers, body).await
 }
 
 /// `PUT /admin/runtimes/{runtime}/module` with JavaScript.

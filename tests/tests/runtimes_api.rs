@@ -18,15 +18,7 @@ async fn start() -> anyhow::Result<Server> {
 
 /// An admin request with the token.
 async fn admin(server: &Server, method: &str, path: &str, body: &[u8]) -> anyhow::Result<Response> {
-    let auth = format!("Bearer {TOKEN}");
-    http::request(
-        server.addr(),
-        method,
-        path,
-        &[("Authorization", &auth)],
-        body,
-    )
-    .await
+    server.admin(TOKEN, method, path, &[], body).await
 }
 
 /// `PUT /admin/runtimes/{runtime}` with `definition`, expecting `status`.

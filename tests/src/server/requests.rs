@@ -48,6 +48,24 @@ impl Server {
         }
     }
 
+    /// `method path` with the admin token `token` (`Authorization: Bearer …`) and `headers`.
+    ///
+    /// # Errors
+    /// When the request cannot be sent or its answer read.
+    pub async fn admin(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> anyhow::Result<Response> {
+        let auth = format!("Bearer {token}");
+        let mut all = vec![("Authorization", auth.as_str())];
+        all.extend_from_slice(headers);
+        http::request(self.addr(), method, path, &all, body).await
+    }
+
     /// `GET path`.
     ///
     /// # Errors
