@@ -11,8 +11,9 @@
 //!   views exist from then on.
 //! - **Replace**: the running task is paused, a new one starts from its state, as a deploy
 //!   carries state over (a module that refuses the state refuses the replacement, and nothing
-//!   changes), and the old one ends: what waited in its queue is answered "stopped". Views it no
-//!   longer declares are retired.
+//!   changes), and the old one ends: what waited in its queue is answered "stopped", and the
+//!   HTTP ingest sends it again to the new one (`http/ingest.rs`). Views it no longer declares
+//!   are retired.
 //! - **Delete**: the task ends, its ingest answers `404`, its views are retired.
 //!
 //! A change holds the cuts ([`Runtimes::hold_cuts`]): a snapshot holds the runtimes as they were
