@@ -69,6 +69,33 @@ fn check_name(name: &str) -> Result<(), ScaffoldError> {
     }
 }
 
+/// The recorded input every guest is generated with (`input.ndjson`), which its README runs.
+const INPUT: &str = r#"{"key":"alice","amount":5}
+{"key":"bob","amount":3}
+{"key":"alice","amount":-2}
+"#;
+
+/// What every guest's README says about serving it, whatever its language: `{{module}}` is the
+/// module's path in the package, `{{name}}` the runtime's and its view's.
+const SERVING_MD: &str = r#"To serve it, add to a config in this directory (`viewtape serve --config viewtape.toml`; relative
+paths in a config are relative to the config's own directory):
+
+```toml
+[[runtime]]
+name = "{{name}}"
+module = "{{module}}"
+views = ["{{name}}"]
+```
+
+then `curl --data-binary @input.ndjson http://127.0.0.1:8080/runtimes/{{name}}/ingest` and follow
+`http://127.0.0.1:8080/views/{{name}}/events`. A new build goes to a running server without a
+restart, its state carried over: `viewtape deploy {{name}} {{module}}`."#;
+
+/// A README `template` with its `{{serving}}` part filled for the module at `module`.
+fn with_serving(template: &str, module: &str) -> String {
+    template.replace("{{serving}}", &SERVING_MD.replace("{{module}}", module))
+}
+
 /// Writes `files` (paths relative to `dir`, and their text) into `dir`, which must not exist yet.
 fn write_files(dir: &Path, files: &[(&str, String)]) -> Result<PathBuf, ScaffoldError> {
     if dir.exists() {

@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{check_name, write_files, ScaffoldError};
+use super::{check_name, with_serving, write_files, ScaffoldError, INPUT};
 
 /// What `--sdk` names for a Rust guest.
 const RUST_SDK: &str = "the runtime-guest directory of a viewtape checkout";
@@ -74,7 +74,13 @@ pub fn new_guest(name: &str, parent: &Path, sdk: &Sdk) -> Result<PathBuf, Scaffo
         &[
             ("Cargo.toml", fill(CARGO_TOML)),
             ("src/lib.rs", fill(LIB_RS)),
-            ("README.md", fill(README_MD)),
+            (
+                "README.md",
+                fill(&with_serving(
+                    README_MD,
+                    "target/wasm32-unknown-unknown/release/{{crate}}.wasm",
+                )),
+            ),
             ("input.ndjson", INPUT.to_owned()),
             (".gitignore", "/target\n".to_owned()),
         ],
@@ -269,24 +275,10 @@ viewtape run target/wasm32-unknown-unknown/release/{{crate}}.wasm < input.ndjson
 what each batch published, its gaps and errors as NDJSON (`--state`/`--save-state` carry the state
 between runs).
 
-To serve it, add to a config in this directory (`viewtape serve --config viewtape.toml`; relative
-paths in a config are relative to the config's own directory):
+{{serving}}
 
-```toml
-[[runtime]]
-name = "{{name}}"
-wasm = "target/wasm32-unknown-unknown/release/{{crate}}.wasm"
-views = ["{{name}}"]
-```
-
-then `curl --data-binary @input.ndjson http://127.0.0.1:8080/runtimes/{{name}}/ingest` and follow
-`http://127.0.0.1:8080/views/{{name}}/events`. The SDK guide (`cargo doc -p viewtape-guest --open`
-in the viewtape repository) explains the rules: determinism, limits, gaps, logs.
-"#;
-
-const INPUT: &str = r#"{"key":"alice","amount":5}
-{"key":"bob","amount":3}
-{"key":"alice","amount":-2}
+The SDK guide (`cargo doc -p viewtape-guest --open` in the viewtape repository) explains the
+rules: determinism, limits, gaps, logs.
 "#;
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{check_name, write_files, ScaffoldError};
+use super::{check_name, with_serving, write_files, ScaffoldError, INPUT};
 
 /// What `--sdk` names for a TypeScript or JavaScript guest.
 const NPM_SDK: &str = "the clients/guest directory of a viewtape checkout (or a tarball of it)";
@@ -103,7 +103,10 @@ pub fn new_script_guest(
         ("package.json", fill(package)),
         (source, fill(guest)),
         ("test/guest.test.mjs", fill(TEST)),
-        ("README.md", fill(README_MD).replace("{{source}}", source)),
+        (
+            "README.md",
+            fill(&with_serving(README_MD, "dist/guest.js")).replace("{{source}}", source),
+        ),
         ("input.ndjson", INPUT.to_owned()),
         (".gitignore", "node_modules/\ndist/\n".to_owned()),
     ];
@@ -395,28 +398,13 @@ server runs. The tests use `@viewtape/guest`'s harness, which runs that file wit
 binary (`VIEWTAPE_BIN`, else the one on PATH), so they see what a server would publish: the same
 engine, limits and schema checks, and a batch that throws counts for nothing.
 
-To serve it, add to a config in this directory (`viewtape serve --config viewtape.toml`; relative
-paths in a config are relative to the config's own directory):
+{{serving}}
 
-```toml
-[[runtime]]
-name = "{{name}}"
-module = "dist/guest.js"
-views = ["{{name}}"]
-```
-
-then `curl --data-binary @input.ndjson http://127.0.0.1:8080/runtimes/{{name}}/ingest` and follow
-`http://127.0.0.1:8080/views/{{name}}/events`. A new build goes to a running server without a
-restart, its state carried over: `viewtape deploy {{name}} dist/guest.js`.
-
-A guest is deterministic: `Date.now()` is the epoch (0) for now, `Math.random()` is seeded from
-the runtime's count of batches, and there are no timers and no I/O. A loop that never ends runs out of fuel
-and an allocation past the memory limit fails the batch, as for any guest.
-"#;
-
-const INPUT: &str = r#"{"key":"alice","amount":5}
-{"key":"bob","amount":3}
-{"key":"alice","amount":-2}
+A guest is deterministic: `Date.now()` and `new Date()` are the batch's ingest time as the log
+holds it (the same on every node and at every replay; the harness's `feed(lines, { at })` sets
+it), `Math.random()` is seeded from the runtime's count of batches and that time, and there are
+no timers and no I/O. A loop that never ends runs out of fuel and an allocation past the memory
+limit fails the batch, as for any guest.
 "#;
 
 #[cfg(test)]
