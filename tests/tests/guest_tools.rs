@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context as _};
 use tokio::io::AsyncWriteExt;
-use viewtape_tests::server::{binary, cli, ADMIN_TOKEN_ENV};
+use viewtape_tests::server::{binary, cli, run_guest, ADMIN_TOKEN_ENV};
 use viewtape_tests::Server;
 
 /// Also: `viewtape run` exited 0 when batches failed; it still runs every batch and saves the
@@ -181,27 +181,16 @@ async fn a_new_guest_builds_passes_its_tests_and_runs() -> anyhow::Result<()> {
     .await?;
     let wasm = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../target/scaffolded-guests/wasm32-unknown-unknown/release/orders.wasm");
-    let input = std::fs::File::open(crate_dir.join("input.ndjson"))?;
-    let out = tokio::process::Command::new(binary().await?)
-        .arg("run")
-        .arg(&wasm)
-        .stdin(Stdio::from(input))
-        .output()
-        .await?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let last_alice = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    let module = wasm.display().to_string();
+    let (ok, lines) = run_guest(&[&module], std::fs::read(crate_dir.join("input.ndjson"))?).await?;
+    ensure!(ok, "{lines:?}");
+    let last_alice = lines
+        .iter()
         .rfind(|l| l["update"]["key"] == "alice")
         .context("no update for alice")?;
     ensure!(
         last_alice["update"]["view"] == "orders" && last_alice["update"]["value"]["total"] == 3,
-        "{stdout}"
+        "{lines:?}"
     );
     deploy_builds_into_a_running_server(&crate_dir, &wasm).await
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context as _};
 use serde_json::json;
-use viewtape_tests::server::{cli, config_file};
+use viewtape_tests::server::{cli, config_file, run_guest};
 use viewtape_tests::Server;
 
 fn js_ticker() -> PathBuf {
@@ -80,40 +80,23 @@ async fn a_js_runtime_serves_its_view_over_http() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn viewtape_run_runs_the_js_ticker() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let input = dir.path().join("ticks.ndjson");
-    std::fs::write(
-        &input,
-        "{\"symbol\":\"ACME\",\"price\":1.5,\"seq\":1}\n{\"symbol\":\"ACME\",\"price\":2,\"seq\":4}\n",
-    )?;
+    let ticks =
+        "{\"symbol\":\"ACME\",\"price\":1.5,\"seq\":1}\n{\"symbol\":\"ACME\",\"price\":2,\"seq\":4}\n";
     let module = js_ticker().display().to_string();
-    let out = tokio::process::Command::new(viewtape_tests::server::binary().await?)
-        .args(["run", &module])
-        .stdin(std::fs::File::open(&input)?)
-        .output()
-        .await?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(serde_json::from_str)
-        .collect::<Result<_, _>>()?;
+    let (ok, lines) = run_guest(&[&module], ticks).await?;
+    ensure!(ok, "{lines:?}");
     ensure!(
         lines
             .iter()
             .any(|l| l["gap"] == "ticker seq jumped from 1 to 4: 2 tick(s) missing"),
-        "{stdout}"
+        "{lines:?}"
     );
     let updates: Vec<_> = lines.iter().filter_map(|l| l.get("update")).collect();
-    ensure!(updates.len() == 2, "{stdout}");
+    ensure!(updates.len() == 2, "{lines:?}");
     ensure!(
         updates[1]
             == &json!({"view": "prices", "key": "ACME", "value": {"symbol": "ACME", "price": 2, "seq": 4}}),
-        "{stdout}"
+        "{lines:?}"
     );
     Ok(())
 }
@@ -156,26 +139,6 @@ fn example(name: &str) -> String {
         .to_string()
 }
 
-/// `viewtape run ARGS < input`: exit success and stdout, as NDJSON lines.
-async fn run(args: &[&str], input: &str) -> anyhow::Result<(bool, Vec<serde_json::Value>)> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("input");
-    std::fs::write(&path, input)?;
-    let out = tokio::process::Command::new(viewtape_tests::server::binary().await?)
-        .arg("run")
-        .args(args)
-        .stdin(std::fs::File::open(&path)?)
-        .output()
-        .await?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let lines = stdout
-        .lines()
-        .map(serde_json::from_str)
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)))?;
-    Ok((out.status.success(), lines))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_js_logstats_publishes_what_the_rust_one_does() -> anyhow::Result<()> {
     let input = "api ERROR boom\napi info ok\nweb warn slow\napi INFO again\n\
@@ -185,8 +148,8 @@ async fn the_js_logstats_publishes_what_the_rust_one_does() -> anyhow::Result<()
         .to_string();
     let js = example("logstats.js");
     for batch_lines in ["1", "4", "100"] {
-        let (rust_ok, rust_out) = run(&[&rust, "--batch-lines", batch_lines], input).await?;
-        let (js_ok, js_out) = run(&[&js, "--batch-lines", batch_lines], input).await?;
+        let (rust_ok, rust_out) = run_guest(&[&rust, "--batch-lines", batch_lines], input).await?;
+        let (js_ok, js_out) = run_guest(&[&js, "--batch-lines", batch_lines], input).await?;
         ensure!(rust_ok && js_ok, "{rust_out:?}\n{js_out:?}");
         // All but the size of the saved state, whose format is each guest's own.
         let published = |out: &[serde_json::Value]| -> Vec<serde_json::Value> {
@@ -207,7 +170,7 @@ async fn the_js_logstats_publishes_what_the_rust_one_does() -> anyhow::Result<()
         );
     }
     // A bad service name rejects the batch, naming the line.
-    let (ok, out) = run(&[&js], "api info\nbad/name info\n").await?;
+    let (ok, out) = run_guest(&[&js], "api info\nbad/name info\n").await?;
     ensure!(!ok, "{out:?}");
     ensure!(
         out.iter()
@@ -225,13 +188,13 @@ async fn the_js_logstats_takes_over_the_rust_logstats_state() -> anyhow::Result<
     let rust = viewtape_tests::server::guest_wasm("logstats")
         .display()
         .to_string();
-    let (ok, _) = run(
+    let (ok, _) = run_guest(
         &[&rust, "--save-state", &state_arg],
         "api error a\napi info b\nweb warn c\n",
     )
     .await?;
     ensure!(ok);
-    let (ok, out) = run(
+    let (ok, out) = run_guest(
         &[&example("logstats.js"), "--state", &state_arg],
         "api info d\n",
     )
@@ -256,7 +219,7 @@ async fn the_js_vwap_averages_each_symbols_last_n_trades() -> anyhow::Result<()>
                   {\"symbol\":\"BOLT\",\"price\":3,\"qty\":10}\n\
                   {\"symbol\":\"ACME\",\"price\":11,\"qty\":300}\n\
                   {\"symbol\":\"ACME\",\"price\":12,\"qty\":100}\n";
-    let (ok, out) = run(
+    let (ok, out) = run_guest(
         &[
             &example("vwap.js"),
             "--config",
@@ -280,7 +243,7 @@ async fn the_js_vwap_averages_each_symbols_last_n_trades() -> anyhow::Result<()>
         "{out:?}"
     );
     // A bad trade rejects its batch, naming the line; a bad window is refused at init.
-    let (ok, out) = run(
+    let (ok, out) = run_guest(
         &[&example("vwap.js")],
         "{\"symbol\":\"ACME\",\"price\":-1,\"qty\":1}\n",
     )
@@ -293,7 +256,7 @@ async fn the_js_vwap_averages_each_symbols_last_n_trades() -> anyhow::Result<()>
     );
     std::fs::write(dir.path().join("bad"), "zero")?;
     let bad = dir.path().join("bad").display().to_string();
-    let (ok, out) = run(&[&example("vwap.js"), "--config", &bad], "")
+    let (ok, out) = run_guest(&[&example("vwap.js"), "--config", &bad], "")
         .await
         .unwrap_or((false, Vec::new()));
     ensure!(!ok, "{out:?}");

@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{ensure, Context as _};
-use viewtape_tests::server::binary;
+use viewtape_tests::server::{binary, run_guest};
 
 /// One npm command: installs fetch from the registry, and the tests run the debug binary.
 const NPM_TIMEOUT: Duration = Duration::from_secs(600);
@@ -62,14 +62,13 @@ async fn built_sdk() -> anyhow::Result<PathBuf> {
     Ok(sdk)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_ts_guest_installs_builds_and_passes_its_tests() -> anyhow::Result<()> {
-    let viewtape = binary().await?;
+/// `viewtape new NAME --lang LANG` in `dir`, on this checkout's built `@viewtape/guest`; the
+/// package's directory.
+async fn scaffold(viewtape: &Path, name: &str, lang: &str, dir: &Path) -> anyhow::Result<PathBuf> {
     let sdk = built_sdk().await?;
-    let dir = tempfile::tempdir()?;
-    let out = tokio::process::Command::new(&viewtape)
-        .args(["new", "demo", "--lang", "ts", "--dir"])
-        .arg(dir.path())
+    let out = tokio::process::Command::new(viewtape)
+        .args(["new", name, "--lang", lang, "--dir"])
+        .arg(dir)
         .arg("--sdk")
         .arg(&sdk)
         .output()
@@ -79,7 +78,14 @@ async fn a_new_ts_guest_installs_builds_and_passes_its_tests() -> anyhow::Result
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let package = dir.path().join("demo");
+    Ok(dir.join(name))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_ts_guest_installs_builds_and_passes_its_tests() -> anyhow::Result<()> {
+    let viewtape = binary().await?;
+    let dir = tempfile::tempdir()?;
+    let package = scaffold(&viewtape, "demo", "ts", dir.path()).await?;
     ensure!(package.join("src/guest.ts").is_file(), "no src/guest.ts");
 
     npm(&package, &["install", "--no-audit", "--no-fund"], &[]).await?;
@@ -104,27 +110,16 @@ async fn a_new_ts_guest_installs_builds_and_passes_its_tests() -> anyhow::Result
     );
 
     // The bundle is a module the server runs: the package's own input, in `viewtape run`.
-    let input = std::fs::File::open(package.join("input.ndjson"))?;
-    let out = tokio::process::Command::new(&viewtape)
-        .arg("run")
-        .arg(package.join("dist/guest.js"))
-        .stdin(Stdio::from(input))
-        .output()
-        .await?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let last_alice = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    let guest = package.join("dist/guest.js").display().to_string();
+    let (ok, lines) = run_guest(&[&guest], std::fs::read(package.join("input.ndjson"))?).await?;
+    ensure!(ok, "{lines:?}");
+    let last_alice = lines
+        .iter()
         .rfind(|l| l["update"]["key"] == "alice")
         .context("no update for alice")?;
     ensure!(
         last_alice["update"]["view"] == "demo" && last_alice["update"]["value"]["total"] == 3,
-        "{stdout}"
+        "{lines:?}"
     );
     Ok(())
 }
@@ -133,21 +128,8 @@ async fn a_new_ts_guest_installs_builds_and_passes_its_tests() -> anyhow::Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ts_guest_that_misuses_ctx_fails_its_type_check() -> anyhow::Result<()> {
     let viewtape = binary().await?;
-    let sdk = built_sdk().await?;
     let dir = tempfile::tempdir()?;
-    let out = tokio::process::Command::new(&viewtape)
-        .args(["new", "typo", "--lang", "typescript", "--dir"])
-        .arg(dir.path())
-        .arg("--sdk")
-        .arg(&sdk)
-        .output()
-        .await?;
-    ensure!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let package = dir.path().join("typo");
+    let package = scaffold(&viewtape, "typo", "typescript", dir.path()).await?;
     let guest = package.join("src/guest.ts");
     let source = std::fs::read_to_string(&guest)?;
     let broken = source.replace("ctx.log('debug', 'batch done');", "ctx.log('loud', 42);");

@@ -119,6 +119,34 @@ pub fn code_cache_dir(bin: &Path) -> PathBuf {
     }
 }
 
+/// `viewtape run ARGS < input`: whether it exited 0, and its stdout as NDJSON lines (a failed
+/// batch is an `error` line there).
+///
+/// # Errors
+/// It cannot be built or started, or its stdout is not NDJSON (the error shows stdout and
+/// stderr).
+pub async fn run_guest(
+    args: &[&str],
+    input: impl AsRef<[u8]>,
+) -> anyhow::Result<(bool, Vec<serde_json::Value>)> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("input");
+    std::fs::write(&path, input)?;
+    let out = Command::new(binary().await?)
+        .arg("run")
+        .args(args)
+        .stdin(std::fs::File::open(&path)?)
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines = stdout
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)))?;
+    Ok((out.status.success(), lines))
+}
+
 /// Runs the binary with `args` (and `env`) to completion, within 60 s; its exit code and its
 /// stdout followed by its stderr.
 ///
