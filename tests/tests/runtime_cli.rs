@@ -41,19 +41,16 @@ async fn runtimes_are_created_shown_and_deleted_from_the_command_line() -> anyho
     let server = Server::start_with_env(&[], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
 
     // Created: a pattern view serves a room from before its first event.
-    let (code, out) = viewtape(
-        &server,
-        &[
-            "runtime",
-            "put",
-            "chat",
-            "--module",
-            "builtin:json",
-            "--view",
-            "chat.*",
-        ],
-    )
-    .await?;
+    let put_chat = [
+        "runtime",
+        "put",
+        "chat",
+        "--module",
+        "builtin:json",
+        "--view",
+        "chat.*",
+    ];
+    let (code, out) = viewtape(&server, &put_chat).await?;
     let created = printed(code, &out)?;
     ensure!(
         created["runtime"] == "chat"
@@ -84,19 +81,7 @@ async fn runtimes_are_created_shown_and_deleted_from_the_command_line() -> anyho
         shown["views"] == serde_json::json!(["chat.*"]) && shown["status"]["batches"] == 1,
         "{shown}"
     );
-    let (code, out) = viewtape(
-        &server,
-        &[
-            "runtime",
-            "put",
-            "chat",
-            "--module",
-            "builtin:json",
-            "--view",
-            "chat.*",
-        ],
-    )
-    .await?;
+    let (code, out) = viewtape(&server, &put_chat).await?;
     printed(code, &out)?;
 
     // Refused, in one line: a view another runtime has, the demo's or the pattern's.
