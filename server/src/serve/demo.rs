@@ -27,7 +27,7 @@ use crate::runtime::IngestError;
 pub const PRODUCER_ID: &str = "viewtape-demo-feed";
 
 /// The runtime the feed feeds.
-const DEMO: &str = "demo";
+pub(super) const DEMO: &str = "demo";
 
 const SYMBOLS: [(&str, f64); 5] = [
     ("ACME", 101.25),

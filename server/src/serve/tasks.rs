@@ -42,7 +42,7 @@ impl Tasks {
     pub(super) fn spawn_rest(&mut self, options: &ServeOptions, started: &Started) {
         let config = &options.config;
         let cluster = &started.cluster;
-        if started.runtimes.get("demo").is_some() && options.demo_rate > 0 {
+        if started.runtimes.get(super::demo::DEMO).is_some() && options.demo_rate > 0 {
             let (runtimes, hub, rate) = (
                 Arc::clone(&started.runtimes),
                 Arc::clone(&started.hub),
