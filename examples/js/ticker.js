@@ -22,12 +22,15 @@ export function onBatch(state, input, ctx) {
   const lines = input.split('\n');
   let skipped = 0;
   for (let i = 0; i < lines.length; i++) {
-    const line = lines[i].trim();
+    const line = lines[i];
     if (!line) continue;
     let t;
     try {
       t = JSON.parse(line);
     } catch (e) {
+      // A blank line is skipped; blank lines are rare, so this is asked only of a line that
+      // does not parse (JSON.parse takes the spaces around a tick, and an \r at its end).
+      if (!line.trim()) continue;
       throw new Error(`line ${i + 1}: malformed tick: ${e.message}`);
     }
     if (typeof t.symbol !== 'string' || !t.symbol) throw new Error(`line ${i + 1}: empty symbol`);

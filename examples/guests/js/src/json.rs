@@ -200,7 +200,12 @@ impl Writer<'_> {
                     b"false"
                 }),
             qjs::JS_TAG_INT => {
-                let _ = write!(Bytes(self.out), "{}", qjs::JS_VALUE_GET_INT(value));
+                let n = qjs::JS_VALUE_GET_INT(value);
+                if n < 0 {
+                    self.out.push(b'-');
+                }
+                self.out
+                    .extend_from_slice(digits(u64::from(n.unsigned_abs()), &mut [0; 20]));
             }
             qjs::JS_TAG_FLOAT64 => {
                 if !number(qjs::JS_VALUE_GET_FLOAT64(value), self.out) {
@@ -655,18 +660,8 @@ fn short_decimal(x: f64, out: &mut Vec<u8>) -> bool {
         if x < 0.0 {
             out.push(b'-');
         }
-        let mut digits = [0u8; 20];
-        let mut at = digits.len();
-        let mut rest = m;
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (rest % 10) as u8;
-            rest /= 10;
-            if rest == 0 {
-                break;
-            }
-        }
-        let digits = &digits[at..];
+        let mut buf = [0; 20];
+        let digits = digits(m, &mut buf);
         if d == 0 {
             out.extend_from_slice(digits);
         } else if digits.len() > d {
@@ -682,6 +677,20 @@ fn short_decimal(x: f64, out: &mut Vec<u8>) -> bool {
         return true;
     }
     false
+}
+
+/// The decimal digits of `n`, written at the end of `buf`.
+fn digits(n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    let mut rest = n;
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            return &buf[at..];
+        }
+    }
 }
 
 /// `fmt::Write` into a fixed buffer.

@@ -59,6 +59,7 @@
 
 mod json;
 mod parse;
+mod shapes;
 
 use std::cell::{Cell, RefCell};
 
@@ -612,14 +613,14 @@ fn optional_function<'js>(
 
 impl Drop for Live {
     fn drop(&mut self) {
-        // The property names `ctx.publish` and `JSON.parse` hold go before the context that
-        // owns them.
+        // The property names `ctx.publish` and `JSON.parse` hold, and the shapes `JSON.parse`
+        // holds, go before the context that owns them.
         self.context.with(|ctx| {
             let raw = ctx.as_raw().as_ptr();
             // SAFETY: the context is live; each lets go of this context's atoms only.
             KEYS.with_borrow_mut(|keys| unsafe { keys.release(raw) });
             // SAFETY: as above.
-            unsafe { parse::release_names(raw) };
+            unsafe { parse::release(raw) };
         });
     }
 }

@@ -16,10 +16,13 @@ use std::cell::RefCell;
 use rquickjs::qjs;
 
 use crate::json::drop_exception;
+use crate::shapes::Shapes;
 
 thread_local! {
     /// The property names `JSON.parse` met first, with their atoms (see [`Names`]).
     static NAMES: RefCell<Names> = RefCell::new(Names::default());
+    /// The shapes of the objects `JSON.parse` made first (see [`Shapes`]).
+    static SHAPES: RefCell<Shapes> = RefCell::new(Shapes::default());
 }
 
 /// How many property names [`Names`] keeps.
@@ -27,11 +30,17 @@ const MAX_NAMES: usize = 64;
 
 /// The property names met first, with their atoms: the lines of a batch mostly have the same
 /// keys, and the engine makes a string for a name before it finds the atom it already has.
-/// Each atom is held (its count raised) so it stays the name's; [`release_names`] lets them
+/// Each atom is held (its count raised) so it stays the name's; [`release`] lets them
 /// go. They are one context's: another context's parses do without.
 struct Names {
     owner: *mut qjs::JSContext,
     names: Vec<(Box<[u8]>, qjs::JSAtom)>,
+    /// Where the name after the last one found would be: an object's names mostly come in
+    /// the order of the last object's.
+    next: usize,
+    /// The atoms of the properties of the objects being parsed, the innermost last (not
+    /// held: the objects hold them).
+    path: Vec<qjs::JSAtom>,
 }
 
 impl Default for Names {
@@ -39,6 +48,8 @@ impl Default for Names {
         Self {
             owner: std::ptr::null_mut(),
             names: Vec::new(),
+            next: 0,
+            path: Vec::new(),
         }
     }
 }
@@ -50,8 +61,13 @@ impl Names {
     /// `ctx` is a live context of the engine, used on its thread.
     unsafe fn atom(&mut self, ctx: *mut qjs::JSContext, name: &[u8]) -> qjs::JSAtom {
         if self.owner == ctx {
-            if let Some((_, atom)) = self.names.iter().find(|(known, _)| **known == *name) {
-                return qjs::JS_DupAtom(ctx, *atom);
+            let found = match self.names.get(self.next) {
+                Some((known, _)) if **known == *name => Some(self.next),
+                _ => self.names.iter().position(|(known, _)| **known == *name),
+            };
+            if let Some(i) = found {
+                self.next = i + 1;
+                return qjs::JS_DupAtom(ctx, self.names[i].1);
             }
         }
         let atom = qjs::JS_NewAtomLen(ctx, name.as_ptr().cast(), name.len() as _);
@@ -68,11 +84,13 @@ impl Names {
     }
 }
 
-/// Lets go of the atoms `JSON.parse` holds, if they are `ctx`'s.
+/// Lets go of the atoms and shapes `JSON.parse` holds, if they are `ctx`'s.
 ///
 /// # Safety
 /// `ctx` is a live context.
-pub unsafe fn release_names(ctx: *mut qjs::JSContext) {
+pub unsafe fn release(ctx: *mut qjs::JSContext) {
+    // SAFETY: the caller's `ctx` is live.
+    SHAPES.with_borrow_mut(|shapes| unsafe { shapes.release(ctx) });
     NAMES.with_borrow_mut(|names| {
         if names.owner != ctx {
             return;
@@ -136,17 +154,21 @@ pub unsafe extern "C" fn parse_fast(
 /// `ctx` is a live context.
 pub unsafe fn parse(ctx: *mut qjs::JSContext, bytes: &[u8]) -> Option<qjs::JSValue> {
     NAMES.with_borrow_mut(|names| {
-        let mut parser = Parser {
-            ctx,
-            bytes,
-            at: 0,
-            scratch: Vec::new(),
-            names,
-        };
-        // SAFETY: the caller's `ctx` is live.
-        let value = unsafe { parser.value(0) }?;
-        parser.whitespace();
-        (parser.at == bytes.len()).then(|| value.into_raw())
+        SHAPES.with_borrow_mut(|shapes| {
+            names.path.clear();
+            let mut parser = Parser {
+                ctx,
+                bytes,
+                at: 0,
+                scratch: Vec::new(),
+                names,
+                shapes,
+            };
+            // SAFETY: the caller's `ctx` is live.
+            let value = unsafe { parser.value(0) }?;
+            parser.whitespace();
+            (parser.at == bytes.len()).then(|| value.into_raw())
+        })
     })
 }
 
@@ -183,6 +205,25 @@ impl Drop for Owned {
     }
 }
 
+/// Powers of ten up to 1e15, exact as doubles.
+const POWERS: [f64; 16] = [
+    1.0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+];
+
+/// The value of the decimal `int.frac` (ASCII digits), if it has at most 15 digits: then the
+/// digits make an integer below 2^53 and the power of ten is exact, both as doubles, and their
+/// quotient, rounded correctly, is the decimal's nearest double. Most numbers in a batch
+/// (prices, counts) are such; the others are parsed in full.
+fn short_decimal(int: &[u8], frac: &[u8]) -> Option<f64> {
+    if int.len() + frac.len() > 15 {
+        return None;
+    }
+    let m = int
+        .iter()
+        .chain(frac)
+        .fold(0u64, |m, &digit| m * 10 + u64::from(digit - b'0'));
+    Some(m as f64 / POWERS[frac.len()])
+}
 
 struct Parser<'a> {
     ctx: *mut qjs::JSContext,
@@ -191,6 +232,7 @@ struct Parser<'a> {
     /// A string with escapes, decoded.
     scratch: Vec<u8>,
     names: &'a mut Names,
+    shapes: &'a mut Shapes,
 }
 
 impl Parser<'_> {
@@ -263,9 +305,11 @@ impl Parser<'_> {
             }
             parser.at > from
         };
-        if self.peek() == Some(b'-') {
+        let negative = self.peek() == Some(b'-');
+        if negative {
             self.at += 1;
         }
+        let int_start = self.at;
         match self.peek()? {
             b'0' => {
                 self.at += 1;
@@ -278,13 +322,17 @@ impl Parser<'_> {
             }
             _ => return None,
         }
+        let int = int_start..self.at;
+        let mut frac = self.at..self.at;
         if self.peek() == Some(b'.') {
             self.at += 1;
+            let frac_start = self.at;
             if !digits(self) {
                 return None;
             }
+            frac = frac_start..self.at;
         }
-        if matches!(self.peek(), Some(b'e' | b'E')) {
+        let number = if matches!(self.peek(), Some(b'e' | b'E')) {
             self.at += 1;
             if matches!(self.peek(), Some(b'+' | b'-')) {
                 self.at += 1;
@@ -292,9 +340,18 @@ impl Parser<'_> {
             if !digits(self) {
                 return None;
             }
-        }
-        let text = std::str::from_utf8(&self.bytes[start..self.at]).ok()?;
-        let number: f64 = text.parse().ok()?;
+            None
+        } else {
+            short_decimal(&self.bytes[int], &self.bytes[frac])
+                .map(|x| if negative { -x } else { x })
+        };
+        let number = match number {
+            Some(number) => number,
+            None => std::str::from_utf8(&self.bytes[start..self.at])
+                .ok()?
+                .parse()
+                .ok()?,
+        };
         Some(Owned {
             ctx: self.ctx,
             value: qjs::JS_NewFloat64(number),
@@ -400,6 +457,7 @@ impl Parser<'_> {
         if self.eat(b'}') {
             return Some(object);
         }
+        let first = self.names.path.len();
         loop {
             self.whitespace();
             if self.peek() != Some(b'"') {
@@ -430,6 +488,8 @@ impl Parser<'_> {
             } else {
                 None
             };
+            // The object holds the atom from here on.
+            self.names.path.push(atom);
             qjs::JS_FreeAtom(ctx, atom);
             match defined {
                 Some(ok) if ok >= 0 => {}
@@ -440,6 +500,8 @@ impl Parser<'_> {
                 None => return None,
             }
             if self.eat(b'}') {
+                self.shapes.hold(ctx, &self.names.path[first..]);
+                self.names.path.truncate(first);
                 return Some(object);
             }
             if !self.eat(b',') {
@@ -488,14 +550,23 @@ impl Parser<'_> {
 
 #[cfg(test)]
 mod tests {
-    use rquickjs::{Function, Value};
+    use rquickjs::{Ctx, Function, Value};
 
     /// What `parse` makes of `text` equals what the engine's parser makes of it (deeply: key
-    /// order, -0, types), or `parse` leaves it to the engine.
+    /// order, -0, types), or `parse` leaves it to the engine; in a new context.
     fn check(text: &str, taken: bool) {
         let runtime = rquickjs::Runtime::new().expect("runtime");
         let context = rquickjs::Context::full(&runtime).expect("context");
         context.with(|ctx| {
+            check_in(&ctx, text, taken);
+            // SAFETY: the context is live.
+            unsafe { super::release(ctx.as_raw().as_ptr()) };
+        });
+    }
+
+    /// As [`check`], in `ctx`, with what earlier parses there left known.
+    fn check_in(ctx: &Ctx<'_>, text: &str, taken: bool) {
+        {
             let raw = ctx.as_raw().as_ptr();
             // Twice: the second time with the names known.
             // SAFETY: the context is live.
@@ -508,8 +579,6 @@ mod tests {
             assert_eq!(first.is_some(), taken, "{text:?}");
             drop(first);
             let Some(parsed) = parsed else {
-                // SAFETY: the context is live.
-                unsafe { super::release_names(raw) };
                 return;
             };
             // SAFETY: `parse` hands over an owned value of this context.
@@ -538,9 +607,63 @@ mod tests {
                 .expect("same");
             let equal: bool = same.call((parsed, expected)).expect("compare");
             assert!(equal, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn parses_a_batch_as_the_engine_parses() {
+        // One context: names met in other orders, prefixes of names held, a name again.
+        let runtime = rquickjs::Runtime::new().expect("runtime");
+        let context = rquickjs::Context::full(&runtime).expect("context");
+        context.with(|ctx| {
+            for text in [
+                r#"{"symbol":"A","price":1.5,"seq":1}"#,
+                r#"{"symbol":"B","price":2,"seq":2}"#,
+                r#"{"seq":3,"symbol":"C","price":-0}"#,
+                r#"{"symbol":"D"}"#,
+                r#"{"symbol":"E","price":3,"seq":4,"venue":"X"}"#,
+                r#"{"price":{"symbol":"F","price":{"seq":5}},"seq":6}"#,
+                r#"{"symbol":"G","symbol":"H","price":7}"#,
+                r#"{"seq":8,"seq":9}"#,
+                r#"{"symbol":"I","price":1.5,"seq":10}"#,
+            ] {
+                check_in(&ctx, text, true);
+            }
             // SAFETY: the context is live.
-            unsafe { super::release_names(raw) };
+            unsafe { super::release(ctx.as_raw().as_ptr()) };
         });
+    }
+
+    #[test]
+    fn short_decimals_are_read_as_in_full() {
+        // A fixed xorshift stream: decimals of 1 to 15 digits, the point anywhere.
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        for _ in 0..200_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let len = 1 + (state % 15) as usize;
+            let point = ((state >> 8) % (len as u64 + 1)) as usize;
+            let digits: String = (0..len)
+                .map(|i| char::from(b'0' + ((state >> (i * 4 % 60)) % 10) as u8))
+                .collect();
+            let (int, frac) = digits.split_at(point);
+            let int = if int.is_empty() { "0" } else { int };
+            let text = format!("{int}.{frac}");
+            let text = text.trim_end_matches('.');
+            let expected: f64 = text.parse().expect("a decimal");
+            let got = super::short_decimal(int.as_bytes(), frac.as_bytes());
+            let short = int.len() + frac.len() <= 15;
+            assert_eq!(got.is_some(), short, "{text}");
+            if let Some(got) = got {
+                assert_eq!(got.to_bits(), expected.to_bits(), "{text}");
+            }
+        }
+        assert_eq!(
+            super::short_decimal(b"1234567890", b"123456"),
+            None,
+            "16 digits"
+        );
     }
 
     #[test]
