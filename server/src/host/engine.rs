@@ -175,7 +175,10 @@ fn build(config: &EngineConfig, pooled: bool) -> Result<Engine, LoadError> {
         .cranelift_nan_canonicalization(true)
         .relaxed_simd_deterministic(true)
         .wasm_memory64(false)
-        .max_wasm_stack(512 << 10);
+        // Room for about 1,500 levels of JavaScript calls, whose engine stops at about 950
+        // with a `RangeError` (see the JS guest's `MAX_STACK_BYTES`); within the 2 MiB stack
+        // each guest call runs on.
+        .max_wasm_stack(1 << 20);
     if pooled {
         let slots = config.pooled_instances;
         let mut pool = PoolingAllocationConfig::default();

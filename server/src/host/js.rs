@@ -278,6 +278,33 @@ export const schemas = { prices: { type: 'object', required: ['symbol', 'price']
     }
 
     #[tokio::test]
+    async fn deep_recursion_is_a_range_error_the_guest_can_catch() {
+        let js = module(
+            "function depth(n) { return n === 0 ? 0 : 1 + depth(n - 1); } \
+             export function onBatch(s, input, ctx) { const n = Number(input); \
+             if (n < 0) return depth(-n); \
+             try { ctx.publish('v', 'k', String(depth(n))); } \
+             catch (e) { ctx.publish('v', 'k', `${e.name}: ${e.message}`); } }",
+        );
+        let mut g = GuestInstance::new(&js, "js", &Limits::default(), b"", None)
+            .await
+            .unwrap();
+        let batch = g.on_batch(b"800", 0).await.unwrap();
+        assert_eq!(text(&batch.events[0].payload), "800");
+        let batch = g.on_batch(b"100000", 0).await.unwrap();
+        assert_eq!(
+            text(&batch.events[0].payload),
+            "RangeError: Maximum call stack size exceeded"
+        );
+        // Uncaught, it rejects the batch as any throw does, naming itself (not a trap).
+        let err = g.on_batch(b"-100000", 0).await.unwrap_err();
+        assert!(
+            matches!(&err, GuestError::GuestRejected { message } if message.starts_with("RangeError")),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
     async fn a_memory_bomb_fails_the_batch_within_the_limit() {
         let js = module(
             "export function onBatch(s, input, ctx) { const a = []; \

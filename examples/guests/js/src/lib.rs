@@ -71,10 +71,13 @@ use viewtape_guest::{abi, export_runtime, Context, Error, Level, Result, Runtime
 /// The name the user's module is compiled under: what error locations name.
 pub const MODULE_NAME: &str = "guest.js";
 
-/// QuickJS's own stack limit. Below the 4 MiB shadow stack the build script links with
-/// (`-zstack-size`): QuickJS computes its limit from the stack top, which wraps with its 1 MiB
-/// default when the shadow stack sits below 1 MiB.
-const MAX_STACK_BYTES: usize = 3 << 20;
+/// QuickJS's own stack limit, on the shadow stack in linear memory (4 MiB, linked by the
+/// build script with `-zstack-size`; QuickJS counts down from its top). A JavaScript call
+/// also takes about 2.5 times as much of wasmtime's native stack (the host's
+/// `max_wasm_stack`, 1 MiB), which only the host sees: past it the guest traps. At 256 KiB
+/// the engine throws its `RangeError` first, one the user's code can catch, after about 950
+/// levels of plain recursion, when some 650 KiB of the native stack are used.
+const MAX_STACK_BYTES: usize = 256 << 10;
 
 thread_local! {
     /// The SDK's context of the running batch, moved here while JS runs so `ctx.*` can reach it.
