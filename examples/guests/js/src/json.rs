@@ -16,10 +16,11 @@
 //! with holes, functions, `BigInt`s, boxed primitives, dates and every other class are
 //! refused.
 
-use std::fmt::Write as _;
 use std::ptr;
 
 use rquickjs::{qjs, Ctx, Object, Value};
+
+use crate::number::{digits, number};
 
 /// The nesting `write` follows before it refuses a value (a cycle, say).
 pub const MAX_DEPTH: u32 = 64;
@@ -486,6 +487,17 @@ impl Writer<'_> {
     }
 }
 
+/// `JSON.stringify(value)` by the engine (user code may run: getters, `toJSON`), `None` for a
+/// value that has no JSON (`undefined`, a function).
+///
+/// # Errors
+/// What the engine threw (a cycle, a `BigInt`, a throwing getter).
+pub fn stringify<'js>(ctx: &Ctx<'js>, value: Value<'js>) -> rquickjs::Result<Option<String>> {
+    ctx.json_stringify(value)?
+        .map(|s| s.to_string())
+        .transpose()
+}
+
 /// Whether `bytes` are UTF-8, ASCII checked first (the common case, and quicker).
 pub fn is_utf8(bytes: &[u8]) -> bool {
     bytes.is_ascii() || std::str::from_utf8(bytes).is_ok()
@@ -500,16 +512,6 @@ pub fn is_utf8(bytes: &[u8]) -> bool {
 pub(crate) unsafe fn drop_exception(ctx: *mut qjs::JSContext) {
     let exception = qjs::JS_GetException(ctx);
     qjs::JS_FreeValue(ctx, exception);
-}
-
-/// `fmt::Write` into a byte buffer.
-struct Bytes<'a>(&'a mut Vec<u8>);
-
-impl std::fmt::Write for Bytes<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.extend_from_slice(s.as_bytes());
-        Ok(())
-    }
 }
 
 /// A JSON string of UTF-8 `text`, escaped as `JSON.stringify` escapes it: `"`, `\`, and the
@@ -545,359 +547,5 @@ pub fn quote(text: &[u8], out: &mut Vec<u8>) {
     out.push(b'"');
 }
 
-/// Writes a number as `JSON.stringify` writes it: `Number.prototype.toString()` (ECMAScript's
-/// Number::toString, the shortest digits that read back as the same double), `null` if it is
-/// not finite. Returns `false`, writing nothing, for a number of 15 digits or more, which the
-/// engine writes.
-///
-/// Two decimals of at most 15 significant digits never read as the same double. So a decimal
-/// of at most 15 digits that reads back as `x` is the shortest one's value, and there is no
-/// tie between two shortest candidates (which ECMAScript breaks towards the even one and
-/// Rust's `{:e}`, used for the numbers [`short_decimal`] does not take, upwards).
-pub fn number(x: f64, out: &mut Vec<u8>) -> bool {
-    if !x.is_finite() {
-        out.extend_from_slice(b"null");
-        return true;
-    }
-    if x == 0.0 {
-        // Both zeros.
-        out.push(b'0');
-        return true;
-    }
-    if short_decimal(x, out) {
-        return true;
-    }
-    // `d[.ddd]e[-]x`.
-    let mut buf = [0u8; 40];
-    let mut cursor = Cursor {
-        buf: &mut buf,
-        len: 0,
-    };
-    if write!(cursor, "{:e}", x.abs()).is_err() {
-        // Cannot happen (at most 17 digits and an exponent of three digits).
-        return false;
-    }
-    let len = cursor.len;
-    let text = &buf[..len];
-    let e_at = text.iter().position(|&c| c == b'e').unwrap_or(len);
-    let (mantissa, exponent) = text.split_at(e_at);
-    let exponent: i32 = std::str::from_utf8(exponent.get(1..).unwrap_or_default())
-        .ok()
-        .and_then(|e| e.parse().ok())
-        .unwrap_or(0);
-    let mut digits = [0u8; 24];
-    let mut k = 0;
-    for &c in mantissa {
-        if c != b'.' && k < digits.len() {
-            digits[k] = c;
-            k += 1;
-        }
-    }
-    if k == 0 || k > 14 {
-        return false;
-    }
-    let digits = &digits[..k];
-    let k = k as i32;
-    // The decimal point sits after the first `n` digits.
-    let n = exponent + 1;
-    if x < 0.0 {
-        out.push(b'-');
-    }
-    if k <= n && n <= 21 {
-        out.extend_from_slice(digits);
-        out.extend(std::iter::repeat_n(b'0', (n - k) as usize));
-    } else if 0 < n && n <= 21 {
-        out.extend_from_slice(&digits[..n as usize]);
-        out.push(b'.');
-        out.extend_from_slice(&digits[n as usize..]);
-    } else if -6 < n && n <= 0 {
-        out.extend_from_slice(b"0.");
-        out.extend(std::iter::repeat_n(b'0', (-n) as usize));
-        out.extend_from_slice(digits);
-    } else {
-        out.push(digits[0]);
-        if k > 1 {
-            out.push(b'.');
-            out.extend_from_slice(&digits[1..]);
-        }
-        let _ = write!(
-            Bytes(out),
-            "e{}{}",
-            if n - 1 < 0 { '-' } else { '+' },
-            (n - 1).abs()
-        );
-    }
-    true
-}
-
-/// Powers of ten, exact as doubles.
-const POWERS: [f64; 9] = [1.0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8];
-
-/// Writes `x` (finite, not zero) if it is `m / 10^d` for an `m` of at most 15 digits and a `d`
-/// of at most 8, and at least 1e-6 (below, ECMAScript writes an exponent): prices, counts,
-/// most measurements. The division of two exact doubles is rounded correctly, so
-/// `m / 10^d == x` says that the decimal reads back as `x`.
-fn short_decimal(x: f64, out: &mut Vec<u8>) -> bool {
-    let a = x.abs();
-    if !(1e-6..1e15).contains(&a) {
-        return false;
-    }
-    for (d, &power) in POWERS.iter().enumerate() {
-        let m = (a * power).round_ties_even();
-        if m >= 1e15 {
-            return false;
-        }
-        if m / power != a {
-            continue;
-        }
-        // Below 1e15: exact as an integer. Trailing zeros, should the rounding above have
-        // missed a shorter `d`, are the same value written longer.
-        let (mut m, mut d) = (m as u64, d);
-        while d > 0 && m % 10 == 0 {
-            m /= 10;
-            d -= 1;
-        }
-        if x < 0.0 {
-            out.push(b'-');
-        }
-        let mut buf = [0; 20];
-        let digits = digits(m, &mut buf);
-        if d == 0 {
-            out.extend_from_slice(digits);
-        } else if digits.len() > d {
-            let point = digits.len() - d;
-            out.extend_from_slice(&digits[..point]);
-            out.push(b'.');
-            out.extend_from_slice(&digits[point..]);
-        } else {
-            out.extend_from_slice(b"0.");
-            out.extend(std::iter::repeat_n(b'0', d - digits.len()));
-            out.extend_from_slice(digits);
-        }
-        return true;
-    }
-    false
-}
-
-/// The decimal digits of `n`, written at the end of `buf`.
-fn digits(n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut at = buf.len();
-    let mut rest = n;
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            return &buf[at..];
-        }
-    }
-}
-
-/// `fmt::Write` into a fixed buffer.
-struct Cursor<'a> {
-    buf: &'a mut [u8],
-    len: usize,
-}
-
-impl std::fmt::Write for Cursor<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        let end = self.len + s.len();
-        let slot = self.buf.get_mut(self.len..end).ok_or(std::fmt::Error)?;
-        slot.copy_from_slice(s.as_bytes());
-        self.len = end;
-        Ok(())
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `JSON.stringify` of what `source` evaluates to, and what `write` makes of it.
-    fn both(source: &str) -> (Option<String>, Result<String, Refused>) {
-        let runtime = rquickjs::Runtime::new().expect("runtime");
-        let context = rquickjs::Context::full(&runtime).expect("context");
-        context.with(|ctx| {
-            let intrinsics = Intrinsics::new(&ctx).expect("intrinsics");
-            let value: Value = ctx.eval(source).expect("eval");
-            let mut out = b"kept".to_vec();
-            let mut keys = Keys::default();
-            let written = write(&ctx, &intrinsics, &mut keys, &value, &mut out)
-                .map(|()| String::from_utf8(out[4..].to_vec()).expect("utf-8"));
-            // Again, with the keys known.
-            let mut again = Vec::new();
-            let twice = write(&ctx, &intrinsics, &mut keys, &value, &mut again)
-                .map(|()| String::from_utf8(again).expect("utf-8"));
-            assert_eq!(twice, written, "{source}, the second time");
-            // SAFETY: the keys are atoms of this live context.
-            unsafe { keys.release(ctx.as_raw().as_ptr()) };
-            let expected = ctx
-                .json_stringify(value)
-                .expect("stringify")
-                .map(|s| s.to_string().expect("string"));
-            (expected, written)
-        })
-    }
-
-    #[track_caller]
-    fn same(source: &str) {
-        let (expected, written) = both(source);
-        assert_eq!(written.ok(), expected, "{source}");
-    }
-
-    #[track_caller]
-    fn refused(source: &str) {
-        let runtime = rquickjs::Runtime::new().expect("runtime");
-        let context = rquickjs::Context::full(&runtime).expect("context");
-        context.with(|ctx| {
-            let intrinsics = Intrinsics::new(&ctx).expect("intrinsics");
-            let value: Value = ctx.eval(source).expect("eval");
-            let mut out = b"kept".to_vec();
-            let mut keys = Keys::default();
-            assert_eq!(
-                write(&ctx, &intrinsics, &mut keys, &value, &mut out),
-                Err(Refused),
-                "{source}"
-            );
-            assert_eq!(out, b"kept", "a refusal leaves the buffer as it was");
-            // SAFETY: the context is live.
-            unsafe { keys.release(ctx.as_raw().as_ptr()) };
-        });
-    }
-
-    #[test]
-    fn writes_what_json_stringify_writes() {
-        for source in [
-            "null",
-            "true",
-            "false",
-            "0",
-            "-0",
-            "42",
-            "-7",
-            "2147483647",
-            "2147483648",
-            "-2147483649",
-            "1.5",
-            "135.23",
-            "0.1 + 0.2",
-            "1e21",
-            "1e20",
-            "123456789012345680000",
-            "1e-6",
-            "1e-7",
-            "1.2345e-7",
-            "5e-324",
-            "1.7976931348623157e308",
-            "-1.5e300",
-            "NaN",
-            "Infinity",
-            "-Infinity",
-            "2 ** 53",
-            "2 ** 53 + 2",
-            "1 / 3",
-            "[0.000001, 0.0000015, 1e-7, 0.1, 0.01, 12.5, -0.5, 999999999999999, 1e15, 123.456]",
-            "-634706844839396.2",
-            "[0.5e16 + 1, 2 ** 60, 123456789012345.6]",
-            "'plain'",
-            "''",
-            "'quote \" backslash \\\\ nl \\n cr \\r tab \\t bs \\b ff \\f nul \\0 us \\x1f del \\x7f'",
-            "'latin1 é ü ÿ'",
-            "'wide ☃ and an astral 😀'",
-            "'\\u2028\\u2029'",
-            "({})",
-            "[]",
-            "({ symbol: 'ACME', price: 12.5, seq: 7 })",
-            "({ b: 1, a: 2, 10: 'ten', 2: 'two', '-1': 'minus' })",
-            "({ u: undefined, s: Symbol('x'), n: null, k: 'kept' })",
-            "[1, 'two', null, undefined, Symbol('x'), true, [3, [4]], { a: [] }]",
-            "({ nested: { deeper: { deepest: [1.25, -0, 1e-9] } } })",
-            "({ 'key \"quoted\"\\n': 1, 'é': 2, '😀': 3 })",
-            "(() => { const o = { a: 1 }; Object.defineProperty(o, 'hidden', { value: 2, enumerable: false }); return o; })()",
-            "(() => { const a = [1, 2, 3]; a.extra = 'ignored'; return a; })()",
-            "(() => { const o = { a: 1, b: 2 }; delete o.a; o.a = 3; return o; })()",
-        ] {
-            same(source);
-        }
-    }
-
-    #[test]
-    fn refuses_what_it_does_not_copy_exactly() {
-        for source in [
-            "undefined",
-            "Symbol('x')",
-            "10n",
-            "({ big: 10n })",
-            "'lone \\ud800 surrogate'",
-            "({ '\\udc00': 1 })",
-            "[1, , 3]",
-            "({ get a() { return 1; } })",
-            "(() => { const a = [1]; Object.defineProperty(a, 0, { get() { return 2; } }); return a; })()",
-            "({ toJSON() { return 'mine'; } })",
-            "new Date(0)",
-            "new Number(1)",
-            "new String('s')",
-            "new Boolean(true)",
-            "({ f() {} })",
-            "[function () {}]",
-            "Object.create(null)",
-            "new (class Point { constructor() { this.x = 1; } })()",
-            "new Proxy({}, {})",
-            "new Map()",
-            "new Uint8Array(2)",
-            "(() => { const o = {}; o.self = o; return o; })()",
-            "(() => { let v = 1; for (let i = 0; i < 100; i++) v = [v]; return v; })()",
-        ] {
-            refused(source);
-        }
-    }
-
-    #[test]
-    fn refuses_when_a_prototype_has_to_json() {
-        refused("Object.prototype.toJSON = () => 1; ({ a: 1 })");
-        refused("Array.prototype.toJSON = () => 1; [1]");
-        refused("Object.prototype.toJSON = () => 1; [1]");
-    }
-
-    #[test]
-    fn numbers_match_number_to_string() {
-        let runtime = rquickjs::Runtime::new().expect("runtime");
-        let context = rquickjs::Context::full(&runtime).expect("context");
-        context.with(|ctx| {
-            let to_string: rquickjs::Function = ctx.eval("(x) => String(x)").expect("function");
-            // SplitMix64 over the bit patterns, and over decimal prices and integers.
-            let mut state = 0x1234_5678_9abc_def0_u64;
-            let mut next = || {
-                state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-                let mut z = state;
-                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-                z ^ (z >> 31)
-            };
-            for i in 0..200_000u32 {
-                let r = next();
-                let x = match i % 8 {
-                    0 => f64::from_bits(r),
-                    1 => (r % 10_000_000) as f64 / 100.0,
-                    2 => (r >> 11) as f64 / (1u64 << 53) as f64,
-                    3 => (r as i64 as f64) / 1e10,
-                    4 => -((r % 1_000_000_000) as f64) / 10f64.powi((r >> 60) as i32),
-                    5 => (r % 100_000) as f64 * 10f64.powi((r >> 59) as i32 - 12),
-                    6 => (r >> 14) as f64,
-                    _ => ((r % 2000) as f64 - 1000.0) / 8.0,
-                };
-                if !x.is_finite() {
-                    continue;
-                }
-                let mut out = Vec::new();
-                let expected: String = to_string.call((x,)).expect("String(x)");
-                if number(x, &mut out) {
-                    assert_eq!(String::from_utf8(out).expect("utf-8"), expected, "{x:e}");
-                } else {
-                    // Written with the engine's digits (`writes_what_json_stringify_writes`).
-                    assert!(out.is_empty());
-                }
-            }
-        });
-    }
-}
+mod tests;
