@@ -42,6 +42,8 @@
 //!   replay draws the same numbers.
 //! - No timers, no I/O, no `import` of other modules.
 //!
+//! Recursion deeper than about 950 calls throws a `RangeError` (see `MAX_STACK_BYTES`).
+//!
 //! ## Why a Rust guest around QuickJS
 //!
 //! The SDK already implements the ABI (buffers, replies, the panic hook, the declaration); the
@@ -54,8 +56,14 @@
 //! Two builtins a runtime calls for every event have paths of their own in Rust, each taking
 //! only what it handles exactly as the engine does and handing everything else, unchanged, to
 //! the engine's own code: `ctx.publish` writes plain data as `JSON.stringify` would (`json`),
-//! and `JSON.parse` reads strict JSON (`parse`). The engine's `JSON.parse` reads numbers with
-//! libc's `strtod`, which the guest defines with Rust's parser.
+//! and `JSON.parse` reads strict JSON (`parse`), keeping alive the shapes of the objects it
+//! makes (`shapes`) so that the next line's object finds them. The engine's `JSON.parse`
+//! reads numbers with libc's `strtod`, which the guest defines with Rust's parser (`strtod`).
+//!
+//! ## Modules
+//!
+//! `context` (the `ctx` object), `determinism` (the clock and `Math.random`), `json` (the
+//! writer `ctx.publish` uses) with `number`, `parse` (`JSON.parse`) with `shapes`, `strtod`.
 
 mod context;
 mod determinism;
