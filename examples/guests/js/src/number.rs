@@ -88,8 +88,10 @@ pub fn number(x: f64, out: &mut Vec<u8>) -> bool {
     true
 }
 
-/// Powers of ten, exact as doubles.
-const POWERS: [f64; 9] = [1.0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8];
+/// Powers of ten up to 1e15, exact as doubles.
+pub const POWERS: [f64; 16] = [
+    1.0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+];
 
 /// Writes `x` (finite, not zero) if it is `m / 10^d` for an `m` of at most 15 digits and a `d`
 /// of at most 8, and at least 1e-6 (below, ECMAScript writes an exponent): prices, counts,
@@ -100,7 +102,7 @@ fn short_decimal(x: f64, out: &mut Vec<u8>) -> bool {
     if !(1e-6..1e15).contains(&a) {
         return false;
     }
-    for (d, &power) in POWERS.iter().enumerate() {
+    for (d, &power) in POWERS[..=8].iter().enumerate() {
         let m = (a * power).round_ties_even();
         if m >= 1e15 {
             return false;

@@ -16,6 +16,7 @@ use std::cell::RefCell;
 use rquickjs::qjs;
 
 use crate::json::drop_exception;
+use crate::number::POWERS;
 use crate::shapes::Shapes;
 
 thread_local! {
@@ -205,16 +206,11 @@ impl Drop for Owned {
     }
 }
 
-/// Powers of ten up to 1e15, exact as doubles.
-const POWERS: [f64; 16] = [
-    1.0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
-];
-
 /// The value of the decimal `int.frac` (ASCII digits), if it has at most 15 digits: then the
 /// digits make an integer below 2^53 and the power of ten is exact, both as doubles, and their
 /// quotient, rounded correctly, is the decimal's nearest double. Most numbers in a batch
 /// (prices, counts) are such; the others are parsed in full.
-fn short_decimal(int: &[u8], frac: &[u8]) -> Option<f64> {
+fn decimal_value(int: &[u8], frac: &[u8]) -> Option<f64> {
     if int.len() + frac.len() > 15 {
         return None;
     }
@@ -342,7 +338,7 @@ impl Parser<'_> {
             }
             None
         } else {
-            short_decimal(&self.bytes[int], &self.bytes[frac])
+            decimal_value(&self.bytes[int], &self.bytes[frac])
                 .map(|x| if negative { -x } else { x })
         };
         let number = match number {

@@ -100,7 +100,7 @@ fn short_decimals_are_read_as_in_full() {
         let text = format!("{int}.{frac}");
         let text = text.trim_end_matches('.');
         let expected: f64 = text.parse().expect("a decimal");
-        let got = super::short_decimal(int.as_bytes(), frac.as_bytes());
+        let got = super::decimal_value(int.as_bytes(), frac.as_bytes());
         let short = int.len() + frac.len() <= 15;
         assert_eq!(got.is_some(), short, "{text}");
         if let Some(got) = got {
@@ -108,7 +108,7 @@ fn short_decimals_are_read_as_in_full() {
         }
     }
     assert_eq!(
-        super::short_decimal(b"1234567890", b"123456"),
+        super::decimal_value(b"1234567890", b"123456"),
         None,
         "16 digits"
     );
