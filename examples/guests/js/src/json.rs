@@ -467,7 +467,8 @@ impl Writer<'_> {
         if self.keys.quoted.is_empty() {
             self.keys.owner = self.ctx;
         }
-        if self.keys.owner == self.ctx && self.keys.quoted.len() < MAX_KEYS {
+        let short = self.out.len() - start <= crate::MAX_KEPT_NAME + 2;
+        if self.keys.owner == self.ctx && self.keys.quoted.len() < MAX_KEYS && short {
             let quoted = self.out[start..].to_vec();
             self.keys
                 .quoted

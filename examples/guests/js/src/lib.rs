@@ -78,6 +78,11 @@ use rquickjs::{
 };
 use viewtape_guest::{abi, export_runtime, Context, Error, Result, Runtime, Schemas};
 
+/// The longest property name, in bytes, that the engine's caches keep (the names `JSON.parse`
+/// met, the keys `ctx.publish` quoted, the shapes `JSON.parse` holds). Longer names are
+/// handled afresh each time, so odd names in a batch cannot take memory that outlives it.
+const MAX_KEPT_NAME: usize = 64;
+
 /// The name the user's module is compiled under: what error locations name.
 pub const MODULE_NAME: &str = "guest.js";
 

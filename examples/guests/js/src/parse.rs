@@ -78,7 +78,7 @@ impl Names {
         if self.names.is_empty() {
             self.owner = ctx;
         }
-        if self.owner == ctx && self.names.len() < MAX_NAMES {
+        if self.owner == ctx && self.names.len() < MAX_NAMES && name.len() <= crate::MAX_KEPT_NAME {
             self.names.push((name.into(), qjs::JS_DupAtom(ctx, atom)));
         }
         atom
@@ -460,9 +460,10 @@ impl Parser<'_> {
                 return None;
             }
             let ctx = self.ctx;
-            let atom = self.string(|name, names| {
+            let (atom, kept) = self.string(|name, names| {
                 // SAFETY: `ctx` is live; `name` is UTF-8.
-                unsafe { names.atom(ctx, name) }
+                let atom = unsafe { names.atom(ctx, name) };
+                (atom, name.len() <= crate::MAX_KEPT_NAME)
             })?;
             if atom == qjs::JS_ATOM_NULL {
                 drop_exception(ctx);
@@ -484,8 +485,11 @@ impl Parser<'_> {
             } else {
                 None
             };
-            // The object holds the atom from here on.
-            self.names.path.push(atom);
+            // The object holds the atom from here on; a name too long to keep is a null atom,
+            // which `Shapes::hold` passes over.
+            self.names
+                .path
+                .push(if kept { atom } else { qjs::JS_ATOM_NULL });
             qjs::JS_FreeAtom(ctx, atom);
             match defined {
                 Some(ok) if ok >= 0 => {}

@@ -52,12 +52,13 @@ impl Default for Shapes {
 impl Shapes {
     /// Holds the shapes an ordinary object (`JS_NewObject`) passes through as it gains the own
     /// data properties `names` (enumerable, writable, configurable), in order; nothing if they
-    /// are held, if there are too many names or lists, or if they are another context's.
+    /// are held, if there are too many names or lists, if a name is too long to keep (a null
+    /// atom), or if they are another context's.
     ///
     /// # Safety
     /// `ctx` is a live context and `names` are live atoms of it.
     pub unsafe fn hold(&mut self, ctx: *mut qjs::JSContext, names: &[qjs::JSAtom]) {
-        if names.is_empty() || names.len() > MAX_NAMES {
+        if names.is_empty() || names.len() > MAX_NAMES || names.contains(&qjs::JS_ATOM_NULL) {
             return;
         }
         if self.owner == ctx {
@@ -183,6 +184,9 @@ mod tests {
                 .collect();
             parse(&ctx, &format!("{{{}}}", long.join(",")));
             assert_eq!(objects(&ctx), before, "too many names to hold");
+            let name = "n".repeat(crate::MAX_KEPT_NAME + 1);
+            parse(&ctx, &format!(r#"{{"a":1,"{name}":2}}"#));
+            assert_eq!(objects(&ctx), before, "a name too long to keep");
             for i in 0..super::MAX_LISTS + 5 {
                 parse(&ctx, &format!(r#"{{"key{i}":{i}}}"#));
             }

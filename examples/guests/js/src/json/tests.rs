@@ -140,6 +140,30 @@ fn refuses_what_it_does_not_copy_exactly() {
 }
 
 #[test]
+fn keeps_no_key_too_long_to_keep() {
+    let long = "k".repeat(crate::MAX_KEPT_NAME + 1);
+    let short = "k".repeat(crate::MAX_KEPT_NAME);
+    let runtime = rquickjs::Runtime::new().expect("runtime");
+    let context = rquickjs::Context::full(&runtime).expect("context");
+    context.with(|ctx| {
+        let intrinsics = Intrinsics::new(&ctx).expect("intrinsics");
+        let value: Value = ctx
+            .eval(format!("({{ {long}: 1, {short}: 2 }})"))
+            .expect("eval");
+        let mut keys = Keys::default();
+        for _ in 0..2 {
+            let mut out = Vec::new();
+            write(&ctx, &intrinsics, &mut keys, &value, &mut out).expect("written");
+            assert_eq!(out, format!(r#"{{"{long}":1,"{short}":2}}"#).into_bytes());
+        }
+        let kept: Vec<usize> = keys.quoted.iter().map(|(_, quoted)| quoted.len()).collect();
+        assert_eq!(kept, [crate::MAX_KEPT_NAME + 2]);
+        // SAFETY: the keys are atoms of this live context.
+        unsafe { keys.release(ctx.as_raw().as_ptr()) };
+    });
+}
+
+#[test]
 fn refuses_when_a_prototype_has_to_json() {
     refused("Object.prototype.toJSON = () => 1; ({ a: 1 })");
     refused("Array.prototype.toJSON = () => 1; [1]");

@@ -83,6 +83,23 @@ fn parses_a_batch_as_the_engine_parses() {
 }
 
 #[test]
+fn keeps_no_name_too_long_to_keep() {
+    let runtime = rquickjs::Runtime::new().expect("runtime");
+    let context = rquickjs::Context::full(&runtime).expect("context");
+    context.with(|ctx| {
+        let long = "n".repeat(crate::MAX_KEPT_NAME + 1);
+        let short = "n".repeat(crate::MAX_KEPT_NAME);
+        check_in(&ctx, &format!(r#"{{"{long}":1,"{short}":2}}"#), true);
+        check_in(&ctx, &format!(r#"{{"{long}":3,"{short}":4}}"#), true);
+        let kept: Vec<usize> =
+            super::NAMES.with_borrow(|names| names.names.iter().map(|(n, _)| n.len()).collect());
+        assert_eq!(kept, [crate::MAX_KEPT_NAME]);
+        // SAFETY: the context is live.
+        unsafe { super::release(ctx.as_raw().as_ptr()) };
+    });
+}
+
+#[test]
 fn short_decimals_are_read_as_in_full() {
     // A fixed xorshift stream: decimals of 1 to 15 digits, the point anywhere.
     let mut state = 0x9e37_79b9_7f4a_7c15_u64;
