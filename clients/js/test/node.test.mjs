@@ -260,6 +260,9 @@ test('close(): the server keeps producing and no listener fires, no client timer
     const fired = { change: 0, status: 0, error: 0, synced: 0, reset: 0, connected: 0, reauth: 0 };
     for (const event of Object.keys(fired)) view.on(event, () => void (fired[event] += 1));
     await within(view.synced(), WAIT, 'synced()');
+    // The write right after synced first: while it is pending, a change joins it instead of
+    // arming the write-behind timer.
+    await until(() => saves.length > 0, WAIT, 'the write after synced');
     await publish(0);
     const head = (await getJson(base, '/views/notes')).cursor;
     await until(() => view.cursor === head, WAIT, 'the batch applied');
