@@ -185,9 +185,7 @@ mod tests {
 
     #[test]
     fn numbers_match_number_to_string() {
-        let runtime = rquickjs::Runtime::new().expect("runtime");
-        let context = rquickjs::Context::full(&runtime).expect("context");
-        context.with(|ctx| {
+        crate::tests::in_new_context(|ctx| {
             let to_string: rquickjs::Function = ctx.eval("(x) => String(x)").expect("function");
             // SplitMix64 over the bit patterns, and over decimal prices and integers.
             let mut state = 0x1234_5678_9abc_def0_u64;

@@ -151,9 +151,7 @@ mod tests {
 
     #[test]
     fn holds_an_object_per_prefix_once_and_lets_them_go() {
-        let runtime = rquickjs::Runtime::new().expect("runtime");
-        let context = rquickjs::Context::full(&runtime).expect("context");
-        context.with(|ctx| {
+        crate::tests::in_new_context(|ctx| {
             let before = objects(&ctx);
             parse(&ctx, r#"{"a":1,"b":{"c":2},"d":[{}]}"#);
             // `[a, b, d]`: 4 prefixes; `[c]`: 2; the empty object holds nothing.
@@ -175,9 +173,7 @@ mod tests {
 
     #[test]
     fn holds_a_bounded_number_of_lists() {
-        let runtime = rquickjs::Runtime::new().expect("runtime");
-        let context = rquickjs::Context::full(&runtime).expect("context");
-        context.with(|ctx| {
+        crate::tests::in_new_context(|ctx| {
             let before = objects(&ctx);
             let long: Vec<String> = (0..=super::MAX_NAMES)
                 .map(|i| format!("\"k{i}\":{i}"))

@@ -2,6 +2,13 @@ use crate::JsGuest;
 use viewtape_guest::testing::Harness;
 use viewtape_guest::{abi, Output};
 
+/// Runs `f` in a new context of a new engine runtime.
+pub(crate) fn in_new_context<R>(f: impl for<'js> FnOnce(rquickjs::Ctx<'js>) -> R) -> R {
+    let runtime = rquickjs::Runtime::new().expect("runtime");
+    let context = rquickjs::Context::full(&runtime).expect("context");
+    context.with(f)
+}
+
 fn guest(source: &str) -> Harness<JsGuest> {
     Harness::new(&abi::js_init_input(
         abi::JS_MODE_RUN,

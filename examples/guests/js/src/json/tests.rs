@@ -2,9 +2,7 @@ use super::*;
 
 /// `JSON.stringify` of what `source` evaluates to, and what `write` makes of it.
 fn both(source: &str) -> (Option<String>, Result<String, Refused>) {
-    let runtime = rquickjs::Runtime::new().expect("runtime");
-    let context = rquickjs::Context::full(&runtime).expect("context");
-    context.with(|ctx| {
+    crate::tests::in_new_context(|ctx| {
         let intrinsics = Intrinsics::new(&ctx).expect("intrinsics");
         let value: Value = ctx.eval(source).expect("eval");
         let mut out = b"kept".to_vec();
@@ -34,9 +32,7 @@ fn same(source: &str) {
 
 #[track_caller]
 fn refused(source: &str) {
-    let runtime = rquickjs::Runtime::new().expect("runtime");
-    let context = rquickjs::Context::full(&runtime).expect("context");
-    context.with(|ctx| {
+    crate::tests::in_new_context(|ctx| {
         let intrinsics = Intrinsics::new(&ctx).expect("intrinsics");
         let value: Value = ctx.eval(source).expect("eval");
         let mut out = b"kept".to_vec();
@@ -143,9 +139,7 @@ fn refuses_what_it_does_not_copy_exactly() {
 fn keeps_no_key_too_long_to_keep() {
     let long = "k".repeat(crate::MAX_KEPT_NAME + 1);
     let short = "k".repeat(crate::MAX_KEPT_NAME);
-    let runtime = rquickjs::Runtime::new().expect("runtime");
-    let context = rquickjs::Context::full(&runtime).expect("context");
-    context.with(|ctx| {
+    crate::tests::in_new_context(|ctx| {
         let intrinsics = Intrinsics::new(&ctx).expect("intrinsics");
         let value: Value = ctx
             .eval(format!("({{ {long}: 1, {short}: 2 }})"))

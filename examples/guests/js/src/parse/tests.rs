@@ -3,9 +3,7 @@ use rquickjs::{Ctx, Function, Value};
 /// What `parse` makes of `text` equals what the engine's parser makes of it (deeply: key
 /// order, -0, types), or `parse` leaves it to the engine; in a new context.
 fn check(text: &str, taken: bool) {
-    let runtime = rquickjs::Runtime::new().expect("runtime");
-    let context = rquickjs::Context::full(&runtime).expect("context");
-    context.with(|ctx| {
+    crate::tests::in_new_context(|ctx| {
         check_in(&ctx, text, taken);
         // SAFETY: the context is live.
         unsafe { super::release(ctx.as_raw().as_ptr()) };
@@ -61,9 +59,7 @@ fn check_in(ctx: &Ctx<'_>, text: &str, taken: bool) {
 #[test]
 fn parses_a_batch_as_the_engine_parses() {
     // One context: names met in other orders, prefixes of names held, a name again.
-    let runtime = rquickjs::Runtime::new().expect("runtime");
-    let context = rquickjs::Context::full(&runtime).expect("context");
-    context.with(|ctx| {
+    crate::tests::in_new_context(|ctx| {
         for text in [
             r#"{"symbol":"A","price":1.5,"seq":1}"#,
             r#"{"symbol":"B","price":2,"seq":2}"#,
@@ -84,9 +80,7 @@ fn parses_a_batch_as_the_engine_parses() {
 
 #[test]
 fn keeps_no_name_too_long_to_keep() {
-    let runtime = rquickjs::Runtime::new().expect("runtime");
-    let context = rquickjs::Context::full(&runtime).expect("context");
-    context.with(|ctx| {
+    crate::tests::in_new_context(|ctx| {
         let long = "n".repeat(crate::MAX_KEPT_NAME + 1);
         let short = "n".repeat(crate::MAX_KEPT_NAME);
         check_in(&ctx, &format!(r#"{{"{long}":1,"{short}":2}}"#), true);
