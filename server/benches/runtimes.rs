@@ -504,19 +504,19 @@ fn js_runtime(c: &mut Criterion) {
         first.save().await.expect("save")
     });
     drop(first);
+    // A JS runtime started from the state the ticker saved.
+    let restore = |module: &GuestModule| {
+        rt.block_on(GuestInstance::new(
+            module,
+            "bench",
+            &limits,
+            b"",
+            Some(&saved),
+        ))
+        .expect("restore")
+    };
     let mut g = c.benchmark_group("js_runtime");
-    g.bench_function("start", |b| {
-        b.iter(|| {
-            rt.block_on(GuestInstance::new(
-                &module,
-                "bench",
-                &limits,
-                b"",
-                Some(&saved),
-            ))
-            .expect("start")
-        })
-    });
+    g.bench_function("start", |b| b.iter(|| restore(&module)));
     let mut build = 0u64;
     g.bench_function("deploy", |b| {
         b.iter(|| {
@@ -528,32 +528,14 @@ fn js_runtime(c: &mut Criterion) {
                     .as_bytes(),
             );
             let module = GuestModule::new(&engine, &next).expect("the new build");
-            rt.block_on(GuestInstance::new(
-                &module,
-                "bench",
-                &limits,
-                b"",
-                Some(&saved),
-            ))
-            .expect("deploy")
+            restore(&module)
         })
     });
     g.finish();
 
     const INSTANCES: u64 = 32;
     let before = resident_bytes();
-    let instances: Vec<GuestInstance> = (0..INSTANCES)
-        .map(|_| {
-            rt.block_on(GuestInstance::new(
-                &module,
-                "bench",
-                &limits,
-                b"",
-                Some(&saved),
-            ))
-            .expect("instance")
-        })
-        .collect();
+    let instances: Vec<GuestInstance> = (0..INSTANCES).map(|_| restore(&module)).collect();
     let per_instance = resident_bytes().saturating_sub(before) / INSTANCES;
     eprintln!(
         "js_runtime/memory: {per_instance} bytes resident per JS ticker instance ({INSTANCES} instances, restored after one batch)"
