@@ -106,7 +106,9 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
     let mut changed = BTreeMap::new();
     // Runtimes on the same module (the built-in ticker, say) share one compilation.
     let mut compiled = HashMap::new();
-    for (i, section) in config.runtimes.iter().enumerate() {
+    let kept = keep_configured_modules(config, &modules)?;
+    let definitions = configured_definitions(config, &kept)?;
+    for ((i, section), (fingerprint, wasm)) in config.runtimes.iter().enumerate().zip(kept) {
         if begun
             .dumps
             .get(&section.name)
@@ -115,7 +117,12 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
             // A define record made it what it is: it starts from that, below.
             continue;
         }
-        let planned = plan(section, &modules, &mut begun.dumps)?;
+        let planned = Planned {
+            section,
+            configured: fingerprint,
+            configured_wasm: wasm,
+            dump: begun.dumps.remove(&section.name),
+        };
         for view in &section.views {
             hub.declare(view);
         }
@@ -172,9 +179,8 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
     for (name, wasm) in changed {
         deploy_at_start(&runtimes, &name, &wasm, &engine).await?;
     }
-    let configured = configured_definitions(config, &modules)?;
     if cluster.is_none() {
-        declare_configured(&configured, &catalog).await?;
+        declare_configured(&definitions, &catalog).await?;
     }
     let snapshots = Arc::new(Snapshots::new(
         Arc::clone(&hub),
@@ -193,7 +199,7 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
             engine: engine.clone(),
             snapshots: Arc::clone(&snapshots),
             catalog: Arc::clone(&catalog),
-            configured,
+            configured: definitions,
         };
         cluster.spawn_apply(appliers, Arc::clone(&begun.log));
     }
@@ -242,16 +248,15 @@ async fn defined_module(
     Ok(GuestModule::new(engine, &wasm)?)
 }
 
-/// The config's `[[runtime]]`s as definitions, their modules kept in the store.
+/// The config's `[[runtime]]`s as definitions, on the modules `kept` for them (in order).
 fn configured_definitions(
     config: &Config,
-    modules: &ModuleStore,
+    kept: &[(ModuleFingerprint, Vec<u8>)],
 ) -> anyhow::Result<BTreeMap<String, Definition>> {
     let mut definitions = BTreeMap::new();
-    for (i, section) in config.runtimes.iter().enumerate() {
-        let fingerprint = modules.put(&section.wasm_bytes()?)?;
+    for ((i, section), (fingerprint, _)) in config.runtimes.iter().enumerate().zip(kept) {
         let definition = section
-            .definition(i, fingerprint)
+            .definition(i, fingerprint.clone())
             .map_err(|problem| anyhow::anyhow!("{}: {}", problem.key, problem.message))?;
         definitions.insert(section.name.clone(), definition);
     }
@@ -285,32 +290,33 @@ async fn declare_configured(
     Ok(())
 }
 
-/// Reads the module `section` names and keeps it in the store.
-fn plan<'a>(
-    section: &'a RuntimeSection,
+/// The module each `[[runtime]]` names, in order, read once and kept in the store: its
+/// fingerprint and its bytes.
+fn keep_configured_modules(
+    config: &Config,
     modules: &ModuleStore,
-    dumps: &mut BTreeMap<String, RuntimeDump>,
-) -> anyhow::Result<Planned<'a>> {
-    let wasm = section.wasm_bytes().map_err(|error| {
-        anyhow::anyhow!(
-            "runtime {:?}: cannot read {}: {error}",
-            section.name,
-            section.wasm
-        )
-    })?;
-    let configured = modules.put(&wasm).map_err(|error| {
-        anyhow::anyhow!(
-            "runtime {:?}: cannot keep its module in {}: {error}",
-            section.name,
-            modules.dir().display()
-        )
-    })?;
-    Ok(Planned {
-        section,
-        configured,
-        configured_wasm: wasm,
-        dump: dumps.remove(&section.name),
-    })
+) -> anyhow::Result<Vec<(ModuleFingerprint, Vec<u8>)>> {
+    config
+        .runtimes
+        .iter()
+        .map(|section| {
+            let wasm = section.wasm_bytes().map_err(|error| {
+                anyhow::anyhow!(
+                    "runtime {:?}: cannot read {}: {error}",
+                    section.name,
+                    section.wasm
+                )
+            })?;
+            let fingerprint = modules.put(&wasm).map_err(|error| {
+                anyhow::anyhow!(
+                    "runtime {:?}: cannot keep its module in {}: {error}",
+                    section.name,
+                    modules.dir().display()
+                )
+            })?;
+            Ok((fingerprint, wasm))
+        })
+        .collect()
 }
 
 /// The module a runtime's task starts on, the state it restores, and whether its config names
