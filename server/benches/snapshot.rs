@@ -109,6 +109,7 @@ fn snapshot(c: &mut Criterion) {
         log_position: None,
         stream: None,
         passed_over: Default::default(),
+        deleted: Default::default(),
     };
     let meta = SnapshotMeta::exact_now();
     let encoded = viewtape_snapshots::encode(&body, &meta).expect("encode");

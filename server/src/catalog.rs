@@ -31,7 +31,7 @@ use viewtape_snapshots::log::LogError;
 
 use crate::log::{unix_ms_now, DefineEntry, Definition, Entry, Log, LogPosition, RetireEntry};
 use crate::runtime::registry::{ModuleStore, Registered, Runtimes};
-use crate::runtime::{RuntimeConfig, RuntimeHandle, RuntimeSnapshot};
+use crate::runtime::{BatchSink as _, RuntimeConfig, RuntimeHandle, RuntimeSnapshot};
 use crate::schema::{ConfiguredSchemas, ViewSchema};
 
 /// What a `PUT` did.
@@ -116,6 +116,8 @@ pub struct Catalog {
     journal: Arc<EventJournal>,
     hub: Arc<Hub>,
     log: Arc<Log>,
+    /// The config's `[[runtime]]`s as definitions, by name.
+    configured: BTreeMap<String, Definition>,
     /// One change at a time, from its check to its record applied.
     changing: tokio::sync::Mutex<()>,
     /// On a cluster: the verdicts on pending records, by position, for the waiter of the node
@@ -129,13 +131,14 @@ pub struct Catalog {
 
 impl Catalog {
     /// The catalog of `runtimes`, whose tasks run on `engine`, publish to `hub` and log to
-    /// `log`, with modules from `modules`.
+    /// `log`, with modules from `modules`; `configured`: the config's `[[runtime]]`s.
     pub fn new(
         engine: GuestEngine,
         modules: Arc<ModuleStore>,
         runtimes: Arc<Runtimes>,
         hub: Arc<Hub>,
         log: Arc<Log>,
+        configured: BTreeMap<String, Definition>,
     ) -> Self {
         Self {
             engine,
@@ -144,6 +147,7 @@ impl Catalog {
             runtimes,
             hub,
             log,
+            configured,
             changing: tokio::sync::Mutex::new(()),
             verdicts: Mutex::new(BTreeMap::new()),
             verdict_given: tokio::sync::Notify::new(),
@@ -158,6 +162,28 @@ impl Catalog {
     /// The module store.
     pub fn modules(&self) -> &Arc<ModuleStore> {
         &self.modules
+    }
+
+    /// What `registered` runs, as a definition: its record's, or its `[[runtime]]`'s, on the
+    /// build that runs now.
+    pub fn definition_of(&self, registered: &Registered) -> Option<Definition> {
+        registered.definition().or_else(|| {
+            self.configured
+                .get(registered.handle.name())
+                .map(|configured| configured.running(&registered.handle.module()))
+        })
+    }
+
+    /// The config's `[[runtime]]` declaration that last declared runtime `name`, as a digest
+    /// ([`Definition::declared`]), whether it runs now (`existing`) or was deleted.
+    fn declared(&self, name: &str, existing: Option<&Registered>) -> Option<String> {
+        match existing {
+            Some(registered) => match registered.definition() {
+                Some(definition) => definition.declared,
+                None => self.configured.get(name).map(Definition::digest),
+            },
+            None => self.runtimes.deleted(name),
+        }
     }
 
     /// Starts runtime `name` as a snapshot holds it: `definition` on `module`, from `saved`.
@@ -176,11 +202,17 @@ impl Catalog {
         Ok(())
     }
 
-    /// Creates runtime `name` or replaces it, by a record; see the module docs.
+    /// Creates runtime `name` or replaces it, by a record (at the position it answers, `None`
+    /// with the log off or when nothing changed); see the module docs. A definition that names
+    /// no config declaration ([`Definition::declared`]) keeps the one the runtime had.
     ///
     /// # Errors
     /// [`CatalogError`]; nothing changed.
-    pub async fn put(&self, name: &str, definition: Definition) -> Result<Changed, CatalogError> {
+    pub async fn put(
+        &self,
+        name: &str,
+        definition: Definition,
+    ) -> Result<(Changed, Option<LogPosition>), CatalogError> {
         self.put_by(name, definition, false).await
     }
 
@@ -193,25 +225,28 @@ impl Catalog {
         &self,
         name: &str,
         definition: Definition,
-    ) -> Result<Changed, CatalogError> {
+    ) -> Result<(Changed, Option<LogPosition>), CatalogError> {
         self.put_by(name, definition, true).await
     }
 
     async fn put_by(
         &self,
         name: &str,
-        definition: Definition,
+        mut definition: Definition,
         settling: bool,
-    ) -> Result<Changed, CatalogError> {
+    ) -> Result<(Changed, Option<LogPosition>), CatalogError> {
         let _changing = self.changing.lock().await;
         self.check(name, &definition)?;
         let existing = self.runtimes.get(name);
+        if definition.declared.is_none() {
+            definition.declared = self.declared(name, existing.as_ref());
+        }
         if existing
             .as_ref()
-            .and_then(|r| r.definition.as_deref())
-            .is_some_and(|running| *running == definition)
+            .and_then(|r| r.definition())
+            .is_some_and(|running| running == definition)
         {
-            return Ok(Changed::Unchanged);
+            return Ok((Changed::Unchanged, None));
         }
         let module = self.module(&definition.module).await?;
         let entry = DefineEntry {
@@ -227,16 +262,17 @@ impl Catalog {
             });
             return self.publish(stream, name, entry, settling).await;
         }
-        let changed = self.define(entry, module, None).await?;
+        let (changed, position) = self.define(entry, module, None).await?;
         tracing::info!(runtime = name, ?changed, "runtime defined");
-        Ok(changed)
+        Ok((changed, position))
     }
 
-    /// Deletes runtime `name`, by a record; see the module docs.
+    /// Deletes runtime `name`, by a record (at the position it answers, `None` with the log
+    /// off); see the module docs.
     ///
     /// # Errors
     /// [`CatalogError`]; nothing changed.
-    pub async fn delete(&self, name: &str) -> Result<(), CatalogError> {
+    pub async fn delete(&self, name: &str) -> Result<Option<LogPosition>, CatalogError> {
         let _changing = self.changing.lock().await;
         if self.runtimes.get(name).is_none() {
             return Err(CatalogError::NoSuchRuntime(name.to_owned()));
@@ -249,11 +285,11 @@ impl Catalog {
             return self
                 .publish(stream, name, Entry::Retire(entry), false)
                 .await
-                .map(|_| ());
+                .map(|(_, position)| position);
         }
-        self.retire(entry, None).await?;
+        let position = self.retire(entry, None).await?;
         tracing::info!(runtime = name, "runtime deleted");
-        Ok(())
+        Ok(position)
     }
 
     /// Applies a logged define record at `position` with its module loaded (the start-up
@@ -271,8 +307,8 @@ impl Catalog {
         let pending = entry.pending;
         let running = self.runtimes.get(&entry.runtime);
         if running
-            .and_then(|running| running.definition)
-            .is_some_and(|running| *running == entry.definition)
+            .and_then(|running| running.definition())
+            .is_some_and(|running| running == entry.definition)
         {
             // It runs that definition already (two nodes of a cluster declared the same runtime
             // side by side, say): nothing to change, but the position is consumed.
@@ -286,7 +322,10 @@ impl Catalog {
             false => Ok(()),
         };
         let outcome = match outcome {
-            Ok(()) => self.define(entry, module, Some(position)).await,
+            Ok(()) => self
+                .define(entry, module, Some(position))
+                .await
+                .map(|(changed, _)| changed),
             Err(error) => Err(error),
         };
         self.settle(pending, position, outcome).await
@@ -304,7 +343,7 @@ impl Catalog {
         let outcome = self
             .retire(entry, Some(position))
             .await
-            .map(|()| Changed::Replaced);
+            .map(|_| Changed::Replaced);
         self.settle(true, position, outcome).await
     }
 
@@ -385,13 +424,13 @@ impl Catalog {
     }
 
     /// Creates or replaces the runtime of `entry` — at `position` of the log, or logged here
-    /// (`None`).
+    /// (`None`); the position it applied at.
     async fn define(
         &self,
         entry: DefineEntry,
         module: GuestModule,
         position: Option<LogPosition>,
-    ) -> Result<Changed, CatalogError> {
+    ) -> Result<(Changed, Option<LogPosition>), CatalogError> {
         let name = entry.runtime.clone();
         let refused = |message: String| CatalogError::Refused {
             runtime: name.clone(),
@@ -420,6 +459,16 @@ impl Catalog {
         let handle = self
             .spawn(&name, &entry.definition, module, Some(saved))
             .await?;
+        // Judged as a deploy is: the views' values must fit the schemas that change.
+        if let Some(previous) = &existing {
+            let (before, after) = (previous.handle.schemas(), handle.schemas());
+            let misfit = before
+                .changed_in(&after)
+                .find_map(|(view, schema)| self.hub.misfit(view, schema));
+            if let Some(violation) = misfit {
+                return Err(refused(violation.to_string()));
+            }
+        }
         let position = match position {
             Some(position) => Some(position),
             None => self
@@ -441,10 +490,11 @@ impl Catalog {
         if let Some(guard) = guard {
             guard.stop().await;
         }
-        Ok(match existing {
+        let changed = match existing {
             Some(_) => Changed::Replaced,
             None => Changed::Created,
-        })
+        };
+        Ok((changed, position))
     }
 
     /// A task running `definition` on `module`, from `saved` (else the guest's `init`).
@@ -482,12 +532,13 @@ impl Catalog {
             .insert(handle, module, Some(Arc::new(definition)));
     }
 
-    /// Deletes the runtime of `entry` — at `position`, or logged here (`None`).
+    /// Deletes the runtime of `entry` — at `position`, or logged here (`None`); the position
+    /// it applied at. The config declaration it had is remembered ([`Runtimes::remove`]).
     async fn retire(
         &self,
         entry: RetireEntry,
         position: Option<LogPosition>,
-    ) -> Result<(), CatalogError> {
+    ) -> Result<Option<LogPosition>, CatalogError> {
         let name = entry.runtime.clone();
         let held = self.runtimes.hold_cuts().await;
         let Some(registered) = self.runtimes.get(&name) else {
@@ -515,12 +566,13 @@ impl Catalog {
                 })?,
         };
         let turn = self.log.turn(position, 1).await;
-        self.runtimes.remove(&name);
+        let declared = self.declared(&name, Some(&registered));
+        self.runtimes.remove(&name, declared);
         self.retire_views(&registered, None, "its runtime was deleted");
         drop(turn);
         drop(held);
         guard.stop().await;
-        Ok(())
+        Ok(position)
     }
 
     /// Retires the views `previous` published to that `next` (if any) does not take.
@@ -534,14 +586,14 @@ impl Catalog {
     }
 
     /// Publishes a runtime change to the cluster's stream (`settling`: while the node settles)
-    /// and waits for this node's verdict.
+    /// and waits for this node's verdict; the record's position.
     async fn publish(
         &self,
         stream: &crate::log::StreamLog,
         name: &str,
         entry: Entry,
         settling: bool,
-    ) -> Result<Changed, CatalogError> {
+    ) -> Result<(Changed, Option<LogPosition>), CatalogError> {
         let shared = |reason: String| CatalogError::Shared {
             runtime: name.to_owned(),
             reason,
@@ -566,7 +618,7 @@ impl Catalog {
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(&sequence);
             if let Some(verdict) = verdict {
-                return verdict;
+                return verdict.map(|changed| (changed, Some(sequence)));
             }
             if tokio::time::timeout_at(deadline, given).await.is_err() {
                 return Err(shared(format!(

@@ -13,7 +13,7 @@ use super::bucket::shared_position;
 use super::{Cluster, ClusterError, Halt};
 use crate::hub::Hub;
 use crate::log::{Log, LogPosition};
-use crate::snapshot::{RuntimeDump, SnapshotBody};
+use crate::snapshot::{SnapshotBody, StartFrom};
 
 impl Cluster {
     /// Restores the newest local snapshot that continues this stream into `hub`, or starts
@@ -29,7 +29,7 @@ impl Cluster {
         &self,
         hub: &Hub,
         snapshots: &SnapshotDir,
-    ) -> Result<(BTreeMap<String, RuntimeDump>, Arc<Log>), ClusterError> {
+    ) -> Result<(StartFrom, Arc<Log>), ClusterError> {
         let first = self.stream_first.max(LogPosition::FIRST);
         let mut usable = self.usable_local(snapshots, first)?;
         if usable.is_none() {
@@ -43,9 +43,9 @@ impl Cluster {
         if let Some((mut loaded, position)) = usable {
             let file = loaded.info.path().display().to_string();
             let passed_over = std::mem::take(&mut loaded.body.passed_over);
-            let dumps = loaded.body.restore_into(hub, true).await;
+            let restored = loaded.body.restore_into(hub, true).await;
             tracing::info!(file, position = position.get(), epoch = %self.epoch, "cluster: restored snapshot");
-            return Ok((dumps, self.log_at(position, passed_over)));
+            return Ok((restored, self.log_at(position, passed_over)));
         }
         let log = self.log_at(LogPosition::ZERO, BTreeMap::new());
         let epoch = match first {
@@ -69,7 +69,7 @@ impl Cluster {
             views: Vec::new(),
         };
         hub.restore(empty, true, Vec::new()).await;
-        Ok((BTreeMap::new(), log))
+        Ok((StartFrom::default(), log))
     }
 
     /// The newest snapshot in `snapshots`, if it is of this stream's epoch and the stream still

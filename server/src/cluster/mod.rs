@@ -361,6 +361,26 @@ impl Cluster {
         }
     }
 
+    /// Waits, at most `[cluster] ahead_wait`, until this node has applied the stream up to
+    /// `position` (one another node answered a change or a batch with); whether it has.
+    pub async fn reach_position(&self, position: LogPosition) -> bool {
+        let mut readiness = self.readiness.subscribe();
+        let reached = async {
+            readiness
+                .wait_for(|r| r.applied >= position || r.broken.is_some())
+                .await
+                .is_ok_and(|readiness| readiness.applied >= position)
+        };
+        tokio::time::timeout(self.ahead_wait, reached)
+            .await
+            .unwrap_or(false)
+    }
+
+    /// The last position this node applied.
+    pub fn applied(&self) -> LogPosition {
+        self.readiness.borrow().applied
+    }
+
     /// Whether this node serves what the cluster has.
     pub fn readiness(&self) -> Readiness {
         self.readiness.borrow().clone()

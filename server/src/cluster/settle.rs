@@ -28,7 +28,7 @@ impl Cluster {
     pub(super) async fn settle_modules(&self, appliers: &Appliers, log: &Log) {
         let mut refused = Vec::new();
         for (name, registered) in appliers.runtimes.iter() {
-            if let Some(running) = &registered.definition {
+            if let Some(running) = &registered.definition() {
                 let Some(own) = appliers.configured.get(&name) else {
                     continue;
                 };
@@ -137,7 +137,7 @@ impl Cluster {
                     .put_settling(name, definition.clone())
                     .await
                 {
-                    Ok(changed) => {
+                    Ok((changed, _)) => {
                         tracing::info!(runtime = name, ?changed, "cluster: this node's config declares a runtime the stream had no record of: defined on every node");
                         Ok(Declared::Defined)
                     }

@@ -151,6 +151,7 @@ impl RuntimeSection {
             config: self.config.clone(),
             schemas,
             limits: (&self.limits.to_limits()).into(),
+            declared: None,
         })
     }
 

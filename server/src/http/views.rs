@@ -18,6 +18,7 @@ use super::query::Params;
 use super::{ApiError, AppState};
 use crate::hub::narrow::Narrow;
 use crate::hub::View;
+use crate::log::LogPosition;
 use crate::sse::socket::SharedTcp;
 use crate::sse::{OpenError, Start, MAX_FRAMES_PER_CHUNK};
 
@@ -52,6 +53,32 @@ pub(super) fn reading_query(
     } else {
         Params::parse(query, takes, &[TOKEN])
     }
+}
+
+/// Read your writes: with `?after=POSITION` (a log position a change or a batch was answered
+/// with, through any node), waits until this node has applied it, at most `[cluster]
+/// ahead_wait`, else a `503` with `Retry-After`. A single node answers a change once applied.
+async fn after(state: &AppState, query: &Params) -> Result<(), ApiError> {
+    let Some(text) = query.get("after") else {
+        return Ok(());
+    };
+    let position = text.parse::<u64>().map(LogPosition::new).map_err(|_| {
+        ApiError::bad_request(format!(
+            "after={text:?}: a log position, as a change or a batch was answered with"
+        ))
+    })?;
+    let Some(cluster) = &state.cluster else {
+        return Ok(());
+    };
+    if cluster.reach_position(position).await {
+        return Ok(());
+    }
+    Err(ApiError::unavailable(format!(
+        "this node has not applied log position {} yet (it has applied {}); try again",
+        position.get(),
+        cluster.applied().get()
+    ))
+    .with_header(header::RETRY_AFTER, HeaderValue::from_static("1")))
 }
 
 /// `?keys=`/`?prefix=`, or a `400` saying what is wrong with them.
@@ -131,9 +158,10 @@ async fn view_state(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let Path(view) = view?;
-    let query = reading_query(&state, query.as_deref(), &["keys", "prefix"])?;
+    let query = reading_query(&state, query.as_deref(), &["keys", "prefix", "after"])?;
     let asked = narrow(query.get("keys"), query.get("prefix"))?;
     let narrow = Caller::of(&state, &headers, query.get("access_token"))?.read(&view, asked)?;
+    after(&state, &query).await?;
     let view = find_view(&state, &view)
         .ok_or_else(|| ApiError::not_found(format!("no view named {view:?}")))?;
     let cut = view.cut(state.hub.journal(), &narrow);
@@ -190,7 +218,7 @@ async fn events(
     let query = reading_query(
         &state,
         query.as_deref(),
-        &["cursor", "from", "until", "keys", "prefix"],
+        &["cursor", "from", "until", "keys", "prefix", "after"],
     )?;
     let from_tape = match query.get("from") {
         None => false,
@@ -215,6 +243,7 @@ async fn events(
     // Under a narrowed grant, the grant's keys: for the state, the tape after a cursor, every
     // reset and `?until=head` alike — the stream holds this one narrowing to its end.
     let narrow = caller.read(&view, asked)?;
+    after(&state, &query).await?;
     let last_event_id = headers
         .get("last-event-id")
         .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());

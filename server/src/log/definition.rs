@@ -24,12 +24,55 @@ pub struct Definition {
     pub schemas: BTreeMap<String, String>,
     /// Its limits.
     pub limits: DefinedLimits,
+    /// The digest of the config's `[[runtime]]` declaration that last declared it ([`Definition::digest`]),
+    /// carried over by every change through the API: a start declares the config's runtime
+    /// again only when the config's declaration differs from this one (`None`: no config
+    /// declared it, or a record from an older viewtape).
+    #[serde(default)]
+    pub declared: Option<String>,
 }
 
 impl Definition {
     /// The bytes handed to the guest's `init`; see [`guest_config`].
     pub fn guest_config(&self) -> Vec<u8> {
         guest_config(&self.module_name, &self.views, &self.config)
+    }
+
+    /// This definition running `module`: a deploy changes a runtime's module and nothing else,
+    /// so the definition names the build that runs (with the config the guest was given, which
+    /// a built-in's name may have implied).
+    pub fn running(&self, module: &ModuleFingerprint) -> Definition {
+        if *module == self.module {
+            return self.clone();
+        }
+        Definition {
+            module: module.clone(),
+            module_name: module.to_string(),
+            config: String::from_utf8_lossy(&self.guest_config()).into_owned(),
+            ..self.clone()
+        }
+    }
+
+    /// What it declares, as a digest (`sha256:<hex>` of its JSON, `declared` left out): two
+    /// declarations are the same exactly when their digests are.
+    pub fn digest(&self) -> String {
+        let declaration = Definition {
+            declared: None,
+            ..self.clone()
+        };
+        let json = serde_json::to_vec(&declaration).unwrap_or_default();
+        ModuleFingerprint::of(&json).to_string()
+    }
+
+    /// Whether it declares the same runtime as `other`, whoever declared either.
+    pub fn same_as(&self, other: &Definition) -> bool {
+        Definition {
+            declared: None,
+            ..self.clone()
+        } == Definition {
+            declared: None,
+            ..other.clone()
+        }
     }
 }
 

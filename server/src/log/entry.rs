@@ -351,6 +351,7 @@ mod tests {
                 config: String::new(),
                 schemas: [("chat.x".to_owned(), "{\"type\":\"object\"}".to_owned())].into(),
                 limits: (&crate::host::Limits::default()).into(),
+                declared: Some("sha256:00".into()),
             },
             at_ms: 2,
             pending: false,

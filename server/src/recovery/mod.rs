@@ -52,7 +52,7 @@ use crate::config::{FsyncMode, LogSection};
 use crate::hub::Hub;
 use crate::log::{Backend, Break, Log, LogMetrics, LogPosition, Segments};
 use crate::recovery::history::EndMark;
-use crate::snapshot::{RuntimeDump, SnapshotBody};
+use crate::snapshot::{RuntimeDump, SnapshotBody, StartFrom};
 
 /// Where the boot id of a life that wrote with `fsync = "os"` is kept.
 const UNSYNCED_BOOT: &str = "unsynced-boot-id";
@@ -77,6 +77,8 @@ pub enum RecoveryError {
 pub struct Begun {
     /// The runtimes' states from the snapshot, by name.
     pub dumps: BTreeMap<String, RuntimeDump>,
+    /// The runtimes the snapshot says a record deleted ([`StartFrom::deleted`]).
+    pub deleted: BTreeMap<String, String>,
     /// The log, positioned at the snapshot.
     pub log: Arc<Log>,
     plan: Option<Plan>,
@@ -113,9 +115,10 @@ struct Plan {
 impl Begun {
     /// A start whose history lies in a cluster's shared log: the runtimes start from `dumps`,
     /// and nothing local is replayed.
-    pub fn shared(dumps: BTreeMap<String, RuntimeDump>, log: Arc<Log>) -> Self {
+    pub fn shared(restored: StartFrom, log: Arc<Log>) -> Self {
         Self {
-            dumps,
+            dumps: restored.dumps,
+            deleted: restored.deleted,
             log,
             plan: None,
         }
@@ -123,14 +126,11 @@ impl Begun {
 }
 
 /// Restores the newest valid snapshot in `dir` into `hub` by the one-life rule (see [`crate::snapshot`]), logging every file it passed over. Returns the runtimes' dumps by name, for their
-/// tasks to start from. Call it before any offset is issued.
+/// tasks to start from, and the deleted runtimes. Call it before any offset is issued.
 ///
 /// # Errors
 /// When the snapshot directory cannot be read.
-pub async fn restore_at_start(
-    hub: &Hub,
-    dir: &SnapshotDir,
-) -> Result<BTreeMap<String, RuntimeDump>, SnapshotError> {
+pub async fn restore_at_start(hub: &Hub, dir: &SnapshotDir) -> Result<StartFrom, SnapshotError> {
     let start = dir.load_for_start::<SnapshotBody>()?;
     for skipped in &start.skipped {
         tracing::warn!(file = %skipped.path.display(), error = %skipped.error, "snapshot skipped; falling back to an older one");
@@ -139,16 +139,16 @@ pub async fn restore_at_start(
         tracing::warn!(%error, "could not mark the exact snapshot consumed; taking a fresh epoch");
     }
     let Some(loaded) = start.loaded else {
-        return Ok(BTreeMap::new());
+        return Ok(StartFrom::default());
     };
-    let dumps = loaded.body.restore_into(hub, start.adopt_epoch).await;
+    let restored = loaded.body.restore_into(hub, start.adopt_epoch).await;
     tracing::info!(
         file = %loaded.info.path().display(),
         exact = start.adopt_epoch,
         epoch = %hub.journal().epoch().await,
         "restored snapshot"
     );
-    Ok(dumps)
+    Ok(restored)
 }
 
 /// Loads the newest valid snapshot into `hub` and prepares the log; see the module docs.
@@ -166,9 +166,10 @@ pub async fn begin(
         FsyncMode::Os => Durability::Os,
     };
     if !settings.enabled {
-        let dumps = restore_at_start(hub, snapshots).await?;
+        let restored = restore_at_start(hub, snapshots).await?;
         return Ok(Begun {
-            dumps,
+            dumps: restored.dumps,
+            deleted: restored.deleted,
             log: Arc::new(Log::new(Backend::Off, LogPosition::ZERO)),
             plan: None,
         });
@@ -244,12 +245,12 @@ pub async fn begin(
             ),
         ));
     }
-    let mut dumps = BTreeMap::new();
+    let mut restored = StartFrom::default();
     if let Some(body) = body {
         // The epoch is kept unless continuity is already broken (the replay may still break
         // it); a snapshot taken with the log off keeps it only if it was exact.
         let keep = broken_before.is_none() && broken_at_end.is_none() && (!unpositioned || exact);
-        dumps = body.restore_into(hub, keep).await;
+        restored = body.restore_into(hub, keep).await;
         tracing::info!(
             file = %file.as_deref().unwrap_or(Path::new("")).display(),
             log_position = from.get(),
@@ -258,7 +259,8 @@ pub async fn begin(
         );
     }
     Ok(Begun {
-        dumps,
+        dumps: restored.dumps,
+        deleted: restored.deleted,
         log,
         plan: Some(Plan {
             dir,

@@ -39,11 +39,20 @@ pub struct Registered {
     /// The module its config names (it runs another after a deploy).
     pub configured: ModuleFingerprint,
     /// What a define record made it (`None`: a `[[runtime]]` of the config, as the config
-    /// says).
-    pub definition: Option<Arc<Definition>>,
+    /// says), on the module it was defined with.
+    defined: Option<Arc<Definition>>,
 }
 
 impl Registered {
+    /// What a define record made it, on the build it runs now: a deploy changes a runtime's
+    /// module and nothing else (`None`: a `[[runtime]]` of the config, as the config says).
+    pub fn definition(&self) -> Option<Definition> {
+        let module = self.handle.module();
+        self.defined
+            .as_ref()
+            .map(|defined| defined.running(&module))
+    }
+
     /// Whether it publishes to `view` (a view it names, or one a pattern of it takes).
     pub fn takes(&self, view: &str) -> bool {
         ViewClaim::any_takes(self.handle.views(), view)
@@ -55,6 +64,9 @@ impl Registered {
 #[derive(Debug, Default)]
 pub struct Runtimes {
     by_name: RwLock<BTreeMap<String, Registered>>,
+    /// The runtimes deleted by a record whose config declaration is known, with its digest
+    /// ([`Definition::declared`]), so that a start does not declare them again.
+    deleted: RwLock<BTreeMap<String, String>>,
     /// Held by a cut, and by whoever applies a record shared by several runtimes or changes
     /// which runtimes there are.
     cuts: Arc<Mutex<Option<Torn>>>,
@@ -99,20 +111,55 @@ impl Runtimes {
         let registered = Registered {
             handle,
             configured,
-            definition,
+            defined: definition,
         };
+        let name = registered.handle.name().to_owned();
+        self.deleted
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&name);
         self.by_name
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(registered.handle.name().to_owned(), registered);
+            .insert(name, registered);
     }
 
-    /// Removes the runtime named `name`.
-    pub fn remove(&self, name: &str) -> Option<Registered> {
+    /// Removes the runtime named `name`, deleted by a record; `declared`: the digest of the
+    /// config declaration it had, if any.
+    pub fn remove(&self, name: &str, declared: Option<String>) -> Option<Registered> {
+        if let Some(declared) = declared {
+            self.deleted
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(name.to_owned(), declared);
+        }
         self.by_name
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(name)
+    }
+
+    /// The digest of the config declaration runtime `name` had when a record deleted it.
+    pub fn deleted(&self, name: &str) -> Option<String> {
+        self.deleted
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
+    /// Every deleted runtime's config declaration, by name ([`Runtimes::deleted`]): what a
+    /// snapshot keeps.
+    pub fn all_deleted(&self) -> BTreeMap<String, String> {
+        self.deleted
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Restores what a snapshot kept of deleted runtimes ([`Runtimes::all_deleted`]).
+    pub fn restore_deleted(&self, deleted: BTreeMap<String, String>) {
+        *self.deleted.write().unwrap_or_else(PoisonError::into_inner) = deleted;
     }
 
     /// The runtime named `name`.
@@ -174,8 +221,8 @@ impl Runtimes {
             paused.push(Paused {
                 name,
                 module: registered.handle.module(),
+                definition: registered.definition(),
                 configured: registered.configured,
-                definition: registered.definition,
                 saved,
                 guard,
             });
@@ -203,8 +250,8 @@ pub struct Paused {
     pub module: ModuleFingerprint,
     /// The module its config names.
     pub configured: ModuleFingerprint,
-    /// What a define record made it.
-    pub definition: Option<Arc<Definition>>,
+    /// What a define record made it, on the module it runs.
+    pub definition: Option<Definition>,
     /// Its state and checkpoint at the cut: exactly what it has committed.
     pub saved: RuntimeSnapshot,
     /// Keeps it paused; stages and commits a restore.

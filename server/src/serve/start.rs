@@ -88,8 +88,8 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
     let mut begun = match &cluster {
         None => crate::recovery::begin(&hub, &dir, &data_dir.join("log"), &config.log).await?,
         Some(cluster) => {
-            let (dumps, log) = cluster.begin(&hub, &dir).await?;
-            crate::recovery::Begun::shared(dumps, log)
+            let (restored, log) = cluster.begin(&hub, &dir).await?;
+            crate::recovery::Begun::shared(restored, log)
         }
     };
 
@@ -115,6 +115,11 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
             .is_some_and(|dump| dump.definition.is_some())
         {
             // A define record made it what it is: it starts from that, below.
+            continue;
+        }
+        if begun.deleted.contains_key(&section.name) && !begun.dumps.contains_key(&section.name) {
+            // A record deleted it: the config declares it again only if its declaration
+            // changed (`declare_configured`).
             continue;
         }
         let planned = Planned {
@@ -158,6 +163,7 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         }
         runtimes.insert(handle, configured, None);
     }
+    runtimes.restore_deleted(std::mem::take(&mut begun.deleted));
     let runtimes = Arc::new(runtimes);
     let catalog = Arc::new(Catalog::new(
         engine.clone(),
@@ -165,9 +171,12 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         Arc::clone(&runtimes),
         Arc::clone(&hub),
         Arc::clone(&begun.log),
+        definitions.clone(),
     ));
     for dump in std::mem::take(&mut begun.dumps).into_values() {
         if let Some(definition) = dump.definition {
+            // The build that ran at the snapshot (older snapshots kept the defined one beside it).
+            let definition = definition.running(&dump.module);
             let module = defined_module(&definition, &modules, &engine, cluster.as_deref()).await?;
             catalog
                 .start(&dump.name, definition, module, dump.saved)
@@ -263,22 +272,42 @@ fn configured_definitions(
     Ok(definitions)
 }
 
-/// A `[[runtime]]` of the config that the log deleted, or made something else (through the
-/// API), is declared as the config says, by a record: the config's runtimes are the starting
-/// set. (On a cluster the stream decides: `Cluster::settle_modules`.)
+/// The log wins: a `[[runtime]]` of the config is declared by a record only when the log never
+/// saw that runtime, or when the config's declaration of it changed since the start that last
+/// declared it ([`Definition::declared`]). A change through the API — a deploy, a `PUT`, a
+/// `DELETE` — stands until then. (On a cluster the stream decides: `Cluster::settle_modules`.)
 async fn declare_configured(
     configured: &BTreeMap<String, Definition>,
     catalog: &Catalog,
 ) -> anyhow::Result<()> {
     for (name, definition) in configured {
+        let digest = definition.digest();
         let running = catalog.runtimes().get(name);
-        if running.is_some_and(|running| running.definition.is_none()) {
+        let logged = running.as_ref().map(|running| running.definition());
+        let declared = match &logged {
+            // It runs as the config says, untouched by the API.
+            Some(None) => continue,
+            Some(Some(logged)) => logged.declared.clone(),
+            None => catalog.runtimes().deleted(name),
+        };
+        if declared.as_deref() == Some(digest.as_str()) {
+            let changed = match &logged {
+                Some(Some(logged)) => !logged.same_as(definition),
+                _ => true,
+            };
+            if changed {
+                tracing::info!(runtime = %name, deleted = logged.is_none(), "config declaration skipped: the log holds a newer change to this runtime, made through the API; it stands until the config's declaration of the runtime changes");
+            }
             continue;
         }
-        match catalog.put(name, definition.clone()).await {
-            Ok(Changed::Unchanged) => {}
+        let declaration = Definition {
+            declared: Some(digest),
+            ..definition.clone()
+        };
+        match catalog.put(name, declaration).await {
+            Ok((Changed::Unchanged, _)) => {}
             Ok(_) => {
-                tracing::info!(runtime = %name, "the config declares this runtime otherwise than the log held it: declared by a record")
+                tracing::info!(runtime = %name, "the config's declaration of this runtime changed since it was last declared: declared by a record")
             }
             // Another runtime, made through the API, has its views now: the log's wins.
             Err(CatalogError::Conflict { .. }) | Err(CatalogError::Refused { .. }) => {

@@ -32,19 +32,38 @@ pub struct SnapshotBody {
     /// with the first sequence of theirs it passed over (see `StreamLog::passed_over`).
     #[serde(default)]
     pub passed_over: BTreeMap<String, LogPosition>,
+    /// The runtimes a record deleted, each with the digest of the config declaration it had:
+    /// a start does not declare them again while that declaration stands.
+    #[serde(default)]
+    pub deleted: BTreeMap<String, String>,
 }
 
 impl SnapshotBody {
     /// Restores the journal and the views' state into `hub` (keeping the journal's epoch when
     /// `keep_epoch`), and hands back each runtime's record by name, for its task to start from:
     /// the one way every start-up puts a snapshot in place.
-    pub async fn restore_into(self, hub: &Hub, keep_epoch: bool) -> BTreeMap<String, RuntimeDump> {
+    pub async fn restore_into(self, hub: &Hub, keep_epoch: bool) -> StartFrom {
         hub.restore(self.journal, keep_epoch, self.views).await;
-        self.runtimes
+        let dumps = self
+            .runtimes
             .into_iter()
             .map(|r| (r.name.clone(), r))
-            .collect()
+            .collect();
+        StartFrom {
+            dumps,
+            deleted: self.deleted,
+        }
     }
+}
+
+/// What a snapshot hands the runtimes at a start.
+#[derive(Debug, Default)]
+pub struct StartFrom {
+    /// Each runtime's record, by name.
+    pub dumps: BTreeMap<String, RuntimeDump>,
+    /// The runtimes a record deleted, with their config declarations
+    /// ([`SnapshotBody::deleted`]).
+    pub deleted: BTreeMap<String, String>,
 }
 
 /// One runtime in a snapshot.

@@ -57,7 +57,7 @@ mod body;
 mod restore;
 mod write;
 
-pub use body::{RuntimeDump, SnapshotBody};
+pub use body::{RuntimeDump, SnapshotBody, StartFrom};
 pub use restore::{RestoreAt, Restored};
 
 /// Why a snapshot action failed.

@@ -80,7 +80,7 @@ impl Snapshots {
                 module: paused.module.clone(),
                 configured: Some(paused.configured.clone()),
                 saved: paused.saved.clone(),
-                definition: paused.definition.as_deref().cloned(),
+                definition: paused.definition.clone(),
             })
             .collect();
         // A cluster's snapshot names the stream's history it belongs to, and the runtimes
@@ -96,6 +96,7 @@ impl Snapshots {
             log_position: self.log.position(),
             stream,
             passed_over,
+            deleted: self.runtimes.all_deleted(),
         }
     }
 

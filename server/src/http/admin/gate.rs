@@ -215,6 +215,7 @@ pub(crate) fn test_admin(token: &str) -> Option<Admin> {
         Arc::clone(&runtimes),
         Arc::clone(&hub),
         Arc::default(),
+        Default::default(),
     );
     Admin::new(
         token,

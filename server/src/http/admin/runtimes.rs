@@ -103,8 +103,9 @@ pub(super) async fn put_runtime(
         ))
     })?;
     let object = json_object(body, MAX_DEFINITION_BODY, &FIELDS, SHAPE).await?;
-    let definition = definition(&admin, object).await?;
-    let changed = admin.catalog().put(&runtime, definition).await?;
+    let running = admin.catalog().runtimes().get(&runtime);
+    let definition = definition(&admin, running.as_ref(), object).await?;
+    let (changed, position) = admin.catalog().put(&runtime, definition).await?;
     tracing::info!(action = "define", %runtime, ?changed, "admin: runtime defined");
     let status = match changed {
         Changed::Created => StatusCode::CREATED,
@@ -115,7 +116,9 @@ pub(super) async fn put_runtime(
         .runtimes()
         .get(&runtime)
         .ok_or_else(|| ApiError::not_found(format!("no runtime named {runtime:?}")))?;
-    Ok((status, Json(describe(&runtime, &registered))))
+    let mut answer = describe(&runtime, &registered);
+    answer["position"] = position.map(|p| p.get()).into();
+    Ok((status, Json(answer)))
 }
 
 /// `GET /admin/runtimes/{runtime}`: its definition and status.
@@ -140,11 +143,13 @@ pub(super) async fn delete_runtime(
     runtime: Result<Path<String>, PathRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Path(runtime) = runtime?;
-    admin.catalog().delete(&runtime).await?;
+    let position = admin.catalog().delete(&runtime).await?;
     tracing::info!(action = "delete", %runtime, "admin: runtime deleted; its views are retired");
-    Ok(Json(
-        serde_json::json!({ "runtime": runtime, "deleted": true }),
-    ))
+    Ok(Json(serde_json::json!({
+        "runtime": runtime,
+        "deleted": true,
+        "position": position.map(|p| p.get()),
+    })))
 }
 
 /// A runtime as `GET` shows it: what it is made of (as a `PUT` takes it) and how it runs.
@@ -157,11 +162,11 @@ fn describe(name: &str, registered: &Registered) -> serde_json::Value {
         "batches": stats.batches.load(Ordering::Relaxed),
         "failures": stats.failures.load(Ordering::Relaxed),
     });
-    let Some(definition) = &registered.definition else {
+    let Some(definition) = registered.definition() else {
         return serde_json::json!({
             "runtime": name,
             "declared_by": "config",
-            "module": registered.configured.to_string(),
+            "module": handle.module().to_string(),
             "views": handle.views(),
             "status": status,
         });
@@ -188,8 +193,10 @@ fn describe(name: &str, registered: &Registered) -> serde_json::Value {
 }
 
 /// Reads the definition a `PUT` body gives: each field on its own, so that a refusal names it.
+/// Without a `module`, the `running` runtime's build stays.
 async fn definition(
     admin: &Admin,
+    running: Option<&Registered>,
     mut object: serde_json::Map<String, serde_json::Value>,
 ) -> Result<Definition, ApiError> {
     fn field<T: serde::de::DeserializeOwned>(
@@ -212,8 +219,7 @@ async fn definition(
     }
     let missing =
         |name: &str| ApiError::bad_request(format!("the body has no {name:?}; expected {SHAPE}"));
-    let module: String =
-        field(&mut object, "module", "a string")?.ok_or_else(|| missing("module"))?;
+    let module: Option<String> = field(&mut object, "module", "a string")?;
     let views: Vec<String> =
         field(&mut object, "views", "an array of strings")?.ok_or_else(|| missing("views"))?;
     let config: String = field(&mut object, "config", "a string")?.unwrap_or_default();
@@ -238,9 +244,23 @@ async fn definition(
             "must be above zero".to_owned(),
         ));
     }
-    let fingerprint = module_of(admin, &module)
-        .await
-        .map_err(|message| invalid("module", message))?;
+    let (fingerprint, module) = match (module, running) {
+        (Some(module), _) => (
+            module_of(admin, &module)
+                .await
+                .map_err(|message| invalid("module", message))?,
+            module,
+        ),
+        (None, Some(running)) => {
+            let module = running.handle.module();
+            let name = running
+                .definition()
+                .filter(|definition| definition.module == module)
+                .map_or_else(|| module.to_string(), |definition| definition.module_name);
+            (module, name)
+        }
+        (None, None) => return Err(missing("module")),
+    };
     Ok(Definition {
         module: fingerprint,
         module_name: module,
@@ -251,6 +271,7 @@ async fn definition(
             .map(|(view, schema)| (view, schema.to_string()))
             .collect(),
         limits: (&limits.to_limits()).into(),
+        declared: None,
     })
 }
 

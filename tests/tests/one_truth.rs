@@ -1,0 +1,343 @@
+//! One truth for what runs, against the real binary: a deploy to a runtime made through the API
+//! is the build that runs after every restart (graceful or `kill -9`, from a manual or a
+//! periodic snapshot, or from the log alone); `module` names that build in every answer, and a
+//! `PUT` without one keeps it; the log wins over a config read again (an API change to a
+//! config's runtime stands until the config's declaration of it changes, and no start retires
+//! acknowledged data); a `PUT` is judged as a deploy is; changes answer their log position, and
+//! reads wait for it with `?after=`.
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context as _};
+use serde_json::{json, Value};
+use viewtape_tests::server::{config_file, ADMIN_TOKEN_ENV};
+use viewtape_tests::{Response, Server};
+
+const TOKEN: &str = "one-truth-token";
+
+/// A counter: publishes `{count, build}` on view `count`, key `c`, once per batch.
+fn counter(build: u32) -> String {
+    format!(
+        r#"
+export function init() {{ return {{ count: 0 }}; }}
+export function onBatch(state, input, ctx) {{
+  state.count += 1;
+  ctx.publish('count', 'c', {{ count: state.count, build: {build} }});
+  return state;
+}}
+"#
+    )
+}
+
+async fn admin(server: &Server, method: &str, path: &str, body: &[u8]) -> anyhow::Result<Response> {
+    server.admin(TOKEN, method, path, &[], body).await
+}
+
+/// An admin request that must answer `status`; its JSON body.
+async fn admin_ok(
+    server: &Server,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    status: u16,
+) -> anyhow::Result<Value> {
+    let resp = admin(server, method, path, body).await?;
+    ensure!(
+        resp.status() == status,
+        "{method} {path}: {} {}",
+        resp.status(),
+        resp.text()
+    );
+    resp.json()
+}
+
+/// `PUT /admin/runtimes/{runtime}/module` with a JavaScript build.
+async fn deploy(server: &Server, runtime: &str, source: &str) -> anyhow::Result<Value> {
+    let resp = server
+        .admin(
+            TOKEN,
+            "PUT",
+            &format!("/admin/runtimes/{runtime}/module"),
+            &[("Content-Type", "text/javascript")],
+            source.as_bytes(),
+        )
+        .await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    resp.json()
+}
+
+/// One batch to the counter; the `(count, build)` it published, read back from the view.
+async fn tick(server: &Server) -> anyhow::Result<(u64, u64)> {
+    let resp = server.ingest("counter", "tick\n").await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    let state = server.get("/views/count").await?.json()?;
+    let value = &state["entries"]["c"];
+    Ok((
+        value["count"].as_u64().context("count")?,
+        value["build"].as_u64().context("build")?,
+    ))
+}
+
+/// What `GET /admin/runtimes/{runtime}` says it runs: `module` and `status.running_module`.
+async fn runs(server: &Server, runtime: &str) -> anyhow::Result<(String, String)> {
+    let got = admin_ok(
+        server,
+        "GET",
+        &format!("/admin/runtimes/{runtime}"),
+        b"",
+        200,
+    )
+    .await?;
+    Ok((
+        got["module"].as_str().context("module")?.to_owned(),
+        got["status"]["running_module"]
+            .as_str()
+            .context("running_module")?
+            .to_owned(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_to_an_api_runtime_is_what_runs_after_every_restart() -> anyhow::Result<()> {
+    // Periodic snapshots every second, so that restarts also start from one of those.
+    let config = config_file("[server]\nsnapshot_interval = \"1s\"\n")?;
+    let path = config.path().display().to_string();
+    let mut server =
+        Server::start_with_env(&["--config", &path], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
+    let uploaded = server
+        .admin(
+            TOKEN,
+            "POST",
+            "/admin/modules",
+            &[("Content-Type", "text/javascript")],
+            counter(1).as_bytes(),
+        )
+        .await?
+        .json()?;
+    let first = uploaded["module"].as_str().context("module")?.to_owned();
+    let made = admin_ok(
+        &server,
+        "PUT",
+        "/admin/runtimes/counter",
+        json!({"module": first, "views": ["count"]})
+            .to_string()
+            .as_bytes(),
+        201,
+    )
+    .await?;
+    ensure!(made["position"].as_u64().is_some(), "{made}");
+    ensure!(tick(&server).await? == (1, 1));
+
+    let deployed = deploy(&server, "counter", &counter(2)).await?;
+    let second = deployed["module"].as_str().context("module")?.to_owned();
+    ensure!(tick(&server).await? == (2, 2));
+    ensure!(runs(&server, "counter").await? == (second.clone(), second.clone()));
+
+    // A manual snapshot, then a graceful restart.
+    admin_ok(&server, "POST", "/admin/snapshot", b"", 200).await?;
+    server.stop_graceful().await?;
+    server.restart().await?;
+    ensure!(runs(&server, "counter").await? == (second.clone(), second.clone()));
+    ensure!(
+        tick(&server).await? == (3, 2),
+        "the deployed build runs after a restart"
+    );
+
+    // A periodic snapshot, then `kill -9`.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    server.kill9().await?;
+    server.restart().await?;
+    ensure!(
+        tick(&server).await? == (4, 2),
+        "after kill -9, from a periodic snapshot"
+    );
+
+    // A deploy that only the log holds (no snapshot after it), then `kill -9`.
+    let third = deploy(&server, "counter", &counter(3)).await?["module"]
+        .as_str()
+        .context("module")?
+        .to_owned();
+    ensure!(tick(&server).await? == (5, 3));
+    server.kill9().await?;
+    server.restart().await?;
+    ensure!(
+        tick(&server).await? == (6, 3),
+        "after kill -9, from the log"
+    );
+    ensure!(runs(&server, "counter").await? == (third.clone(), third.clone()));
+
+    // GET, then PUT the same back: nothing rolls back; a PUT without `module` keeps the build.
+    let got = admin_ok(&server, "GET", "/admin/runtimes/counter", b"", 200).await?;
+    let back = json!({"module": got["module"], "views": got["views"], "config": got["config"], "limits": got["limits"]});
+    let put = admin_ok(
+        &server,
+        "PUT",
+        "/admin/runtimes/counter",
+        back.to_string().as_bytes(),
+        200,
+    )
+    .await?;
+    ensure!(put["module"] == third.as_str(), "{put}");
+    let put = admin_ok(
+        &server,
+        "PUT",
+        "/admin/runtimes/counter",
+        json!({"views": ["count"]}).to_string().as_bytes(),
+        200,
+    )
+    .await?;
+    ensure!(put["module"] == third.as_str(), "{put}");
+    ensure!(tick(&server).await? == (7, 3));
+    server.stop_graceful().await?;
+    server.restart().await?;
+    ensure!(tick(&server).await? == (8, 3));
+    Ok(())
+}
+
+/// A config of two `builtin:json` runtimes: `items` (views `items` and `extra`) and `gone`.
+fn two_runtimes(items_config: &str) -> String {
+    format!(
+        "[[runtime]]\nname = \"items\"\nmodule = \"builtin:json\"\nviews = [\"items\", \"extra\"]\n{items_config}\n\
+         [[runtime]]\nname = \"gone\"\nmodule = \"builtin:json\"\nviews = [\"gone\"]\n"
+    )
+}
+
+fn line(view: &str, key: &str, value: Value) -> String {
+    format!("{}\n", json!({"view": view, "key": key, "value": value}))
+}
+
+async fn ingest(server: &Server, runtime: &str, body: String) -> anyhow::Result<()> {
+    let resp = server.ingest(runtime, &body).await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    Ok(())
+}
+
+/// The entries of `view`, or `None` for a `404`.
+async fn entries(server: &Server, view: &str) -> anyhow::Result<Option<Value>> {
+    let resp = server.get(&format!("/views/{view}")).await?;
+    match resp.status() {
+        404 => Ok(None),
+        200 => Ok(Some(resp.json()?["entries"].clone())),
+        status => anyhow::bail!("{status} {}", resp.text()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_wins_over_a_config_read_again() -> anyhow::Result<()> {
+    let config = config_file(&two_runtimes(""))?;
+    let path = config.path().display().to_string();
+    let mut server = Server::start_with_env(
+        &["--config", &path, "--demo-rate", "0"],
+        &[(ADMIN_TOKEN_ENV, TOKEN)],
+    )
+    .await?;
+    ingest(&server, "items", line("extra", "a", json!(1))).await?;
+    ingest(&server, "gone", line("gone", "g", json!(1))).await?;
+
+    // Through the API: `items` now publishes to `items` and `more` (not `extra`, retired), and
+    // `gone` is deleted.
+    admin_ok(
+        &server,
+        "PUT",
+        "/admin/runtimes/items",
+        json!({"views": ["items", "more"]}).to_string().as_bytes(),
+        200,
+    )
+    .await?;
+    ingest(&server, "items", line("more", "m", json!(2))).await?;
+    let deleted = admin_ok(&server, "DELETE", "/admin/runtimes/gone", b"", 200).await?;
+    ensure!(deleted["position"].as_u64().is_some(), "{deleted}");
+
+    // Restarts with the same config, from the log alone and from a snapshot: the API's changes
+    // stand, and what `more` acknowledged is served.
+    for snapshot_first in [false, true] {
+        if snapshot_first {
+            admin_ok(&server, "POST", "/admin/snapshot", b"", 200).await?;
+            server.stop_graceful().await?;
+        }
+        server.restart().await?;
+        ensure!(entries(&server, "more").await? == Some(json!({"m": 2})));
+        ensure!(entries(&server, "extra").await?.is_none());
+        ensure!(entries(&server, "gone").await?.is_none());
+        let resp = server.ingest("gone", &line("gone", "g", json!(2))).await?;
+        ensure!(resp.status() == 404, "{} {}", resp.status(), resp.text());
+        let got = admin_ok(&server, "GET", "/admin/runtimes/items", b"", 200).await?;
+        ensure!(got["views"] == json!(["items", "more"]), "{got}");
+        ensure!(
+            server.logs().contains("config declaration skipped"),
+            "the start says it skipped the config's declaration"
+        );
+    }
+
+    // The config's declaration of `items` changes: declared again at the next start.
+    std::fs::write(config.path(), two_runtimes("config = \"{}\""))?;
+    server.stop_graceful().await?;
+    server.restart().await?;
+    let got = admin_ok(&server, "GET", "/admin/runtimes/items", b"", 200).await?;
+    ensure!(got["views"] == json!(["items", "extra"]), "{got}");
+    ensure!(
+        entries(&server, "more").await?.is_none(),
+        "retired by the config's new declaration"
+    );
+    // `gone`'s declaration did not change: it stays deleted.
+    ensure!(server.ingest("gone", "").await?.status() == 404);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_is_judged_as_a_deploy_and_answers_a_position_to_read_after() -> anyhow::Result<()> {
+    let server = Server::start_with_env(&[], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
+    let made = admin_ok(
+        &server,
+        "PUT",
+        "/admin/runtimes/docs",
+        json!({"module": "builtin:json", "views": ["doc"]})
+            .to_string()
+            .as_bytes(),
+        201,
+    )
+    .await?;
+    let position = made["position"].as_u64().context("a position")?;
+    let read = server.get(&format!("/views/doc?after={position}")).await?;
+    ensure!(read.status() == 200, "{} {}", read.status(), read.text());
+    let bad = server.get("/views/doc?after=soon").await?;
+    ensure!(bad.status() == 400, "{} {}", bad.status(), bad.text());
+
+    let resp = server
+        .ingest("docs", &line("doc", "a", json!({"n": "text"})))
+        .await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    // A schema the state no longer fits is refused, as a deploy refuses it; nothing changes.
+    let stricter = json!({"views": ["doc"], "schemas": {"doc": {"type": "object", "properties": {"n": {"type": "number"}}}}});
+    let refused = admin(
+        &server,
+        "PUT",
+        "/admin/runtimes/docs",
+        stricter.to_string().as_bytes(),
+    )
+    .await?;
+    ensure!(
+        refused.status() == 422,
+        "{} {}",
+        refused.status(),
+        refused.text()
+    );
+    ensure!(
+        refused.text().contains("key \\\"a\\\""),
+        "{}",
+        refused.text()
+    );
+    let got = admin_ok(&server, "GET", "/admin/runtimes/docs", b"", 200).await?;
+    ensure!(got["schemas"] == json!({}), "{got}");
+    // One the state fits is taken.
+    let fits = json!({"views": ["doc"], "schemas": {"doc": {"type": "object", "properties": {"n": {"type": "string"}}}}});
+    admin_ok(
+        &server,
+        "PUT",
+        "/admin/runtimes/docs",
+        fits.to_string().as_bytes(),
+        200,
+    )
+    .await?;
+    Ok(())
+}
