@@ -396,7 +396,10 @@ async fn the_demo_changed_or_deleted_through_the_api_stays_so() -> anyhow::Resul
     server.restart().await?;
     let back = admin(&server, "GET", "/admin/runtimes/demo", b"").await?;
     let back: serde_json::Value = serde_json::from_str(&back.text())?;
-    ensure!(back["config"] == "other", "the API's definition stands: {back}");
+    ensure!(
+        back["config"] == "other",
+        "the API's definition stands: {back}"
+    );
     let state = server.get("/views/prices").await?.json()?;
     ensure!(state["entries"]["ACME"]["seq"] == 2, "{state}");
 

@@ -1,0 +1,175 @@
+//! One truth for what runs, on a cluster of real `viewtape serve --nats` nodes on a real
+//! `nats-server`: a deploy through one node is the build another node runs after a snapshot
+//! and a restart, so the next deploy and the next batch are the same on both (frames, ids,
+//! `/readyz`, module); a runtime created through one node is read through another with the
+//! position its `PUT` answered, never a `404`.
+
+use anyhow::{ensure, Context as _};
+use serde_json::{json, Value};
+use viewtape_tests::cluster::{admin_nodes, applied, position, CONVERGE};
+use viewtape_tests::{expect, NatsServer, Server};
+
+const TOKEN: &str = "cluster-truth-token";
+
+/// A counter: publishes `{count, build}` on view `count`, key `c`, once per batch.
+fn counter(build: u32) -> String {
+    format!(
+        r#"
+export function init() {{ return {{ count: 0 }}; }}
+export function onBatch(state, input, ctx) {{
+  state.count += 1;
+  ctx.publish('count', 'c', {{ count: state.count, build: {build} }});
+  return state;
+}}
+"#
+    )
+}
+
+/// An admin request that must answer `status`; its JSON body.
+async fn admin_ok(
+    server: &Server,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    status: u16,
+) -> anyhow::Result<Value> {
+    let resp = server.admin(TOKEN, method, path, headers, body).await?;
+    ensure!(
+        resp.status() == status,
+        "{method} {path}: {} {}\n{}",
+        resp.status(),
+        resp.text(),
+        server.logs()
+    );
+    resp.json()
+}
+
+/// Deploys build `build` of the counter through `server`; the deploy's answer.
+async fn deploy(server: &Server, build: u32) -> anyhow::Result<Value> {
+    admin_ok(
+        server,
+        "PUT",
+        "/admin/runtimes/counter/module",
+        &[("Content-Type", "text/javascript")],
+        counter(build).as_bytes(),
+        200,
+    )
+    .await
+}
+
+/// What `server` says of the counter: its module, its state of `count` and its tape.
+async fn seen(
+    server: &Server,
+    frames: usize,
+) -> anyhow::Result<(Value, Value, Vec<(String, String)>)> {
+    let runtime = admin_ok(server, "GET", "/admin/runtimes/counter", &[], b"", 200).await?;
+    let state = server.get("/views/count").await?.json()?;
+    let tape = expect::tape(server, "count", frames)
+        .await?
+        .into_iter()
+        .map(|e| (e.id.unwrap_or_default(), e.data))
+        .collect();
+    Ok((runtime["module"].clone(), state, tape))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_through_one_node_is_what_a_restarted_node_runs() -> anyhow::Result<()> {
+    let nats = NatsServer::start().await?;
+    let mut nodes = admin_nodes(&nats, TOKEN, 2).await?;
+    let uploaded = admin_ok(
+        &nodes[0],
+        "POST",
+        "/admin/modules",
+        &[("Content-Type", "text/javascript")],
+        counter(1).as_bytes(),
+        200,
+    )
+    .await?;
+    let made = admin_ok(
+        &nodes[0],
+        "PUT",
+        "/admin/runtimes/counter",
+        &[],
+        json!({"module": uploaded["module"], "views": ["count"]})
+            .to_string()
+            .as_bytes(),
+        201,
+    )
+    .await?;
+    let made_at = made["position"].as_u64().context("a position")?;
+    for node in &nodes {
+        applied(node, made_at).await?;
+    }
+    let mut last = 0;
+    for _ in 0..2 {
+        let resp = nodes[0].ingest("counter", "tick\n").await?;
+        ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+        last = position(&resp.json()?)?;
+    }
+    // Build 2, deployed through B, applied by A; then A snapshots and restarts.
+    let deployed = deploy(&nodes[1], 2).await?;
+    let second = deployed["module"].clone();
+    let deployed_at = deployed["position"].as_u64().context("a position")?;
+    for node in &nodes {
+        applied(node, deployed_at.max(last)).await?;
+    }
+    admin_ok(&nodes[0], "POST", "/admin/snapshot", &[], b"", 200).await?;
+    nodes[0].stop_graceful().await?;
+    nodes[0].restart().await?;
+    nodes[0].ready(CONVERGE).await?;
+
+    // The next deploy (through A) and the next batch (through B) are the same on both nodes.
+    let deployed = deploy(&nodes[0], 3).await?;
+    ensure!(deployed["previous"] == second, "{deployed}");
+    let resp = nodes[1].ingest("counter", "tick\n").await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    let last = position(&resp.json()?)?;
+    for node in &nodes {
+        applied(node, last).await?;
+    }
+    let reference = seen(&nodes[1], 3).await?;
+    ensure!(
+        reference.1["entries"]["c"] == json!({"count": 3, "build": 3}),
+        "{reference:?}"
+    );
+    ensure!(reference.0 == deployed["module"], "{reference:?}");
+    for node in &nodes {
+        ensure!(seen(node, 3).await? == reference, "{}", node.logs());
+        let ready = node.get("/readyz").await?;
+        ensure!(ready.status() == 200, "{}", ready.text());
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_through_one_node_is_read_through_another_after_its_position() -> anyhow::Result<()> {
+    let nats = NatsServer::start().await?;
+    let nodes = admin_nodes(&nats, TOKEN, 2).await?;
+    for i in 0..10 {
+        let made = admin_ok(
+            &nodes[0],
+            "PUT",
+            &format!("/admin/runtimes/rt{i}"),
+            &[],
+            json!({"module": "builtin:json", "views": [format!("v{i}")]})
+                .to_string()
+                .as_bytes(),
+            201,
+        )
+        .await?;
+        let at = made["position"].as_u64().context("a position")?;
+        let read = nodes[1].get(&format!("/views/v{i}?after={at}")).await?;
+        ensure!(read.status() == 200, "{} {}", read.status(), read.text());
+        let stream = nodes[1]
+            .get(&format!("/views/v{i}/events?after={at}&until=head"))
+            .await?;
+        ensure!(
+            stream.status() == 200,
+            "{} {}",
+            stream.status(),
+            stream.text()
+        );
+    }
+    Ok(())
+}
