@@ -119,12 +119,15 @@ pub struct Readiness {
     /// Runtimes with records on the stream that this node does not run: it passes over their
     /// records (another node's config names them) and serves none of their views.
     pub passed_over: BTreeSet<String>,
+    /// The runtime this node is settling with the stream (declaring its module or its
+    /// definition), while it does.
+    pub settling: Option<String>,
 }
 
 impl Serialize for Readiness {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct as _;
-        let mut fields = serializer.serialize_struct("Readiness", 7)?;
+        let mut fields = serializer.serialize_struct("Readiness", 8)?;
         fields.serialize_field("ready", &self.ready)?;
         fields.serialize_field("applied", &self.applied)?;
         fields.serialize_field("stream_last", &self.stream_last)?;
@@ -132,6 +135,7 @@ impl Serialize for Readiness {
         fields.serialize_field("broken", &broken.map(ToString::to_string))?;
         fields.serialize_field("halt", &broken.map(Halt::kind))?;
         fields.serialize_field("refused", &self.refused)?;
+        fields.serialize_field("settling", &self.settling)?;
         fields.serialize_field("passed_over", &self.passed_over)?;
         fields.end()
     }
@@ -313,6 +317,7 @@ impl Cluster {
                 broken: None,
                 refused: None,
                 passed_over: BTreeSet::new(),
+                settling: None,
             }),
         }))
     }

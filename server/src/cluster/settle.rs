@@ -41,11 +41,21 @@ impl Cluster {
                 continue;
             }
             // NATS away, or the declaration not applied in time: tried again until it goes
-            // through (the node stays not ready and takes no ingest meanwhile).
+            // through (the node stays not ready and takes no ingest meanwhile). Another node's
+            // record may replace or delete the runtime meanwhile: each try settles the one that
+            // runs then.
             let mut attempt = 0u32;
+            self.readiness
+                .send_modify(|readiness| readiness.settling = Some(name.clone()));
             let declared = loop {
+                let Some(registered) = appliers.runtimes.get(&name) else {
+                    break None;
+                };
+                if registered.definition().is_some() {
+                    break None;
+                }
                 match self.declare(appliers, log, &name, &registered).await {
-                    Ok(declared) => break declared,
+                    Ok(declared) => break Some((declared, registered)),
                     Err(error) => {
                         if attempt.is_multiple_of(5) {
                             tracing::warn!(%error, runtime = name, "cluster: the runtime could not be declared on the stream yet; retrying");
@@ -54,6 +64,10 @@ impl Cluster {
                         tokio::time::sleep(RETRY).await;
                     }
                 }
+            };
+            let Some((declared, registered)) = declared else {
+                // Defined or deleted by another node's record: it runs as the stream says.
+                continue;
             };
             let saved = match declared {
                 Declared::Module(saved) => saved,
@@ -88,6 +102,8 @@ impl Cluster {
                 tracing::warn!(runtime = name, "cluster: this node's config declares a runtime the cluster deleted; it stays deleted (PUT /admin/runtimes/{{runtime}} creates it again on every node)");
             }
         }
+        self.readiness
+            .send_modify(|readiness| readiness.settling = None);
         if !refused.is_empty() {
             let reason = refused.join("; ");
             tracing::error!(%reason, "cluster: this node runs another build than the cluster: not ready, no ingest; it applies the stream with the cluster's modules meanwhile");

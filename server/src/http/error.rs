@@ -97,6 +97,12 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
     }
 
+    /// `503 outcome_unknown`: the request may yet take effect; `message` says how to learn
+    /// whether it did.
+    pub fn outcome_unknown(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "outcome_unknown", message)
+    }
+
     /// `500 internal`: `detail` goes to the log; the client learns only that it failed.
     pub fn internal(detail: impl std::fmt::Display) -> Self {
         Self::hiding(

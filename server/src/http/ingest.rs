@@ -187,8 +187,22 @@ fn refusal(error: IngestError) -> ApiError {
             "the log cannot take writes now; nothing of the batch was committed; send it again",
             &error,
         ),
+        // Not published: nothing was applied, and nothing will be.
+        IngestError::NotTaken { .. } => {
+            ApiError::unavailable(format!("{error}; nothing of the batch was applied; send it again"))
+        }
+        // Perhaps published: the client learns how to find out, never "send it again" alone.
+        IngestError::Unknown { position, .. } => {
+            let how = match position {
+                Some(position) => format!("it was published at log position {position}: a view read with ?after={position} shows whether it applied; "),
+                None => String::new(),
+            };
+            tracing::warn!(%error, "ingest: outcome unknown");
+            ApiError::outcome_unknown(format!("the batch's outcome is not known: this node saw no verdict on it in time, and it may yet apply; {how}send it again with its producer stamp to apply it at most once (without one it may apply twice)"))
+            .with_field("position", position.map(|p| p.get()))
+        }
         IngestError::Shared { .. } => ApiError::unavailable_hiding(
-            "the shared log did not take the batch in time; send it again with its producer stamp",
+            "the shared log cannot take batches now; nothing of the batch was committed; send it again",
             &error,
         ),
         _ => ApiError::unavailable_hiding(

@@ -3,6 +3,7 @@
 use crate::host::{GuestError, ModuleFingerprint};
 use crate::log::producer::{ProducerEpoch, ProducerSeq};
 use crate::log::Break;
+use crate::log::LogPosition;
 
 /// Why a batch was not committed.
 #[derive(Debug, thiserror::Error)]
@@ -29,12 +30,32 @@ pub enum IngestError {
         #[source]
         source: GuestError,
     },
-    /// The shared log could not take the batch, or this node did not apply it in time. A
-    /// batch that was published may still commit: send it again with its producer stamp.
+    /// A record shared by several runtimes was left half applied: no cut is taken.
     #[error("runtime `{runtime}`: the shared log: {reason}")]
     Shared {
         /// The runtime.
         runtime: String,
+        /// Why.
+        reason: String,
+    },
+    /// This node did not publish the batch to the cluster's stream (it is settling, refuses, or
+    /// NATS is not connected): it was not applied, and never will be.
+    #[error("runtime `{runtime}`: this node takes no batches now: {reason}")]
+    NotTaken {
+        /// The runtime.
+        runtime: String,
+        /// Why, in the server's words.
+        reason: String,
+    },
+    /// The batch may have been published, but this node saw no verdict in time: whether it
+    /// applies is not known here. Reading with `?after=` its position (when known) tells, and
+    /// sending it again with its producer stamp applies it at most once.
+    #[error("runtime `{runtime}`: the outcome is not known: {reason}")]
+    Unknown {
+        /// The runtime.
+        runtime: String,
+        /// Where it was published, when that is known.
+        position: Option<LogPosition>,
         /// Why.
         reason: String,
     },

@@ -33,18 +33,28 @@ impl RuntimeHandle {
         stream: &StreamLog,
         entry: BatchEntry,
     ) -> Result<Accepted, IngestError> {
-        let shared = |reason: String| IngestError::Shared {
-            runtime: self.name.to_string(),
+        let runtime = || self.name.to_string();
+        let unpublished = |error: PublishError| match error {
+            PublishError::Refusing(_) | PublishError::Disconnected(_) => IngestError::NotTaken {
+                runtime: runtime(),
+                reason: error.to_string(),
+            },
+            PublishError::Timeout(_) => IngestError::Unknown {
+                runtime: runtime(),
+                position: None,
+                reason: error.to_string(),
+            },
+        };
+        let unknown = |position: LogPosition, reason: String| IngestError::Unknown {
+            runtime: runtime(),
+            position: Some(position),
             reason,
         };
         let again = entry.producer.is_some().then(|| entry.clone());
-        let placed = stream
-            .publish_batch(entry)
-            .await
-            .map_err(|error| shared(error.to_string()))?;
+        let placed = stream.publish_batch(entry).await.map_err(unpublished)?;
         let mut place = (placed.sequence, placed.index);
         let mut mine = !placed.duplicate;
-        let not_applied = |error: NotApplied| shared(error.to_string());
+        let not_applied = |error: NotApplied| unknown(error.sequence, error.to_string());
         let verdict = match self
             .verdict(stream, place, mine)
             .await
@@ -56,7 +66,7 @@ impl RuntimeHandle {
                     let published = stream
                         .publish(&self.name, Entry::Batch(entry).encode(), stream.own_id())
                         .await
-                        .map_err(|error| shared(error.to_string()))?;
+                        .map_err(unpublished)?;
                     (place, mine) = ((published.sequence, 0), true);
                     self.verdict(stream, place, mine)
                         .await
@@ -70,14 +80,14 @@ impl RuntimeHandle {
                 duplicate: accepted.duplicate || !mine,
                 ..accepted
             }),
-            Some(Verdict::Deploy(_)) => Err(shared(format!(
-                "sequence {} holds a deploy, not this batch",
-                place.0
-            ))),
-            None => Err(shared(format!(
-                "no verdict on the batch at sequence {}",
-                place.0
-            ))),
+            Some(Verdict::Deploy(_)) => Err(unknown(
+                place.0,
+                format!("sequence {} holds a deploy, not this batch", place.0),
+            )),
+            None => Err(unknown(
+                place.0,
+                format!("no verdict on the batch at sequence {}", place.0),
+            )),
         }
     }
 
