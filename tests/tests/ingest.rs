@@ -223,3 +223,76 @@ async fn one_wild_seq_cannot_wedge_the_ticker() -> anyhow::Result<()> {
     ensure!(reply["events"]["prices"] == 1, "the feed goes on: {reply}");
     Ok(())
 }
+
+/// `batch` into `demo` from producer `p` at `epoch` and `seq`.
+async fn stamped(
+    server: &Server,
+    epoch: u64,
+    seq: u64,
+    batch: &str,
+) -> anyhow::Result<viewtape_tests::Response> {
+    let (epoch, seq) = (epoch.to_string(), seq.to_string());
+    let headers = [
+        ("Producer-Id", "p"),
+        ("Producer-Epoch", epoch.as_str()),
+        ("Producer-Seq", seq.as_str()),
+    ];
+    let path = "/runtimes/demo/ingest";
+    viewtape_tests::http::request(server.addr(), "POST", path, &headers, batch.as_bytes()).await
+}
+
+/// A batch could bring `Producer-Epoch: 18446744073709551615` (`u64::MAX`), after which every
+/// claim saturated at that epoch and fenced nobody: fencing was off for the producer id. The
+/// last epoch is a claim's alone now, a claim past it is refused, and the claim route, like
+/// ingest, refuses a query parameter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_producer_epoch_is_a_claims_alone() -> anyhow::Result<()> {
+    let server = Server::start(&[]).await?;
+    let mut feed = Feed::new(&["ACME"]);
+    let says = |error: &serde_json::Value, words: &str| {
+        ensure!(
+            error["message"].as_str().is_some_and(|m| m.contains(words)),
+            "{error}"
+        );
+        Ok(())
+    };
+
+    let unclaimed = stamped(&server, u64::MAX, 0, &feed.batch(1)).await?;
+    let error = expect::json_error(&unclaimed, 400)?;
+    says(&error, "is the last epoch, which only a claim gives")?;
+
+    let query = server
+        .post("/runtimes/demo/producers/p?epoch=1", b"")
+        .await?;
+    let error = expect::json_error(&query, 400)?;
+    says(&error, "unknown query parameter \"epoch\"")?;
+
+    // The epoch before the last may be sent; a claim fences it with the last.
+    let resp = stamped(&server, u64::MAX - 1, 0, &feed.batch(1)).await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    let claim = server.post("/runtimes/demo/producers/p", b"").await?;
+    ensure!(claim.status() == 200, "{} {}", claim.status(), claim.text());
+    ensure!(
+        claim.json()?["epoch"].as_u64() == Some(u64::MAX),
+        "{}",
+        claim.text()
+    );
+    let fenced = stamped(&server, u64::MAX - 1, 1, &feed.batch(1)).await?;
+    ensure!(expect::json_error(&fenced, 403)?["error"] == "producer_fenced");
+    let resp = stamped(&server, u64::MAX, 0, &feed.batch(1)).await?;
+    ensure!(
+        resp.status() == 200,
+        "claimed, it runs: {} {}",
+        resp.status(),
+        resp.text()
+    );
+
+    // No epoch is left to fence it with: the claim is refused, and the holder goes on.
+    let used_up = server.post("/runtimes/demo/producers/p", b"").await?;
+    let error = expect::json_error(&used_up, 409)?;
+    ensure!(error["error"] == "producer_epochs_used_up", "{error}");
+    says(&error, "no claim can fence it")?;
+    let resp = stamped(&server, u64::MAX, 1, &feed.batch(1)).await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    Ok(())
+}

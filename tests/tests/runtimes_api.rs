@@ -1,8 +1,8 @@
 //! Runtimes and views at run time, against the real binary: a runtime made with one request
 //! takes ingest at once and lives through `kill -9`; a replacement keeps the guest's state; a
-//! pattern view serves a stream before its first event; a deletion retires the views' streams,
-//! and a view made again never serves an old cursor for another event; bad definitions are
-//! refused naming the field.
+//! pattern view serves a stream before its first event, and reads of names nothing was
+//! published to leave no view; a deletion retires the views' streams, and a view made again
+//! never serves an old cursor for another event; bad definitions are refused naming the field.
 
 use std::time::Duration;
 
@@ -483,5 +483,87 @@ async fn a_batch_queued_across_a_replacement_runs_on_the_replacement() -> anyhow
         queued.status(),
         queued.text()
     );
+    Ok(())
+}
+
+/// The names of the `chat.` views `GET /views` lists.
+async fn listed_chats(server: &Server) -> anyhow::Result<Vec<String>> {
+    let listed = server.get("/views").await?.json()?;
+    let mut chats = Vec::new();
+    for view in listed["views"].as_array().context("views")? {
+        let name = view["name"].as_str().context("name")?;
+        if name.starts_with("chat.") {
+            chats.push(name.to_owned());
+        }
+    }
+    Ok(chats)
+}
+
+/// Reads of names a pattern takes, before anything was published there, each made a view that
+/// stayed for good (listed, kept in snapshots, back after a restart). They leave nothing now, and
+/// a stream opened before the first publish still receives it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_of_names_nothing_was_published_to_make_no_view() -> anyhow::Result<()> {
+    const READS: usize = 1_000;
+    const STREAMS: usize = 5;
+    let mut server = start().await?;
+    put(
+        &server,
+        "chat",
+        serde_json::json!({"module": "builtin:json", "views": ["chat.*"]}),
+        201,
+    )
+    .await?;
+    let mut conn = http::HttpConn::connect(server.addr()).await?;
+    for i in 0..READS {
+        let resp = conn
+            .send("GET", &format!("/views/chat.r{i}"), &[], b"")
+            .await?;
+        ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+        ensure!(
+            resp.json()?["entries"] == serde_json::json!({}),
+            "{}",
+            resp.text()
+        );
+    }
+    for i in 0..STREAMS {
+        let mut stream = server.sse(&format!("/views/chat.s{i}/events"), &[]).await?;
+        let (states, _) = stream.until_synced(0).await?;
+        ensure!(states.is_empty());
+    }
+    let mut waiting = server.sse("/views/chat.first/events", &[]).await?;
+    let (states, _) = waiting.until_synced(0).await?;
+    ensure!(states.is_empty());
+    let views = listed_chats(&server).await?;
+    ensure!(
+        views.is_empty(),
+        "reads list nothing: {} views, from {:?}",
+        views.len(),
+        views.first()
+    );
+    // Nor do they stay in memory: a state read lets go of its view as it answers.
+    let metrics = server.get("/metrics").await?.text();
+    ensure!(!metrics.contains("view=\"chat.r"), "{metrics}");
+
+    // The first publish reaches the stream that waited, and only it makes a view that lasts.
+    ingest_ok(
+        &server,
+        "chat",
+        &line("chat.first", "m1", serde_json::json!({"text": "hi"})),
+    )
+    .await?;
+    update(&mut waiting, "m1").await?;
+    drop(waiting);
+    ensure!(listed_chats(&server).await? == ["chat.first"]);
+
+    server.stop_graceful().await?;
+    server.restart().await?;
+    ensure!(
+        listed_chats(&server).await? == ["chat.first"],
+        "after a restart too"
+    );
+    let state = server.get("/views/chat.r7").await?;
+    ensure!(state.status() == 200, "{} {}", state.status(), state.text());
+    ensure!(listed_chats(&server).await? == ["chat.first"]);
     Ok(())
 }

@@ -19,7 +19,9 @@ use super::access::Caller;
 use super::query::Params;
 use super::{ApiError, AppState};
 use crate::host::GuestError;
-use crate::log::producer::{ProducerEpoch, ProducerSeq, ProducerStamp, MAX_PRODUCER_ID};
+use crate::log::producer::{
+    ClaimError, ProducerEpoch, ProducerSeq, ProducerStamp, MAX_PRODUCER_ID,
+};
 use crate::runtime::{IngestError, RuntimeHandle};
 
 const PRODUCER_ID: &str = "producer-id";
@@ -34,10 +36,11 @@ pub(super) fn routes() -> Router<AppState> {
 
 /// 200 with the receipt (events per view, gaps, log position, durability; `Producer-Duplicate:
 /// true` for a batch committed before); 400 for bad producer headers, a query parameter (the
-/// route takes none) or an empty body; 403 for a fenced producer
-/// epoch; 404 for an unknown runtime; 409 with `Producer-Expected-Seq` for a producer's batch
-/// out of order; 413 past `max_body`; 422 when the guest refused or failed on the batch
-/// (nothing was committed); 503 (with `Retry-After`) when the runtime or the log cannot take it.
+/// route takes none), an empty body or an unclaimed `Producer-Epoch` of `u64::MAX` (no claim
+/// could fence it); 403 for a fenced producer epoch; 404 for an unknown runtime; 409 with
+/// `Producer-Expected-Seq` for a producer's batch out of order; 413 past `max_body`; 422 when
+/// the guest refused or failed on the batch (nothing was committed); 503 (with `Retry-After`)
+/// when the runtime or the log cannot take it.
 async fn ingest(
     State(state): State<AppState>,
     runtime: Result<Path<String>, PathRejection>,
@@ -181,6 +184,11 @@ fn refusal(error: IngestError) -> ApiError {
         IngestError::Fenced { .. } => {
             return ApiError::forbidden("producer_fenced", error.to_string())
         }
+        IngestError::LastEpoch { .. } => return ApiError::bad_request(error.to_string()),
+        IngestError::Claim {
+            source: ClaimError::EpochsUsedUp,
+            ..
+        } => return ApiError::conflict("producer_epochs_used_up", error.to_string()),
         IngestError::Stopped { .. } => ApiError::unavailable(error.to_string()),
         // The rest carries what the client must not see (paths, OS errors, chains): logged.
         IngestError::Log { .. } => ApiError::unavailable_hiding(
@@ -296,15 +304,18 @@ fn producer_id(id: &str) -> Result<String, ApiError> {
 
 /// 200 with the producer's new epoch and its next `seq` (0): every batch of an older epoch of
 /// this id is fenced from here on. The claim is logged like a batch, so it holds across a
-/// restart and on every node of a cluster. 400 for a bad id; 404 for an unknown runtime; 503
-/// (with `Retry-After`) when the runtime or the log cannot take it.
+/// restart and on every node of a cluster. 400 for a bad id or a query parameter (the route
+/// takes none); 404 for an unknown runtime; 409 when the producer holds the last epoch (no
+/// claim can fence it); 503 (with `Retry-After`) when the runtime or the log cannot take it.
 async fn claim(
     State(state): State<AppState>,
     path: Result<Path<(String, String)>, PathRejection>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let Path((runtime, id)) = path?;
     Caller::of(&state, &headers, None)?.ingest(&runtime)?;
+    Params::parse(query.as_deref(), &[], &[])?;
     if state.runtimes.get(&runtime).is_none() {
         return Err(no_runtime(&runtime));
     }

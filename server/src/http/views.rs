@@ -1,7 +1,6 @@
 //! Reading views: the list, one view's state, and its SSE stream.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
@@ -17,7 +16,7 @@ use super::access::Caller;
 use super::query::Params;
 use super::{ApiError, AppState};
 use crate::hub::narrow::Narrow;
-use crate::hub::View;
+use crate::hub::{ReadHold, View};
 use crate::log::LogPosition;
 use crate::sse::socket::SharedTcp;
 use crate::sse::{OpenError, Start, MAX_FRAMES_PER_CHUNK};
@@ -102,6 +101,7 @@ async fn list_views(
         .hub
         .views()
         .iter()
+        .filter(|view| view.lasting())
         .filter_map(|view| {
             // Listed with some keys granted; `keys` counts only those.
             let grants = caller.grants(view.name());
@@ -124,13 +124,19 @@ async fn list_views(
     Ok(Json(serde_json::json!({ "views": views })))
 }
 
-/// The view `name`: one that exists, or one that a pattern of a running runtime takes (`chat.*`
-/// takes `chat.room-7`), made now, empty: it exists from then on, as if published to.
-fn find_view(state: &AppState, name: &str) -> Option<Arc<View>> {
-    state.hub.view(name).or_else(|| {
+/// The view `name`, held for the read: one that exists, or one that a pattern of a running
+/// runtime takes (`chat.*` takes `chat.room-7`), empty while nothing was published there. A read
+/// makes no lasting view: only a publish does (see [`crate::hub`]).
+fn find_view(state: &AppState, name: &str) -> Option<ReadHold> {
+    state.hub.hold(name).or_else(|| {
         let taken = ViewName::new(name).is_ok() && state.runtimes.taking(name).is_some();
-        taken.then(|| state.hub.declare_on_demand(name))
+        taken.then(|| state.hub.hold_on_demand(name))
     })
+}
+
+/// `404`: no view `view`, and no pattern of a running runtime takes the name.
+fn no_view(view: &str) -> ApiError {
+    ApiError::not_found(format!("no view named {view:?}"))
 }
 
 /// How many keys of `view` the narrowings of the caller's `grants` (at least one) let it read.
@@ -162,8 +168,8 @@ async fn view_state(
     let asked = narrow(query.get("keys"), query.get("prefix"))?;
     let narrow = Caller::of(&state, &headers, query.get("access_token"))?.read(&view, asked)?;
     after(&state, &query).await?;
-    let view = find_view(&state, &view)
-        .ok_or_else(|| ApiError::not_found(format!("no view named {view:?}")))?;
+    let held = find_view(&state, &view).ok_or_else(|| no_view(&view))?;
+    let view = held.view();
     let cut = view.cut(state.hub.journal(), &narrow);
     let head = Bytes::from(format!("{{\"cursor\":\"{}\",\"entries\":{{", cut.cursor));
     let total = cut.entries.len();
@@ -259,12 +265,11 @@ async fn events(
     if let (Some(cluster), Start::Cursor(cursor)) = (&state.cluster, &start) {
         cluster.reach(&state.hub, &view, cursor).await;
     }
-    find_view(&state, &view);
+    let held = find_view(&state, &view).ok_or_else(|| no_view(&view))?;
     let subscriber = state
         .streams
-        .open(&view, start, narrow, caller.expires_at())
+        .open(held, start, narrow, caller.expires_at())
         .map_err(|error| match error {
-            OpenError::NoSuchView => ApiError::not_found(format!("no view named {view:?}")),
             OpenError::Full { .. } => ApiError::unavailable(error.to_string()),
         })?;
     let subscriber = match until_head {

@@ -10,6 +10,16 @@
 //! of cursorless frames (journal sealed or disabled). Subscribers are cursors
 //! over the shared tape, never queues of copies.
 //!
+//! ## Lasting views and views a read holds
+//!
+//! A view is *lasting* once a runtime declares it, an event is published to it or a restore
+//! gives it state: it is listed, kept in snapshots, and stays. A read of a name that a pattern of
+//! a running runtime takes (`chat.*` takes `chat.room-7`) before anything was published there
+//! finds no view: it makes one for as long as it reads ([`Hub::hold_on_demand`]), empty, so that
+//! a stream waiting there receives the first events. Such a view is not listed nor kept in
+//! snapshots, and is forgotten when its last [`ReadHold`] goes, unless a publish made it lasting
+//! meanwhile: reads of names that never get an event leave nothing behind.
+//!
 //! ## Consistency
 //!
 //! An event is appended to the journal and applied to its view's state in
@@ -33,9 +43,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
-use viewtape_journal::{
-    CompactString, Cursor, EventJournal, JournalConfig, JournalSnapshot, ViewOffset,
-};
+use viewtape_journal::{CompactString, Cursor, EventJournal, JournalConfig, JournalSnapshot};
 
 use crate::host::{EventKind, GuestBatch, GuestEvent};
 use crate::hub::frame::Frame;
@@ -71,14 +79,42 @@ pub struct View {
     live: OnceLock<broadcast::Sender<(CompactString, Bytes)>>,
     /// SSE subscribers open on it now.
     subscribers: AtomicU64,
+    /// Reads under way ([`ReadHold`]s). A hold is taken only under the hub's map lock, so that
+    /// [`Hub::forget_if_idle`], which checks under it for writing, never forgets a view a read
+    /// holds.
+    holds: AtomicU64,
     /// Why it was retired ([`Hub::retire`]); its streams end with that.
     retired: OnceLock<String>,
-    /// Made by a read of a name a pattern takes ([`Hub::declare_on_demand`]), not by a
-    /// runtime: forgotten again while it holds nothing and no one reads it.
+    /// Made by a read of a name a pattern takes ([`Hub::hold_on_demand`]) and not lasting yet:
+    /// cleared, under the hub's map lock, by [`Hub::declare`] (a runtime's declaration, a
+    /// publish, a restore), never set again.
     on_demand: AtomicBool,
     /// Taken out of the hub ([`Hub::forget_if_idle`]): a commit that holds it publishes to
     /// its successor instead.
     forgotten: AtomicBool,
+}
+
+/// A read's hold of a view ([`Hub::hold`], [`Hub::hold_on_demand`]): a view that only reads
+/// made is not forgotten while one holds it, and is forgotten when the last one goes, unless it
+/// became lasting meanwhile.
+#[derive(Debug)]
+pub struct ReadHold {
+    hub: Arc<Hub>,
+    view: Arc<View>,
+}
+
+impl ReadHold {
+    /// The view held.
+    pub fn view(&self) -> &Arc<View> {
+        &self.view
+    }
+}
+
+impl Drop for ReadHold {
+    fn drop(&mut self) {
+        self.view.holds.fetch_sub(1, Ordering::AcqRel);
+        self.hub.forget_if_idle(&self.view);
+    }
 }
 
 /// A view's state as of one cursor.
@@ -102,6 +138,7 @@ impl View {
             )),
             live: OnceLock::new(),
             subscribers: AtomicU64::new(0),
+            holds: AtomicU64::new(0),
             retired: OnceLock::new(),
             on_demand: AtomicBool::new(false),
             forgotten: AtomicBool::new(false),
@@ -111,6 +148,13 @@ impl View {
     /// Why it was retired, once it is: its streams end with a last `retired` event.
     pub fn retired(&self) -> Option<&str> {
         self.retired.get().map(String::as_str)
+    }
+
+    /// Whether it lasts: declared by a runtime, published to or restored, rather than only
+    /// held by reads of a name a pattern takes (see the module docs). Only lasting views are
+    /// listed and kept in snapshots.
+    pub fn lasting(&self) -> bool {
+        !self.on_demand.load(Ordering::Acquire)
     }
 
     /// SSE subscribers open on it now.
@@ -234,71 +278,89 @@ impl Hub {
         &self.stats
     }
 
-    /// The view named `name`, if it has been declared or published to.
+    /// The view named `name`, if it exists: lasting, or made for reads that hold it now.
     pub fn view(&self, name: &str) -> Option<Arc<View>> {
-        self.views
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(name)
-            .cloned()
+        self.read_views().get(name).cloned()
     }
 
-    /// All views, sorted by name.
+    /// All views, sorted by name, those only reads hold included ([`View::lasting`] tells).
     pub fn views(&self) -> Vec<Arc<View>> {
-        self.views
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .cloned()
-            .collect()
+        self.read_views().values().cloned().collect()
     }
 
-    /// The view named `name`, created if new. Names are validated by the
-    /// host before events reach the hub.
+    /// The view named `name`, created if new, lasting from now on (one that only reads held
+    /// becomes lasting). Names are validated by the host before events reach the hub.
     pub fn declare(&self, name: &str) -> Arc<View> {
-        if let Some(view) = self.view(name) {
+        let lasting = |view: &Arc<View>| {
+            // Under the map lock: a view [`Hub::forget_if_idle`] has not taken out stays in.
+            view.on_demand.store(false, Ordering::Release);
+            Arc::clone(view)
+        };
+        if let Some(view) = self.read_views().get(name).map(lasting) {
             return view;
         }
         let mut views = self.views.write().unwrap_or_else(PoisonError::into_inner);
-        Arc::clone(
+        lasting(
             views
                 .entry(name.to_owned())
                 .or_insert_with(|| Arc::new(View::new(name, self.journal.config()))),
         )
     }
 
-    /// The view named `name` for a reader, when a pattern of a running runtime takes it and
-    /// nothing was published there yet: made now, empty, and forgotten again while it holds
-    /// nothing and no one reads it ([`Hub::forget_if_idle`]), so that reads of names that
-    /// never get an event do not pile up.
-    pub fn declare_on_demand(&self, name: &str) -> Arc<View> {
-        if let Some(view) = self.view(name) {
-            return view;
-        }
-        let mut views = self.views.write().unwrap_or_else(PoisonError::into_inner);
-        Arc::clone(views.entry(name.to_owned()).or_insert_with(|| {
-            let view = View::new(name, self.journal.config());
-            view.on_demand.store(true, Ordering::Relaxed);
-            Arc::new(view)
-        }))
+    /// The view named `name`, if it exists (lasting, or held by other reads), held for a read
+    /// until the hold is dropped.
+    pub fn hold(self: &Arc<Self>, name: &str) -> Option<ReadHold> {
+        let held = self.read_views().get(name).map(|view| self.held(view));
+        held
     }
 
-    /// Forgets `view` when a read made it ([`Hub::declare_on_demand`]) and it is idle: no
-    /// subscriber, no key, and no event ever appended to its tape. A cursor of it names the
-    /// point before its first event, which stays true when it is made again.
-    pub fn forget_if_idle(&self, view: &Arc<View>) {
-        if !view.on_demand.load(Ordering::Relaxed) || view.subscribers() > 0 {
+    /// The view named `name` held for a read, when a pattern of a running runtime takes it:
+    /// made now, empty and not lasting, if nothing was published there yet. It is forgotten
+    /// again when its last hold goes, unless it became lasting meanwhile (see the module docs).
+    pub fn hold_on_demand(self: &Arc<Self>, name: &str) -> ReadHold {
+        if let Some(held) = self.hold(name) {
+            return held;
+        }
+        let mut views = self.views.write().unwrap_or_else(PoisonError::into_inner);
+        let view = views.entry(name.to_owned()).or_insert_with(|| {
+            let view = View::new(name, self.journal.config());
+            view.on_demand.store(true, Ordering::Release);
+            Arc::new(view)
+        });
+        self.held(view)
+    }
+
+    /// A hold of `view`; call it under the map lock.
+    fn held(self: &Arc<Self>, view: &Arc<View>) -> ReadHold {
+        view.holds.fetch_add(1, Ordering::AcqRel);
+        ReadHold {
+            hub: Arc::clone(self),
+            view: Arc::clone(view),
+        }
+    }
+
+    fn read_views(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<View>>> {
+        self.views.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Forgets `view` when only reads made it ([`Hub::hold_on_demand`]) and none holds it now.
+    /// A cursor of it names the point before its first event, which stays true when it is made
+    /// again.
+    fn forget_if_idle(&self, view: &Arc<View>) {
+        if view.lasting() || view.holds.load(Ordering::Acquire) > 0 {
             return;
         }
         let mut views = self.views.write().unwrap_or_else(PoisonError::into_inner);
-        let state = view.lock();
-        let idle = state.is_empty()
-            && view.subscribers() == 0
-            && self.journal.window_now(&view.name).next == ViewOffset::FIRST
+        let idle = !view.lasting()
+            && view.holds.load(Ordering::Acquire) == 0
             && views
                 .get(&view.name)
                 .is_some_and(|held| Arc::ptr_eq(held, view));
         if idle {
+            debug_assert!(
+                view.lock().is_empty(),
+                "a view only reads held has no state"
+            );
             view.forgotten.store(true, Ordering::Release);
             views.remove(&view.name);
         }
@@ -392,11 +454,12 @@ impl Hub {
         }
     }
 
-    /// Every view's state, for a snapshot. Take it inside the consistency
+    /// Every lasting view's state, for a snapshot. Take it inside the consistency
     /// cut, with the journal's dump.
     pub fn dump_states(&self) -> Vec<ViewStateDump> {
         self.views()
             .iter()
+            .filter(|view| view.lasting())
             .map(|view| ViewStateDump {
                 view: view.name.clone(),
                 entries: view.entries(),

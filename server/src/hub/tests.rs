@@ -149,15 +149,20 @@ async fn sealed_journal_publishes_cursorless_frames_live() {
 }
 
 #[tokio::test]
-async fn a_view_a_read_made_is_forgotten_while_idle_and_a_commit_survives_the_race() {
-    let hub = Hub::new(Arc::new(EventJournal::new(JournalConfig::default())));
-    let made = hub.declare_on_demand("prices");
-    made.count_subscriber(true);
-    hub.forget_if_idle(&made);
-    assert!(hub.view("prices").is_some(), "a subscriber keeps it");
-    made.count_subscriber(false);
-    hub.forget_if_idle(&made);
-    assert!(hub.view("prices").is_none(), "idle and empty: forgotten");
+async fn a_view_reads_made_is_forgotten_with_its_last_hold_and_a_commit_survives_the_race() {
+    let hub = Arc::new(Hub::new(Arc::new(EventJournal::new(
+        JournalConfig::default(),
+    ))));
+    let first = hub.hold_on_demand("prices");
+    let second = hub.hold_on_demand("prices");
+    let made = Arc::clone(first.view());
+    assert!(Arc::ptr_eq(&made, second.view()), "one view for both reads");
+    assert!(!made.lasting());
+    assert!(hub.dump_states().is_empty(), "not kept in snapshots");
+    drop(first);
+    assert!(hub.view("prices").is_some(), "another read holds it");
+    drop(second);
+    assert!(hub.view("prices").is_none(), "no read holds it: forgotten");
 
     // A commit that holds the forgotten view publishes to its successor.
     let batch = GuestBatch::of_events(vec![event(EventKind::Update, "A", "1")]);
@@ -170,13 +175,27 @@ async fn a_view_a_read_made_is_forgotten_while_idle_and_a_commit_survives_the_ra
     assert_eq!(view.keys(), 1);
     assert_eq!(made.keys(), 0);
 
-    // A view with an event, or one a runtime declares, is never forgotten this way.
-    let again = hub.declare_on_demand("prices");
-    hub.forget_if_idle(&again);
-    assert!(hub.view("prices").is_some());
-    let declared = hub.declare("orders");
-    hub.forget_if_idle(&declared);
-    assert!(hub.view("orders").is_some());
+    // A view a read holds when the first event comes is the one the event goes to, and lasts.
+    let held = hub.hold_on_demand("orders");
+    let batch = GuestBatch::of_events(vec![GuestEvent::new(
+        Arc::from("orders"),
+        "A".to_owned(),
+        EventKind::Update,
+        Bytes::from_static(b"1"),
+    )]);
+    hub.commit("demo", batch, crate::log::unix_ms_now()).await;
+    assert_eq!(held.view().keys(), 1, "the reader's view got the event");
+    assert!(held.view().lasting());
+    drop(held);
+    assert!(hub.view("orders").is_some(), "published to: it stays");
+
+    // Declared by a runtime while a read held it: it stays too, and is kept in snapshots.
+    let held = hub.hold_on_demand("quotes");
+    hub.declare("quotes");
+    drop(held);
+    assert!(hub.view("quotes").is_some());
+    let dumped: Vec<String> = hub.dump_states().into_iter().map(|d| d.view).collect();
+    assert_eq!(dumped, ["orders", "prices", "quotes"]);
 }
 
 #[tokio::test]

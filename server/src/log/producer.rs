@@ -22,6 +22,14 @@
 //! batch): one more than the highest the table knows for the id, which fences every older
 //! holder, with its next `seq` 0.
 //!
+//! ## The last epoch
+//!
+//! Epochs end at [`ProducerEpoch::LAST`] (`u64::MAX`), which a claim takes only from the epoch
+//! before it: a batch may not bring it unclaimed ([`Verdict::LastEpoch`]), since no claim could
+//! then fence its sender. Once a producer holds it, the epoch space of its id is used up, and a
+//! claim is refused ([`ClaimError::EpochsUsedUp`]) rather than handing out an epoch that fences
+//! nobody.
+//!
 //! The table holds at most [`MAX_PRODUCERS`] ids; past it the one that committed least recently
 //! is forgotten (deterministically, so a replay forgets the same one). A forgotten producer that
 //! comes back is told to start again at `seq` 0.
@@ -59,6 +67,9 @@ pub const RECEIPTS_KEPT: usize = 8;
 pub struct ProducerEpoch(u64);
 
 impl ProducerEpoch {
+    /// The last epoch: only a claim takes it (see the module docs).
+    pub const LAST: Self = Self(u64::MAX);
+
     /// Epoch `epoch`, as a `Producer-Epoch` header (or a test) gives it.
     pub const fn new(epoch: u64) -> Self {
         Self(epoch)
@@ -69,10 +80,13 @@ impl ProducerEpoch {
         self.0
     }
 
-    /// The epoch a claim takes after this one.
+    /// The epoch a claim takes after this one; `None` after [`ProducerEpoch::LAST`].
     #[must_use]
-    pub const fn next(self) -> Self {
-        Self(self.0.saturating_add(1))
+    pub const fn next(self) -> Option<Self> {
+        match self.0.checked_add(1) {
+            Some(next) => Some(Self(next)),
+            None => None,
+        }
     }
 }
 
@@ -196,6 +210,20 @@ pub enum Verdict {
         /// The producer's current epoch.
         current: ProducerEpoch,
     },
+    /// [`ProducerEpoch::LAST`], which the producer did not claim: no claim could fence it.
+    LastEpoch,
+}
+
+/// Why a claim takes no epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClaimError {
+    /// The producer holds [`ProducerEpoch::LAST`]: there is no higher epoch to fence it with.
+    #[error(
+        "the producer holds epoch {}, the last one: no claim can fence it; use another producer id",
+        ProducerEpoch::LAST
+    )]
+    EpochsUsedUp,
 }
 
 /// One of a producer's last batches.
@@ -284,7 +312,11 @@ pub struct Undo {
 impl ProducerTable {
     /// The verdict on `stamp`, a batch whose input has the digest `input`.
     pub fn check(&self, stamp: &ProducerStamp, input: InputDigest) -> Verdict {
-        let Some(last) = self.entries.get(&stamp.id) else {
+        let last = self.entries.get(&stamp.id);
+        if stamp.epoch == ProducerEpoch::LAST && last.is_none_or(|last| last.epoch != stamp.epoch) {
+            return Verdict::LastEpoch;
+        }
+        let Some(last) = last else {
             return match stamp.seq {
                 ProducerSeq::FIRST => Verdict::Next,
                 _ => Verdict::OutOfOrder {
@@ -345,12 +377,16 @@ impl ProducerTable {
     /// Claims a new epoch for `id`: one more than the highest this table knows for it (1 for
     /// an id it does not know), with the next `seq` 0. Every batch of an older epoch is fenced
     /// from here on.
-    pub fn claim(&mut self, id: &str) -> (ProducerEpoch, Undo) {
+    ///
+    /// # Errors
+    /// [`ClaimError::EpochsUsedUp`] when `id` holds [`ProducerEpoch::LAST`]; nothing changes.
+    pub fn claim(&mut self, id: &str) -> Result<(ProducerEpoch, Undo), ClaimError> {
         let previous = self.entries.get(id).cloned();
         let epoch = previous
             .as_ref()
             .map_or(ProducerEpoch::default(), |last| last.epoch)
-            .next();
+            .next()
+            .ok_or(ClaimError::EpochsUsedUp)?;
         let entry = Entry {
             epoch,
             seq: ProducerSeq::FIRST,
@@ -360,7 +396,7 @@ impl ProducerTable {
             input: None,
             earlier: VecDeque::new(),
         };
-        (epoch, self.put(id, entry, previous))
+        Ok((epoch, self.put(id, entry, previous)))
     }
 
     /// Puts `entry` in as the most recently used, forgetting the least recent past the limit.

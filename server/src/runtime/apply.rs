@@ -229,7 +229,11 @@ impl<S: BatchSink> Task<S> {
         }
         match &entry.producer {
             Some(stamp) if stamp.claim => {
-                self.last.producers.claim(&stamp.id);
+                // A claim is logged only once it took an epoch; one that finds none changes
+                // nothing, here as where it was judged.
+                if let Err(error) = self.last.producers.claim(&stamp.id) {
+                    tracing::warn!(producer = %stamp.id, %error, position = position.get(), "a logged claim took no epoch");
+                }
             }
             Some(stamp) => {
                 self.last

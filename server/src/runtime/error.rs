@@ -1,7 +1,7 @@
 //! What a runtime answers when a batch, a deploy or a logged record does not go through.
 
 use crate::host::{GuestError, ModuleFingerprint};
-use crate::log::producer::{ProducerEpoch, ProducerSeq};
+use crate::log::producer::{ClaimError, ProducerEpoch, ProducerSeq};
 use crate::log::Break;
 use crate::log::LogPosition;
 
@@ -131,6 +131,24 @@ pub enum IngestError {
         epoch: ProducerEpoch,
         /// The producer's current epoch.
         current: ProducerEpoch,
+    },
+    /// The batch brought [`ProducerEpoch::LAST`], which its producer did not claim: no claim
+    /// could fence it.
+    #[error("runtime `{runtime}`: Producer-Epoch {} is the last epoch, which only a claim gives: no claim could fence a batch that brings it; send a lower epoch, or claim one (POST /runtimes/{runtime}/producers/{{id}})", ProducerEpoch::LAST)]
+    LastEpoch {
+        /// The runtime.
+        runtime: String,
+    },
+    /// A producer's claim took no epoch.
+    #[error("runtime `{runtime}`: producer `{producer}`: {source}")]
+    Claim {
+        /// The runtime.
+        runtime: String,
+        /// The producer id.
+        producer: String,
+        /// Why.
+        #[source]
+        source: ClaimError,
     },
     /// The log could not make the batch durable; nothing of it was committed, and nothing is
     /// until the log has been reopened and verified (it is, in the background).

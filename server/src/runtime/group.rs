@@ -130,7 +130,16 @@ impl<S: BatchSink> Task<S> {
         let mut input = None;
         if let Some(stamp) = &entry.producer {
             if stamp.claim {
-                let (epoch, claimed) = self.last.producers.claim(&stamp.id);
+                let (epoch, claimed) = match self.last.producers.claim(&stamp.id) {
+                    Ok(claimed) => claimed,
+                    Err(source) => {
+                        return refused(IngestError::Claim {
+                            runtime: self.name.to_string(),
+                            producer: stamp.id.clone(),
+                            source,
+                        })
+                    }
+                };
                 undo.push(claimed);
                 entry.outcome = Outcome::Committed(Digest::default());
                 return Staging {
@@ -176,6 +185,11 @@ impl<S: BatchSink> Task<S> {
                         runtime: self.name.to_string(),
                         epoch: stamp.epoch,
                         current,
+                    })
+                }
+                Verdict::LastEpoch => {
+                    return refused(IngestError::LastEpoch {
+                        runtime: self.name.to_string(),
                     })
                 }
             }

@@ -151,7 +151,7 @@ impl Snapshots {
             }
         }
         let mut views = body.views;
-        for view in self.hub.views() {
+        for view in self.hub.views().iter().filter(|view| view.lasting()) {
             if !views.iter().any(|v| v.view == view.name()) {
                 views.push(ViewStateDump {
                     view: view.name().to_owned(),

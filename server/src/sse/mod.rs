@@ -55,7 +55,7 @@ use viewtape_journal::{CompactString, Cursor};
 
 use crate::config::ServerConfig;
 use crate::hub::narrow::Narrow;
-use crate::hub::{Hub, StateCut, View};
+use crate::hub::{Hub, ReadHold, StateCut, View};
 use crate::metrics::Metrics;
 use crate::sse::socket::SharedTcp;
 
@@ -129,9 +129,6 @@ pub struct Streams {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
-    /// The view does not exist.
-    #[error("no such view")]
-    NoSuchView,
     /// Every SSE connection permit is taken.
     #[error("too many SSE connections (limit {limit})")]
     Full {
@@ -165,28 +162,28 @@ impl Streams {
         }
     }
 
-    /// A subscriber of `view`, starting as `start` says, reading the keys `narrow` takes.
+    /// A subscriber of the view `view` holds, starting as `start` says, reading the keys `narrow`
+    /// takes; it holds the view until it ends.
     ///
     /// The stream ends at `expires_at` (Unix seconds: the reader's token's `exp`) with a last
     /// `event: reauth` and no `id`; the client reconnects with a fresh token and its cursor.
     ///
     /// # Errors
-    /// [`OpenError::NoSuchView`], or [`OpenError::Full`] past `max_connections`.
+    /// [`OpenError::Full`] past `max_connections`.
     pub fn open(
         self: &Arc<Self>,
-        view: &str,
+        view: ReadHold,
         start: Start,
         narrow: Narrow,
         expires_at: Option<u64>,
     ) -> Result<Subscriber, OpenError> {
-        let view = self.hub.view(view).ok_or(OpenError::NoSuchView)?;
         let permit = Arc::clone(&self.permits).try_acquire_owned().map_err(|_| {
             self.metrics.connections_refused.inc();
             OpenError::Full {
                 limit: self.max_connections,
             }
         })?;
-        tracing::debug!(view = view.name(), ?start, ?narrow, "subscribed");
+        tracing::debug!(view = view.view().name(), ?start, ?narrow, "subscribed");
         let mut subscriber = Subscriber::new(Arc::clone(self), view, start, narrow, permit);
         subscriber.expiry = expires_at.map(|exp| {
             let left = exp.saturating_sub(crate::log::unix_ms_now() / 1000);
@@ -278,5 +275,7 @@ pub struct Subscriber {
     direct: Option<SharedTcp>,
     /// Its place among the view's parked subscribers, while parked.
     place: Option<Place>,
+    /// Holds `view` while the stream lasts: a view only reads made is not forgotten under it.
+    _hold: ReadHold,
     _permit: OwnedSemaphorePermit,
 }

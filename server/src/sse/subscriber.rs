@@ -13,18 +13,19 @@ use super::wake::Wake;
 use super::{Phase, Start, Streams, Subscriber};
 use crate::hub::frame::{self, ResetReason};
 use crate::hub::narrow::Narrow;
-use crate::hub::{Hub, View};
+use crate::hub::{Hub, ReadHold, View};
 use crate::metrics::Metrics;
 use crate::sse::socket::SharedTcp;
 
 impl Subscriber {
     pub(super) fn new(
         streams: Arc<Streams>,
-        view: Arc<View>,
+        hold: ReadHold,
         start: Start,
         narrow: Narrow,
         permit: OwnedSemaphorePermit,
     ) -> Self {
+        let view = Arc::clone(hold.view());
         let (hub, metrics) = (&streams.hub, &streams.metrics);
         // Registered before the tape is first read: nothing committed after that read is missed.
         let wake = Wake::register(&view, &narrow);
@@ -55,6 +56,7 @@ impl Subscriber {
             until: None,
             direct: None,
             place: None,
+            _hold: hold,
             _permit: permit,
         }
     }
@@ -186,6 +188,5 @@ impl Drop for Subscriber {
         }
         self.streams.metrics.connections.dec();
         self.view.count_subscriber(false);
-        self.streams.hub.forget_if_idle(&self.view);
     }
 }

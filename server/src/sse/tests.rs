@@ -135,7 +135,12 @@ fn connect(
         shutdown.clone(),
     ));
     streams
-        .open("v", start, narrow.clone(), None)
+        .open(
+            hub.hold("v").expect("the view exists"),
+            start,
+            narrow.clone(),
+            None,
+        )
         .unwrap()
         .into_stream()
         .boxed()

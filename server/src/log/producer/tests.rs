@@ -128,11 +128,11 @@ fn a_used_seq_with_another_input_is_refused() {
 #[test]
 fn a_claim_fences_every_older_holder_and_starts_at_seq_0() {
     let mut table = ProducerTable::default();
-    let (first, _) = table.claim("p");
+    let (first, _) = table.claim("p").unwrap();
     assert_eq!(first, ProducerEpoch(1));
     assert_eq!(table.next("p"), Some((first, ProducerSeq::FIRST)));
     send(&mut table, 1, 0, 5);
-    let (second, undo) = table.claim("p");
+    let (second, undo) = table.claim("p").unwrap();
     assert_eq!(second, ProducerEpoch(2));
     assert_eq!(
         table.check(&stamp("p", 1, 1), input(6)),
@@ -142,6 +142,43 @@ fn a_claim_fences_every_older_holder_and_starts_at_seq_0() {
     assert_eq!(table.check(&stamp("p", 2, 0), input(5)), Verdict::Next);
     table.undo(undo);
     assert_eq!(table.next("p"), Some((first, ProducerSeq(1))));
+}
+
+/// A batch could bring epoch `u64::MAX` and every claim after it stayed there, fencing nobody:
+/// unclaimed, the last epoch is refused, and a claim past it takes none.
+#[test]
+fn the_last_epoch_is_only_claimed_and_no_claim_goes_past_it() {
+    let mut table = ProducerTable::default();
+    let last = ProducerEpoch::LAST;
+    assert_eq!(last.get(), u64::MAX);
+    assert_eq!(
+        table.check(&stamp("p", u64::MAX, 0), input(0)),
+        Verdict::LastEpoch,
+        "a new id"
+    );
+    send(&mut table, 0, 0, 1);
+    assert_eq!(
+        table.check(&stamp("p", u64::MAX, 0), input(0)),
+        Verdict::LastEpoch,
+        "a known id"
+    );
+    // The epoch before the last may be sent: a claim can still fence it, with the last.
+    send(&mut table, u64::MAX - 1, 0, 2);
+    let (claimed, _) = table.claim("p").unwrap();
+    assert_eq!(claimed, last);
+    assert_eq!(
+        table.check(&stamp("p", u64::MAX - 1, 1), input(3)),
+        Verdict::Fenced { current: last }
+    );
+    // Claimed, it runs.
+    send(&mut table, u64::MAX, 0, 4);
+    // Then the epoch space is used up: the claim is refused and changes nothing.
+    let before = table.clone();
+    assert_eq!(table.claim("p").err(), Some(ClaimError::EpochsUsedUp));
+    assert_eq!(table, before);
+    assert_eq!(table.next("p"), Some((last, ProducerSeq(1))));
+    // Another id is not concerned.
+    assert_eq!(table.claim("q").unwrap().0, ProducerEpoch(1));
 }
 
 #[test]
