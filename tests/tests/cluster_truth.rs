@@ -173,3 +173,39 @@ async fn a_put_through_one_node_is_read_through_another_after_its_position() -> 
     }
     Ok(())
 }
+
+/// Three nodes started in the same moment on a fresh stream, ten times: each settles (the
+/// demo's runtime declared by one of them, taken by the others) and is ready, every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_started_together_all_become_ready() -> anyhow::Result<()> {
+    for round in 0..10 {
+        let nats = NatsServer::start().await?;
+        let url = nats.url();
+        let args = ["--nats", url.as_str()];
+        let (a, b, c) = tokio::join!(
+            Server::start(&args),
+            Server::start(&args),
+            Server::start(&args)
+        );
+        let nodes = [a?, b?, c?];
+        for node in &nodes {
+            node.ready(CONVERGE)
+                .await
+                .with_context(|| format!("round {round}:\n{}", node.logs()))?;
+        }
+        let resp = nodes[2]
+            .ingest("demo", "{\"symbol\":\"ACME\",\"price\":1.5,\"seq\":1}\n")
+            .await?;
+        ensure!(
+            resp.status() == 200,
+            "round {round}: {} {}",
+            resp.status(),
+            resp.text()
+        );
+        let last = position(&resp.json()?)?;
+        for node in &nodes {
+            applied(node, last).await?;
+        }
+    }
+    Ok(())
+}
