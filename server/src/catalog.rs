@@ -197,7 +197,9 @@ impl Catalog {
         module: GuestModule,
         saved: RuntimeSnapshot,
     ) -> Result<(), CatalogError> {
-        let handle = self.spawn(name, &definition, module, Some(saved)).await?;
+        let handle = self
+            .spawn(name, &definition, module, Some(saved), None)
+            .await?;
         self.install(handle, definition);
         Ok(())
     }
@@ -456,8 +458,9 @@ impl Catalog {
         // history this node lacks).
         let mut saved = saved.unwrap_or_default();
         saved.ran(&entry.definition.module);
+        let previous = existing.as_ref().map(|registered| &registered.handle);
         let handle = self
-            .spawn(&name, &entry.definition, module, Some(saved))
+            .spawn(&name, &entry.definition, module, Some(saved), previous)
             .await?;
         // Judged as a deploy is: the views' values must fit the schemas that change.
         if let Some(previous) = &existing {
@@ -497,15 +500,18 @@ impl Catalog {
         Ok((changed, position))
     }
 
-    /// A task running `definition` on `module`, from `saved` (else the guest's `init`).
+    /// A task running `definition` on `module`, from `saved` (else the guest's `init`),
+    /// replacing `previous` if any.
     async fn spawn(
         &self,
         name: &str,
         definition: &Definition,
         module: GuestModule,
         saved: Option<RuntimeSnapshot>,
+        previous: Option<&RuntimeHandle>,
     ) -> Result<RuntimeHandle, CatalogError> {
-        RuntimeHandle::spawn(
+        RuntimeHandle::spawn_after(
+            previous,
             module,
             runtime_config(name, definition)?,
             saved,

@@ -209,3 +209,97 @@ async fn nodes_started_together_all_become_ready() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Ingest through one node while another replaces the runtime again and again: every batch
+/// answered `200` is served, every one answered `503 unavailable` is not (and never will be),
+/// and none waits past the apply timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_replacement_churn_a_refusal_means_not_applied() -> anyhow::Result<()> {
+    let nats = NatsServer::start().await?;
+    let nodes = admin_nodes(&nats, TOKEN, 2).await?;
+    let define = json!({"module": "builtin:json", "views": ["churn"]}).to_string();
+    let made = admin_ok(
+        &nodes[1],
+        "PUT",
+        "/admin/runtimes/churn",
+        &[],
+        define.as_bytes(),
+        201,
+    )
+    .await?;
+    applied(&nodes[0], made["position"].as_u64().context("a position")?).await?;
+    let addr = nodes[1].addr();
+    let churn = tokio::spawn(async move {
+        let auth = format!("Bearer {TOKEN}");
+        for i in 0..40 {
+            let body = json!({"module": "builtin:json", "views": ["churn"], "limits": {"fuel": 1_000_000_000 + i}}).to_string();
+            let resp = viewtape_tests::http::request(
+                addr,
+                "PUT",
+                "/admin/runtimes/churn",
+                &[("Authorization", &auth)],
+                body.as_bytes(),
+            )
+            .await?;
+            ensure!(
+                resp.status() == 200 || resp.status() == 503,
+                "{} {}",
+                resp.status(),
+                resp.text()
+            );
+        }
+        Ok::<_, anyhow::Error>(())
+    });
+    let mut answers = Vec::new();
+    for i in 0..200 {
+        let line = format!(
+            "{}\n",
+            json!({"view": "churn", "key": format!("k{i}"), "value": i})
+        );
+        let sent = std::time::Instant::now();
+        let resp = nodes[0].ingest("churn", &line).await?;
+        ensure!(
+            sent.elapsed() < std::time::Duration::from_secs(8),
+            "k{i} took {:?}",
+            sent.elapsed()
+        );
+        let code = match resp.status() {
+            200 => "ok".to_owned(),
+            _ => {
+                let body = resp.json()?;
+                ensure!(body["error"] != "not_found", "k{i}: {body}");
+                body["error"].as_str().unwrap_or_default().to_owned()
+            }
+        };
+        answers.push(code);
+        if churn.is_finished() && i >= 50 {
+            break;
+        }
+    }
+    churn.await??;
+    // A last batch through each node: both have applied everything before it.
+    let resp = nodes[1]
+        .ingest(
+            "churn",
+            "{\"view\":\"churn\",\"key\":\"last\",\"value\":0}\n",
+        )
+        .await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    let last = position(&resp.json()?)?;
+    for node in &nodes {
+        applied(node, last).await?;
+    }
+    let state = nodes[0].get("/views/churn").await?.json()?;
+    let entries = &state["entries"];
+    for (i, code) in answers.iter().enumerate() {
+        let served = !entries[format!("k{i}")].is_null();
+        match code.as_str() {
+            "ok" => ensure!(served, "k{i} was acknowledged but is not served: {state}"),
+            "unavailable" => ensure!(!served, "k{i} was refused but applied"),
+            "outcome_unknown" => {}
+            other => anyhow::bail!("k{i}: {other}"),
+        }
+    }
+    ensure!(nodes[1].get("/views/churn").await?.json()?["entries"] == *entries);
+    Ok(())
+}

@@ -133,6 +133,24 @@ impl RuntimeHandle {
         sink: Arc<S>,
         log: Arc<Log>,
     ) -> Result<Self, GuestError> {
+        Self::spawn_after(None, module, config, restore, journal, sink, log).await
+    }
+
+    /// [`RuntimeHandle::spawn`] of the task that replaces `previous` (if any): the verdicts on
+    /// what was published to a cluster's stream are shared, so that a batch the replacement
+    /// applies answers the request that waits on it through the replaced task.
+    ///
+    /// # Errors
+    /// As [`RuntimeHandle::spawn`].
+    pub(crate) async fn spawn_after<S: BatchSink>(
+        previous: Option<&RuntimeHandle>,
+        module: GuestModule,
+        config: RuntimeConfig,
+        restore: Option<RuntimeSnapshot>,
+        journal: Arc<EventJournal>,
+        sink: Arc<S>,
+        log: Arc<Log>,
+    ) -> Result<Self, GuestError> {
         let last = restore.unwrap_or_default();
         let name: Arc<str> = Arc::from(config.name.as_str());
         let stats = Arc::new(RuntimeStats::default());
@@ -164,7 +182,7 @@ impl RuntimeHandle {
             views: Arc::clone(&views),
             guest_config,
             log: Arc::clone(&log),
-            verdicts: Arc::default(),
+            verdicts: previous.map_or_else(Arc::default, |previous| Arc::clone(&previous.verdicts)),
         };
         let task = Task {
             name: Arc::clone(&handle.name),
