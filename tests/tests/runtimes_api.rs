@@ -484,3 +484,48 @@ async fn a_batch_queued_across_a_replacement_runs_on_the_replacement() -> anyhow
     );
     Ok(())
 }
+
+/// Writes `head` (a request with `Expect: 100-continue` and no body yet); the status line of
+/// the first answer.
+async fn first_answer(server: &Server, head: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(server.addr()).await?;
+    stream.write_all(head.as_bytes()).await?;
+    let mut seen = Vec::new();
+    while !seen.windows(2).any(|w| w == b"\r\n") {
+        let mut buf = [0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await??;
+        ensure!(n > 0, "closed: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let seen = String::from_utf8_lossy(&seen);
+    Ok(seen.lines().next().unwrap_or_default().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_continue_past_an_admin_routes_limit_gets_413_and_no_invitation(
+) -> anyhow::Result<()> {
+    let server = start().await?;
+    let head = |method: &str, path: &str, length: usize| {
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\
+             Content-Length: {length}\r\nExpect: 100-continue\r\n\r\n"
+        )
+    };
+    for (method, path, length) in [
+        ("POST", "/admin/modules", 70 << 20),
+        ("PUT", "/admin/runtimes/demo/module", 70 << 20),
+        ("PUT", "/admin/runtimes/big", 1 << 20),
+        ("POST", "/admin/restore", 64 << 10),
+    ] {
+        let status = first_answer(&server, &head(method, path, length)).await?;
+        ensure!(
+            status.starts_with("HTTP/1.1 413 "),
+            "{method} {path}: {status}"
+        );
+    }
+    // Within the limit, the client is invited to send its body.
+    let status = first_answer(&server, &head("POST", "/admin/modules", 1 << 20)).await?;
+    ensure!(status == "HTTP/1.1 100 Continue", "{status}");
+    Ok(())
+}

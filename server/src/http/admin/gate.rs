@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 use crate::catalog::Catalog;
 use crate::cluster::Cluster;
 use crate::deploy::Deployer;
+use crate::http::body::read_body;
 use crate::http::query::Params;
 use crate::http::ApiError;
 use crate::runtime::registry::Runtimes;
@@ -143,8 +144,7 @@ impl FromRequestParts<Arc<Admin>> for Authorized {
 /// takes, as a refusal says it.
 ///
 /// # Errors
-/// `400 bad_request`, in our words: the body is too large, not a JSON object, holds a field the
-/// route does not take (named), or a field is missing or of the wrong type.
+/// As [`json_object`]'s, and `400 bad_request` for a field missing or of the wrong type.
 pub(super) async fn json_body<T: serde::de::DeserializeOwned>(
     body: axum::body::Body,
     fields: &[&str],
@@ -159,17 +159,16 @@ pub(super) async fn json_body<T: serde::de::DeserializeOwned>(
 /// holding only `fields`.
 ///
 /// # Errors
-/// `400 bad_request`, in our words: the body is too large, not a JSON object, or holds a field
-/// the route does not take (named).
+/// `413 body_too_large` past `max` (refused before the body is read when its declared length
+/// says so); `400 bad_request`, in our words: not a JSON object, or a field the route does not
+/// take (named).
 pub(super) async fn json_object(
     body: axum::body::Body,
     max: usize,
     fields: &[&str],
     shape: &str,
 ) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
-    let bytes: Bytes = axum::body::to_bytes(body, max)
-        .await
-        .map_err(|_| ApiError::bad_request(format!("body larger than {max} bytes")))?;
+    let bytes: Bytes = read_body(body, max).await?;
     let expected = || ApiError::bad_request(format!("expected a JSON body {shape}"));
     // No body at all is no fields; anything else must be a JSON object (blank lines are not).
     let object = if bytes.is_empty() {

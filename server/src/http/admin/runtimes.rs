@@ -3,7 +3,7 @@
 //! | route | what |
 //! |---|---|
 //! | `POST /admin/modules` | body: a guest module, WebAssembly or JavaScript (at most 64 MiB); checked and kept by SHA-256: `{"module":"sha256:…","kind":"wasm"|"js","bytes":N}`, the same for the same bytes |
-//! | `PUT /admin/runtimes/{runtime}` | body: `{"module","views"[,"config","schemas","limits"]}`; `201` created, `200` replaced (the state carried over as by a deploy) or unchanged; `400` a body that is not such JSON, `422` a wrong field (named in `field`), `409 view_conflict` a view another runtime has |
+//! | `PUT /admin/runtimes/{runtime}` | body: `{"module","views"[,"config","schemas","limits"]}`; `201` created, `200` replaced (the state carried over as by a deploy) or unchanged; `400` a body that is not such JSON, `413` one over 256 KiB, `422` a wrong field (named in `field`), `409 view_conflict` a view another runtime has |
 //! | `GET /admin/runtimes/{runtime}` | its definition and status |
 //! | `DELETE /admin/runtimes/{runtime}` | `200`; its ingest answers `404` from then on and its views are retired |
 //!
@@ -25,6 +25,7 @@ use crate::catalog::{CatalogError, Changed};
 use crate::config::{LimitsSection, BUILTIN_GUESTS};
 use crate::deploy::MAX_MODULE_BYTES;
 use crate::host::ModuleFingerprint;
+use crate::http::body::read_body;
 use crate::http::ApiError;
 use crate::log::Definition;
 use crate::runtime::registry::Registered;
@@ -76,9 +77,7 @@ pub(super) async fn put_module(
     State(admin): State<Arc<Admin>>,
     body: axum::body::Body,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let bytes = axum::body::to_bytes(body, MAX_MODULE_BYTES)
-        .await
-        .map_err(|_| ApiError::too_large(MAX_MODULE_BYTES))?;
+    let bytes = read_body(body, MAX_MODULE_BYTES).await?;
     let size = bytes.len();
     let module = admin.deployer().keep("(upload)", bytes).await?;
     tracing::info!(action = "module", module = %module.fingerprint(), bytes = size, "admin: module kept");
