@@ -485,6 +485,80 @@ async fn a_batch_queued_across_a_replacement_runs_on_the_replacement() -> anyhow
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_bodies_are_read_strictly_in_our_words() -> anyhow::Result<()> {
+    let server = start().await?;
+    let cases: [(&[u8], u16, &str); 8] = [
+        // A key given twice is refused, naming it, at any depth: no last-one-wins.
+        (
+            br#"{"module":"builtin:json","views":["x"],"views":["y"]}"#,
+            400,
+            "views",
+        ),
+        (
+            br#"{"module":"builtin:json","views":["x"],"limits":{"fuel":1,"fuel":0}}"#,
+            400,
+            "limits.fuel",
+        ),
+        (
+            br#"{"module":"builtin:json","views":["x"],"schemas":{"x":{"type":"object","type":"array"}}}"#,
+            400,
+            "schemas.x.type",
+        ),
+        // `limits` is an object, never read by position (`[1]` was one byte of memory).
+        (
+            br#"{"module":"builtin:json","views":["x"],"limits":[1]}"#,
+            422,
+            "limits",
+        ),
+        (
+            br#"{"module":"builtin:json","views":["x"],"limits":{"memory":[1]}}"#,
+            422,
+            "limits.memory",
+        ),
+        (
+            br#"{"module":"builtin:json","views":["x"],"limits":{"fuel":-1}}"#,
+            422,
+            "limits.fuel",
+        ),
+        (
+            br#"{"module":"builtin:json","views":["x"],"limits":{"max_events":1}}"#,
+            422,
+            "limits.max_events",
+        ),
+        (br#"{"module":"builtin:json","views":5}"#, 422, "views"),
+    ];
+    for (body, status, field) in cases {
+        let resp = admin(&server, "PUT", "/admin/runtimes/strict", body).await?;
+        let text = resp.text();
+        let shown = String::from_utf8_lossy(body);
+        ensure!(resp.status() == status, "{shown}: {} {text}", resp.status());
+        let json: serde_json::Value = serde_json::from_str(&text)?;
+        ensure!(json["field"] == field, "{shown}: {json}");
+        ensure!(
+            json["message"].as_str().is_some_and(|m| m.contains(field)),
+            "{shown}: {json}"
+        );
+        ensure!(http::error_body_problem(&text).is_none(), "{shown}: {text}");
+        for serde in [
+            "invalid type",
+            "expected struct",
+            "sequence",
+            "untagged",
+            "line 1",
+        ] {
+            ensure!(!text.contains(serde), "{shown}: serde's words: {text}");
+        }
+    }
+    ensure!(
+        admin(&server, "GET", "/admin/runtimes/strict", b"")
+            .await?
+            .status()
+            == 404
+    );
+    Ok(())
+}
+
 /// Writes `head` (a request with `Expect: 100-continue` and no body yet); the status line of
 /// the first answer.
 async fn first_answer(server: &Server, head: &str) -> anyhow::Result<String> {

@@ -28,10 +28,10 @@
 //! ## Strict inputs
 //!
 //! No admin route takes a query parameter, and a JSON body holds exactly the fields its route
-//! names: anything else is a `400` naming it, checked after the token. An operator's typo is
-//! never silently ignored. A body over its route's limit is a `413`, before any of it is read
-//! when its `Content-Length` says so (a client that sent `Expect: 100-continue` is not invited
-//! to upload).
+//! names, each key once at any depth (JSON readers disagree on which of two wins): anything else
+//! is a `400` naming it, checked after the token. An operator's typo is never silently ignored.
+//! A body over its route's limit is a `413`, before any of it is read when its `Content-Length`
+//! says so (a client that sent `Expect: 100-continue` is not invited to upload).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
