@@ -485,10 +485,20 @@ async fn a_batch_queued_across_a_replacement_runs_on_the_replacement() -> anyhow
     Ok(())
 }
 
+/// What `PUT /admin/runtimes/{runtime}` takes, out of what `GET` shows of a runtime.
+fn definition_of(shown: &serde_json::Value) -> serde_json::Value {
+    let fields = ["module", "views", "config", "schemas", "limits"];
+    fields
+        .iter()
+        .map(|&field| (field.to_owned(), shown[field].clone()))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_bodies_are_read_strictly_in_our_words() -> anyhow::Result<()> {
     let server = start().await?;
-    let cases: [(&[u8], u16, &str); 8] = [
+    let cases: [(&[u8], u16, &str); 9] = [
         // A key given twice is refused, naming it, at any depth: no last-one-wins.
         (
             br#"{"module":"builtin:json","views":["x"],"views":["y"]}"#,
@@ -520,6 +530,11 @@ async fn admin_bodies_are_read_strictly_in_our_words() -> anyhow::Result<()> {
             br#"{"module":"builtin:json","views":["x"],"limits":{"fuel":-1}}"#,
             422,
             "limits.fuel",
+        ),
+        (
+            br#"{"module":"builtin:json","views":["x"],"limits":{"batch_timeout":"500us"}}"#,
+            422,
+            "limits.batch_timeout",
         ),
         (
             br#"{"module":"builtin:json","views":["x"],"limits":{"max_events":1}}"#,
@@ -556,6 +571,41 @@ async fn admin_bodies_are_read_strictly_in_our_words() -> anyhow::Result<()> {
             .status()
             == 404
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_definition_as_get_shows_it_is_put_back_unchanged() -> anyhow::Result<()> {
+    let server = start().await?;
+    let limits = [
+        serde_json::json!(null),
+        serde_json::json!({"memory": "32MiB", "fuel": 1_000_000, "batch_timeout": "1500ms",
+            "max_batch": 65_536, "max_event": "4KiB"}),
+        serde_json::json!({"batch_timeout": "1ms", "memory": 16_777_216, "max_event": 1}),
+    ];
+    for (i, limits) in limits.into_iter().enumerate() {
+        let runtime = format!("round{i}");
+        let mut definition = serde_json::json!({
+            "module": "builtin:json",
+            "views": [format!("round{i}")],
+            "config": "",
+            "schemas": {format!("round{i}"): {"type": "object"}},
+        });
+        if !limits.is_null() {
+            definition["limits"] = limits;
+        }
+        put(&server, &runtime, definition, 201).await?;
+        let path = format!("/admin/runtimes/{runtime}");
+        let shown: serde_json::Value = admin(&server, "GET", &path, b"").await?.json()?;
+        let again = definition_of(&shown);
+        let replaced = put(&server, &runtime, again.clone(), 200).await?;
+        ensure!(
+            definition_of(&replaced) == again,
+            "{runtime}: {again} became {replaced}"
+        );
+        let shown_again: serde_json::Value = admin(&server, "GET", &path, b"").await?.json()?;
+        ensure!(definition_of(&shown_again) == again, "{shown_again}");
+    }
     Ok(())
 }
 

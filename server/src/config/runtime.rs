@@ -132,7 +132,9 @@ impl LimitsSection {
         Ok(limits)
     }
 
-    /// Checks what parses but cannot run: no fuel, or no time.
+    /// Checks what parses but cannot run: no fuel, or a `batch_timeout` that is not a whole
+    /// number of milliseconds of at least one (a runtime's definition keeps milliseconds: a
+    /// finer one would be cut, `"500us"` to nothing, and read back as what it was not).
     ///
     /// # Errors
     /// A [`Problem`] at `limits.fuel` or `limits.batch_timeout`, its message naming neither the
@@ -141,10 +143,14 @@ impl LimitsSection {
         if self.fuel == 0 {
             return Err(Problem::new("limits.fuel", "fuel must be above zero"));
         }
-        if self.batch_timeout.is_zero() {
+        let timeout = self.batch_timeout;
+        if timeout < Duration::from_millis(1) || !timeout.subsec_nanos().is_multiple_of(1_000_000) {
             return Err(Problem::new(
                 "limits.batch_timeout",
-                "batch_timeout must be above zero",
+                format!(
+                    "batch_timeout must be a whole number of milliseconds, at least 1ms (not {})",
+                    humantime_serde::re::humantime::format_duration(timeout)
+                ),
             ));
         }
         Ok(())
@@ -289,6 +295,14 @@ mod tests {
                 "limits.batch_timeout",
             ),
             (
+                serde_json::json!({"batch_timeout": "500us"}),
+                "limits.batch_timeout",
+            ),
+            (
+                serde_json::json!({"batch_timeout": "1500us"}),
+                "limits.batch_timeout",
+            ),
+            (
                 serde_json::json!({"batch_timeout": "0s"}),
                 "limits.batch_timeout",
             ),
@@ -299,6 +313,29 @@ mod tests {
             for serde in ["invalid type", "expected struct", "untagged", "sequence"] {
                 assert!(!message.contains(serde), "{value}: {message}");
             }
+        }
+    }
+
+    #[test]
+    fn limits_as_shown_are_read_back_the_same() {
+        let shown = [
+            Limits::default(),
+            Limits {
+                max_memory_bytes: 1,
+                fuel: 1,
+                batch_timeout: Duration::from_millis(1),
+                max_batch_bytes: 3 << 20,
+                max_event_bytes: 12_345,
+            },
+            Limits {
+                batch_timeout: Duration::from_millis(90_061_001),
+                ..Limits::default()
+            },
+        ];
+        for limits in shown {
+            let json = serde_json::to_value(LimitsSection::from_limits(&limits)).expect("JSON");
+            let read = LimitsSection::from_json(json.clone()).expect("read back");
+            assert_eq!(read.to_limits(), limits, "{json}");
         }
     }
 }
