@@ -319,3 +319,72 @@ async fn the_compiled_js_engine_is_kept_and_a_damaged_copy_is_replaced() -> anyh
     server.stop_graceful().await?;
     Ok(())
 }
+
+/// What a guest publishes is bounded and valid JSON, whatever it tries: a key longer than
+/// `max_event` refuses the batch (the key is not echoed whole); a gap reason of a megabyte is
+/// kept cut, and marked; a string with half a surrogate pair, nested in a value, refuses the
+/// batch, naming the key, instead of reaching the view as text that JSON readers refuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_js_guests_output_is_bounded_and_valid_json() -> anyhow::Result<()> {
+    let source = "export function init(config) { return {}; }\n\
+        export function onBatch(state, input, ctx) {\n\
+          const cmd = input.trim();\n\
+          if (cmd === 'bigkey') ctx.publish('v', 'k'.repeat(2 * 1024 * 1024), 1);\n\
+          else if (cmd === 'gap') { ctx.reportGap('r'.repeat(1024 * 1024)); ctx.publish('v', 'g', 1); }\n\
+          else if (cmd === 'lone') ctx.publish('v', 'lone', { a: ['\\uD800'] });\n\
+          else ctx.publish('v', cmd, { pair: '\\uD83D\\uDE00' });\n\
+          return state;\n\
+        }\n";
+    let dir = tempfile::tempdir()?;
+    let module = dir.path().join("bounds.js");
+    std::fs::write(&module, source)?;
+    let file = config_file(&format!(
+        "[[runtime]]\nname = \"b\"\nmodule = {:?}\nviews = [\"v\"]\n",
+        module.display().to_string()
+    ))?;
+    let path = file.path().display().to_string();
+    let server = Server::start(&["--config", &path, "--demo-rate", "0"]).await?;
+    server.ready(Duration::from_secs(30)).await?;
+
+    let refused = |resp: &viewtape_tests::Response, told: &str| -> anyhow::Result<()> {
+        let text = resp.text();
+        ensure!(resp.status() == 422, "{} {text}", resp.status());
+        let message = resp.json()?["message"]
+            .as_str()
+            .context("a message")?
+            .to_owned();
+        ensure!(message.contains(told), "{message}");
+        ensure!(
+            message.len() < 1024,
+            "the message carries the key: {} bytes",
+            message.len()
+        );
+        Ok(())
+    };
+    refused(
+        &server.ingest("b", "bigkey\n").await?,
+        "key of 2097152 bytes",
+    )?;
+    refused(&server.ingest("b", "lone\n").await?, "unpaired surrogate")?;
+
+    let kept = server.ingest("b", "gap\n").await?;
+    ensure!(kept.status() == 200, "{} {}", kept.status(), kept.text());
+    let receipt = kept.json()?;
+    let gap = receipt["gaps"][0].as_str().context("a gap")?;
+    ensure!(
+        gap.len() < 2048,
+        "the reason is bounded: {} bytes",
+        gap.len()
+    );
+    ensure!(gap.ends_with("… (cut from 1048576 bytes)"), "{gap}");
+
+    let resp = server.ingest("b", "ok\n").await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    let view = server.get("/views/v").await?;
+    let entries = view.json()?["entries"].clone();
+    ensure!(
+        entries == json!({"g": 1, "ok": {"pair": "😀"}}),
+        "{entries}"
+    );
+    Ok(())
+}

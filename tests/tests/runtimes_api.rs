@@ -567,3 +567,172 @@ async fn reads_of_names_nothing_was_published_to_make_no_view() -> anyhow::Resul
     ensure!(listed_chats(&server).await? == ["chat.first"]);
     Ok(())
 }
+
+/// What `PUT /admin/runtimes/{runtime}` takes, out of what `GET` shows of a runtime.
+fn definition_of(shown: &serde_json::Value) -> serde_json::Value {
+    let fields = ["module", "views", "config", "schemas", "limits"];
+    fields
+        .iter()
+        .map(|&field| (field.to_owned(), shown[field].clone()))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_bodies_are_read_strictly_in_our_words() -> anyhow::Result<()> {
+    let server = start().await?;
+    let cases: [(&[u8], u16, &str); 9] = [
+        // A key given twice is refused, naming it, at any depth: no last-one-wins.
+        (
+            br#"{"module":"builtin:json","views":["x"],"views":["y"]}"#,
+            400,
+            "views",
+        ),
+        (
+            br#"{"module":"builtin:json","views":["x"],"limits":{"fuel":1,"fuel":0}}"#,
+            400,
+            "limits.fuel",
+        ),
+        (
+            br#"{"module":"builtin:json","views":["x"],"schemas":{"x":{"type":"object","type":"array"}}}"#,
+            400,
+            "schemas.x.type",
+        ),
+        // `limits` is an object, never read by position (`[1]` was one byte of memory).
+        (
+            br#"{"module":"builtin:json","views":["x"],"limits":[1]}"#,
+            422,
+            "limits",
+        ),
+        (
+            br#"{"module":"builtin:json","views":["x"],"limits":{"memory":[1]}}"#,
+            422,
+            "limits.memory",
+        ),
+        (
+            br#"{"module":"builtin:json","views":["x"],"limits":{"fuel":-1}}"#,
+            422,
+            "limits.fuel",
+        ),
+        (
+            br#"{"module":"builtin:json","views":["x"],"limits":{"batch_timeout":"500us"}}"#,
+            422,
+            "limits.batch_timeout",
+        ),
+        (
+            br#"{"module":"builtin:json","views":["x"],"limits":{"max_events":1}}"#,
+            422,
+            "limits.max_events",
+        ),
+        (br#"{"module":"builtin:json","views":5}"#, 422, "views"),
+    ];
+    for (body, status, field) in cases {
+        let resp = admin(&server, "PUT", "/admin/runtimes/strict", body).await?;
+        let text = resp.text();
+        let shown = String::from_utf8_lossy(body);
+        ensure!(resp.status() == status, "{shown}: {} {text}", resp.status());
+        let json: serde_json::Value = serde_json::from_str(&text)?;
+        ensure!(json["field"] == field, "{shown}: {json}");
+        ensure!(
+            json["message"].as_str().is_some_and(|m| m.contains(field)),
+            "{shown}: {json}"
+        );
+        ensure!(http::error_body_problem(&text).is_none(), "{shown}: {text}");
+        for serde in [
+            "invalid type",
+            "expected struct",
+            "sequence",
+            "untagged",
+            "line 1",
+        ] {
+            ensure!(!text.contains(serde), "{shown}: serde's words: {text}");
+        }
+    }
+    ensure!(
+        admin(&server, "GET", "/admin/runtimes/strict", b"")
+            .await?
+            .status()
+            == 404
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_definition_as_get_shows_it_is_put_back_unchanged() -> anyhow::Result<()> {
+    let server = start().await?;
+    let limits = [
+        serde_json::json!(null),
+        serde_json::json!({"memory": "32MiB", "fuel": 1_000_000, "batch_timeout": "1500ms",
+            "max_batch": 65_536, "max_event": "4KiB"}),
+        serde_json::json!({"batch_timeout": "1ms", "memory": 16_777_216, "max_event": 1}),
+    ];
+    for (i, limits) in limits.into_iter().enumerate() {
+        let runtime = format!("round{i}");
+        let mut definition = serde_json::json!({
+            "module": "builtin:json",
+            "views": [format!("round{i}")],
+            "config": "",
+            "schemas": {format!("round{i}"): {"type": "object"}},
+        });
+        if !limits.is_null() {
+            definition["limits"] = limits;
+        }
+        put(&server, &runtime, definition, 201).await?;
+        let path = format!("/admin/runtimes/{runtime}");
+        let shown: serde_json::Value = admin(&server, "GET", &path, b"").await?.json()?;
+        let again = definition_of(&shown);
+        let replaced = put(&server, &runtime, again.clone(), 200).await?;
+        ensure!(
+            definition_of(&replaced) == again,
+            "{runtime}: {again} became {replaced}"
+        );
+        let shown_again: serde_json::Value = admin(&server, "GET", &path, b"").await?.json()?;
+        ensure!(definition_of(&shown_again) == again, "{shown_again}");
+    }
+    Ok(())
+}
+
+/// Writes `head` (a request with `Expect: 100-continue` and no body yet); the status line of
+/// the first answer.
+async fn first_answer(server: &Server, head: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(server.addr()).await?;
+    stream.write_all(head.as_bytes()).await?;
+    let mut seen = Vec::new();
+    while !seen.windows(2).any(|w| w == b"\r\n") {
+        let mut buf = [0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await??;
+        ensure!(n > 0, "closed: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let seen = String::from_utf8_lossy(&seen);
+    Ok(seen.lines().next().unwrap_or_default().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_continue_past_an_admin_routes_limit_gets_413_and_no_invitation(
+) -> anyhow::Result<()> {
+    let server = start().await?;
+    let head = |method: &str, path: &str, length: usize| {
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\
+             Content-Length: {length}\r\nExpect: 100-continue\r\n\r\n"
+        )
+    };
+    for (method, path, length) in [
+        ("POST", "/admin/modules", 70 << 20),
+        ("PUT", "/admin/runtimes/demo/module", 70 << 20),
+        ("PUT", "/admin/runtimes/big", 1 << 20),
+        ("POST", "/admin/restore", 64 << 10),
+    ] {
+        let status = first_answer(&server, &head(method, path, length)).await?;
+        ensure!(
+            status.starts_with("HTTP/1.1 413 "),
+            "{method} {path}: {status}"
+        );
+    }
+    // Within the limit, the client is invited to send its body.
+    let status = first_answer(&server, &head("POST", "/admin/modules", 1 << 20)).await?;
+    ensure!(status == "HTTP/1.1 100 Continue", "{status}");
+    Ok(())
+}

@@ -46,6 +46,9 @@ pub struct RuntimeSection {
     pub source: Option<SourceSection>,
 }
 
+/// The keys of `[runtime.limits]`.
+const LIMIT_KEYS: [&str; 5] = ["memory", "fuel", "batch_timeout", "max_batch", "max_event"];
+
 /// `[runtime.limits]`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -82,6 +85,75 @@ impl LimitsSection {
             max_batch: limits.max_batch_bytes,
             max_event: limits.max_event_bytes,
         }
+    }
+
+    /// The limits a JSON object gives (the `limits` of `PUT /admin/runtimes/{runtime}`): each
+    /// key read as a config file's, an absent one at its default; then [checked](Self::check).
+    /// Read key by key, so that a refusal names its key and says what it takes in our words.
+    ///
+    /// # Errors
+    /// A [`Problem`] at `limits` when `value` is not an object (an array is not read by
+    /// position), at `limits.KEY` for a key that is unknown, of the wrong type or impossible.
+    pub fn from_json(value: serde_json::Value) -> Result<Self, Problem> {
+        let serde_json::Value::Object(object) = value else {
+            return Err(Problem::new(
+                "limits",
+                format!("expected an object of limits ({})", LIMIT_KEYS.join(", ")),
+            ));
+        };
+        let mut limits = Self::default();
+        for (key, value) in object {
+            let read = match key.as_str() {
+                "memory" => byte_size(value).map(|n| limits.memory = n),
+                "fuel" => u64::deserialize(value).map(|n| limits.fuel = n),
+                "batch_timeout" => {
+                    humantime_serde::deserialize(value).map(|d| limits.batch_timeout = d)
+                }
+                "max_batch" => byte_size(value).map(|n| limits.max_batch = n),
+                "max_event" => byte_size(value).map(|n| limits.max_event = n),
+                _ => {
+                    let key: String = key.chars().take(64).collect();
+                    return Err(Problem::new(
+                        format!("limits.{key}"),
+                        format!("unknown limit (limits are {})", LIMIT_KEYS.join(", ")),
+                    ));
+                }
+            };
+            if read.is_err() {
+                let expected = match key.as_str() {
+                    "fuel" => "expected a whole number of fuel units",
+                    "batch_timeout" => "expected a duration such as \"1s\" or \"250ms\"",
+                    _ => "expected a byte size: a whole number of bytes, or a string such as \"512KiB\" or \"64MiB\"",
+                };
+                return Err(Problem::new(format!("limits.{key}"), expected));
+            }
+        }
+        limits.check()?;
+        Ok(limits)
+    }
+
+    /// Checks what parses but cannot run: no fuel, or a `batch_timeout` that is not a whole
+    /// number of milliseconds of at least one (a runtime's definition keeps milliseconds: a
+    /// finer one would be cut, `"500us"` to nothing, and read back as what it was not).
+    ///
+    /// # Errors
+    /// A [`Problem`] at `limits.fuel` or `limits.batch_timeout`, its message naming neither the
+    /// runtime nor the file.
+    pub fn check(&self) -> Result<(), Problem> {
+        if self.fuel == 0 {
+            return Err(Problem::new("limits.fuel", "fuel must be above zero"));
+        }
+        let timeout = self.batch_timeout;
+        if timeout < Duration::from_millis(1) || !timeout.subsec_nanos().is_multiple_of(1_000_000) {
+            return Err(Problem::new(
+                "limits.batch_timeout",
+                format!(
+                    "batch_timeout must be a whole number of milliseconds, at least 1ms (not {})",
+                    humantime_serde::re::humantime::format_duration(timeout)
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The host's limits.
@@ -177,5 +249,94 @@ impl RuntimeSection {
             out.insert(view.clone(), std::sync::Arc::new(schema));
         }
         Ok(std::sync::Arc::new(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(value: serde_json::Value) -> (String, String) {
+        let problem = LimitsSection::from_json(value).expect_err("refused");
+        (problem.key, problem.message)
+    }
+
+    #[test]
+    fn json_limits_are_read_by_key_and_refused_in_our_words() {
+        let read = LimitsSection::from_json(serde_json::json!({
+            "memory": "32MiB", "fuel": 7, "batch_timeout": "250ms", "max_event": 1024
+        }))
+        .expect("read");
+        assert_eq!(read.memory, 32 << 20);
+        assert_eq!(read.fuel, 7);
+        assert_eq!(read.batch_timeout, Duration::from_millis(250));
+        assert_eq!(read.max_event, 1024);
+        assert_eq!(read.max_batch, LimitsSection::default().max_batch);
+        // Not read by position: `[1]` would be one byte of memory.
+        for not_an_object in [
+            serde_json::json!([1]),
+            serde_json::json!(5),
+            serde_json::json!("x"),
+        ] {
+            let (key, message) = problem(not_an_object);
+            assert_eq!(key, "limits");
+            assert!(
+                message.starts_with("expected an object of limits"),
+                "{message}"
+            );
+        }
+        for (value, key) in [
+            (serde_json::json!({"memory": [1]}), "limits.memory"),
+            (serde_json::json!({"memory": "lots"}), "limits.memory"),
+            (serde_json::json!({"max_batch": -1}), "limits.max_batch"),
+            (serde_json::json!({"fuel": "many"}), "limits.fuel"),
+            (serde_json::json!({"fuel": 0}), "limits.fuel"),
+            (
+                serde_json::json!({"batch_timeout": 5}),
+                "limits.batch_timeout",
+            ),
+            (
+                serde_json::json!({"batch_timeout": "500us"}),
+                "limits.batch_timeout",
+            ),
+            (
+                serde_json::json!({"batch_timeout": "1500us"}),
+                "limits.batch_timeout",
+            ),
+            (
+                serde_json::json!({"batch_timeout": "0s"}),
+                "limits.batch_timeout",
+            ),
+            (serde_json::json!({"wat": 1}), "limits.wat"),
+        ] {
+            let (got, message) = problem(value.clone());
+            assert_eq!(got, key, "{value}");
+            for serde in ["invalid type", "expected struct", "untagged", "sequence"] {
+                assert!(!message.contains(serde), "{value}: {message}");
+            }
+        }
+    }
+
+    #[test]
+    fn limits_as_shown_are_read_back_the_same() {
+        let shown = [
+            Limits::default(),
+            Limits {
+                max_memory_bytes: 1,
+                fuel: 1,
+                batch_timeout: Duration::from_millis(1),
+                max_batch_bytes: 3 << 20,
+                max_event_bytes: 12_345,
+            },
+            Limits {
+                batch_timeout: Duration::from_millis(90_061_001),
+                ..Limits::default()
+            },
+        ];
+        for limits in shown {
+            let json = serde_json::to_value(LimitsSection::from_limits(&limits)).expect("JSON");
+            let read = LimitsSection::from_json(json.clone()).expect("read back");
+            assert_eq!(read.to_limits(), limits, "{json}");
+        }
     }
 }

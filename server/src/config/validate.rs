@@ -68,21 +68,12 @@ fn validate_runtime<'a>(
             ));
         }
     }
-    if runtime.limits.fuel == 0 {
-        return Err(Problem::new(
-            key("limits.fuel"),
-            format!("runtime {:?}: fuel must be above zero", runtime.name),
-        ));
-    }
-    if runtime.limits.batch_timeout.is_zero() {
-        return Err(Problem::new(
-            key("limits.batch_timeout"),
-            format!(
-                "runtime {:?}: batch_timeout must be above zero",
-                runtime.name
-            ),
-        ));
-    }
+    runtime.limits.check().map_err(|problem| {
+        Problem::new(
+            key(&problem.key),
+            format!("runtime {:?}: {}", runtime.name, problem.message),
+        )
+    })?;
     Ok(())
 }
 

@@ -90,12 +90,51 @@ impl GuestEvent {
         self.json.unwrap_or_else(|| self.looks_json())
     }
 
+    /// Whether an update's payload, read as JSON text, escapes a surrogate that has no partner
+    /// (`"\ud800"`, or a low one first). The JSON grammar takes it, but it is no Unicode text:
+    /// strict readers (serde_json's, I-JSON's) refuse the whole value, so it is not published.
+    /// A quick scan of the backslashes, for the text a JSON verdict takes; on other text its
+    /// answer means nothing.
+    pub fn escapes_lone_surrogate(&self) -> bool {
+        self.kind == EventKind::Update && lone_surrogate(&self.payload)
+    }
+
     /// JSON text is UTF-8: skipping a value (`IgnoredAny`) does not check that its strings are.
     fn looks_json(&self) -> bool {
         self.kind == EventKind::Update
             && std::str::from_utf8(&self.payload).is_ok()
             && serde_json::from_slice::<serde::de::IgnoredAny>(&self.payload).is_ok()
     }
+}
+
+/// Whether JSON `text` holds a `\uXXXX` escape of a surrogate without its partner. In JSON text
+/// every backslash starts an escape inside a string, so each is read as one.
+fn lone_surrogate(text: &[u8]) -> bool {
+    let unit = |at: usize| {
+        let hex = text.get(at..at + 4)?;
+        u16::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
+    };
+    let mut at = 0;
+    while let Some(found) = text.get(at..).and_then(|rest| memchr::memchr(b'\\', rest)) {
+        let escape = at + found;
+        if text.get(escape + 1) != Some(&b'u') {
+            at = escape + 2;
+            continue;
+        }
+        at = escape + 6;
+        match unit(escape + 2) {
+            Some(0xD800..=0xDBFF) => {
+                let low = text.get(at..at + 2) == Some(b"\\u".as_slice());
+                if !(low && matches!(unit(at + 2), Some(0xDC00..=0xDFFF))) {
+                    return true;
+                }
+                at += 6;
+            }
+            Some(0xDC00..=0xDFFF) => return true,
+            _ => {}
+        }
+    }
+    false
 }
 
 /// Everything one successful batch emitted.
@@ -170,12 +209,45 @@ impl Reader {
         Ok((start, end))
     }
 
-    fn text<T: for<'a> From<&'a str>>(&mut self, what: &str) -> Result<T, GuestError> {
-        let (start, end) = self.field()?;
+    /// The field at `start..end` as text.
+    fn utf8<T: for<'a> From<&'a str>>(
+        &self,
+        start: usize,
+        end: usize,
+        what: &str,
+    ) -> Result<T, GuestError> {
         std::str::from_utf8(&self.buf[start..end])
             .map(T::from)
             .map_err(|_| GuestError::Protocol(format!("{what} is not UTF-8")))
     }
+}
+
+/// Most bytes of a gap reason that are kept. A reason says why input was skipped, to an
+/// operator reading a receipt or a log: a longer one is cut at the last whole character within
+/// this many bytes and marked, `… (cut from N bytes)`, rather than refusing the batch (whose
+/// events are fine) or carrying megabytes into every receipt and record.
+pub const MAX_GAP_REASON: usize = 1024;
+
+/// `whole` (UTF-8, at most [`MAX_GAP_REASON`] bytes) of a reason of `size` bytes, marked as cut.
+fn cut_reason(whole: &[u8], size: usize) -> String {
+    format!(
+        "{}… (cut from {size} bytes)",
+        String::from_utf8_lossy(whole)
+    )
+}
+
+/// How many characters of a refused key an error shows.
+const SHOWN_KEY_CHARS: usize = 32;
+
+/// The start of a refused key, to name it in an error without carrying all of it.
+fn shown(key: &[u8]) -> String {
+    let head = &key[..key.len().min(4 * SHOWN_KEY_CHARS)];
+    let text = String::from_utf8_lossy(head);
+    let mut shown: String = text.chars().take(SHOWN_KEY_CHARS).collect();
+    if shown.len() < key.len() {
+        shown.push('…');
+    }
+    shown
 }
 
 /// How many events `buf` holds, at most: its records' tags, read past their fields as the
@@ -221,7 +293,16 @@ pub(crate) fn decode(
             abi::TAG_UPDATE | abi::TAG_DELETE => {
                 let (vs, ve) = r.field()?;
                 let view = views.get(&r.buf[vs..ve])?;
-                let key: CompactString = r.text("key")?;
+                let (ks, ke) = r.field()?;
+                if ke - ks > max_event_bytes {
+                    return Err(GuestError::KeyTooLarge {
+                        view: view.to_string(),
+                        key: shown(&r.buf[ks..ke]),
+                        size: ke - ks,
+                        limit: max_event_bytes,
+                    });
+                }
+                let key: CompactString = r.utf8(ks, ke, "key")?;
                 let (kind, payload) = if tag == abi::TAG_UPDATE {
                     let (ps, pe) = r.field()?;
                     if pe - ps > max_event_bytes {
@@ -241,7 +322,20 @@ pub(crate) fn decode(
                     .push(GuestEvent::unsettled(view, key, kind, payload));
             }
             abi::TAG_GAP => {
-                let reason = r.text("gap reason")?;
+                let (start, end) = r.field()?;
+                let cut = end.min(start + MAX_GAP_REASON);
+                let reason: String = match std::str::from_utf8(&r.buf[start..cut]) {
+                    Ok(reason) if cut == end => reason.to_owned(),
+                    // Cut at the last whole character: the bytes past it are checked no more.
+                    Err(error) if cut < end && error.error_len().is_none() => {
+                        let whole = &r.buf[start..start + error.valid_up_to()];
+                        cut_reason(whole, end - start)
+                    }
+                    Ok(whole) => cut_reason(whole.as_bytes(), end - start),
+                    Err(_) => {
+                        return Err(GuestError::Protocol("gap reason is not UTF-8".into()));
+                    }
+                };
                 batch.gaps.push(reason);
             }
             other => {
@@ -286,6 +380,102 @@ mod tests {
         assert_eq!(count_events(&Bytes::from(unknown)), 3);
         let huge = [abi::TAG_UPDATE, 0xff, 0xff, 0xff, 0xff];
         assert_eq!(count_events(&Bytes::copy_from_slice(&huge)), 0);
+    }
+
+    #[test]
+    fn keys_are_bounded_like_payloads() {
+        let decoded = |key: &str, limit: usize| {
+            let mut out = Vec::new();
+            record(&mut out, abi::TAG_UPDATE, &["v", key, "1"]);
+            record(&mut out, abi::TAG_DELETE, &["v", key]);
+            decode(Bytes::from(out), &mut ViewNames::default(), limit)
+        };
+        assert_eq!(decoded("abcd", 4).map(|b| b.events.len()).ok(), Some(2));
+        let long = "k".repeat(2 << 20);
+        match decoded(&long, 1 << 20) {
+            Err(GuestError::KeyTooLarge {
+                view,
+                key,
+                size,
+                limit,
+            }) => {
+                assert_eq!((view.as_str(), size, limit), ("v", 2 << 20, 1 << 20));
+                assert_eq!(key, format!("{}…", "k".repeat(SHOWN_KEY_CHARS)));
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut delete = Vec::new();
+        record(&mut delete, abi::TAG_DELETE, &["v", "abcde"]);
+        let refused = decode(Bytes::from(delete), &mut ViewNames::default(), 4);
+        assert!(matches!(
+            refused,
+            Err(GuestError::KeyTooLarge { size: 5, .. })
+        ));
+    }
+
+    #[test]
+    fn long_gap_reasons_are_cut_at_a_character_and_marked() {
+        let gaps = |reason: &[u8]| {
+            let mut out = vec![abi::TAG_GAP];
+            out.extend_from_slice(&(reason.len() as u32).to_le_bytes());
+            out.extend_from_slice(reason);
+            decode(Bytes::from(out), &mut ViewNames::default(), 1).map(|b| b.gaps)
+        };
+        let short = "lost 3..7".as_bytes();
+        assert_eq!(gaps(short).ok(), Some(vec!["lost 3..7".to_owned()]));
+        let exact = "x".repeat(MAX_GAP_REASON);
+        assert_eq!(gaps(exact.as_bytes()).ok(), Some(vec![exact.clone()]));
+        // A megabyte of `é` (two bytes each): cut after the last whole one within the bound.
+        let long = "é".repeat(1 << 19);
+        let kept = gaps(long.as_bytes()).expect("a long reason is kept, cut");
+        let kept_text = "é".repeat(MAX_GAP_REASON / 2);
+        assert_eq!(
+            kept,
+            vec![format!("{kept_text}… (cut from {} bytes)", 1 << 20)]
+        );
+        let odd = format!("x{long}");
+        let kept = gaps(odd.as_bytes()).expect("cut mid-character");
+        let kept_text = format!("x{}", "é".repeat(MAX_GAP_REASON / 2 - 1));
+        assert_eq!(
+            kept,
+            vec![format!("{kept_text}… (cut from {} bytes)", odd.len())]
+        );
+        // Bytes that are not UTF-8 within the kept part are still an ABI breach.
+        let mut broken = vec![0xff];
+        broken.extend_from_slice(&[b'x'; 2 * MAX_GAP_REASON]);
+        assert!(matches!(gaps(&broken), Err(GuestError::Protocol(_))));
+        assert!(matches!(gaps(&[0xff]), Err(GuestError::Protocol(_))));
+    }
+
+    #[test]
+    fn lone_surrogates_are_found_in_json_text() {
+        for lone in [
+            r#"{"a":"\ud800"}"#,
+            r#"["\uDC00x"]"#,
+            r#""\ud83d\u0041""#,
+            r#""\ud83d""#,
+            r#"{"a":"\ud83d\ude00","b":"\udbff"}"#,
+            r#""\\\ud800""#,
+        ] {
+            assert!(lone_surrogate(lone.as_bytes()), "{lone}");
+            assert!(
+                serde_json::from_str::<serde_json::Value>(lone).is_err(),
+                "{lone}"
+            );
+        }
+        for whole in [
+            r#"{"a":"\ud83d\ude00"}"#,
+            r#""\\ud800""#,
+            r#""\u0041\n\"\\""#,
+            r#"{"a":"é😀"}"#,
+            "1",
+        ] {
+            assert!(!lone_surrogate(whole.as_bytes()), "{whole}");
+            assert!(
+                serde_json::from_str::<serde_json::Value>(whole).is_ok(),
+                "{whole}"
+            );
+        }
     }
 
     use proptest::prelude::*;
@@ -333,6 +523,21 @@ mod tests {
         /// Whatever a guest leaves in its output buffer: no panic; a buffer that decodes has
         /// as many events as were counted, each view a valid name, each update's payload
         /// within the limit.
+        /// On JSON text, the scan agrees with serde_json's reading of strings.
+        #[test]
+        fn lone_surrogates_are_what_serde_json_refuses(units in prop::collection::vec(
+            prop_oneof![Just(0xd83du16), Just(0xde00), Just(0x41), Just(0x5c), 0xd7f0u16..0xe010],
+            0..6,
+        )) {
+            let text: String = units.iter().map(|unit| format!("\\u{unit:04x}")).collect();
+            let json = format!("\"{text}\"");
+            prop_assert_eq!(
+                lone_surrogate(json.as_bytes()),
+                serde_json::from_str::<String>(&json).is_err(),
+                "{}", json
+            );
+        }
+
         #[test]
         fn any_output_buffer_decodes_or_is_refused(buf in buffers(), limit in 0usize..8) {
             let counted = count_events(&Bytes::from(buf.clone()));
@@ -341,6 +546,7 @@ mod tests {
                 for event in &batch.events {
                     prop_assert!(!event.view.is_empty() && event.view.len() <= 128);
                     prop_assert!(event.payload.len() <= limit);
+                    prop_assert!(event.key.len() <= limit);
                 }
             }
         }

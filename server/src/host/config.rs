@@ -20,7 +20,7 @@ pub struct Limits {
     /// Largest batch of input, in bytes; bigger batches are refused before the guest sees
     /// them. Default 4 MiB.
     pub max_batch_bytes: usize,
-    /// Largest event payload, in bytes. Default 1 MiB.
+    /// Largest event payload, and largest event key, in bytes. Default 1 MiB.
     pub max_event_bytes: usize,
 }
 

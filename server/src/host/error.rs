@@ -152,6 +152,19 @@ pub enum GuestError {
         /// The limit.
         limit: usize,
     },
+    /// The guest emitted an event whose key is over the limit (a key is bounded as a payload
+    /// is: it is in every frame, record and snapshot of the event).
+    #[error("guest emitted a key of {size} bytes in view `{view}` (starting {key:?}); the limit is {} ([runtime.limits] max_event)", human_bytes(*limit))]
+    KeyTooLarge {
+        /// The event's view.
+        view: String,
+        /// The start of the key.
+        key: String,
+        /// The key's size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The guest refused its config (`init`) or its saved state (`restore`).
     #[error("the guest refused its {what}: {message}")]
     Refused {
@@ -180,6 +193,15 @@ pub enum GuestError {
     /// The guest published a JSON value nested deeper than any view takes, typed or not.
     #[error("the value of key {key:?} in view `{view}` is nested deeper than {} arrays and objects, which no view takes", crate::schema::MAX_DEPTH)]
     TooDeep {
+        /// The view.
+        view: String,
+        /// The key.
+        key: String,
+    },
+    /// The guest published a JSON value with a string that escapes half a surrogate pair
+    /// (`"\ud800"`): no Unicode text, which strict JSON readers refuse.
+    #[error("the value of key {key:?} in view `{view}` holds a string with an unpaired surrogate (a \\ud800-\\udfff escape alone), which is not Unicode text and which JSON readers refuse")]
+    LoneSurrogate {
         /// The view.
         view: String,
         /// The key.
@@ -254,19 +276,21 @@ impl GuestError {
             | Self::Timeout { .. }
             | Self::MemoryExceeded { .. }
             | Self::EventTooLarge { .. }
+            | Self::KeyTooLarge { .. }
             | Self::Refused { .. }
             | Self::InvalidView { .. }
             | Self::UndeclaredView { .. }
             | Self::SchemaViolation(_)
             | Self::TooDeep { .. }
+            | Self::LoneSurrogate { .. }
             | Self::Schema(_)
             | Self::BatchTooLarge { .. } => self.to_string().into(),
         }
     }
 
     /// Whether the input itself was refused (the guest rejected it, it is too large, or it made
-    /// the guest publish a value its view's schema does not allow or one nested too deep), as
-    /// opposed to the guest failing.
+    /// the guest publish a value its view's schema does not allow, one nested too deep or one
+    /// that is not Unicode text), as opposed to the guest failing.
     pub fn is_input_error(&self) -> bool {
         matches!(
             self,
@@ -274,6 +298,7 @@ impl GuestError {
                 | Self::BatchTooLarge { .. }
                 | Self::SchemaViolation(_)
                 | Self::TooDeep { .. }
+                | Self::LoneSurrogate { .. }
         )
     }
 }

@@ -19,8 +19,8 @@
 //! call (fuel, counted: the same call on the same state always passes or always fails), wall
 //! time per call (a running guest yields to tokio every few million units of fuel, and a call
 //! past its deadline is cancelled at its next yield), batch size (checked before the guest sees
-//! the batch) and event payload size (checked on the guest's output). Each failure is a typed
-//! [`GuestError`] naming the cause.
+//! the batch) and event payload and key size (checked on the guest's output; a gap reason is cut
+//! to `batch::MAX_GAP_REASON` bytes). Each failure is a typed [`GuestError`] naming the cause.
 //!
 //! ## After a failure
 //!
@@ -60,7 +60,7 @@ pub use module::GuestModule;
 ///
 /// # Errors
 /// [`GuestError::Protocol`] for a malformed buffer, [`GuestError::EventTooLarge`] for a payload
-/// over `max_event_bytes`.
+/// and [`GuestError::KeyTooLarge`] for a key over `max_event_bytes`.
 #[doc(hidden)]
 pub fn decode_output(buf: bytes::Bytes, max_event_bytes: usize) -> Result<GuestBatch, GuestError> {
     batch::decode(buf, &mut batch::ViewNames::default(), max_event_bytes)

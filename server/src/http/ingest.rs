@@ -16,6 +16,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 
 use super::access::Caller;
+use super::body::read_body;
 use super::query::Params;
 use super::{ApiError, AppState};
 use crate::host::GuestError;
@@ -56,15 +57,8 @@ async fn ingest(
     }
     let producer = producer_stamp(&headers)?;
     let limit = state.config.max_body;
-    // A declared length over the limit is refused before the body is read, so a client that
-    // sent `Expect: 100-continue` gets the 413 instead of an invitation to upload.
-    if http_body::Body::size_hint(&body).lower() > limit as u64 {
+    let input = read_body(body, limit).await.inspect_err(|_| {
         state.metrics.ingest_rejected.inc();
-        return Err(ApiError::too_large(limit));
-    }
-    let input = axum::body::to_bytes(body, limit).await.map_err(|error| {
-        state.metrics.ingest_rejected.inc();
-        body_refusal(&error, limit)
     })?;
     // An empty batch means nothing, and would take a log position (and a producer's seq) for
     // it: most likely a client's mistake, refused as one.
@@ -126,19 +120,6 @@ where
 
 fn no_runtime(runtime: &str) -> ApiError {
     ApiError::not_found(format!("no runtime named {runtime:?}"))
-}
-
-/// The answer to a body that could not be read: `413` past the limit, else `400` (bad chunked
-/// framing, a body cut short).
-fn body_refusal(error: &axum::Error, limit: usize) -> ApiError {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(error) = cause {
-        if error.is::<http_body_util::LengthLimitError>() {
-            return ApiError::too_large(limit);
-        }
-        cause = error.source();
-    }
-    ApiError::bad_request("the request body is malformed (bad chunked framing, or cut short)")
 }
 
 /// The answer to a batch that was not committed.

@@ -24,6 +24,7 @@
 
 mod access;
 pub mod admin;
+mod body;
 mod error;
 mod ingest;
 pub mod openapi;

@@ -261,6 +261,13 @@ fn typed(
                 key: event.key.to_string(),
             });
         }
+        // Valid JSON by its grammar, and still refused by every strict reader: not published.
+        if checked && event.escapes_lone_surrogate() && event.is_json() {
+            return Err(GuestError::LoneSurrogate {
+                view: event.view.to_string(),
+                key: event.key.to_string(),
+            });
+        }
         let schema = schemas
             .filter(|_| event.kind == EventKind::Update)
             .and_then(|schemas| schemas.get(&event.view));
@@ -363,6 +370,32 @@ mod tests {
         assert!(!batch.unwrap().events[0].is_json());
         // A logged batch run again is not held to it: it committed as it was.
         let known = GuestBatch::of_events(vec![event("plain", nested(1_000))]);
+        assert!(typed(None, None, known).is_ok());
+    }
+
+    /// A JavaScript guest's `ctx.publish('v', 'k', {a: '\uD800'})` published `{"a":"\ud800"}`,
+    /// which no strict JSON reader takes: refused in every view, by name, as new input.
+    #[test]
+    fn every_view_refuses_a_value_with_a_lone_surrogate() {
+        let declaration =
+            serde_json::to_vec(&serde_json::json!({"schemas": {"typed": {"type": "object"}}}))
+                .unwrap();
+        let schemas = ViewSchemas::declared(Some(&declaration), &BTreeMap::new(), None).unwrap();
+        for view in ["typed", "plain"] {
+            let batch = GuestBatch::of_events(vec![update(view, br#"{"a":"\ud800"}"#)]);
+            let error = typed(None, Some(&schemas), batch).unwrap_err();
+            assert!(
+                matches!(&error, GuestError::LoneSurrogate { view: v, .. } if v == view),
+                "{view}: {error}"
+            );
+            assert!(error.is_input_error());
+            let paired = GuestBatch::of_events(vec![update(view, br#"{"a":"\ud83d\ude00"}"#)]);
+            assert!(typed(None, Some(&schemas), paired).is_ok());
+        }
+        // Text that is not JSON is published as a string of it, its backslashes as they are.
+        let text = GuestBatch::of_events(vec![update("plain", br#"\ud800 {"#)]);
+        assert!(!typed(None, Some(&schemas), text).unwrap().events[0].is_json());
+        let known = GuestBatch::of_events(vec![update("plain", br#"{"a":"\ud800"}"#)]);
         assert!(typed(None, None, known).is_ok());
     }
 }

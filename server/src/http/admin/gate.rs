@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 use crate::catalog::Catalog;
 use crate::cluster::Cluster;
 use crate::deploy::Deployer;
+use crate::http::body::read_body;
 use crate::http::query::Params;
 use crate::http::ApiError;
 use crate::runtime::registry::Runtimes;
@@ -143,8 +144,7 @@ impl FromRequestParts<Arc<Admin>> for Authorized {
 /// takes, as a refusal says it.
 ///
 /// # Errors
-/// `400 bad_request`, in our words: the body is too large, not a JSON object, holds a field the
-/// route does not take (named), or a field is missing or of the wrong type.
+/// As [`json_object`]'s, and `400 bad_request` for a field missing or of the wrong type.
 pub(super) async fn json_body<T: serde::de::DeserializeOwned>(
     body: axum::body::Body,
     fields: &[&str],
@@ -156,28 +156,34 @@ pub(super) async fn json_body<T: serde::de::DeserializeOwned>(
 }
 
 /// The JSON object of an admin route's `body` (at most `max` bytes; an empty body is `{}`),
-/// holding only `fields`.
+/// holding only `fields`, each once.
 ///
 /// # Errors
-/// `400 bad_request`, in our words: the body is too large, not a JSON object, or holds a field
-/// the route does not take (named).
+/// `413 body_too_large` past `max` (refused before the body is read when its declared length
+/// says so); `400 bad_request`, in our words: not a JSON object, a key given twice at any depth
+/// (named, in `field`), or a field the route does not take (named).
 pub(super) async fn json_object(
     body: axum::body::Body,
     max: usize,
     fields: &[&str],
     shape: &str,
 ) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
-    let bytes: Bytes = axum::body::to_bytes(body, max)
-        .await
-        .map_err(|_| ApiError::bad_request(format!("body larger than {max} bytes")))?;
+    let bytes: Bytes = read_body(body, max).await?;
     let expected = || ApiError::bad_request(format!("expected a JSON body {shape}"));
     // No body at all is no fields; anything else must be a JSON object (blank lines are not).
     let object = if bytes.is_empty() {
         serde_json::Map::new()
     } else {
-        match serde_json::from_slice(&bytes) {
+        match strict_json(&bytes) {
             Ok(serde_json::Value::Object(object)) => object,
-            _ => return Err(expected()),
+            Ok(_) | Err(StrictJsonError::Malformed) => return Err(expected()),
+            Err(StrictJsonError::Duplicate(path)) => {
+                let path: String = path.chars().take(64).collect();
+                return Err(ApiError::bad_request(format!(
+                    "the key {path:?} is given twice in the body: give each key once"
+                ))
+                .with_field("field", path));
+            }
         }
     };
     if let Some(unknown) = object.keys().find(|key| !fields.contains(&key.as_str())) {
@@ -187,6 +193,136 @@ pub(super) async fn json_object(
         )));
     }
     Ok(object)
+}
+
+/// Why a body is not strict JSON.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum StrictJsonError {
+    /// Not one JSON document (serde_json's reason is not the client's business).
+    #[error("not JSON")]
+    Malformed,
+    /// A key repeated within one object, by its path from the top (`limits.fuel`,
+    /// `views[0].x`).
+    #[error("the key {0:?} is given twice")]
+    Duplicate(String),
+}
+
+/// `bytes` as one JSON document, as `serde_json::from_slice` reads it but for a key repeated in
+/// an object, at any depth: serde_json keeps the last one, so an operator's `{"fuel": 1,
+/// "fuel": 0}` would mean what only its end says; it is refused instead.
+fn strict_json(bytes: &[u8]) -> Result<serde_json::Value, StrictJsonError> {
+    use serde::de::DeserializeSeed as _;
+    let duplicate = std::cell::RefCell::new(None);
+    let mut reader = serde_json::Deserializer::from_slice(bytes);
+    let value = Strict {
+        duplicate: &duplicate,
+    }
+    .deserialize(&mut reader)
+    .and_then(|value| reader.end().map(|()| value));
+    value.map_err(|_| match duplicate.into_inner() {
+        Some(path) => StrictJsonError::Duplicate(path),
+        None => StrictJsonError::Malformed,
+    })
+}
+
+/// Reads a JSON value like `serde_json::Value`'s own `Deserialize`, refusing a repeated key;
+/// the path of the key goes to `duplicate`, each enclosing object or array adding its part as
+/// the refusal goes up.
+struct Strict<'a> {
+    duplicate: &'a std::cell::RefCell<Option<String>>,
+}
+
+impl Strict<'_> {
+    /// Puts `part` (`key` or `[i]`) in front of the duplicate's path, if a duplicate is why
+    /// reading failed.
+    fn prefix(&self, part: &str) {
+        if let Some(path) = self.duplicate.borrow_mut().as_mut() {
+            let joint = if path.starts_with('[') { "" } else { "." };
+            *path = format!("{part}{joint}{path}");
+        }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Strict<'_> {
+    type Value = serde_json::Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Strict<'_> {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, Into::into))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        loop {
+            let item = seq.next_element_seed(Strict {
+                duplicate: self.duplicate,
+            });
+            match item {
+                Ok(Some(item)) => items.push(item),
+                Ok(None) => return Ok(serde_json::Value::Array(items)),
+                Err(error) => {
+                    self.prefix(&format!("[{}]", items.len()));
+                    return Err(error);
+                }
+            }
+        }
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                *self.duplicate.borrow_mut() = Some(key);
+                return Err(serde::de::Error::custom("a key is given twice"));
+            }
+            let value = map.next_value_seed(Strict {
+                duplicate: self.duplicate,
+            });
+            match value {
+                Ok(value) => object.insert(key, value),
+                Err(error) => {
+                    self.prefix(&key);
+                    return Err(error);
+                }
+            };
+        }
+        Ok(serde_json::Value::Object(object))
+    }
 }
 
 /// Admin with `token` over an empty hub, snapshots in the temp dir, for tests without a socket.
@@ -240,6 +376,49 @@ mod tests {
 
     fn status(result: Result<(), ApiError>) -> u16 {
         result.map_or_else(|error| error.status().as_u16(), |()| 200)
+    }
+
+    #[test]
+    fn a_key_given_twice_is_refused_by_its_path() {
+        let read = strict_json(br#"{"a": 1, "b": [{"c": 2.5}, null, "x"], "d": {}}"#);
+        assert_eq!(
+            read,
+            Ok(serde_json::json!({"a": 1, "b": [{"c": 2.5}, null, "x"], "d": {}}))
+        );
+        let duplicate = |path: &str| Err(StrictJsonError::Duplicate(path.to_owned()));
+        assert_eq!(strict_json(br#"{"a": 1, "a": 1}"#), duplicate("a"));
+        assert_eq!(
+            strict_json(br#"{"limits": {"fuel": 1, "fuel": 0}}"#),
+            duplicate("limits.fuel")
+        );
+        assert_eq!(
+            strict_json(br#"{"s": {"v": [[], {"x": 1, "x": 2}]}}"#),
+            duplicate("s.v[1].x")
+        );
+        assert_eq!(strict_json(br#"[{"x": 1, "x": 2}]"#), duplicate("[0].x"));
+        for malformed in [&b"{"[..], b"{} {}", b"[1,]", b"", br#"{"a": 1 "b": 1}"#] {
+            assert_eq!(strict_json(malformed), Err(StrictJsonError::Malformed));
+        }
+    }
+
+    #[tokio::test]
+    async fn admin_bodies_are_read_strictly() {
+        let read =
+            |body: &'static str| json_object(axum::body::Body::from(body), 64, &["a", "b"], "{…}");
+        let object = read(r#"{"a": {"x": 1}, "b": 2}"#).await.expect("read");
+        assert_eq!(object.len(), 2);
+        let twice = read(r#"{"a": {"x": 1, "x": 1}}"#)
+            .await
+            .expect_err("refused");
+        assert_eq!(twice.status(), 400);
+        assert!(twice.to_string().contains("\"a.x\""), "{twice}");
+        let long = read(r#"{"a": "                                                            "}"#);
+        assert_eq!(long.await.expect_err("refused").status(), 413);
+        assert_eq!(read("[1]").await.expect_err("refused").status(), 400);
+        assert_eq!(
+            read(r#"{"c": 1}"#).await.expect_err("refused").status(),
+            400
+        );
     }
 
     #[test]

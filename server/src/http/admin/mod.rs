@@ -28,8 +28,10 @@
 //! ## Strict inputs
 //!
 //! No admin route takes a query parameter, and a JSON body holds exactly the fields its route
-//! names: anything else is a `400` naming it, checked after the token. An operator's typo is
-//! never silently ignored.
+//! names, each key once at any depth (JSON readers disagree on which of two wins): anything else
+//! is a `400` naming it, checked after the token. An operator's typo is never silently ignored.
+//! A body over its route's limit is a `413`, before any of it is read when its `Content-Length`
+//! says so (a client that sent `Expect: 100-continue` is not invited to upload).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -42,6 +44,7 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde::Deserialize;
 
+use super::body::read_body;
 use super::query::Params;
 use super::ApiError;
 use crate::deploy::{DeployActionError, MAX_MODULE_BYTES};
@@ -275,9 +278,7 @@ async fn deploy(
     body: axum::body::Body,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Path(runtime) = runtime?;
-    let wasm = axum::body::to_bytes(body, MAX_MODULE_BYTES)
-        .await
-        .map_err(|_| ApiError::too_large(MAX_MODULE_BYTES))?;
+    let wasm = read_body(body, MAX_MODULE_BYTES).await?;
     let deployed = admin.deployer.deploy(&runtime, wasm).await?;
     tracing::info!(
         action = "deploy",

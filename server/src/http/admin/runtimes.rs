@@ -3,7 +3,7 @@
 //! | route | what |
 //! |---|---|
 //! | `POST /admin/modules` | body: a guest module, WebAssembly or JavaScript (at most 64 MiB); checked and kept by SHA-256: `{"module":"sha256:…","kind":"wasm"|"js","bytes":N}`, the same for the same bytes |
-//! | `PUT /admin/runtimes/{runtime}` | body: `{"module","views"[,"config","schemas","limits"]}`; `201` created, `200` replaced (the state carried over as by a deploy) or unchanged; `400` a body that is not such JSON, `422` a wrong field (named in `field`), `409 view_conflict` a view another runtime has |
+//! | `PUT /admin/runtimes/{runtime}` | body: `{"module","views"[,"config","schemas","limits"]}`; `201` created, `200` replaced (the state carried over as by a deploy) or unchanged; `400` a body that is not such JSON (a key given twice named in `field`), `413` one over 256 KiB, `422` a wrong field (named in `field`, in our words), `409 view_conflict` a view another runtime has |
 //! | `GET /admin/runtimes/{runtime}` | its definition and status |
 //! | `DELETE /admin/runtimes/{runtime}` | `200`; its ingest answers `404` from then on and its views are retired |
 //!
@@ -25,6 +25,7 @@ use crate::catalog::{CatalogError, Changed};
 use crate::config::{LimitsSection, BUILTIN_GUESTS};
 use crate::deploy::MAX_MODULE_BYTES;
 use crate::host::ModuleFingerprint;
+use crate::http::body::read_body;
 use crate::http::ApiError;
 use crate::log::Definition;
 use crate::runtime::registry::Registered;
@@ -76,9 +77,7 @@ pub(super) async fn put_module(
     State(admin): State<Arc<Admin>>,
     body: axum::body::Body,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let bytes = axum::body::to_bytes(body, MAX_MODULE_BYTES)
-        .await
-        .map_err(|_| ApiError::too_large(MAX_MODULE_BYTES))?;
+    let bytes = read_body(body, MAX_MODULE_BYTES).await?;
     let size = bytes.len();
     let module = admin.deployer().keep("(upload)", bytes).await?;
     tracing::info!(action = "module", module = %module.fingerprint(), bytes = size, "admin: module kept");
@@ -207,10 +206,10 @@ async fn definition(
         object
             .remove(name)
             .map(|value| {
-                serde_json::from_value(value).map_err(|error| {
+                serde_json::from_value(value).map_err(|_| {
                     ApiError::unprocessable(
                         "invalid_definition",
-                        format!("{name}: expected {what}: {error}"),
+                        format!("{name}: expected {what}"),
                     )
                     .with_field("field", name)
                 })
@@ -225,25 +224,14 @@ async fn definition(
     let config: String = field(&mut object, "config", "a string")?.unwrap_or_default();
     let schemas: BTreeMap<String, serde_json::Value> =
         field(&mut object, "schemas", "an object of JSON Schemas by view")?.unwrap_or_default();
-    let limits: LimitsSection = field(
-        &mut object,
-        "limits",
-        "an object of limits (memory, fuel, batch_timeout, max_batch, max_event)",
-    )?
-    .unwrap_or_default();
     let invalid = |field: &str, message: String| {
         ApiError::unprocessable("invalid_definition", format!("{field}: {message}"))
             .with_field("field", field)
     };
-    if limits.fuel == 0 {
-        return Err(invalid("limits.fuel", "must be above zero".to_owned()));
-    }
-    if limits.batch_timeout.is_zero() {
-        return Err(invalid(
-            "limits.batch_timeout",
-            "must be above zero".to_owned(),
-        ));
-    }
+    let limits = object
+        .remove("limits")
+        .map_or_else(|| Ok(LimitsSection::default()), LimitsSection::from_json)
+        .map_err(|problem| invalid(&problem.key, problem.message))?;
     let (fingerprint, module) = match (module, running) {
         (Some(module), _) => (
             module_of(admin, &module)
