@@ -341,3 +341,98 @@ async fn a_put_is_judged_as_a_deploy_and_answers_a_position_to_read_after() -> a
     .await?;
     Ok(())
 }
+
+/// The file of `module` (`sha256:<hex>`) in the data directory's module store.
+fn module_file(server: &Server, module: &str) -> std::path::PathBuf {
+    let hex = module.trim_start_matches("sha256:");
+    server
+        .data_dir()
+        .join("modules")
+        .join(format!("{hex}.wasm"))
+}
+
+/// Flips one byte in the middle of `path`.
+fn flip_a_byte(path: &std::path::Path) -> anyhow::Result<()> {
+    let mut bytes = std::fs::read(path)?;
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(path, bytes)?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_module_file_is_repaired_and_costs_no_data() -> anyhow::Result<()> {
+    let mut server = Server::start_with_env(&[], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
+    let made = admin_ok(
+        &server,
+        "PUT",
+        "/admin/runtimes/docs",
+        json!({"module": "builtin:json", "views": ["doc"]})
+            .to_string()
+            .as_bytes(),
+        201,
+    )
+    .await?;
+    let builtin = made["status"]["running_module"]
+        .as_str()
+        .context("running_module")?
+        .to_owned();
+    let uploaded = server
+        .admin(
+            TOKEN,
+            "POST",
+            "/admin/modules",
+            &[("Content-Type", "text/javascript")],
+            counter(1).as_bytes(),
+        )
+        .await?
+        .json()?;
+    let custom = uploaded["module"].as_str().context("module")?.to_owned();
+    admin_ok(
+        &server,
+        "PUT",
+        "/admin/runtimes/counter",
+        json!({"module": custom, "views": ["count"]})
+            .to_string()
+            .as_bytes(),
+        201,
+    )
+    .await?;
+    ingest(&server, "docs", line("doc", "a", json!(1))).await?;
+    ensure!(tick(&server).await? == (1, 1));
+
+    // Damaged while the server runs: the same bytes uploaded again repair the file.
+    flip_a_byte(&module_file(&server, &custom))?;
+    let again = server
+        .admin(
+            TOKEN,
+            "POST",
+            "/admin/modules",
+            &[("Content-Type", "text/javascript")],
+            counter(1).as_bytes(),
+        )
+        .await?;
+    ensure!(again.status() == 200, "{}", again.text());
+    ensure!(std::fs::read(module_file(&server, &custom))? == counter(1).as_bytes());
+
+    // A built-in's file damaged, and an interrupted write left behind, while it is stopped: the
+    // next start repairs the one from the built-in and removes the other; every runtime keeps
+    // its data and takes batches.
+    admin_ok(&server, "POST", "/admin/snapshot", b"", 200).await?;
+    server.stop_graceful().await?;
+    flip_a_byte(&module_file(&server, &builtin))?;
+    let leftover = module_file(&server, &custom).with_extension("wasm.tmp");
+    std::fs::write(&leftover, b"half a module")?;
+    server.restart().await?;
+    ensure!(entries(&server, "doc").await? == Some(json!({"a": 1})));
+    ensure!(tick(&server).await? == (2, 1));
+    ingest(&server, "docs", line("doc", "b", json!(2))).await?;
+    ensure!(!leftover.exists(), "the leftover is removed");
+    ensure!(
+        server
+            .logs()
+            .contains("repaired from the copy the server holds"),
+        "the start says it repaired the file"
+    );
+    Ok(())
+}

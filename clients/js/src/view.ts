@@ -56,6 +56,10 @@ export interface ViewOptions {
   keys?: readonly string[];
   /** Only the keys that start with this (`?prefix=`). Not with `keys`. */
   prefix?: string;
+  /** Read your writes (`?after=`): a log position a change was answered with (`"position"` of
+   * `PUT /admin/runtimes/…`, a deploy, a batch); a node of a cluster serves the view only once it
+   * has applied that position. */
+  after?: number;
   /** Aborting closes the view. */
   signal?: AbortSignal;
   /** A `fetch` to use instead of the global one. */
@@ -438,6 +442,7 @@ export class View<T = unknown> {
     if (cursor !== undefined) params.set('cursor', cursor);
     if (this.options.keys !== undefined) params.set('keys', this.options.keys.join(','));
     if (this.options.prefix !== undefined) params.set('prefix', this.options.prefix);
+    if (this.options.after !== undefined) params.set('after', String(this.options.after));
     const query = params.toString();
     const base = this.baseUrl.replace(/\/+$/, '');
     return `${base}/views/${encodeURIComponent(this.name)}/events${query ? `?${query}` : ''}`;

@@ -387,11 +387,11 @@ test('keys narrow a view: only those keys are applied, and the map equals GET /v
 
 test('keys and prefix together are refused with 400: the view closes with a fatal error instead of retrying', async () => {
   const proxy = await new FaultProxy(new URL(base).host).listen();
-  const view = openView(proxy.url, 'notes', { keys: ['k1', 'k2'], prefix: 'k', ...fast });
+  const view = openView(proxy.url, 'notes', { keys: ['k1', 'k2'], prefix: 'k', after: 1, ...fast });
   try {
     const record = recordChanges(view);
     const refused = await within(view.synced().then(() => undefined, e => e), 10000, 'synced() to settle');
-    check(proxy.requests[0].line === 'GET /views/notes/events?keys=k1%2Ck2&prefix=k HTTP/1.1', proxy.requests[0].line);
+    check(proxy.requests[0].line === 'GET /views/notes/events?keys=k1%2Ck2&prefix=k&after=1 HTTP/1.1', proxy.requests[0].line);
     check(refused?.code === 'bad_request' && refused.status === 400 && refused.fatal, `synced() rejects with a fatal bad_request 400: ${refused}`);
     check(/keys/.test(refused.message), `the error says what was refused: ${refused.message}`);
     check(view.status === 'closed' && view.error === refused, `closed with the error: ${view.status}`);

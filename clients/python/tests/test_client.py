@@ -285,10 +285,10 @@ async def test_keys_narrow_a_view_to_those_keys() -> None:
 async def test_keys_and_prefix_together_refused_with_400_close_the_view_without_retrying() -> None:
     proxy = CuttingProxy(BASE.removeprefix("http://"))
     url = await proxy.start()
-    async with viewtape.View(url, "notes", keys=["k1", "k2"], prefix="k", **FAST) as view:
+    async with viewtape.View(url, "notes", keys=["k1", "k2"], prefix="k", after=1, **FAST) as view:
         with pytest.raises(viewtape.ViewError) as refused:
             await asyncio.wait_for(view.synced(), 10)
-        assert proxy.lines[0] == "GET /views/notes/events?keys=k1%2Ck2&prefix=k HTTP/1.1", proxy.lines[0]
+        assert proxy.lines[0] == "GET /views/notes/events?keys=k1%2Ck2&prefix=k&after=1 HTTP/1.1", proxy.lines[0]
         error = refused.value
         assert (error.code, error.status, error.fatal) == ("bad_request", 400, True), error
         assert "keys" in str(error), error

@@ -266,57 +266,116 @@ impl Cut {
 }
 
 /// Guest modules by fingerprint, in `<data-dir>/modules/<sha-256 hex>.wasm`: every module ever
-/// deployed, so that a restart and a replay find the module each record ran on.
+/// deployed, so that a restart and a replay find the module each record ran on. Each file is
+/// checked against its SHA-256 when read; a damaged or missing one is repaired from a copy the
+/// server holds elsewhere (a built-in, the config's file: [`ModuleStore::know`]) or by keeping
+/// the same bytes again (an upload).
 #[derive(Debug)]
 pub struct ModuleStore {
     dir: PathBuf,
+    /// Copies of modules held outside the store, by fingerprint.
+    copies: RwLock<std::collections::HashMap<ModuleFingerprint, bytes::Bytes>>,
 }
 
 impl ModuleStore {
-    /// The store in `dir`, created if missing.
+    /// The store in `dir`, created if missing; the leftovers of interrupted writes are removed.
     ///
     /// # Errors
     /// The directory cannot be created.
     pub fn open(dir: impl Into<PathBuf>) -> std::io::Result<Self> {
         let dir = dir.into();
         std::fs::create_dir_all(&dir)?;
-        Ok(Self { dir })
+        for entry in std::fs::read_dir(&dir)?.flatten() {
+            let name = entry.file_name();
+            let leftover = name
+                .to_str()
+                .and_then(|name| name.strip_suffix(".wasm.tmp"))
+                .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()));
+            if leftover {
+                match std::fs::remove_file(entry.path()) {
+                    Ok(()) => {
+                        tracing::info!(file = %entry.path().display(), "removed the leftover of an interrupted module write")
+                    }
+                    Err(error) => {
+                        tracing::warn!(file = %entry.path().display(), %error, "cannot remove the leftover of an interrupted module write")
+                    }
+                }
+            }
+        }
+        Ok(Self {
+            dir,
+            copies: RwLock::default(),
+        })
+    }
+
+    /// Remembers `wasm`, held outside the store, as a copy to repair its file from.
+    pub fn know(&self, wasm: bytes::Bytes) {
+        let fingerprint = ModuleFingerprint::of(&wasm);
+        self.copies
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(fingerprint, wasm);
     }
 
     /// Keeps `wasm` (durably: written aside, synced, renamed, directory synced) unless it is
-    /// kept already. Returns its fingerprint.
+    /// kept already, intact; a damaged file is written again. Returns its fingerprint.
     ///
     /// # Errors
     /// Writing or syncing fails.
     pub fn put(&self, wasm: &[u8]) -> std::io::Result<ModuleFingerprint> {
         let fingerprint = ModuleFingerprint::of(wasm);
         let path = self.path(&fingerprint);
-        if path.exists() {
-            return Ok(fingerprint);
+        match std::fs::read(&path) {
+            Ok(kept) if kept == wasm => return Ok(fingerprint),
+            Ok(_) => {
+                tracing::warn!(file = %path.display(), module = %fingerprint, "the kept module file was damaged: written again")
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(error),
         }
+        self.write(&path, wasm)?;
+        Ok(fingerprint)
+    }
+
+    fn write(&self, path: &Path, wasm: &[u8]) -> std::io::Result<()> {
         let temp = path.with_extension("wasm.tmp");
         let mut file = std::fs::File::create(&temp)?;
         file.write_all(wasm)?;
         file.sync_all()?;
-        std::fs::rename(&temp, &path)?;
-        std::fs::File::open(&self.dir)?.sync_all()?;
-        Ok(fingerprint)
+        std::fs::rename(&temp, path)?;
+        std::fs::File::open(&self.dir)?.sync_all()
     }
 
-    /// The module with `fingerprint`, checked against it.
+    /// The module with `fingerprint`, checked against it; a damaged or missing file is
+    /// repaired from a copy the server holds ([`ModuleStore::know`]).
     ///
     /// # Errors
-    /// It is not kept, cannot be read, or its bytes do not match the fingerprint.
+    /// It is not kept (or damaged) and no copy is held, or it cannot be read.
     pub fn get(&self, fingerprint: &ModuleFingerprint) -> std::io::Result<Vec<u8>> {
         let path = self.path(fingerprint);
-        let wasm = std::fs::read(&path)?;
-        if ModuleFingerprint::of(&wasm) != *fingerprint {
-            return Err(std::io::Error::new(
+        let problem = match std::fs::read(&path) {
+            Ok(wasm) if ModuleFingerprint::of(&wasm) == *fingerprint => return Ok(wasm),
+            Ok(_) => std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
-                format!("{} does not hold module {fingerprint}", path.display()),
-            ));
-        }
-        Ok(wasm)
+                format!(
+                    "{} is damaged: its bytes are not module {fingerprint}; keep the module's bytes again (POST /admin/modules) to repair it",
+                    path.display()
+                ),
+            ),
+            Err(error) => error,
+        };
+        let copy = self
+            .copies
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(fingerprint)
+            .cloned();
+        let Some(copy) = copy else {
+            return Err(problem);
+        };
+        tracing::warn!(file = %path.display(), module = %fingerprint, error = %problem, "a kept module file could not be used: repaired from the copy the server holds");
+        self.write(&path, &copy)?;
+        Ok(copy.to_vec())
     }
 
     /// Where `fingerprint` is kept.

@@ -102,6 +102,11 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         Arc::new(ModuleStore::open(&modules_dir).map_err(|error| {
             anyhow::anyhow!("cannot create {}: {error}", modules_dir.display())
         })?);
+    // The built-ins are held here whatever the data directory holds: a damaged file of one
+    // is repaired from them.
+    for (_, wasm) in crate::config::BUILTIN_GUESTS {
+        modules.know(Bytes::from_static(wasm));
+    }
     let runtimes = Runtimes::default();
     let mut changed = BTreeMap::new();
     // Runtimes on the same module (the built-in ticker, say) share one compilation.

@@ -90,6 +90,7 @@ class View:
         store_key: str | None = None,
         keys: Iterable[str] | None = None,
         prefix: str | None = None,
+        after: int | None = None,
         client: httpx.AsyncClient | None = None,
         min_delay: float = 0.5,
         max_delay: float = 30.0,
@@ -105,6 +106,7 @@ class View:
         self._store_key = store_key or name
         self._keys = list(keys) if keys is not None else None
         self._prefix = prefix
+        self._after = after
         self._client = client
         self._own_client = client is None
         self._backoff = Backoff(min_delay, max_delay)
@@ -360,6 +362,8 @@ class View:
             params["keys"] = ",".join(self._keys)
         if self._prefix is not None:
             params["prefix"] = self._prefix
+        if self._after is not None:
+            params["after"] = str(self._after)
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
         return f"{self.base_url}/views/{urllib.parse.quote(self.name, safe='')}/events{query}"
 
