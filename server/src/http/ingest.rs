@@ -53,7 +53,7 @@ async fn ingest(
     Caller::of(&state, &headers, None)?.ingest(&runtime)?;
     Params::parse(query.as_deref(), &[], &[])?;
     if state.runtimes.get(&runtime).is_none() {
-        return Err(no_runtime(&runtime));
+        return Err(no_runtime(&state, &runtime));
     }
     let producer = producer_stamp(&headers)?;
     let limit = state.config.max_body;
@@ -101,13 +101,13 @@ where
     let mut handle = state
         .runtimes
         .get(runtime)
-        .ok_or_else(|| no_runtime(runtime))?
+        .ok_or_else(|| no_runtime(state, runtime))?
         .handle;
     for _ in 0..REPLACEMENTS_FOLLOWED {
         match op(handle.clone()).await {
             Err(IngestError::Stopped { .. }) => match state.runtimes.successor(runtime, &handle) {
                 Some(next) => handle = next,
-                None if state.runtimes.get(runtime).is_none() => return Err(no_runtime(runtime)),
+                None if state.runtimes.get(runtime).is_none() => return Err(no_runtime(state, runtime)),
                 None => break,
             },
             answer => return answer.map_err(refusal),
@@ -118,8 +118,8 @@ where
     }))
 }
 
-fn no_runtime(runtime: &str) -> ApiError {
-    ApiError::not_found(format!("no runtime named {runtime:?}"))
+fn no_runtime(state: &AppState, runtime: &str) -> ApiError {
+    state.unknown(format!("no runtime named {runtime:?}"))
 }
 
 /// The answer to a batch that was not committed.
@@ -298,7 +298,7 @@ async fn claim(
     Caller::of(&state, &headers, None)?.ingest(&runtime)?;
     Params::parse(query.as_deref(), &[], &[])?;
     if state.runtimes.get(&runtime).is_none() {
-        return Err(no_runtime(&runtime));
+        return Err(no_runtime(&state, &runtime));
     }
     let id = producer_id(&id)?;
     let accepted = on_runtime(&state, &runtime, |handle| {

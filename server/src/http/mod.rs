@@ -121,6 +121,24 @@ impl AppState {
             ..self
         }
     }
+
+    /// `404` saying `what` is not here (`no view named …`); but on a node of a cluster still
+    /// catching up with the stream, `503` with `Retry-After`: the record that makes it may be
+    /// among those the node has yet to apply.
+    pub(crate) fn unknown(&self, what: String) -> ApiError {
+        let catching_up = self.cluster.as_ref().map(|cluster| cluster.readiness());
+        match catching_up {
+            Some(r) if !r.ready && r.broken.is_none() && r.refused.is_none() => {
+                ApiError::unavailable(format!(
+                    "{what} yet: this node is catching up with its cluster (applied {} of {}); try again",
+                    r.applied.get(),
+                    r.stream_last.get()
+                ))
+                .with_header(header::RETRY_AFTER, HeaderValue::from_static("1"))
+            }
+            _ => ApiError::not_found(what),
+        }
+    }
 }
 
 /// The router: every route, with its layers; the admin routes only with `admin`. Tests and

@@ -135,8 +135,8 @@ fn find_view(state: &AppState, name: &str) -> Option<ReadHold> {
 }
 
 /// `404`: no view `view`, and no pattern of a running runtime takes the name.
-fn no_view(view: &str) -> ApiError {
-    ApiError::not_found(format!("no view named {view:?}"))
+fn no_view(state: &AppState, view: &str) -> ApiError {
+    state.unknown(format!("no view named {view:?}"))
 }
 
 /// How many keys of `view` the narrowings of the caller's `grants` (at least one) let it read.
@@ -168,7 +168,7 @@ async fn view_state(
     let asked = narrow(query.get("keys"), query.get("prefix"))?;
     let narrow = Caller::of(&state, &headers, query.get("access_token"))?.read(&view, asked)?;
     after(&state, &query).await?;
-    let held = find_view(&state, &view).ok_or_else(|| no_view(&view))?;
+    let held = find_view(&state, &view).ok_or_else(|| no_view(&state, &view))?;
     let view = held.view();
     let cut = view.cut(state.hub.journal(), &narrow);
     let head = Bytes::from(format!("{{\"cursor\":\"{}\",\"entries\":{{", cut.cursor));
@@ -265,7 +265,7 @@ async fn events(
     if let (Some(cluster), Start::Cursor(cursor)) = (&state.cluster, &start) {
         cluster.reach(&state.hub, &view, cursor).await;
     }
-    let held = find_view(&state, &view).ok_or_else(|| no_view(&view))?;
+    let held = find_view(&state, &view).ok_or_else(|| no_view(&state, &view))?;
     let subscriber = state
         .streams
         .open(held, start, narrow, caller.expires_at())
