@@ -107,7 +107,9 @@ where
         match op(handle.clone()).await {
             Err(IngestError::Stopped { .. }) => match state.runtimes.successor(runtime, &handle) {
                 Some(next) => handle = next,
-                None if state.runtimes.get(runtime).is_none() => return Err(no_runtime(state, runtime)),
+                None if state.runtimes.get(runtime).is_none() => {
+                    return Err(no_runtime(state, runtime))
+                }
                 None => break,
             },
             answer => return answer.map_err(refusal),

@@ -241,9 +241,9 @@ async fn definition(
         ),
         (None, Some(running)) => {
             let module = running.handle.module();
-            let name = running
-                .definition()
-                .filter(|definition| definition.module == module)
+            let name = admin
+                .catalog()
+                .definition_of(running)
                 .map_or_else(|| module.to_string(), |definition| definition.module_name);
             (module, name)
         }
