@@ -32,6 +32,8 @@ pub struct GuestInstance {
     limits: Limits,
     /// What `init` replied: the guest's declaration (`ABI.md`), if it made one.
     declaration: Option<Bytes>,
+    /// Its calls are held to [`Limits::fuel`] ([`GuestInstance::meter`]).
+    metered: bool,
 }
 
 impl std::fmt::Debug for GuestInstance {
@@ -122,6 +124,7 @@ impl GuestInstance {
             views: ViewNames::default(),
             limits,
             declaration: None,
+            metered: true,
         };
         let len = this.write_input(&module.init_input(config)).await?;
         this.call(init, len)
@@ -230,6 +233,13 @@ impl GuestInstance {
         }
     }
 
+    /// Whether its calls are held to [`Limits::fuel`] (they are, unless a batch whose verdict
+    /// was given already runs again: a replay follows the verdict the live run gave, whatever
+    /// fuel this instance's history makes it cost now).
+    pub fn meter(&mut self, metered: bool) {
+        self.metered = metered;
+    }
+
     /// Fuel left of the last call's budget ([`Limits::fuel`]).
     pub fn fuel_left(&self) -> u64 {
         self.store.get_fuel().unwrap_or(0)
@@ -273,8 +283,12 @@ impl GuestInstance {
         data.error = None;
         data.reply = None;
         data.limiter.memory_exceeded = false;
+        let fuel = match self.metered {
+            true => self.limits.fuel,
+            false => u64::MAX,
+        };
         self.store
-            .set_fuel(self.limits.fuel)
+            .set_fuel(fuel)
             .map_err(|e| GuestError::Instantiate(e.into_boxed_dyn_error()))?;
         match tokio::time::timeout(limit, f.call_async(&mut self.store, params)).await {
             Err(_elapsed) => Err(GuestError::Timeout { limit }),

@@ -174,6 +174,8 @@ impl GuestSlot {
                 return Err(SlotError::Unavailable(error));
             }
         };
+        // A logged batch's verdict was given live: fuel cannot change it now.
+        instance.meter(fit == Fit::Check);
         let outcome = match instance.on_batch(input, at_ms).await {
             Ok(batch) => match typed(views.as_deref(), schemas.as_deref(), batch) {
                 Ok(batch) => instance.save().await.map(|saved| (batch, saved)),
@@ -181,6 +183,7 @@ impl GuestSlot {
             },
             Err(err) => Err(err),
         };
+        instance.meter(true);
         let error = match outcome {
             Ok((batch, saved)) => {
                 *state = saved;
@@ -225,7 +228,8 @@ pub enum Fit {
     /// New input: every update must fit its view's schema.
     Check,
     /// A logged batch run again: its events are checked against what the log says it
-    /// produced (a digest), which fitted when it committed.
+    /// produced (a digest), which fitted when it committed, and it runs without the fuel limit,
+    /// which judged it live (the fuel a batch costs depends on the instance's history).
     Known,
 }
 
