@@ -463,3 +463,41 @@ async fn a_js_module_posted_to_the_api_runs_as_a_runtime_made_by_put() -> anyhow
     );
     Ok(())
 }
+
+/// A guest that writes a forged log line (a newline, then what looks like a line of the
+/// server's, with an escape sequence), and then thousands of lines in one batch.
+const NOISY: &str = r#"
+export function init() { return {}; }
+export function onBatch(state, input, ctx) {
+  ctx.log('warn', 'ok\n2026-01-01T00:00:00.000000Z  INFO viewtape_server::http::admin: admin: forged \u001b[31mred');
+  for (let i = 0; i < 5000; i++) ctx.log('info', `noise ${i}`);
+  throw new Error('refused\nFORGED-ERROR-LINE');
+}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guest_text_is_escaped_and_bounded_in_the_servers_log() -> anyhow::Result<()> {
+    let module = js_file(NOISY)?;
+    let (server, _config) = start(&runtime("noisy", module.path(), "out", "")).await?;
+    let resp = server.ingest("noisy", "go\n").await?;
+    ensure!(resp.status() == 422, "{} {}", resp.status(), resp.text());
+    ensure!(!resp.text().contains("refused\n"), "{}", resp.text());
+    let logs = server.logs();
+    ensure!(
+        logs.lines().all(|line| !line.starts_with("2026-01-01")
+            && !line.starts_with("FORGED-ERROR-LINE")
+            && !line.contains('\u{1b}')),
+        "a guest forged a log line:\n{logs}"
+    );
+    ensure!(
+        logs.contains(r"ok\n2026-01-01"),
+        "the guest's line, escaped"
+    );
+    let noise = logs.lines().filter(|line| line.contains("noise ")).count();
+    ensure!(
+        noise <= 100,
+        "{noise} guest lines of one batch reached the log"
+    );
+    ensure!(logs.contains("guest log lines dropped"), "the drop is said");
+    Ok(())
+}

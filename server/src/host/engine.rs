@@ -15,6 +15,15 @@ use super::{EngineConfig, LoadError, ModuleFingerprint};
 /// Longest guest error or log message kept, in bytes.
 const MAX_MESSAGE_BYTES: usize = 4096;
 
+/// Most guest log lines one call into the guest (a batch) writes to the server's log.
+const LOG_LINES_PER_CALL: u32 = 100;
+
+/// Most bytes of guest log lines one call writes to the server's log.
+const LOG_BYTES_PER_CALL: usize = 16 * 1024;
+
+/// Most guest log lines an instance writes to the server's log in a minute.
+const LOG_LINES_PER_MINUTE: u32 = 600;
+
 /// The engine every guest of the server runs on. Cheap to clone.
 #[derive(Clone)]
 pub struct GuestEngine {
@@ -207,6 +216,48 @@ pub(crate) struct HostState {
     pub(crate) error: Option<String>,
     /// The current batch's ingest time, as the log holds it (Unix ms); `0` outside a batch.
     pub(crate) batch_time_ms: i64,
+    /// What the guest may still write to the server's log.
+    pub(crate) log: GuestLog,
+}
+
+/// The bounds on what a guest writes to the server's log ([`LOG_LINES_PER_CALL`],
+/// [`LOG_BYTES_PER_CALL`], [`LOG_LINES_PER_MINUTE`]): lines over them are dropped, counted, and
+/// the count said once after the call. What the guest publishes never depends on it.
+#[derive(Debug, Default)]
+pub(crate) struct GuestLog {
+    lines: u32,
+    bytes: usize,
+    dropped: u64,
+    /// The start of the current minute, and the lines written in it.
+    minute: Option<(std::time::Instant, u32)>,
+}
+
+impl GuestLog {
+    /// Whether a line of `len` bytes may be written now; counts it either way.
+    fn admit(&mut self, len: usize) -> bool {
+        let now = std::time::Instant::now();
+        let (start, written) = self.minute.get_or_insert((now, 0));
+        if now.duration_since(*start) >= std::time::Duration::from_secs(60) {
+            (*start, *written) = (now, 0);
+        }
+        let admitted = self.lines < LOG_LINES_PER_CALL
+            && self.bytes + len <= LOG_BYTES_PER_CALL
+            && *written < LOG_LINES_PER_MINUTE;
+        if admitted {
+            self.lines += 1;
+            self.bytes += len;
+            *written += 1;
+        } else {
+            self.dropped += 1;
+        }
+        admitted
+    }
+
+    /// Ends a call's budget; how many lines it dropped.
+    pub(crate) fn end_call(&mut self) -> u64 {
+        (self.lines, self.bytes) = (0, 0);
+        std::mem::take(&mut self.dropped)
+    }
 }
 
 /// The memory limiter; remembers that it refused growth, so the failure that follows (a Rust
@@ -269,9 +320,19 @@ fn guest_bytes<'a>(
         .ok_or_else(|| wasmtime::Error::msg(format!("guest pointer {ptr}+{len} is out of bounds")))
 }
 
+/// A guest's text as the server keeps it: at most [`MAX_MESSAGE_BYTES`], every control
+/// character escaped (`\n`, `\u{1b}`), so that no guest text forges or breaks a log line.
 fn message(bytes: &[u8]) -> String {
     let bytes = &bytes[..bytes.len().min(MAX_MESSAGE_BYTES)];
-    String::from_utf8_lossy(bytes).into_owned()
+    let text = String::from_utf8_lossy(bytes);
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c.is_control() {
+            true => out.extend(c.escape_debug()),
+            false => out.push(c),
+        }
+    }
+    out
 }
 
 fn linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
@@ -297,8 +358,15 @@ fn linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
     linker.func_wrap(
         abi::IMPORT_MODULE,
         abi::IMPORT_LOG,
-        |caller: Caller<'_, HostState>, level: i32, ptr: i32, len: i32| -> wasmtime::Result<()> {
+        |mut caller: Caller<'_, HostState>,
+         level: i32,
+         ptr: i32,
+         len: i32|
+         -> wasmtime::Result<()> {
             let msg = message(guest_bytes(&caller, ptr, len)?);
+            if !caller.data_mut().log.admit(msg.len()) {
+                return Ok(());
+            }
             let runtime = &*caller.data().runtime;
             match level {
                 1 => tracing::error!(runtime, guest = %msg),
@@ -316,4 +384,41 @@ fn linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
         |caller: Caller<'_, HostState>| -> i64 { caller.data().batch_time_ms },
     )?;
     Ok(linker)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_text_keeps_no_control_character() {
+        let forged = "ok\n2026-01-01T00:00:00Z  INFO viewtape_server: admin\u{1b}[31m\r\tend";
+        let kept = message(forged.as_bytes());
+        assert!(!kept.chars().any(char::is_control), "{kept:?}");
+        assert_eq!(
+            kept,
+            "ok\\n2026-01-01T00:00:00Z  INFO viewtape_server: admin\\u{1b}[31m\\r\\tend"
+        );
+        assert_eq!(message("résumé ✓".as_bytes()), "résumé ✓");
+        assert_eq!(message(&[b'a'; 10_000]).len(), MAX_MESSAGE_BYTES);
+    }
+
+    #[test]
+    fn guest_log_lines_are_bounded_per_call_and_counted() {
+        let mut log = GuestLog::default();
+        let admitted = (0..1_000).filter(|_| log.admit(10)).count();
+        assert_eq!(admitted, LOG_LINES_PER_CALL as usize);
+        assert_eq!(log.end_call(), 900);
+        // The next call has its own budget, in bytes too.
+        assert!(log.admit(LOG_BYTES_PER_CALL));
+        assert!(!log.admit(1));
+        assert_eq!(log.end_call(), 1);
+        // And the minute's bound holds across calls.
+        let mut written = LOG_LINES_PER_CALL as usize + 1;
+        for _ in 0..20 {
+            written += (0..LOG_LINES_PER_CALL).filter(|_| log.admit(1)).count();
+            log.end_call();
+        }
+        assert_eq!(written, LOG_LINES_PER_MINUTE as usize);
+    }
 }

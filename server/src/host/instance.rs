@@ -76,6 +76,7 @@ impl GuestInstance {
                 reply: None,
                 batch_time_ms: 0,
                 error: None,
+                log: Default::default(),
             },
         );
         store.limiter(|s| &mut s.limiter);
@@ -290,7 +291,17 @@ impl GuestInstance {
         self.store
             .set_fuel(fuel)
             .map_err(|e| GuestError::Instantiate(e.into_boxed_dyn_error()))?;
-        match tokio::time::timeout(limit, f.call_async(&mut self.store, params)).await {
+        let called = tokio::time::timeout(limit, f.call_async(&mut self.store, params)).await;
+        let dropped = self.store.data_mut().log.end_call();
+        if dropped > 0 {
+            let runtime = &*self.store.data().runtime;
+            tracing::warn!(
+                runtime,
+                dropped,
+                "guest log lines dropped: over the bound of a call or of a minute"
+            );
+        }
+        match called {
             Err(_elapsed) => Err(GuestError::Timeout { limit }),
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => Err(classify(err, &mut self.store, &self.limits)),

@@ -66,6 +66,7 @@ pub(crate) fn check_syntax(
             reply: None,
             batch_time_ms: 0,
             error: None,
+            log: Default::default(),
         },
     );
     store.limiter(|s| &mut s.limiter);
