@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use bytes::Bytes;
 use viewtape_journal::{EventJournal, ViewClaim};
 
-use crate::host::{GuestEngine, GuestModule, ModuleFingerprint};
+use crate::host::{GuestEngine, GuestError, GuestModule, ModuleFingerprint};
 use crate::hub::Hub;
 use viewtape_snapshots::log::LogError;
 
@@ -79,6 +79,15 @@ pub enum CatalogError {
         /// The runtime.
         runtime: String,
         /// Why, in the server's words.
+        message: String,
+    },
+    /// A bound of the server's is reached (its guest instances); nothing is wrong with the
+    /// definition.
+    #[error("runtime {runtime:?}: {message}")]
+    Capacity {
+        /// The runtime.
+        runtime: String,
+        /// Which bound, in the server's words.
         message: String,
     },
     /// The record could not be logged.
@@ -520,9 +529,15 @@ impl Catalog {
             Arc::clone(&self.log),
         )
         .await
-        .map_err(|error| CatalogError::Refused {
-            runtime: name.to_owned(),
-            message: error.public_message().into_owned(),
+        .map_err(|error| match error {
+            GuestError::InstancesUsedUp { .. } => CatalogError::Capacity {
+                runtime: name.to_owned(),
+                message: error.to_string(),
+            },
+            _ => CatalogError::Refused {
+                runtime: name.to_owned(),
+                message: error.public_message().into_owned(),
+            },
         })
     }
 

@@ -736,3 +736,38 @@ async fn expect_continue_past_an_admin_routes_limit_gets_413_and_no_invitation(
     ensure!(status == "HTTP/1.1 100 Continue", "{status}");
     Ok(())
 }
+
+/// Past `[server] guest_instances`, a new runtime is refused with `503` naming the bound, not
+/// as a module the guest refused; the runtimes already there go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_guest_instance_bound_a_runtime_is_refused_naming_it() -> anyhow::Result<()> {
+    let config = viewtape_tests::server::config_file("[server]\nguest_instances = 4\n")?;
+    let path = config.path().display().to_string();
+    let server = Server::start_with_env(&["--config", &path], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
+    let mut made = 0;
+    let refused = loop {
+        let definition =
+            serde_json::json!({"module": "builtin:json", "views": [format!("v{made}")]});
+        let path = format!("/admin/runtimes/r{made}");
+        let resp = admin(&server, "PUT", &path, definition.to_string().as_bytes()).await?;
+        if resp.status() != 201 {
+            break resp;
+        }
+        made += 1;
+        ensure!(made < 10, "no bound");
+    };
+    ensure!(made >= 1, "{} {}", refused.status(), refused.text());
+    ensure!(
+        refused.status() == 503,
+        "{} {}",
+        refused.status(),
+        refused.text()
+    );
+    ensure!(
+        refused.text().contains("guest_instances"),
+        "{}",
+        refused.text()
+    );
+    ingest_ok(&server, "r0", &line("v0", "k", serde_json::json!(1))).await?;
+    Ok(())
+}

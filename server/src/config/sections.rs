@@ -48,6 +48,10 @@ pub struct ServerConfig {
     pub snapshot_interval: Duration,
     /// Periodic snapshots kept.
     pub keep_snapshots: usize,
+    /// The most guest instances alive at once (a runtime holds one, two for a moment while it
+    /// is replaced or deployed): a runtime past it is refused with `503`. Each reserves address
+    /// space, not memory. `0`: no bound (instances allocated on demand).
+    pub guest_instances: u32,
     /// Origins (`https://app.example`) allowed to call every route cross-origin, with
     /// credentials. Empty: no cross-origin access.
     pub cors_origins: Vec<String>,
@@ -81,6 +85,7 @@ impl Default for ServerConfig {
             max_body: 1 << 20,
             snapshot_interval: Duration::from_secs(30),
             keep_snapshots: 5,
+            guest_instances: crate::host::EngineConfig::default().pooled_instances,
             cors_origins: Vec::new(),
             tls_cert: None,
             tls_key: None,

@@ -222,9 +222,16 @@ pub enum GuestError {
     /// of bounds).
     #[error("guest broke the ABI: {0}")]
     Protocol(String),
-    /// Creating the instance failed (e.g. the instance pool is exhausted).
+    /// Creating the instance failed.
     #[error("failed to instantiate the guest: {0}")]
     Instantiate(#[source] BoxError),
+    /// Every guest instance the server may run at once is in use: a bound of the server's
+    /// (`[server] guest_instances`), not the guest's fault.
+    #[error("all {limit} guest instances this server may run at once are in use (raise [server] guest_instances)")]
+    InstancesUsedUp {
+        /// The bound.
+        limit: u32,
+    },
 }
 
 /// A Rust panic message (`panicked at src/lib.rs:3:5:\nthe message`) as the message and, when
@@ -284,6 +291,7 @@ impl GuestError {
             | Self::TooDeep { .. }
             | Self::LoneSurrogate { .. }
             | Self::Schema(_)
+            | Self::InstancesUsedUp { .. }
             | Self::BatchTooLarge { .. } => self.to_string().into(),
         }
     }

@@ -95,6 +95,10 @@ impl GuestInstance {
                     GuestError::MemoryExceeded {
                         limit: limits.max_memory_bytes,
                     }
+                } else if e.is::<wasmtime::PoolConcurrencyLimitError>() {
+                    GuestError::InstancesUsedUp {
+                        limit: engine.config().pooled_instances,
+                    }
                 } else {
                     GuestError::Instantiate(e.into_boxed_dyn_error())
                 }

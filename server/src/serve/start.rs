@@ -95,6 +95,7 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
 
     let engine = GuestEngine::new(EngineConfig {
         cache_dir: crate::host::cache_dir(|| Some(data_dir.join("cache"))),
+        pooled_instances: config.server.guest_instances,
         ..EngineConfig::default()
     })?;
     let modules_dir = data_dir.join("modules");

@@ -61,6 +61,7 @@ impl From<CatalogError> for ApiError {
             CatalogError::Refused { .. } => {
                 ApiError::unprocessable("module_refused", error.to_string())
             }
+            CatalogError::Capacity { .. } => ApiError::unavailable(error.to_string()),
             CatalogError::Log { .. } | CatalogError::Shared { .. } => {
                 ApiError::unavailable_hiding(
                     "the change could not be made durable now; nothing changed (the server log says why)",
