@@ -140,7 +140,20 @@ impl Cluster {
             .into_iter()
             .chain(stream.first_passed_over(name))
             .min();
-        if first.is_some_and(|first| first <= log.committed()) {
+        let committed = log.committed();
+        if first.is_some_and(|first| first <= committed) {
+            // This node may have applied that record after the runtime was read above (another
+            // node's define or deploy of it): read it again, as it is now that `committed` is.
+            let Some(now) = appliers.runtimes.get(name) else {
+                return Ok(Declared::Defined);
+            };
+            if now.definition().is_some() {
+                return Ok(Declared::Defined);
+            }
+            let saved = now.handle.save().await?;
+            if !saved.modules.is_empty() {
+                return Ok(Declared::Module(saved));
+            }
             return Ok(Declared::HistoryMissing);
         }
         let running = registered.handle.module();
@@ -241,7 +254,8 @@ enum Declared {
     /// Its module is decided (now or before): the runtime's state then (the modules it has run
     /// on the stream, the guest config the stream decided).
     Module(RuntimeSnapshot),
-    /// The stream had no record of it: it is defined by a record, as this node's config says.
+    /// It is defined by a record: this node's, as its config says (the stream had no record of
+    /// it), or another node's, applied here meanwhile.
     Defined,
     /// The cluster refused its definition (its views overlap another runtime's, say).
     Refused(String),

@@ -234,12 +234,13 @@ pub enum GuestError {
     },
 }
 
-/// A Rust panic message (`panicked at src/lib.rs:3:5:\nthe message`) as the message and, when
-/// it has one, the location: what the author wrote comes first.
+/// A Rust panic message (`panicked at src/lib.rs:3:5:\nthe message`, its newline escaped as
+/// all guest text is) as the message and, when it has one, the location: what the author wrote
+/// comes first.
 fn panic_parts(message: &str) -> (&str, Option<&str>) {
     match message
         .strip_prefix("panicked at ")
-        .and_then(|rest| rest.split_once(":\n"))
+        .and_then(|rest| rest.split_once(":\\n"))
     {
         Some((location, text)) => (text, Some(location)),
         None => (message, None),

@@ -540,7 +540,7 @@ async fn memory_limit_below_the_initial_memory_refuses_instantiation() {
 }
 
 #[tokio::test]
-async fn exhausted_pool_is_an_instantiation_error() {
+async fn an_exhausted_pool_names_the_bound() {
     let engine = GuestEngine::new(EngineConfig {
         pooled_instances: 1,
         ..EngineConfig::default()
@@ -553,7 +553,10 @@ async fn exhausted_pool_is_an_instantiation_error() {
     let err = GuestInstance::new(&module, "b", &Limits::default(), b"", None)
         .await
         .unwrap_err();
-    assert!(matches!(err, GuestError::Instantiate(_)), "{err}");
+    assert!(
+        matches!(err, GuestError::InstancesUsedUp { limit: 1 }),
+        "{err}"
+    );
 }
 
 fn logstats() -> &'static GuestModule {
