@@ -7,23 +7,10 @@
 use anyhow::{ensure, Context as _};
 use serde_json::{json, Value};
 use viewtape_tests::cluster::{admin_nodes, applied, position, CONVERGE};
+use viewtape_tests::server::js_counter;
 use viewtape_tests::{expect, NatsServer, Server};
 
 const TOKEN: &str = "cluster-truth-token";
-
-/// A counter: publishes `{count, build}` on view `count`, key `c`, once per batch.
-fn counter(build: u32) -> String {
-    format!(
-        r#"
-export function init() {{ return {{ count: 0 }}; }}
-export function onBatch(state, input, ctx) {{
-  state.count += 1;
-  ctx.publish('count', 'c', {{ count: state.count, build: {build} }});
-  return state;
-}}
-"#
-    )
-}
 
 /// An admin request that must answer `status`; its JSON body.
 async fn admin_ok(
@@ -52,7 +39,7 @@ async fn deploy(server: &Server, build: u32) -> anyhow::Result<Value> {
         "PUT",
         "/admin/runtimes/counter/module",
         &[("Content-Type", "text/javascript")],
-        counter(build).as_bytes(),
+        js_counter(build).as_bytes(),
         200,
     )
     .await
@@ -82,7 +69,7 @@ async fn a_deploy_through_one_node_is_what_a_restarted_node_runs() -> anyhow::Re
         "POST",
         "/admin/modules",
         &[("Content-Type", "text/javascript")],
-        counter(1).as_bytes(),
+        js_counter(1).as_bytes(),
         200,
     )
     .await?;

@@ -10,24 +10,10 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context as _};
 use serde_json::{json, Value};
-use viewtape_tests::server::{config_file, ADMIN_TOKEN_ENV};
+use viewtape_tests::server::{config_file, js_counter, ADMIN_TOKEN_ENV};
 use viewtape_tests::{Response, Server};
 
 const TOKEN: &str = "one-truth-token";
-
-/// A counter: publishes `{count, build}` on view `count`, key `c`, once per batch.
-fn counter(build: u32) -> String {
-    format!(
-        r#"
-export function init() {{ return {{ count: 0 }}; }}
-export function onBatch(state, input, ctx) {{
-  state.count += 1;
-  ctx.publish('count', 'c', {{ count: state.count, build: {build} }});
-  return state;
-}}
-"#
-    )
-}
 
 async fn admin(server: &Server, method: &str, path: &str, body: &[u8]) -> anyhow::Result<Response> {
     server.admin(TOKEN, method, path, &[], body).await
@@ -49,6 +35,24 @@ async fn admin_ok(
         resp.text()
     );
     resp.json()
+}
+
+/// `POST /admin/modules` with a JavaScript guest; the module it is kept as.
+async fn upload(server: &Server, source: &str) -> anyhow::Result<String> {
+    let resp = server
+        .admin(
+            TOKEN,
+            "POST",
+            "/admin/modules",
+            &[("Content-Type", "text/javascript")],
+            source.as_bytes(),
+        )
+        .await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    Ok(resp.json()?["module"]
+        .as_str()
+        .context("module")?
+        .to_owned())
 }
 
 /// `PUT /admin/runtimes/{runtime}/module` with a JavaScript build.
@@ -104,17 +108,7 @@ async fn a_deploy_to_an_api_runtime_is_what_runs_after_every_restart() -> anyhow
     let path = config.path().display().to_string();
     let mut server =
         Server::start_with_env(&["--config", &path], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
-    let uploaded = server
-        .admin(
-            TOKEN,
-            "POST",
-            "/admin/modules",
-            &[("Content-Type", "text/javascript")],
-            counter(1).as_bytes(),
-        )
-        .await?
-        .json()?;
-    let first = uploaded["module"].as_str().context("module")?.to_owned();
+    let first = upload(&server, &js_counter(1)).await?;
     let made = admin_ok(
         &server,
         "PUT",
@@ -128,7 +122,7 @@ async fn a_deploy_to_an_api_runtime_is_what_runs_after_every_restart() -> anyhow
     ensure!(made["position"].as_u64().is_some(), "{made}");
     ensure!(tick(&server).await? == (1, 1));
 
-    let deployed = deploy(&server, "counter", &counter(2)).await?;
+    let deployed = deploy(&server, "counter", &js_counter(2)).await?;
     let second = deployed["module"].as_str().context("module")?.to_owned();
     ensure!(tick(&server).await? == (2, 2));
     ensure!(runs(&server, "counter").await? == (second.clone(), second.clone()));
@@ -153,7 +147,7 @@ async fn a_deploy_to_an_api_runtime_is_what_runs_after_every_restart() -> anyhow
     );
 
     // A deploy that only the log holds (no snapshot after it), then `kill -9`.
-    let third = deploy(&server, "counter", &counter(3)).await?["module"]
+    let third = deploy(&server, "counter", &js_counter(3)).await?["module"]
         .as_str()
         .context("module")?
         .to_owned();
@@ -377,17 +371,7 @@ async fn a_damaged_module_file_is_repaired_and_costs_no_data() -> anyhow::Result
         .as_str()
         .context("running_module")?
         .to_owned();
-    let uploaded = server
-        .admin(
-            TOKEN,
-            "POST",
-            "/admin/modules",
-            &[("Content-Type", "text/javascript")],
-            counter(1).as_bytes(),
-        )
-        .await?
-        .json()?;
-    let custom = uploaded["module"].as_str().context("module")?.to_owned();
+    let custom = upload(&server, &js_counter(1)).await?;
     admin_ok(
         &server,
         "PUT",
@@ -403,17 +387,8 @@ async fn a_damaged_module_file_is_repaired_and_costs_no_data() -> anyhow::Result
 
     // Damaged while the server runs: the same bytes uploaded again repair the file.
     flip_a_byte(&module_file(&server, &custom))?;
-    let again = server
-        .admin(
-            TOKEN,
-            "POST",
-            "/admin/modules",
-            &[("Content-Type", "text/javascript")],
-            counter(1).as_bytes(),
-        )
-        .await?;
-    ensure!(again.status() == 200, "{}", again.text());
-    ensure!(std::fs::read(module_file(&server, &custom))? == counter(1).as_bytes());
+    ensure!(upload(&server, &js_counter(1)).await? == custom);
+    ensure!(std::fs::read(module_file(&server, &custom))? == js_counter(1).as_bytes());
 
     // A built-in's file damaged, and an interrupted write left behind, while it is stopped: the
     // next start repairs the one from the built-in and removes the other; every runtime keeps

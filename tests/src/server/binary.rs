@@ -9,6 +9,21 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context as _};
 use tokio::process::Command;
 
+/// A JavaScript guest, build `build` of a counter: once per batch it publishes `{count, build}`
+/// to view `count`, key `c`. Another build is another module with the same state.
+pub fn js_counter(build: u32) -> String {
+    format!(
+        r#"
+export function init() {{ return {{ count: 0 }}; }}
+export function onBatch(state, input, ctx) {{
+  state.count += 1;
+  ctx.publish('count', 'c', {{ count: state.count, build: {build} }});
+  return state;
+}}
+"#
+    )
+}
+
 /// A guest module as checked in with the server's embedded guests: `ticker`, `logstats`, or
 /// `misbehave` (the test fixture that publishes, fails, traps or loops on command).
 pub fn guest_wasm(name: &str) -> PathBuf {

@@ -38,8 +38,8 @@ use tokio::process::{Child, ChildStderr, Command};
 use crate::http;
 
 pub use binary::{
-    binary, cli, code_cache_dir, config_file, guest_wasm, run_guest, with_custom_section,
-    CACHE_DIR_VAR,
+    binary, cli, code_cache_dir, config_file, guest_wasm, js_counter, run_guest,
+    with_custom_section, CACHE_DIR_VAR,
 };
 
 /// How long the server may take to print its listening line.
