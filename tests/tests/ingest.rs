@@ -296,3 +296,31 @@ async fn the_last_producer_epoch_is_a_claims_alone() -> anyhow::Result<()> {
     ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
     Ok(())
 }
+
+/// An ingest refused before its body is read (an unknown runtime, past `max_body`) says that the
+/// connection closes, and closes it: the unread body cannot be taken for the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_before_the_body_is_read_says_connection_close() -> anyhow::Result<()> {
+    let server = Server::start(&[]).await?;
+    let body = vec![b'a'; 200_000];
+    for path in ["/runtimes/nope/ingest", "/runtimes/demo/ingest?x=1"] {
+        let mut conn = viewtape_tests::http::HttpConn::connect(server.addr()).await?;
+        let resp = conn.send("POST", path, &[], &body).await?;
+        ensure!(
+            resp.status() == 404 || resp.status() == 400,
+            "{path}: {} {}",
+            resp.status(),
+            resp.text()
+        );
+        ensure!(
+            resp.header("connection") == Some("close"),
+            "{path}: {:?}",
+            resp.header("connection")
+        );
+        ensure!(
+            conn.send("GET", "/healthz", &[], b"").await.is_err(),
+            "{path}: the connection is closed"
+        );
+    }
+    Ok(())
+}

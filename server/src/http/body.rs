@@ -16,14 +16,15 @@ use super::ApiError;
 ///
 /// # Errors
 /// `413 body_too_large` when its declared length or its bytes pass `limit`; `400 bad_request`
-/// when it cannot be read (bad chunked framing, cut short).
+/// when it cannot be read (bad chunked framing, cut short). Either closes the connection
+/// ([`ApiError::closing`]): the rest of the body is not read.
 pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     if http_body::Body::size_hint(&body).lower() > limit as u64 {
-        return Err(ApiError::too_large(limit));
+        return Err(ApiError::too_large(limit).closing());
     }
     axum::body::to_bytes(body, limit)
         .await
-        .map_err(|error| refusal(&error, limit))
+        .map_err(|error| refusal(&error, limit).closing())
 }
 
 /// The answer to a body that could not be read: `413` past the limit, else `400`.

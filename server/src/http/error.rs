@@ -97,6 +97,12 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
     }
 
+    /// This answer with `Connection: close`: it is given before the request's body was read
+    /// (or while it was), so the connection cannot carry another request, and says so.
+    pub fn closing(self) -> Self {
+        self.with_header(header::CONNECTION, HeaderValue::from_static("close"))
+    }
+
     /// `503 outcome_unknown`: the request may yet take effect; `message` says how to learn
     /// whether it did.
     pub fn outcome_unknown(message: impl Into<String>) -> Self {

@@ -49,13 +49,9 @@ async fn ingest(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let Path(runtime) = runtime?;
-    Caller::of(&state, &headers, None)?.ingest(&runtime)?;
-    Params::parse(query.as_deref(), &[], &[])?;
-    if state.runtimes.get(&runtime).is_none() {
-        return Err(no_runtime(&state, &runtime));
-    }
-    let producer = producer_stamp(&headers)?;
+    let Path(runtime) = runtime.map_err(|error| ApiError::from(error).closing())?;
+    let producer =
+        before_body(&state, &runtime, query.as_deref(), &headers).map_err(ApiError::closing)?;
     let limit = state.config.max_body;
     let input = read_body(body, limit).await.inspect_err(|_| {
         state.metrics.ingest_rejected.inc();
@@ -85,6 +81,22 @@ async fn ingest(
         );
     }
     Ok(response)
+}
+
+/// What an ingest checks before it reads the body: the caller's access, the query (none), the
+/// runtime, the producer headers.
+fn before_body(
+    state: &AppState,
+    runtime: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+) -> Result<Option<ProducerStamp>, ApiError> {
+    Caller::of(state, headers, None)?.ingest(runtime)?;
+    Params::parse(query, &[], &[])?;
+    if state.runtimes.get(runtime).is_none() {
+        return Err(no_runtime(state, runtime));
+    }
+    producer_stamp(headers)
 }
 
 /// How many times a request follows its runtime to the task that replaced it.
