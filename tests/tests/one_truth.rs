@@ -37,6 +37,24 @@ async fn admin_ok(
     resp.json()
 }
 
+/// `PUT /admin/runtimes/{runtime}` with `definition`, which must answer `status`; its JSON body.
+async fn put(
+    server: &Server,
+    runtime: &str,
+    definition: Value,
+    status: u16,
+) -> anyhow::Result<Value> {
+    let path = format!("/admin/runtimes/{runtime}");
+    admin_ok(
+        server,
+        "PUT",
+        &path,
+        definition.to_string().as_bytes(),
+        status,
+    )
+    .await
+}
+
 /// `POST /admin/modules` with a JavaScript guest; the module it is kept as.
 async fn upload(server: &Server, source: &str) -> anyhow::Result<String> {
     let resp = server
@@ -109,13 +127,10 @@ async fn a_deploy_to_an_api_runtime_is_what_runs_after_every_restart() -> anyhow
     let mut server =
         Server::start_with_env(&["--config", &path], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
     let first = upload(&server, &js_counter(1)).await?;
-    let made = admin_ok(
+    let made = put(
         &server,
-        "PUT",
-        "/admin/runtimes/counter",
-        json!({"module": first, "views": ["count"]})
-            .to_string()
-            .as_bytes(),
+        "counter",
+        json!({"module": first, "views": ["count"]}),
         201,
     )
     .await?;
@@ -163,24 +178,10 @@ async fn a_deploy_to_an_api_runtime_is_what_runs_after_every_restart() -> anyhow
     // GET, then PUT the same back: nothing rolls back; a PUT without `module` keeps the build.
     let got = admin_ok(&server, "GET", "/admin/runtimes/counter", b"", 200).await?;
     let back = json!({"module": got["module"], "views": got["views"], "config": got["config"], "limits": got["limits"]});
-    let put = admin_ok(
-        &server,
-        "PUT",
-        "/admin/runtimes/counter",
-        back.to_string().as_bytes(),
-        200,
-    )
-    .await?;
-    ensure!(put["module"] == third.as_str(), "{put}");
-    let put = admin_ok(
-        &server,
-        "PUT",
-        "/admin/runtimes/counter",
-        json!({"views": ["count"]}).to_string().as_bytes(),
-        200,
-    )
-    .await?;
-    ensure!(put["module"] == third.as_str(), "{put}");
+    let same = put(&server, "counter", back, 200).await?;
+    ensure!(same["module"] == third.as_str(), "{same}");
+    let kept = put(&server, "counter", json!({"views": ["count"]}), 200).await?;
+    ensure!(kept["module"] == third.as_str(), "{kept}");
     ensure!(tick(&server).await? == (7, 3));
     server.stop_graceful().await?;
     server.restart().await?;
@@ -230,14 +231,7 @@ async fn the_log_wins_over_a_config_read_again() -> anyhow::Result<()> {
 
     // Through the API: `items` now publishes to `items` and `more` (not `extra`, retired), and
     // `gone` is deleted.
-    admin_ok(
-        &server,
-        "PUT",
-        "/admin/runtimes/items",
-        json!({"views": ["items", "more"]}).to_string().as_bytes(),
-        200,
-    )
-    .await?;
+    put(&server, "items", json!({"views": ["items", "more"]}), 200).await?;
     ingest(&server, "items", line("more", "m", json!(2))).await?;
     let deleted = admin_ok(&server, "DELETE", "/admin/runtimes/gone", b"", 200).await?;
     ensure!(deleted["position"].as_u64().is_some(), "{deleted}");
@@ -281,13 +275,10 @@ async fn the_log_wins_over_a_config_read_again() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_put_is_judged_as_a_deploy_and_answers_a_position_to_read_after() -> anyhow::Result<()> {
     let server = Server::start_with_env(&[], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
-    let made = admin_ok(
+    let made = put(
         &server,
-        "PUT",
-        "/admin/runtimes/docs",
-        json!({"module": "builtin:json", "views": ["doc"]})
-            .to_string()
-            .as_bytes(),
+        "docs",
+        json!({"module": "builtin:json", "views": ["doc"]}),
         201,
     )
     .await?;
@@ -325,14 +316,7 @@ async fn a_put_is_judged_as_a_deploy_and_answers_a_position_to_read_after() -> a
     ensure!(got["schemas"] == json!({}), "{got}");
     // One the state fits is taken.
     let fits = json!({"views": ["doc"], "schemas": {"doc": {"type": "object", "properties": {"n": {"type": "string"}}}}});
-    admin_ok(
-        &server,
-        "PUT",
-        "/admin/runtimes/docs",
-        fits.to_string().as_bytes(),
-        200,
-    )
-    .await?;
+    put(&server, "docs", fits, 200).await?;
     Ok(())
 }
 
@@ -357,13 +341,10 @@ fn flip_a_byte(path: &std::path::Path) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_module_file_is_repaired_and_costs_no_data() -> anyhow::Result<()> {
     let mut server = Server::start_with_env(&[], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
-    let made = admin_ok(
+    let made = put(
         &server,
-        "PUT",
-        "/admin/runtimes/docs",
-        json!({"module": "builtin:json", "views": ["doc"]})
-            .to_string()
-            .as_bytes(),
+        "docs",
+        json!({"module": "builtin:json", "views": ["doc"]}),
         201,
     )
     .await?;
@@ -372,13 +353,10 @@ async fn a_damaged_module_file_is_repaired_and_costs_no_data() -> anyhow::Result
         .context("running_module")?
         .to_owned();
     let custom = upload(&server, &js_counter(1)).await?;
-    admin_ok(
+    put(
         &server,
-        "PUT",
-        "/admin/runtimes/counter",
-        json!({"module": custom, "views": ["count"]})
-            .to_string()
-            .as_bytes(),
+        "counter",
+        json!({"module": custom, "views": ["count"]}),
         201,
     )
     .await?;

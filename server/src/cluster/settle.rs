@@ -48,13 +48,15 @@ impl Cluster {
             self.readiness
                 .send_modify(|readiness| readiness.settling = Some(name.clone()));
             let declared = loop {
+                // Read before the runtime is: the runtime read reflects at least this much.
+                let committed = log.committed();
                 let Some(registered) = appliers.runtimes.get(&name) else {
                     break None;
                 };
                 if registered.definition().is_some() {
                     break None;
                 }
-                match self.declare(appliers, log, &name, &registered).await {
+                match self.declare(appliers, committed, &name, &registered).await {
                     Ok(declared) => break Some((declared, registered)),
                     Err(error) => {
                         if attempt.is_multiple_of(5) {
@@ -119,11 +121,12 @@ impl Cluster {
 
     /// Declares the config runtime `registered` on the stream if the stream has not decided its
     /// module yet: by a define record when the stream holds no record of it, else by a deploy
-    /// record of its module. See [`Declared`].
+    /// record of its module. See [`Declared`]. `registered` was read after this node had applied
+    /// the stream through `committed`.
     async fn declare(
         &self,
         appliers: &Appliers,
-        log: &Log,
+        committed: LogPosition,
         name: &str,
         registered: &Registered,
     ) -> Result<Declared, DeclareError> {
@@ -140,20 +143,7 @@ impl Cluster {
             .into_iter()
             .chain(stream.first_passed_over(name))
             .min();
-        let committed = log.committed();
         if first.is_some_and(|first| first <= committed) {
-            // This node may have applied that record after the runtime was read above (another
-            // node's define or deploy of it): read it again, as it is now that `committed` is.
-            let Some(now) = appliers.runtimes.get(name) else {
-                return Ok(Declared::Defined);
-            };
-            if now.definition().is_some() {
-                return Ok(Declared::Defined);
-            }
-            let saved = now.handle.save().await?;
-            if !saved.modules.is_empty() {
-                return Ok(Declared::Module(saved));
-            }
             return Ok(Declared::HistoryMissing);
         }
         let running = registered.handle.module();

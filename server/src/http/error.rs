@@ -97,6 +97,11 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
     }
 
+    /// `503 unavailable` with `Retry-After: 1`: this node will have what was asked for shortly.
+    pub fn unavailable_for_now(message: impl Into<String>) -> Self {
+        Self::unavailable(message).with_header(header::RETRY_AFTER, HeaderValue::from_static("1"))
+    }
+
     /// This answer with `Connection: close`: it is given before the request's body was read
     /// (or while it was), so the connection cannot carry another request, and says so.
     pub fn closing(self) -> Self {

@@ -129,12 +129,11 @@ impl AppState {
         let catching_up = self.cluster.as_ref().map(|cluster| cluster.readiness());
         match catching_up {
             Some(r) if !r.ready && r.broken.is_none() && r.refused.is_none() => {
-                ApiError::unavailable(format!(
+                ApiError::unavailable_for_now(format!(
                     "{what} yet: this node is catching up with its cluster (applied {} of {}); try again",
                     r.applied.get(),
                     r.stream_last.get()
                 ))
-                .with_header(header::RETRY_AFTER, HeaderValue::from_static("1"))
             }
             _ => ApiError::not_found(what),
         }

@@ -72,12 +72,11 @@ async fn after(state: &AppState, query: &Params) -> Result<(), ApiError> {
     if cluster.reach_position(position).await {
         return Ok(());
     }
-    Err(ApiError::unavailable(format!(
+    Err(ApiError::unavailable_for_now(format!(
         "this node has not applied log position {} yet (it has applied {}); try again",
         position.get(),
         cluster.applied().get()
-    ))
-    .with_header(header::RETRY_AFTER, HeaderValue::from_static("1")))
+    )))
 }
 
 /// `?keys=`/`?prefix=`, or a `400` saying what is wrong with them.

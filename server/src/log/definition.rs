@@ -56,22 +56,20 @@ impl Definition {
     /// What it declares, as a digest (`sha256:<hex>` of its JSON, `declared` left out): two
     /// declarations are the same exactly when their digests are.
     pub fn digest(&self) -> String {
-        let declaration = Definition {
-            declared: None,
-            ..self.clone()
-        };
-        let json = serde_json::to_vec(&declaration).unwrap_or_default();
+        let json = serde_json::to_vec(&self.declaration()).unwrap_or_default();
         ModuleFingerprint::of(&json).to_string()
     }
 
     /// Whether it declares the same runtime as `other`, whoever declared either.
     pub fn same_as(&self, other: &Definition) -> bool {
+        self.declaration() == other.declaration()
+    }
+
+    /// It, whoever declared it (`declared` left out).
+    fn declaration(&self) -> Definition {
         Definition {
             declared: None,
             ..self.clone()
-        } == Definition {
-            declared: None,
-            ..other.clone()
         }
     }
 }
