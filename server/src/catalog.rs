@@ -81,8 +81,8 @@ pub enum CatalogError {
         /// Why, in the server's words.
         message: String,
     },
-    /// A bound of the server's is reached (its guest instances); nothing is wrong with the
-    /// definition.
+    /// A bound of the server's is reached (its runtimes, its guest instances); nothing is wrong
+    /// with the definition.
     #[error("runtime {runtime:?}: {message}")]
     Capacity {
         /// The runtime.
@@ -127,6 +127,8 @@ pub struct Catalog {
     log: Arc<Log>,
     /// The config's `[[runtime]]`s as definitions, by name.
     configured: BTreeMap<String, Definition>,
+    /// The most runtimes a put may make (`[server] max_runtimes`).
+    max_runtimes: usize,
     /// One change at a time, from its check to its record applied.
     changing: tokio::sync::Mutex<()>,
     /// On a cluster: the verdicts on pending records, by position, for the waiter of the node
@@ -140,7 +142,8 @@ pub struct Catalog {
 
 impl Catalog {
     /// The catalog of `runtimes`, whose tasks run on `engine`, publish to `hub` and log to
-    /// `log`, with modules from `modules`; `configured`: the config's `[[runtime]]`s.
+    /// `log`, with modules from `modules`; `configured`: the config's `[[runtime]]`s; a put
+    /// makes no runtime past `max_runtimes`.
     pub fn new(
         engine: GuestEngine,
         modules: Arc<ModuleStore>,
@@ -148,6 +151,7 @@ impl Catalog {
         hub: Arc<Hub>,
         log: Arc<Log>,
         configured: BTreeMap<String, Definition>,
+        max_runtimes: usize,
     ) -> Self {
         Self {
             engine,
@@ -157,6 +161,7 @@ impl Catalog {
             hub,
             log,
             configured,
+            max_runtimes,
             changing: tokio::sync::Mutex::new(()),
             verdicts: Mutex::new(BTreeMap::new()),
             verdict_given: tokio::sync::Notify::new(),
@@ -249,6 +254,15 @@ impl Catalog {
         let _changing = self.changing.lock().await;
         self.check(name, &definition)?;
         let existing = self.runtimes.get(name);
+        if existing.is_none() && self.runtimes.len() >= self.max_runtimes {
+            return Err(CatalogError::Capacity {
+                runtime: name.to_owned(),
+                message: format!(
+                    "this node runs {} runtimes, its bound (raise [server] max_runtimes)",
+                    self.max_runtimes
+                ),
+            });
+        }
         if definition.declared.is_none() {
             definition.declared = self.declared(name, existing.as_ref());
         }

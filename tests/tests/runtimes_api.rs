@@ -737,11 +737,11 @@ async fn expect_continue_past_an_admin_routes_limit_gets_413_and_no_invitation(
     Ok(())
 }
 
-/// Past `[server] guest_instances`, a new runtime is refused with `503` naming the bound, not
-/// as a module the guest refused; the runtimes already there go on.
+/// Past `[server] max_runtimes`, a new runtime is refused with `503` naming the bound, not as a
+/// module the guest refused; the runtimes already there go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn past_the_guest_instance_bound_a_runtime_is_refused_naming_it() -> anyhow::Result<()> {
-    let config = viewtape_tests::server::config_file("[server]\nguest_instances = 4\n")?;
+async fn past_the_runtime_bound_a_runtime_is_refused_naming_it() -> anyhow::Result<()> {
+    let config = viewtape_tests::server::config_file("[server]\nmax_runtimes = 4\n")?;
     let path = config.path().display().to_string();
     let server = Server::start_with_env(&["--config", &path], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
     let mut made = 0;
@@ -764,10 +764,66 @@ async fn past_the_guest_instance_bound_a_runtime_is_refused_naming_it() -> anyho
         refused.text()
     );
     ensure!(
-        refused.text().contains("guest_instances"),
+        refused.text().contains("max_runtimes"),
         "{}",
         refused.text()
     );
     ingest_ok(&server, "r0", &line("v0", "k", serde_json::json!(1))).await?;
+    // A runtime that is there is replaced past the bound: it makes none.
+    let definition = serde_json::json!({"module": "builtin:json", "views": ["v0", "w0"]});
+    put(&server, "r0", definition, 200).await?;
+    Ok(())
+}
+
+/// An instance is made for a batch and dropped after it: far more runtimes than
+/// `[server] guest_instances` are made, take batches and keep their state, through a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtimes_outnumber_guest_instances() -> anyhow::Result<()> {
+    const RUNTIMES: usize = 70;
+    let config = viewtape_tests::server::config_file("[server]\nguest_instances = 2\n")?;
+    let path = config.path().display().to_string();
+    let mut server =
+        Server::start_with_env(&["--config", &path], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
+    // Counts its batches, publishing the count to the view the batch names.
+    let source = "export function onBatch(state, input, ctx) {\n  state.n = (state.n ?? 0) + 1;\n  ctx.publish(input.trim(), 'n', state.n);\n}\n";
+    let resp = admin(&server, "POST", "/admin/modules", source.as_bytes()).await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    let kept: serde_json::Value = serde_json::from_str(&resp.text())?;
+    let module = kept["module"].as_str().context("module")?.to_owned();
+    for i in 0..RUNTIMES {
+        let definition = serde_json::json!({"module": module, "views": [format!("c{i}")]});
+        put(&server, &format!("r{i}"), definition, 201).await?;
+    }
+    // Batches to every runtime at once, more of them than there are instances.
+    let batches = (0..RUNTIMES).map(|i| {
+        let server = &server;
+        async move {
+            for _ in 0..=i % 3 {
+                let resp = server.ingest(&format!("r{i}"), &format!("c{i}\n")).await?;
+                ensure!(
+                    resp.status() == 200,
+                    "r{i}: {} {}",
+                    resp.status(),
+                    resp.text()
+                );
+            }
+            anyhow::Ok(())
+        }
+    });
+    for done in futures_util::future::join_all(batches).await {
+        done?;
+    }
+    server.restart().await?;
+    for i in 0..RUNTIMES {
+        let resp = server.get(&format!("/views/c{i}")).await?;
+        ensure!(
+            resp.status() == 200,
+            "c{i}: {} {}",
+            resp.status(),
+            resp.text()
+        );
+        let state = resp.json()?;
+        ensure!(state["entries"]["n"] == i % 3 + 1, "c{i}: {state}");
+    }
     Ok(())
 }

@@ -75,7 +75,7 @@ pub async fn run(
     })?;
     let module = GuestModule::new(&engine, &options.wasm)?;
     let mut last_good = options.state.map(Bytes::from).unwrap_or_default();
-    let mut slot = GuestSlot::new(
+    let slot = GuestSlot::new(
         module,
         Arc::from("run"),
         options.limits,
@@ -146,7 +146,7 @@ pub async fn run(
     }
     // Without a state (none given, nothing ran): the one the guest's `init` made.
     let state = match last_good.is_empty() {
-        true => slot.saved_now().await?,
+        true => slot.saved(&last_good).await?,
         false => last_good,
     };
     emit(out, serde_json::json!({ "state_bytes": state.len() }))?;

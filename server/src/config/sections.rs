@@ -48,10 +48,15 @@ pub struct ServerConfig {
     pub snapshot_interval: Duration,
     /// Periodic snapshots kept.
     pub keep_snapshots: usize,
-    /// The most guest instances alive at once (a runtime holds one, two for a moment while it
-    /// is replaced or deployed): a runtime past it is refused with `503`. Each reserves address
-    /// space, not memory. `0`: no bound (instances allocated on demand).
+    /// The most guest instances alive at once. A runtime holds one only while it runs a batch
+    /// (or checks a state), so this bounds the guests running at the same moment, not the
+    /// runtimes: a batch past it waits for one, up to its `batch_timeout`, then is refused with
+    /// `503`. Each reserves address space, not memory. `0`: no bound (instances allocated on
+    /// demand).
     pub guest_instances: u32,
+    /// The most runtimes this node runs: a new one past it is refused with `503`. An idle
+    /// runtime holds its state's bytes and a task, no guest instance.
+    pub max_runtimes: usize,
     /// Origins (`https://app.example`) allowed to call every route cross-origin, with
     /// credentials. Empty: no cross-origin access.
     pub cors_origins: Vec<String>,
@@ -86,6 +91,7 @@ impl Default for ServerConfig {
             snapshot_interval: Duration::from_secs(30),
             keep_snapshots: 5,
             guest_instances: crate::host::EngineConfig::default().pooled_instances,
+            max_runtimes: 10_000,
             cors_origins: Vec::new(),
             tls_cert: None,
             tls_key: None,

@@ -2,15 +2,17 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use viewtape_guest::abi;
 use wasmtime::{
     Caller, Config, Engine, InstanceAllocationStrategy, InstancePre, Linker, Memory, OptLevel,
     PoolingAllocationConfig, ResourceLimiter,
 };
 
-use super::{EngineConfig, LoadError, ModuleFingerprint};
+use super::{EngineConfig, GuestError, LoadError, ModuleFingerprint};
 
 /// Longest guest error or log message kept, in bytes.
 const MAX_MESSAGE_BYTES: usize = 4096;
@@ -24,6 +26,10 @@ const LOG_BYTES_PER_CALL: usize = 16 * 1024;
 /// Most guest log lines an instance writes to the server's log in a minute.
 const LOG_LINES_PER_MINUTE: u32 = 600;
 
+/// Pool slots kept beside [`EngineConfig::pooled_instances`] for the short-lived instances that
+/// check a JavaScript module's syntax at load, which take a slot without waiting for one.
+const CHECK_SLOTS: u32 = 4;
+
 /// The engine every guest of the server runs on. Cheap to clone.
 #[derive(Clone)]
 pub struct GuestEngine {
@@ -35,6 +41,9 @@ struct Inner {
     linker: Linker<HostState>,
     config: EngineConfig,
     pooled: bool,
+    /// One permit per instance that may be alive at once ([`EngineConfig::pooled_instances`]);
+    /// `None`: no bound.
+    running: Option<Arc<Semaphore>>,
     /// The JS engine guest (`guests::JS_ENGINE_WASM`), compiled on first use (or loaded from
     /// the code cache): a server without JavaScript runtimes never pays its compile (about two
     /// seconds), one with many pays it once. The lock is held while compiling, so concurrent loads wait for the one compile.
@@ -75,12 +84,15 @@ impl GuestEngine {
             },
         };
         let linker = linker(&engine).map_err(|e| LoadError::Engine(e.into_boxed_dyn_error()))?;
+        let running = (config.pooled_instances > 0)
+            .then(|| Arc::new(Semaphore::new(config.pooled_instances as usize)));
         Ok(Self {
             inner: Arc::new(Inner {
                 engine,
                 linker,
                 config,
                 pooled,
+                running,
                 js_engine: Mutex::new(None),
                 recent: Mutex::new(VecDeque::new()),
             }),
@@ -100,6 +112,27 @@ impl GuestEngine {
     /// Whether instances come from the pooling allocator.
     pub fn is_pooled(&self) -> bool {
         self.inner.pooled
+    }
+
+    /// A permit to keep one instance alive, waiting up to `wait` for one to be free; `None`
+    /// when instances are not bounded.
+    ///
+    /// # Errors
+    /// [`GuestError::InstancesUsedUp`]: every permit stayed taken for `wait`.
+    pub(crate) async fn instance_permit(
+        &self,
+        wait: Duration,
+    ) -> Result<Option<OwnedSemaphorePermit>, GuestError> {
+        let Some(running) = &self.inner.running else {
+            return Ok(None);
+        };
+        let used_up = || GuestError::InstancesUsedUp {
+            limit: self.inner.config.pooled_instances,
+        };
+        match tokio::time::timeout(wait, Arc::clone(running).acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(Some(permit)),
+            Ok(Err(_)) | Err(_) => Err(used_up()),
+        }
     }
 
     pub(crate) fn linker(&self) -> &Linker<HostState> {
@@ -189,7 +222,7 @@ fn build(config: &EngineConfig, pooled: bool) -> Result<Engine, LoadError> {
         // each guest call runs on.
         .max_wasm_stack(1 << 20);
     if pooled {
-        let slots = config.pooled_instances;
+        let slots = config.pooled_instances + CHECK_SLOTS;
         let mut pool = PoolingAllocationConfig::default();
         pool.total_core_instances(slots)
             .total_memories(slots)

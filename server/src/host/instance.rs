@@ -34,6 +34,8 @@ pub struct GuestInstance {
     declaration: Option<Bytes>,
     /// Its calls are held to [`Limits::fuel`] ([`GuestInstance::meter`]).
     metered: bool,
+    /// Its place among the instances alive at once, given back when it is dropped.
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl std::fmt::Debug for GuestInstance {
@@ -49,9 +51,12 @@ impl GuestInstance {
     /// Instantiates `module` for the runtime named `runtime`, calls `init(config)`, then
     /// `restore(state)` if a state is given.
     ///
+    /// It waits up to [`Limits::batch_timeout`] for a place among the instances the engine
+    /// keeps alive at once.
+    ///
     /// # Errors
-    /// [`GuestError::Instantiate`] if no instance can be made (e.g. the pool is exhausted);
-    /// whatever `init` or `restore` failed with otherwise.
+    /// [`GuestError::InstancesUsedUp`] if no place came free in time, [`GuestError::Instantiate`]
+    /// if no instance can be made; whatever `init` or `restore` failed with otherwise.
     pub async fn new(
         module: &GuestModule,
         runtime: &str,
@@ -60,6 +65,7 @@ impl GuestInstance {
         state: Option<&[u8]>,
     ) -> Result<Self, GuestError> {
         let engine = module.engine();
+        let permit = engine.instance_permit(limits.batch_timeout).await?;
         let mut limits = limits.clone();
         limits.max_memory_bytes = limits
             .max_memory_bytes
@@ -130,6 +136,7 @@ impl GuestInstance {
             limits,
             declaration: None,
             metered: true,
+            _permit: permit,
         };
         let len = this.write_input(&module.init_input(config)).await?;
         this.call(init, len)

@@ -539,24 +539,38 @@ async fn memory_limit_below_the_initial_memory_refuses_instantiation() {
     assert!(matches!(err, GuestError::MemoryExceeded { .. }), "{err}");
 }
 
-#[tokio::test]
-async fn an_exhausted_pool_names_the_bound() {
+/// An instance past the bound waits for a place, up to its batch timeout, then names the
+/// bound.
+#[tokio::test(start_paused = true)]
+async fn past_the_instance_bound_an_instance_waits_then_names_it() {
     let engine = GuestEngine::new(EngineConfig {
         pooled_instances: 1,
         ..EngineConfig::default()
     })
     .unwrap();
     let module = GuestModule::new(&engine, guests::MISBEHAVE_WASM).unwrap();
-    let _first = GuestInstance::new(&module, "a", &Limits::default(), b"", None)
+    let limits = Limits {
+        batch_timeout: Duration::from_millis(100),
+        ..Limits::default()
+    };
+    let first = GuestInstance::new(&module, "a", &limits, b"", None)
         .await
         .unwrap();
-    let err = GuestInstance::new(&module, "b", &Limits::default(), b"", None)
+    let err = GuestInstance::new(&module, "b", &limits, b"", None)
         .await
         .unwrap_err();
     assert!(
         matches!(err, GuestError::InstancesUsedUp { limit: 1 }),
         "{err}"
     );
+    // A waiting one gets the place the first gives back.
+    let second = tokio::spawn({
+        let module = module.clone();
+        async move { GuestInstance::new(&module, "b", &limits, b"", None).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(first);
+    second.await.unwrap().unwrap();
 }
 
 fn logstats() -> &'static GuestModule {

@@ -217,7 +217,6 @@ mod tests {
             "viewtape_journal_replays_total counter",
             "viewtape_runtime_batches_total counter",
             "viewtape_runtime_guest_failures_total counter",
-            "viewtape_runtime_restarts_total counter",
             "viewtape_runtime_gaps_total counter",
             "viewtape_runtime_deploys_total counter",
             "viewtape_view_retained_records gauge",

@@ -128,12 +128,6 @@ impl OwnerCounters {
         )?;
         family(
             e,
-            "viewtape_runtime_restarts",
-            "Guest instances re-created after a failure.",
-            per_runtime(|stats| &stats.restarts),
-        )?;
-        family(
-            e,
             "viewtape_runtime_gaps",
             "Gaps reported by guests or lost pull-source batches.",
             per_runtime(|stats| &stats.gaps),

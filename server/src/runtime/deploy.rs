@@ -7,13 +7,12 @@ use bytes::Bytes;
 
 use super::task::Task;
 use super::{BatchSink, DeployError, Deployed};
-use crate::host::{GuestError, GuestInstance, GuestModule};
+use crate::host::{GuestError, GuestModule};
 use crate::log::{unix_ms_now, DeployEntry, Entry, LogPosition};
 use crate::schema::ViewSchemas;
 
 /// A module made ready to take over.
 struct Prepared {
-    instance: GuestInstance,
     /// The state, in the module's own format.
     state: Bytes,
     schemas: Arc<ViewSchemas>,
@@ -93,9 +92,9 @@ impl<S: BatchSink> Task<S> {
         deployed
     }
 
-    /// An instance of `module` from the saved state (or fresh), that state in the new module's
-    /// own format, and the schemas it holds the views to — each of which the views' values
-    /// already fit, where it changes.
+    /// The saved state (or a fresh one) in `module`'s own format, as an instance of it saves
+    /// it, and the schemas it holds the views to — each of which the views' values already
+    /// fit, where it changes.
     async fn prepare(&self, module: &GuestModule, fresh: bool) -> Result<Prepared, GuestError> {
         let state = (!fresh).then_some(&self.last.state[..]);
         let mut instance = self.slot.instantiate(module, state).await?;
@@ -106,11 +105,7 @@ impl<S: BatchSink> Task<S> {
             }
         }
         let state = instance.save().await?;
-        Ok(Prepared {
-            instance,
-            state,
-            schemas,
-        })
+        Ok(Prepared { state, schemas })
     }
 
     /// Makes `module` the running one, at its turn.
@@ -121,11 +116,7 @@ impl<S: BatchSink> Task<S> {
         fresh: bool,
         position: Option<LogPosition>,
     ) -> Deployed {
-        let Prepared {
-            instance,
-            state,
-            schemas,
-        } = prepared;
+        let Prepared { state, schemas } = prepared;
         if fresh && !self.last.state.is_empty() {
             tracing::warn!("the guest starts fresh: its earlier state is gone");
             self.mark_gap();
@@ -140,7 +131,7 @@ impl<S: BatchSink> Task<S> {
             .module_now
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = module.clone();
-        self.slot.install(module, instance, schemas);
+        self.slot.install(module, schemas);
         self.last.state = state;
         self.note_state();
         self.last.ran(&next);

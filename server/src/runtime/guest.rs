@@ -1,6 +1,14 @@
-//! The guest slot ([`GuestSlot`]): a runtime's module and its instance, made again from the
-//! last good state after a failure. The runtime task owns one; `viewtape run` runs one over
-//! recorded input, so a batch runs, fails and rolls back there exactly as in the server.
+//! The guest slot ([`GuestSlot`]): a runtime's module, run one batch at a time. The runtime
+//! task owns one; `viewtape run` runs one over recorded input, so a batch runs, fails and rolls
+//! back there exactly as in the server.
+//!
+//! Every batch runs on an instance made for it from the last good state, and the instance is
+//! dropped when the batch ends. A guest's output is so a function of its module, its config,
+//! the state it saved and the batch — never of an instance's history: a warm instance's heap
+//! (an allocator's free lists, a JavaScript engine's objects, module-level variables, when its
+//! garbage collector runs) cannot make the live run differ from a replay after a restart, a
+//! restore or on another node, and fuel costs the same on both. Nothing is held between
+//! batches but the state's bytes, so an idle runtime costs no instance.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -17,23 +25,21 @@ use crate::schema::{too_deep, ConfiguredSchemas, ViewSchemas};
 #[derive(Debug)]
 pub enum SlotError {
     /// The guest failed on the batch (trap, rejection, limits, a view it may not publish to);
-    /// the instance was made again from the last good state.
+    /// the state stays the last good one.
     Failed(GuestError),
-    /// No instance could be made from the last good state (it is tried again on the next
-    /// batch): nothing ran.
+    /// No instance could be made from the last good state: nothing ran.
     Unavailable(GuestError),
 }
 
-/// A runtime's module and instance. The last good state lives with its owner, which hands it
-/// to [`GuestSlot::run`]: the state a failure rolls back to is always the one that owner keeps.
+/// A runtime's module, its limits and config. The last good state lives with its owner, which
+/// hands it to [`GuestSlot::run`]: the state a failure rolls back to is always the one that
+/// owner keeps.
 #[derive(Debug)]
 pub struct GuestSlot {
     module: GuestModule,
     name: Arc<str>,
     limits: Limits,
     config: Bytes,
-    /// `None` after a failed re-instantiation; made again on the next batch.
-    instance: Option<GuestInstance>,
     stats: Arc<RuntimeStats>,
     /// Where its events may go and what they must look like.
     typing: Typing,
@@ -53,9 +59,9 @@ pub struct Typing {
 }
 
 impl GuestSlot {
-    /// `module` instantiated from `state` (`None` or empty: the guest's `init` with `config`),
-    /// as runtime `name` with `limits`, its events held to `typing`; failures and restarts are
-    /// counted in `stats`.
+    /// `module` as runtime `name` with `limits`, its events held to `typing`, checked by an
+    /// instance from `state` (`None` or empty: the guest's `init` with `config`), which is
+    /// dropped; failures are counted in `stats`.
     ///
     /// # Errors
     /// The guest's `init` or `restore` refused, no instance could be made, or the guest
@@ -74,7 +80,6 @@ impl GuestSlot {
             name,
             limits,
             config,
-            instance: None,
             stats,
             typing,
             schemas: ViewSchemas::none(),
@@ -82,7 +87,6 @@ impl GuestSlot {
         let module = slot.module.clone();
         let instance = slot.instantiate(&module, state).await?;
         slot.schemas = slot.schemas_of(&instance)?;
-        slot.instance = Some(instance);
         Ok(slot)
     }
 
@@ -124,39 +128,29 @@ impl GuestSlot {
         GuestInstance::new(module, &self.name, &self.limits, &self.config, state).await
     }
 
-    /// What the instance saves now.
+    /// What an instance from `state` (empty: `init`) saves.
     ///
     /// # Errors
     /// No instance could be made, or the guest's `save` failed.
-    pub async fn saved_now(&mut self) -> Result<Bytes, GuestError> {
-        self.instance(&[]).await?.save().await
+    pub async fn saved(&self, state: &[u8]) -> Result<Bytes, GuestError> {
+        let module = self.module.clone();
+        self.instantiate(&module, Some(state)).await?.save().await
     }
 
-    /// Runs `module` from now on, as `instance`, its events held to `schemas`.
-    pub fn install(
-        &mut self,
-        module: GuestModule,
-        instance: GuestInstance,
-        schemas: Arc<ViewSchemas>,
-    ) {
+    /// Runs `module` from now on, its events held to `schemas`.
+    pub fn install(&mut self, module: GuestModule, schemas: Arc<ViewSchemas>) {
         self.module = module;
-        self.instance = Some(instance);
         self.schemas = schemas;
     }
 
-    /// Drops the instance: the next batch makes it again from the state it is handed.
-    pub fn reset(&mut self) {
-        self.instance = None;
-    }
-
-    /// Runs `input`, ingested at `at_ms`, through the guest; the events must go to the declared views and fit their
-    /// schemas (unless `fit` says they are known to). On success `state` becomes the guest's
-    /// new state; on failure the instance is made again from `state`, the last good one.
+    /// Runs `input`, ingested at `at_ms`, through an instance made from `state`; the events must
+    /// go to the declared views and fit their schemas (unless `fit` says they are known to). On
+    /// success `state` becomes the guest's new state; on failure it stays the last good one.
     ///
     /// # Errors
     /// [`SlotError`].
     pub async fn run(
-        &mut self,
+        &self,
         input: &[u8],
         at_ms: u64,
         state: &mut Bytes,
@@ -167,14 +161,16 @@ impl GuestSlot {
             Fit::Check => Some(Arc::clone(&self.schemas)),
             Fit::Known => None,
         };
-        let instance = match self.instance(state).await {
+        let module = self.module.clone();
+        let mut instance = match self.instantiate(&module, Some(state)).await {
             Ok(instance) => instance,
             Err(error) => {
                 self.stats.failed(FailureKind::Unavailable, &error);
                 return Err(SlotError::Unavailable(error));
             }
         };
-        // A logged batch's verdict was given live: fuel cannot change it now.
+        // A logged batch's verdict was given live: a replay follows it, whatever the limits
+        // are now.
         instance.meter(fit == Fit::Check);
         let outcome = match instance.on_batch(input, at_ms).await {
             Ok(batch) => match typed(views.as_deref(), schemas.as_deref(), batch) {
@@ -183,7 +179,7 @@ impl GuestSlot {
             },
             Err(err) => Err(err),
         };
-        instance.meter(true);
+        drop(instance);
         let error = match outcome {
             Ok((batch, saved)) => {
                 *state = saved;
@@ -197,28 +193,9 @@ impl GuestSlot {
             tracing::info!(%error, "batch rejected");
         } else {
             self.stats.failed(FailureKind::Failed, &error);
-            tracing::warn!(%error, "guest failed; re-instantiating from the last good state");
-        }
-        // Drop the store whatever the failure: its heap may be mid-update.
-        self.instance = None;
-        if let Err(error) = self.instance(state).await {
-            tracing::error!(%error, "re-instantiation failed; will retry on the next batch");
+            tracing::warn!(%error, "guest failed; the state stays the last good one");
         }
         Err(SlotError::Failed(error))
-    }
-
-    /// The instance, made again from `state` if the last one was dropped.
-    async fn instance(&mut self, state: &[u8]) -> Result<&mut GuestInstance, GuestError> {
-        if self.instance.is_none() {
-            let module = self.module.clone();
-            let instance = self.instantiate(&module, Some(state)).await?;
-            self.stats.restarts.fetch_add(1, Ordering::Relaxed);
-            self.instance = Some(instance);
-        }
-        // Just filled if it was empty.
-        self.instance
-            .as_mut()
-            .ok_or_else(|| GuestError::Protocol("instance vanished".into()))
     }
 }
 

@@ -221,8 +221,6 @@ pub struct RuntimeStats {
     pub gaps: AtomicU64,
     /// Batches that failed.
     pub failures: AtomicU64,
-    /// Times the instance was re-created after a failure.
-    pub restarts: AtomicU64,
     /// Modules deployed (live, at start-up, or applied from the log).
     pub deploys: AtomicU64,
     /// Bytes of the guest's saved state as last committed — by a batch, a deploy or a restore

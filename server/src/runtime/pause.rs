@@ -6,12 +6,11 @@ use tokio::sync::mpsc;
 use super::command::PauseOp;
 use super::task::Task;
 use super::{BatchSink, RuntimeSnapshot};
-use crate::host::GuestInstance;
 
 impl<S: BatchSink> Task<S> {
     /// Serves the holder of the cut until it drops its guard.
     pub(super) async fn paused(&mut self, mut control: mpsc::Receiver<PauseOp>) {
-        let mut staged: Option<(GuestInstance, RuntimeSnapshot)> = None;
+        let mut staged: Option<RuntimeSnapshot> = None;
         while let Some(op) = control.recv().await {
             match op {
                 PauseOp::Stage { snapshot, reply } => {
@@ -19,15 +18,13 @@ impl<S: BatchSink> Task<S> {
                         .slot
                         .instantiate(self.slot.module(), Some(&snapshot.state[..]))
                         .await;
-                    let result = made.map(|instance| staged = Some((instance, snapshot)));
+                    // The state is checked by an instance of the running module.
+                    let result = made.map(|_| staged = Some(snapshot));
                     let _ = reply.send(result);
                 }
                 PauseOp::Commit { reply } => {
                     let committed = match staged.take() {
-                        Some((instance, mut snapshot)) => {
-                            let module = self.slot.module().clone();
-                            let schemas = std::sync::Arc::clone(self.slot.schemas());
-                            self.slot.install(module, instance, schemas);
+                        Some(mut snapshot) => {
                             // The modules it ran stay this runtime's history.
                             for module in std::mem::take(&mut self.last.modules) {
                                 snapshot.ran(&module);

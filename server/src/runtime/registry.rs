@@ -191,6 +191,16 @@ impl Runtimes {
         all.into_iter()
     }
 
+    /// How many runtimes run.
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    /// Whether none runs.
+    pub fn is_empty(&self) -> bool {
+        self.read().is_empty()
+    }
+
     /// Every runtime's name, in order.
     pub fn names(&self) -> Vec<String> {
         self.read().keys().cloned().collect()

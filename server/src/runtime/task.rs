@@ -148,11 +148,9 @@ impl<S: BatchSink> Task<S> {
         }
     }
 
-    /// Puts the guest back to `state`, an earlier good one: the next batch makes its instance
-    /// again from it.
+    /// Puts the guest back to `state`, an earlier good one: the next batch runs from it.
     pub(super) fn rewind(&mut self, state: Bytes) {
         self.last.state = state;
-        self.slot.reset();
     }
 
     /// Marks a gap on this runtime's views, through its scope: the loss of its input touches

@@ -178,6 +178,7 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         Arc::clone(&hub),
         Arc::clone(&begun.log),
         definitions.clone(),
+        config.server.max_runtimes,
     ));
     for dump in std::mem::take(&mut begun.dumps).into_values() {
         if let Some(definition) = dump.definition {

@@ -53,6 +53,15 @@ pub fn seed_random(batches: u64, time_ms: u64) {
     RANDOM.with(|s| s.set(mix(batches ^ 0x5654_4a53_5241_4e44) ^ mix(time_ms)));
 }
 
+/// Takes `WeakRef` and `FinalizationRegistry` away: they tell when the garbage collector ran,
+/// which the log does not decide.
+pub fn remove_gc_observers(ctx: &Ctx<'_>) -> rquickjs::Result<()> {
+    let globals = ctx.globals();
+    globals.remove("WeakRef")?;
+    globals.remove("FinalizationRegistry")?;
+    Ok(())
+}
+
 /// Replaces the clock-free `Math.random` with the seeded one.
 pub fn install_random(ctx: &Ctx<'_>) -> rquickjs::Result<()> {
     let math: Object = ctx.globals().get("Math")?;

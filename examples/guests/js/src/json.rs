@@ -89,6 +89,38 @@ pub fn write(
     unsafe { write_raw(ctx.as_raw().as_ptr(), intrinsics, keys, value.as_raw(), out) }
 }
 
+/// Appends the JSON of a runtime's state to `out`, or refuses it leaving `out` as it was: as
+/// [`write`], but a value JSON would not give back as it is — a number that is not finite
+/// (written `null`), an array element that is `undefined` or a symbol (`null`) — is refused too.
+pub fn write_state(
+    ctx: &Ctx<'_>,
+    intrinsics: &Intrinsics,
+    value: &Value<'_>,
+    out: &mut Vec<u8>,
+) -> Result<(), Refused> {
+    let raw = ctx.as_raw().as_ptr();
+    let mut keys = Keys::default();
+    let start = out.len();
+    let mut writer = Writer {
+        ctx: raw,
+        intrinsics,
+        keys: &mut keys,
+        out,
+        strict: true,
+    };
+    // SAFETY: `value` is a live value of the context `ctx` names, held for the whole call.
+    let result = match unsafe { writer.value(value.as_raw(), 0) } {
+        Ok(Kind::Written) => Ok(()),
+        Ok(Kind::Nothing) | Err(Refused) => Err(Refused),
+    };
+    if result.is_err() {
+        out.truncate(start);
+    }
+    // SAFETY: the context is live; the keys hold its atoms only.
+    unsafe { keys.release(raw) };
+    result
+}
+
 /// [`write`] for a raw context and value.
 ///
 /// # Safety
@@ -106,6 +138,7 @@ pub unsafe fn write_raw(
         intrinsics,
         keys,
         out,
+        strict: false,
     };
     // `undefined` and symbols have no JSON: `JSON.stringify` says so.
     let result = match writer.value(value, 0) {
@@ -161,6 +194,8 @@ struct Writer<'a> {
     intrinsics: &'a Intrinsics,
     keys: &'a mut Keys,
     out: &'a mut Vec<u8>,
+    /// Refuses what JSON would not give back as it is ([`write_state`]).
+    strict: bool,
 }
 
 /// The engine's predefined atom `toJSON` (predefined atoms are never freed).
@@ -209,6 +244,9 @@ impl Writer<'_> {
                     .extend_from_slice(digits(u64::from(n.unsigned_abs()), &mut [0; 20]));
             }
             qjs::JS_TAG_FLOAT64 => {
+                if self.strict && !qjs::JS_VALUE_GET_FLOAT64(value).is_finite() {
+                    return Err(Refused);
+                }
                 if !number(qjs::JS_VALUE_GET_FLOAT64(value), self.out) {
                     // The engine's digits (a number's string runs no user code).
                     self.string(value, false)?;
@@ -398,6 +436,9 @@ impl Writer<'_> {
                 return Err(Refused);
             }
             if let Kind::Nothing = self.value(element.value, depth + 1)? {
+                if self.strict {
+                    return Err(Refused);
+                }
                 self.out.extend_from_slice(b"null");
             }
         }

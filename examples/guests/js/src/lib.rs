@@ -8,9 +8,9 @@
 //! The user's module (ES module syntax, strict) exports:
 //!
 //! - `onBatch(state, input, ctx)` (required): `input` is the batch as a string; returns the new
-//!   state (returning `undefined` keeps `state`, which it may have changed in place). A throw
-//!   rejects the whole batch; the message names the error and where it was thrown
-//!   (`guest.js:LINE:COLUMN`).
+//!   state (returning `undefined` keeps `state`, which it may have changed in place), or a
+//!   promise of it (`async onBatch`). A throw or a rejection rejects the whole batch; the
+//!   message names the error and where it was thrown (`guest.js:LINE:COLUMN`).
 //! - `init(config)` (optional): `config` is the runtime's config string; returns the initial
 //!   state (`{}` without an `init`).
 //! - `schemas` (optional): `{ VIEW: JSON Schema, … }`, the runtime's declaration.
@@ -28,8 +28,13 @@
 //! ## State
 //!
 //! Saved as JSON: `{"source":"<FNV-1a 64 of the source, hex>","batches":N,"state":STATE}`
-//! after the SDK's version header. `JSON.stringify(state)` runs at the end of every batch, so
-//! a state that is not JSON (a cycle, a `BigInt`) rejects the batch that made it.
+//! after the SDK's version header, at the end of every batch. The host runs every batch on an
+//! instance made from the state the last one saved, so a batch sees exactly what that JSON
+//! gives back — never a live object of an earlier batch, nor a module-level variable's value
+//! from one (module code runs again for each batch). A state JSON would not give back as it
+//! is — a `Set`, a `Map`, a `Date`, a class instance, a typed array, `NaN`, a `toJSON`, a
+//! getter, a cycle, a `BigInt` — rejects the batch that made it, naming where (`state.rs`);
+//! `undefined` members are dropped and `-0` is `0`, as JSON has them.
 //!
 //! ## Determinism
 //!
@@ -40,7 +45,9 @@
 //! - `Math.random()` is a SplitMix64 stream reseeded before every batch from the number of
 //!   batches the runtime has run (carried in its state) and the batch's ingest time, so a
 //!   replay draws the same numbers.
-//! - No timers, no I/O, no `import` of other modules.
+//! - Promise jobs (`await`, `.then`) run to the end before a call returns; a promise that
+//!   none of them settles fails the batch. No timers, no I/O, no `import` of other modules.
+//! - No `WeakRef` nor `FinalizationRegistry`: they tell when the garbage collector ran.
 //!
 //! Recursion deeper than about 950 calls throws a `RangeError` (see `MAX_STACK_BYTES`).
 //!
@@ -62,8 +69,9 @@
 //!
 //! ## Modules
 //!
-//! `context` (the `ctx` object), `determinism` (the clock and `Math.random`), `json` (the
-//! writer `ctx.publish` uses) with `number`, `parse` (`JSON.parse`) with `shapes`, `strtod`.
+//! `context` (the `ctx` object), `determinism` (the clock, `Math.random`, no collector
+//! observers), `json` (the writer `ctx.publish` and the state use) with `number`, `parse`
+//! (`JSON.parse`) with `shapes`, `state` (the state's JSON and envelope, `loss.js`), `strtod`.
 
 mod context;
 mod determinism;
@@ -71,6 +79,7 @@ mod json;
 mod number;
 mod parse;
 mod shapes;
+mod state;
 mod strtod;
 
 use rquickjs::{
@@ -144,6 +153,8 @@ struct Live {
     on_batch: Persistent<Function<'static>>,
     migrate: Option<Persistent<Function<'static>>>,
     ctx_object: Persistent<Object<'static>>,
+    loss: state::LossFinder,
+    intrinsics: json::Intrinsics,
     state: Persistent<Value<'static>>,
     /// `JSON.stringify(state)` as of the last batch (or init, or restore).
     state_json: String,
@@ -203,7 +214,7 @@ fn describe<'js>(ctx: &Ctx<'js>, caught: CaughtError<'js>) -> String {
     }
 }
 
-fn js_error(ctx: &Ctx<'_>, error: rquickjs::Error) -> Error {
+pub(crate) fn js_error(ctx: &Ctx<'_>, error: rquickjs::Error) -> Error {
     let caught = Err::<(), _>(error).catch(ctx);
     match caught {
         Ok(()) => Error::msg("unknown JavaScript error"),
@@ -295,7 +306,9 @@ impl Live {
         let live = context.with(|ctx| -> Result<Live> {
             let fail = |e| js_error(&ctx, e);
             let intrinsics = json::Intrinsics::new(&ctx).map_err(fail)?;
+            let loss = state::LossFinder::new(&ctx).map_err(fail)?;
             determinism::install_random(&ctx).map_err(fail)?;
+            determinism::remove_gc_observers(&ctx).map_err(fail)?;
             install_json_parse(&ctx).map_err(fail)?;
             let module = Module::declare(ctx.clone(), MODULE_NAME, input.source).map_err(fail)?;
             let (module, promise) = module.eval().map_err(fail)?;
@@ -306,16 +319,18 @@ impl Live {
                 .ok_or("the module exports no function `onBatch(state, input, ctx)`")?;
             let migrate = optional_function(&namespace, "migrate").map_err(fail)?;
             let state = match optional_function(&namespace, "init").map_err(fail)? {
-                Some(init) => init.call::<_, Value>((config,)).map_err(fail)?,
+                Some(init) => settled(&ctx, init.call((config,)).map_err(fail)?)?,
                 None => Object::new(ctx.clone()).map_err(fail)?.into_value(),
             };
-            let state_json = state_json(&ctx, state.clone())?;
+            let state_json = state::state_json(&ctx, &intrinsics, &loss, state.clone())?;
             let schemas = schemas(&ctx, &namespace).map_err(fail)?;
             let ctx_object = context::ctx_object(&ctx, intrinsics).map_err(fail)?;
             Ok(Live {
                 on_batch: Persistent::save(&ctx, on_batch),
                 migrate: migrate.map(|f| Persistent::save(&ctx, f)),
                 ctx_object: Persistent::save(&ctx, ctx_object),
+                loss,
+                intrinsics,
                 state: Persistent::save(&ctx, state),
                 state_json,
                 source_id: format!("{:016x}", fnv1a(input.source.as_bytes())),
@@ -329,48 +344,6 @@ impl Live {
     }
 }
 
-/// `JSON.stringify(state)`, or why the state is not JSON.
-fn state_json<'js>(ctx: &Ctx<'js>, state: Value<'js>) -> Result<String> {
-    match json::stringify(ctx, state) {
-        Ok(Some(json)) => Ok(json),
-        Ok(None) => Err(Error::msg(
-            "the state is not JSON (undefined or a function): return a JSON value",
-        )),
-        Err(e) => Err(Error::msg(format!(
-            "the state is not JSON: {}",
-            js_error(ctx, e)
-        ))),
-    }
-}
-
-/// The parts of state this engine saved (`{"source","batches","state"}`, see "State"): `None`
-/// for bytes another guest saved.
-fn envelope<'js>(
-    js: &Ctx<'js>,
-    saved: &[u8],
-) -> rquickjs::Result<Option<(String, u64, Value<'js>)>> {
-    let Ok(text) = std::str::from_utf8(saved) else {
-        return Ok(None);
-    };
-    let Ok(parsed) = js.json_parse(text) else {
-        // Not JSON: the exception it left is not the user's.
-        drop(js.catch());
-        return Ok(None);
-    };
-    let Some(saved) = parsed.into_object() else {
-        return Ok(None);
-    };
-    let source: Value = saved.get("source")?;
-    let batches: Value = saved.get("batches")?;
-    let state: Value = saved.get("state")?;
-    match (source.as_string(), batches.as_number()) {
-        (Some(source), Some(batches)) if !state.is_undefined() => {
-            Ok(Some((source.to_string()?, batches as u64, state)))
-        }
-        _ => Ok(None),
-    }
-}
-
 /// `migrate(old)`, its throw told as the refusal of the state.
 fn call_migrate<'js>(
     js: &Ctx<'js>,
@@ -378,9 +351,27 @@ fn call_migrate<'js>(
     old: Value<'js>,
 ) -> Result<Value<'js>> {
     let migrate = migrate.clone().restore(js).map_err(|e| js_error(js, e))?;
-    migrate
+    let returned = migrate
         .call((old,))
-        .map_err(|e| Error::msg(format!("migrate: {}", js_error(js, e))))
+        .map_err(|e| Error::msg(format!("migrate: {}", js_error(js, e))))?;
+    settled(js, returned).map_err(|e| Error::msg(format!("migrate: {e}")))
+}
+
+/// What `returned` comes to once the jobs the call queued (promise reactions: `await`,
+/// `.then`) have run, all of them, before the call ends: the value a promise settles to, or
+/// its rejection as the call's error. A promise that no job settles fails the call.
+fn settled<'js>(js: &Ctx<'js>, returned: Value<'js>) -> Result<Value<'js>> {
+    while js.execute_pending_job() {}
+    let Some(promise) = returned.as_promise() else {
+        return Ok(returned);
+    };
+    match promise.result::<Value>() {
+        Some(result) => result.map_err(|e| js_error(js, e)),
+        None => Err(Error::msg(
+            "the promise returned never settled: it awaits what nothing in the batch resolves \
+             (a guest has no timers and no I/O)",
+        )),
+    }
 }
 
 impl Runtime for JsGuest {
@@ -409,21 +400,23 @@ impl Runtime for JsGuest {
         determinism::batch_begins(live.batches, ctx.batch_time_ms());
         let (context, on_batch, state, object) =
             (&live.context, &live.on_batch, &live.state, &live.ctx_object);
+        let (intrinsics, loss) = (&live.intrinsics, &live.loss);
         let result = context::with_batch(ctx, || {
             context.with(|js| -> Result<(Persistent<Value<'static>>, String)> {
                 let fail = |e| js_error(&js, e);
                 let on_batch = on_batch.clone().restore(&js).map_err(fail)?;
                 let state = state.clone().restore(&js).map_err(fail)?;
                 let object = object.clone().restore(&js).map_err(fail)?;
-                let returned: Value = on_batch
+                let returned = on_batch
                     .call((state.clone(), input, object))
                     .map_err(fail)?;
+                let returned = settled(&js, returned)?;
                 let next = if returned.is_undefined() {
                     state
                 } else {
                     returned
                 };
-                let json = state_json(&js, next.clone())?;
+                let json = state::state_json(&js, intrinsics, loss, next.clone())?;
                 Ok((Persistent::save(&js, next), json))
             })
         });
@@ -453,7 +446,7 @@ impl Runtime for JsGuest {
             .ok_or("a syntax check restores nothing")?;
         let (state, json, batches) = live.context.with(|js| -> Result<_> {
             let fail = |e| js_error(&js, e);
-            let (state, batches) = match envelope(&js, saved).map_err(fail)? {
+            let (state, batches) = match state::envelope(&js, saved).map_err(fail)? {
                 Some((source, batches, state)) if source == live.source_id => (state, batches),
                 Some((_, batches, state)) => match &live.migrate {
                     Some(migrate) => (call_migrate(&js, migrate, state)?, batches),
@@ -478,7 +471,7 @@ impl Runtime for JsGuest {
                     (call_migrate(&js, migrate, old)?, 0)
                 }
             };
-            let json = state_json(&js, state.clone())?;
+            let json = state::state_json(&js, &live.intrinsics, &live.loss, state.clone())?;
             Ok((Persistent::save(&js, state), json, batches))
         })?;
         live.state = state;

@@ -139,3 +139,108 @@ fn publish_refuses_what_it_refused_before() {
         );
     }
 }
+
+/// The string published under `key`.
+fn published(out: &[Output], key: &str) -> String {
+    out.iter()
+        .find_map(|o| match o {
+            Output::Update {
+                key: k, payload, ..
+            } if k == key => String::from_utf8(payload.clone()).ok(),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no {key}"))
+}
+
+#[test]
+fn a_state_that_json_does_not_give_back_is_refused_naming_where() {
+    for (made, expected) in [
+        ("state.seen = new Set([1])", "state.seen is a Set"),
+        ("state.m = { by: new Map() }", "state.m.by is a Map"),
+        ("state.at = new Date(0)", "state.at is a Date"),
+        ("state.list = [1, NaN]", "state.list[1] is NaN"),
+        ("state.x = Infinity", "state.x is Infinity"),
+        ("state.list = [undefined]", "state.list[0] is undefined"),
+        ("state.list = [1, , 2]", "state.list[1] is a hole"),
+        (
+            "class Point { constructor() { this.x = 1; } } state.p = new Point()",
+            "state.p is a Point",
+        ),
+        ("state.bytes = new Uint8Array(2)", "state.bytes is a Uint8Array"),
+        ("state.f = () => 1", "state.f is a function"),
+        (
+            "state['a key'] = { toJSON() { return 1; } }",
+            "state[\"a key\"] has a toJSON",
+        ),
+        (
+            "Object.prototype.toJSON = function () { return {}; }",
+            "state has a toJSON",
+        ),
+        (
+            "state.g = 1; Object.defineProperty(state, 'h', { get() { return 2; }, enumerable: true })",
+            "state.h is a getter",
+        ),
+    ] {
+        let mut h = guest(&format!(
+            "export function onBatch(state, input, ctx) {{ {made}; ctx.publish('v', 'k', 1); }}"
+        ));
+        let error = h.batch(b"").expect_err(made).to_string();
+        assert!(error.contains(expected), "{made}: {error}");
+        assert!(error.contains("does not survive JSON"), "{made}: {error}");
+    }
+    // What JSON keeps as it is stays taken: `undefined` members are dropped, -0 is 0, and the
+    // engine's own writer takes what the fast one leaves (a lone surrogate).
+    let mut h = guest(
+        "export function onBatch(state, input, ctx) { state.gone = undefined; state.z = -0; \
+         state.s = '\\ud800'; state.deep = [[[{ a: [1.5, 'x', null, true] }]]]; }",
+    );
+    h.batch(b"").expect("plain data");
+    let saved = String::from_utf8_lossy(&h.save()).into_owned();
+    assert!(
+        saved.ends_with(r#""state":{"z":0,"s":"\ud800","deep":[[[{"a":[1.5,"x",null,true]}]]]}}"#),
+        "{saved}"
+    );
+}
+
+#[test]
+fn async_batches_run_their_jobs_to_the_end() {
+    let mut h = guest(
+        r#"
+const later = async (n) => { await null; return n * 2; };
+export async function onBatch(state, input, ctx) {
+  state.n = (state.n ?? 0) + await later(1);
+  Promise.resolve().then(() => ctx.publish('v', 'then', state.n));
+  ctx.publish('v', 'n', state.n);
+  return state;
+}
+"#,
+    );
+    let out = h.batch(b"").expect("batch");
+    assert_eq!(published(&out, "n"), "2");
+    assert_eq!(published(&out, "then"), "2");
+    let out = h.batch(b"").expect("batch");
+    assert_eq!(published(&out, "n"), "4");
+    let saved = String::from_utf8_lossy(&h.save()).into_owned();
+    assert!(saved.ends_with(r#""state":{"n":4}}"#), "{saved}");
+
+    let mut h =
+        guest("export async function onBatch(state) { await Promise.reject(new Error('late')); }");
+    let error = h.batch(b"").expect_err("rejected").to_string();
+    assert!(error.contains("Error: late"), "{error}");
+    let mut h = guest("export async function onBatch(state) { await new Promise(() => {}); }");
+    let error = h.batch(b"").expect_err("never settles").to_string();
+    assert!(error.contains("never settled"), "{error}");
+}
+
+#[test]
+fn nothing_tells_when_the_collector_ran() {
+    let mut h = guest(
+        "export function onBatch(state, input, ctx) { ctx.publish('v', 'k', [typeof WeakRef, \
+         typeof FinalizationRegistry, typeof WeakMap]); }",
+    );
+    let out = h.batch(b"").expect("batch");
+    assert_eq!(
+        published(&out, "k"),
+        r#"["undefined","undefined","function"]"#
+    );
+}

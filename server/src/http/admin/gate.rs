@@ -352,6 +352,7 @@ pub(crate) fn test_admin(token: &str) -> Option<Admin> {
         Arc::clone(&hub),
         Arc::default(),
         Default::default(),
+        crate::config::ServerConfig::default().max_runtimes,
     );
     Admin::new(
         token,
