@@ -12,6 +12,7 @@ use wasmtime::{
     PoolingAllocationConfig, ResourceLimiter,
 };
 
+use super::image::{Images, InitImage};
 use super::{EngineConfig, GuestError, LoadError, ModuleFingerprint};
 
 /// Longest guest error or log message kept, in bytes.
@@ -52,6 +53,8 @@ struct Inner {
     /// and then run (an upload, a definition, a deploy, a cluster's record of either) is
     /// compiled once, not at each step.
     recent: Mutex<VecDeque<(ModuleFingerprint, Arc<InstancePre<HostState>>)>>,
+    /// What `init` left in instances lately, by module and config (see `image.rs`).
+    images: Mutex<Images>,
 }
 
 /// How many compiled modules [`GuestEngine`] keeps for the next load of the same bytes.
@@ -95,6 +98,7 @@ impl GuestEngine {
                 running,
                 js_engine: Mutex::new(None),
                 recent: Mutex::new(VecDeque::new()),
+                images: Mutex::new(Images::default()),
             }),
         })
     }
@@ -166,6 +170,28 @@ impl GuestEngine {
         );
         *slot = Some(pre.clone());
         Ok(pre)
+    }
+
+    /// The init image of module `fingerprint` with `config`, if one is kept.
+    pub(crate) fn image(
+        &self,
+        fingerprint: &ModuleFingerprint,
+        config: &[u8],
+    ) -> Option<Arc<InitImage>> {
+        self.inner
+            .images
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(fingerprint, config)
+    }
+
+    /// Keeps `image` for the next instances of its module with its config.
+    pub(crate) fn keep_image(&self, image: Arc<InitImage>) {
+        self.inner
+            .images
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .keep(image);
     }
 
     /// The module with `fingerprint` if it was compiled lately.

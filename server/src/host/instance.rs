@@ -8,6 +8,7 @@ use wasmtime::{Store, Trap, TypedFunc, WasmParams};
 
 use super::batch::{decode, ViewNames};
 use super::engine::{HostState, Limiter};
+use super::image::InitImage;
 use super::{GuestBatch, GuestError, GuestModule, Limits};
 
 /// Fuel between two yields of a running guest to tokio: about a millisecond of guest code (see
@@ -125,6 +126,15 @@ impl GuestInstance {
         let save = instance
             .get_typed_func::<(), i32>(&mut store, abi::EXPORT_SAVE)
             .map_err(|e| GuestError::Protocol(format!("export `{}`: {e}", abi::EXPORT_SAVE)))?;
+        let image_key = module.is_js().then(|| {
+            (
+                module.fingerprint().clone(),
+                Bytes::copy_from_slice(config),
+            )
+        });
+        let image = image_key
+            .as_ref()
+            .and_then(|(fingerprint, config)| engine.image(fingerprint, config));
         let mut this = Self {
             store,
             input,
@@ -138,11 +148,33 @@ impl GuestInstance {
             metered: true,
             _permit: permit,
         };
-        let len = this.write_input(&module.init_input(config)).await?;
-        this.call(init, len)
-            .await
-            .map_err(|e| refused("config", e))?;
-        this.declaration = this.store.data_mut().reply.take();
+        match image {
+            Some(image) => {
+                image.apply(&mut this.store, memory)?;
+                this.input_buf = image.input_buf;
+                this.declaration = image.declaration.clone();
+            }
+            None => {
+                let fresh = image_key
+                    .is_some()
+                    .then(|| memory.data(&this.store).to_vec());
+                let len = this.write_input(&module.init_input(config)).await?;
+                this.call(init, len)
+                    .await
+                    .map_err(|e| refused("config", e))?;
+                this.declaration = this.store.data_mut().reply.take();
+                if let (Some(key), Some(fresh)) = (image_key, fresh) {
+                    engine.keep_image(Arc::new(InitImage::capture(
+                        key,
+                        &this.store,
+                        memory,
+                        &fresh,
+                        this.input_buf,
+                        this.declaration.clone(),
+                    )));
+                }
+            }
+        }
         if let Some(state) = state {
             let len = this.write_input(state).await?;
             let f = this.restore.clone();
@@ -151,6 +183,16 @@ impl GuestInstance {
                 .map_err(|e| refused("saved state", e))?;
         }
         Ok(this)
+    }
+
+    /// A copy of its linear memory.
+    #[cfg(test)]
+    pub(crate) fn memory_bytes(&self) -> Vec<u8> {
+        self.store
+            .data()
+            .memory
+            .map(|memory| memory.data(&self.store).to_vec())
+            .unwrap_or_default()
     }
 
     /// The runtime's name.

@@ -41,6 +41,7 @@ mod config;
 mod engine;
 mod error;
 mod fingerprint;
+mod image;
 pub mod guests;
 mod instance;
 mod js;

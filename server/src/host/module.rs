@@ -111,6 +111,11 @@ impl GuestModule {
         })
     }
 
+    /// Whether it is JavaScript, run by the engine guest.
+    pub(crate) fn is_js(&self) -> bool {
+        matches!(self.kind, ModuleKind::JavaScript { .. })
+    }
+
     /// `"wasm"` or `"js"`: what kind of guest it is.
     pub fn kind_name(&self) -> &'static str {
         match self.kind {

@@ -761,3 +761,48 @@ async fn batch_time_is_the_batchs_ingest_time_and_zero_outside_a_batch() {
     g.save().await.unwrap();
     assert!(g.on_batch(b"x", 1_700_000_000_124).await.is_err());
 }
+
+/// An instance that starts from the init image its module and config left is the instance
+/// `init` makes, byte for byte, and stays so batch after batch.
+#[tokio::test]
+async fn an_instance_from_an_init_image_is_the_one_init_makes() {
+    let engine = GuestEngine::new(EngineConfig {
+        pooled_instances: 4,
+        ..EngineConfig::default()
+    })
+    .unwrap();
+    let source: &[u8] = b"let calls = 0;\n\
+        export function init(config) { return { config, lengths: [] }; }\n\
+        export function onBatch(state, input, ctx) {\n\
+          calls += 1; state.lengths.push(input.length);\n\
+          ctx.publish('v', 'k', { calls, state });\n\
+        }\n";
+    let module = GuestModule::new(&engine, source).unwrap();
+    let limits = Limits::default();
+    assert!(engine.image(module.fingerprint(), b"one").is_none());
+    let mut by_init = GuestInstance::new(&module, "a", &limits, b"one", None)
+        .await
+        .unwrap();
+    assert!(engine.image(module.fingerprint(), b"one").is_some());
+    let mut by_image = GuestInstance::new(&module, "a", &limits, b"one", None)
+        .await
+        .unwrap();
+    assert!(by_init.memory_bytes() == by_image.memory_bytes());
+    for input in [&b"first"[..], b"", b"a third batch"] {
+        let a = by_init.on_batch(input, 7).await.unwrap();
+        let b = by_image.on_batch(input, 7).await.unwrap();
+        assert_eq!(a.events[0].payload, b.events[0].payload);
+        assert_eq!(by_init.save().await.unwrap(), by_image.save().await.unwrap());
+        assert!(by_init.memory_bytes() == by_image.memory_bytes());
+    }
+    // Another config is another image: the instance is what its own init makes.
+    let mut other = GuestInstance::new(&module, "a", &limits, b"two", None)
+        .await
+        .unwrap();
+    let batch = other.on_batch(b"x", 7).await.unwrap();
+    assert!(
+        String::from_utf8_lossy(&batch.events[0].payload).contains("\"config\":\"two\""),
+        "{:?}",
+        batch.events[0].payload
+    );
+}
