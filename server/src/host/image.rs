@@ -19,7 +19,6 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 use wasmtime::{Memory, Store};
 
-use super::engine::HostState;
 use super::{GuestError, ModuleFingerprint};
 
 /// Bytes of page a dirty page is kept by.
@@ -46,9 +45,9 @@ pub(crate) struct InitImage {
 impl InitImage {
     /// The image of `memory` after `init`, against `fresh`, a copy of it taken before anything
     /// ran in the instance.
-    pub(crate) fn capture(
+    pub(crate) fn capture<T>(
         key: (ModuleFingerprint, Bytes),
-        store: &Store<HostState>,
+        store: &Store<T>,
         memory: Memory,
         fresh: &[u8],
         input_buf: (usize, usize),
@@ -85,11 +84,7 @@ impl InitImage {
     /// # Errors
     /// [`GuestError::MemoryExceeded`]-like failures of growing the memory, as
     /// [`GuestError::Instantiate`].
-    pub(crate) fn apply(
-        &self,
-        store: &mut Store<HostState>,
-        memory: Memory,
-    ) -> Result<(), GuestError> {
+    pub(crate) fn apply<T>(&self, store: &mut Store<T>, memory: Memory) -> Result<(), GuestError> {
         let have = memory.data_size(&*store);
         if self.memory_bytes > have {
             let pages = ((self.memory_bytes - have) as u64).div_ceil(65536);
@@ -135,7 +130,11 @@ impl Images {
 
     /// Keeps `image`, dropping the least recently used past [`IMAGE_BYTES`].
     pub(crate) fn keep(&mut self, image: std::sync::Arc<InitImage>) {
-        if self.kept.iter().any(|i| i.is(&image.fingerprint, &image.config)) {
+        if self
+            .kept
+            .iter()
+            .any(|i| i.is(&image.fingerprint, &image.config))
+        {
             return;
         }
         self.bytes += image.bytes();

@@ -126,12 +126,9 @@ impl GuestInstance {
         let save = instance
             .get_typed_func::<(), i32>(&mut store, abi::EXPORT_SAVE)
             .map_err(|e| GuestError::Protocol(format!("export `{}`: {e}", abi::EXPORT_SAVE)))?;
-        let image_key = module.is_js().then(|| {
-            (
-                module.fingerprint().clone(),
-                Bytes::copy_from_slice(config),
-            )
-        });
+        let image_key = module
+            .is_js()
+            .then(|| (module.fingerprint().clone(), Bytes::copy_from_slice(config)));
         let image = image_key
             .as_ref()
             .and_then(|(fingerprint, config)| engine.image(fingerprint, config));

@@ -792,7 +792,10 @@ async fn an_instance_from_an_init_image_is_the_one_init_makes() {
         let a = by_init.on_batch(input, 7).await.unwrap();
         let b = by_image.on_batch(input, 7).await.unwrap();
         assert_eq!(a.events[0].payload, b.events[0].payload);
-        assert_eq!(by_init.save().await.unwrap(), by_image.save().await.unwrap());
+        assert_eq!(
+            by_init.save().await.unwrap(),
+            by_image.save().await.unwrap()
+        );
         assert!(by_init.memory_bytes() == by_image.memory_bytes());
     }
     // Another config is another image: the instance is what its own init makes.
