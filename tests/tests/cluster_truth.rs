@@ -6,7 +6,7 @@
 
 use anyhow::{ensure, Context as _};
 use serde_json::{json, Value};
-use viewtape_tests::cluster::{admin_nodes, applied, position, CONVERGE};
+use viewtape_tests::cluster::{admin_node, admin_nodes, applied, position, CONVERGE};
 use viewtape_tests::server::js_counter;
 use viewtape_tests::{expect, NatsServer, Server};
 
@@ -288,5 +288,99 @@ async fn under_replacement_churn_a_refusal_means_not_applied() -> anyhow::Result
         }
     }
     ensure!(nodes[1].get("/views/churn").await?.json()?["entries"] == *entries);
+    Ok(())
+}
+
+/// A JavaScript guest with a module-level variable and a `Set`: what an instance's history
+/// would change.
+const HISTORY_JS: &str = r#"
+let calls = 0;
+const seen = new Set();
+export function init() { return { n: 0 }; }
+export function onBatch(state, input, ctx) {
+  calls += 1;
+  for (const word of input.split('\n').filter(Boolean)) seen.add(word);
+  state.n += 1;
+  ctx.publish('history', 'k', { calls, seen: seen.size, n: state.n });
+}
+"#;
+
+/// Two words into `history` through `server`; the batch's position.
+async fn tick(server: &Server, word: u32) -> anyhow::Result<u64> {
+    let resp = server
+        .ingest("history", &format!("w{word}\nw{}\n", word + 1))
+        .await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    position(&resp.json()?)
+}
+
+/// The frames of view `history` on `server` once it applied `position`: ids and data.
+async fn history(
+    server: &Server,
+    position: u64,
+    n: usize,
+) -> anyhow::Result<Vec<(String, String)>> {
+    applied(server, position).await?;
+    Ok(expect::tape(server, "history", n)
+        .await?
+        .into_iter()
+        .map(|e| (e.id.unwrap_or_default(), e.data))
+        .collect())
+}
+
+/// A node that joins from a snapshot another node shared serves the frames every other node
+/// serves, under the same cursors: the guest's output does not depend on how long an instance
+/// ran before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joining_from_a_shared_snapshot_serves_the_same_frames() -> anyhow::Result<()> {
+    let nats = NatsServer::start().await?;
+    let first = admin_node(&nats, TOKEN, &[]).await?;
+    let uploaded = admin_ok(
+        &first,
+        "POST",
+        "/admin/modules",
+        &[("Content-Type", "text/javascript")],
+        HISTORY_JS.as_bytes(),
+        200,
+    )
+    .await?;
+    let definition = json!({"module": uploaded["module"], "views": ["history"]});
+    admin_ok(
+        &first,
+        "PUT",
+        "/admin/runtimes/history",
+        &[],
+        definition.to_string().as_bytes(),
+        201,
+    )
+    .await?;
+    for word in 0..5 {
+        tick(&first, word).await?;
+    }
+    admin_ok(&first, "POST", "/admin/snapshot", &[], b"", 200).await?;
+    let mut last = 0;
+    for word in 5..9 {
+        last = tick(&first, word).await?;
+    }
+    let late = admin_node(&nats, TOKEN, &[]).await?;
+    ensure!(
+        late.logs().contains("restored snapshot"),
+        "the late node started from the shared snapshot:\n{}",
+        late.logs()
+    );
+    for word in 9..12 {
+        last = tick(&late, word).await?;
+    }
+    let expected = history(&first, last, 12).await?;
+    ensure!(
+        history(&late, last, 12).await? == expected,
+        "{}",
+        late.logs()
+    );
+    let state = late.get("/views/history").await?.json()?;
+    ensure!(
+        state["entries"]["k"] == json!({"calls": 1, "seen": 2, "n": 12}),
+        "{state}"
+    );
     Ok(())
 }
