@@ -130,12 +130,11 @@ impl GuestEngine {
         let Some(running) = &self.inner.running else {
             return Ok(None);
         };
-        let used_up = || GuestError::InstancesUsedUp {
-            limit: self.inner.config.pooled_instances,
-        };
         match tokio::time::timeout(wait, Arc::clone(running).acquire_owned()).await {
             Ok(Ok(permit)) => Ok(Some(permit)),
-            Ok(Err(_)) | Err(_) => Err(used_up()),
+            Ok(Err(_)) | Err(_) => Err(GuestError::InstancesUsedUp {
+                limit: self.inner.config.pooled_instances,
+            }),
         }
     }
 

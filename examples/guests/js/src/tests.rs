@@ -90,16 +90,7 @@ ctx.publish('v', 'stack', e.stack);
     let out = h
         .batch(r#"{"x":[1.5,"\u00e9"],"y":null}"#.as_bytes())
         .expect("batch");
-    let payload = |key: &str| {
-        out.iter()
-            .find_map(|o| match o {
-                Output::Update {
-                    key: k, payload, ..
-                } if k == key => String::from_utf8(payload.clone()).ok(),
-                _ => None,
-            })
-            .unwrap_or_else(|| panic!("no {key}"))
-    };
+    let payload = |key: &str| published(&out, key);
     assert_eq!(
         payload("shape"),
         r#"["parse",2,true,false,true,"function"]"#
