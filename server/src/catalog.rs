@@ -404,22 +404,22 @@ impl Catalog {
     /// Checks a definition against the other runtimes' views.
     fn check(&self, name: &str, definition: &Definition) -> Result<(), CatalogError> {
         let ours = claims(definition)?;
-        for (other, registered) in self.runtimes.iter() {
+        let conflict = self.runtimes.find_map(|other, registered| {
             if other == name {
-                continue;
+                return None;
             }
-            for theirs in registered.handle.views() {
-                let Ok(claim) = ViewClaim::new(theirs) else {
-                    continue;
-                };
-                if let Some(view) = ours.iter().find(|ours| ours.overlaps(&claim)) {
-                    return Err(CatalogError::Conflict {
-                        view: view.to_string(),
-                        runtime: other,
-                        theirs: theirs.clone(),
-                    });
-                }
-            }
+            registered.handle.views().iter().find_map(|theirs| {
+                let claim = ViewClaim::new(theirs).ok()?;
+                let view = ours.iter().find(|ours| ours.overlaps(&claim))?;
+                Some(CatalogError::Conflict {
+                    view: view.to_string(),
+                    runtime: other.to_owned(),
+                    theirs: theirs.clone(),
+                })
+            })
+        });
+        if let Some(conflict) = conflict {
+            return Err(conflict);
         }
         schemas(definition)?;
         Ok(())
@@ -427,8 +427,7 @@ impl Catalog {
 
     /// The module `fingerprint`: the compilation a runtime runs, else compiled from the store.
     async fn module(&self, fingerprint: &ModuleFingerprint) -> Result<GuestModule, CatalogError> {
-        let mut running = self.runtimes.iter().map(|(_, r)| r.handle.running());
-        if let Some(module) = running.find(|module| module.fingerprint() == fingerprint) {
+        if let Some(module) = self.runtimes.running_module(fingerprint) {
             return Ok(module);
         }
         let wasm = self

@@ -377,8 +377,7 @@ impl Cluster {
         appliers: &Appliers,
         fingerprint: &ModuleFingerprint,
     ) -> Result<GuestModule, BoxError> {
-        let mut running = appliers.runtimes.iter().map(|(_, r)| r.handle.running());
-        if let Some(module) = running.find(|module| module.fingerprint() == fingerprint) {
+        if let Some(module) = appliers.runtimes.running_module(fingerprint) {
             return Ok(module);
         }
         let wasm = match appliers.modules.get(fingerprint) {

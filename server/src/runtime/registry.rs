@@ -28,6 +28,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 use viewtape_journal::ViewClaim;
 
 pub use crate::host::ModuleFingerprint;
+use crate::host::GuestModule;
 use crate::log::Definition;
 use crate::runtime::{IngestError, PauseGuard, RuntimeHandle, RuntimeSnapshot};
 
@@ -189,6 +190,21 @@ impl Runtimes {
             .map(|(name, r)| (name.clone(), r.clone()))
             .collect();
         all.into_iter()
+    }
+
+    /// The first `Some` that `f` gives for a runtime (its name, its entry), in name order,
+    /// each looked at in place: nothing is copied, however many runtimes there are.
+    pub fn find_map<R>(&self, mut f: impl FnMut(&str, &Registered) -> Option<R>) -> Option<R> {
+        self.read().iter().find_map(|(name, r)| f(name, r))
+    }
+
+    /// The compiled module `fingerprint` names, if a runtime runs it: many runtimes on one
+    /// module compile it once.
+    pub fn running_module(&self, fingerprint: &ModuleFingerprint) -> Option<GuestModule> {
+        self.find_map(|_, r| {
+            let module = r.handle.running();
+            (module.fingerprint() == fingerprint).then_some(module)
+        })
     }
 
     /// How many runtimes run.
