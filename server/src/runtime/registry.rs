@@ -27,8 +27,8 @@ use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use viewtape_journal::ViewClaim;
 
-pub use crate::host::ModuleFingerprint;
 use crate::host::GuestModule;
+pub use crate::host::ModuleFingerprint;
 use crate::log::Definition;
 use crate::runtime::{IngestError, PauseGuard, RuntimeHandle, RuntimeSnapshot};
 
