@@ -15,6 +15,7 @@
 //! instance runs `init` again.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use wasmtime::{Memory, Store};
@@ -111,7 +112,7 @@ impl InitImage {
 /// The images an engine keeps, the most recently used last.
 #[derive(Debug, Default)]
 pub(crate) struct Images {
-    kept: VecDeque<std::sync::Arc<InitImage>>,
+    kept: VecDeque<Arc<InitImage>>,
     bytes: usize,
 }
 
@@ -121,15 +122,15 @@ impl Images {
         &mut self,
         fingerprint: &ModuleFingerprint,
         config: &[u8],
-    ) -> Option<std::sync::Arc<InitImage>> {
+    ) -> Option<Arc<InitImage>> {
         let at = self.kept.iter().position(|i| i.is(fingerprint, config))?;
         let image = self.kept.remove(at)?;
-        self.kept.push_back(std::sync::Arc::clone(&image));
+        self.kept.push_back(Arc::clone(&image));
         Some(image)
     }
 
     /// Keeps `image`, dropping the least recently used past [`IMAGE_BYTES`].
-    pub(crate) fn keep(&mut self, image: std::sync::Arc<InitImage>) {
+    pub(crate) fn keep(&mut self, image: Arc<InitImage>) {
         if self
             .kept
             .iter()

@@ -126,12 +126,11 @@ impl GuestInstance {
         let save = instance
             .get_typed_func::<(), i32>(&mut store, abi::EXPORT_SAVE)
             .map_err(|e| GuestError::Protocol(format!("export `{}`: {e}", abi::EXPORT_SAVE)))?;
-        let image_key = module
-            .is_js()
-            .then(|| (module.fingerprint().clone(), Bytes::copy_from_slice(config)));
-        let image = image_key
-            .as_ref()
-            .and_then(|(fingerprint, config)| engine.image(fingerprint, config));
+        // A JavaScript guest's `init` is most of its instance's cost: its image is kept.
+        let imaged = module.is_js();
+        let image = imaged
+            .then(|| engine.image(module.fingerprint(), config))
+            .flatten();
         let mut this = Self {
             store,
             input,
@@ -152,17 +151,15 @@ impl GuestInstance {
                 this.declaration = image.declaration.clone();
             }
             None => {
-                let fresh = image_key
-                    .is_some()
-                    .then(|| memory.data(&this.store).to_vec());
+                let fresh = imaged.then(|| memory.data(&this.store).to_vec());
                 let len = this.write_input(&module.init_input(config)).await?;
                 this.call(init, len)
                     .await
                     .map_err(|e| refused("config", e))?;
                 this.declaration = this.store.data_mut().reply.take();
-                if let (Some(key), Some(fresh)) = (image_key, fresh) {
+                if let Some(fresh) = fresh {
                     engine.keep_image(Arc::new(InitImage::capture(
-                        key,
+                        (module.fingerprint().clone(), Bytes::copy_from_slice(config)),
                         &this.store,
                         memory,
                         &fresh,

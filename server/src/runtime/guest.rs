@@ -84,8 +84,7 @@ impl GuestSlot {
             typing,
             schemas: ViewSchemas::none(),
         };
-        let module = slot.module.clone();
-        let instance = slot.instantiate(&module, state).await?;
+        let instance = slot.instantiate(&slot.module, state).await?;
         slot.schemas = slot.schemas_of(&instance)?;
         Ok(slot)
     }
@@ -133,8 +132,10 @@ impl GuestSlot {
     /// # Errors
     /// No instance could be made, or the guest's `save` failed.
     pub async fn saved(&self, state: &[u8]) -> Result<Bytes, GuestError> {
-        let module = self.module.clone();
-        self.instantiate(&module, Some(state)).await?.save().await
+        self.instantiate(&self.module, Some(state))
+            .await?
+            .save()
+            .await
     }
 
     /// Runs `module` from now on, its events held to `schemas`.
@@ -161,8 +162,7 @@ impl GuestSlot {
             Fit::Check => Some(Arc::clone(&self.schemas)),
             Fit::Known => None,
         };
-        let module = self.module.clone();
-        let mut instance = match self.instantiate(&module, Some(state)).await {
+        let mut instance = match self.instantiate(&self.module, Some(state)).await {
             Ok(instance) => instance,
             Err(error) => {
                 self.stats.failed(FailureKind::Unavailable, &error);
