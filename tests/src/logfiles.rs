@@ -94,6 +94,39 @@ pub fn record_frames(bytes: &[u8]) -> anyhow::Result<Vec<(usize, usize)>> {
     Ok(frames)
 }
 
+/// Rewrites, in the segment at `path`, the one record whose payload holds `from` into one that
+/// holds `to` (of the same length) there, and gives it the checksum of its new bytes: a record
+/// intact on disk that says something else than what was logged, as a bug could write it.
+pub fn rewrite_record(path: &Path, from: &[u8], to: &[u8]) -> anyhow::Result<()> {
+    ensure!(from.len() == to.len(), "the same length");
+    let mut bytes = std::fs::read(path)?;
+    let holding: Vec<(usize, usize)> = record_frames(&bytes)?
+        .into_iter()
+        .filter(|&(start, len)| {
+            bytes[start + RECORD_HEADER..start + len]
+                .windows(from.len())
+                .any(|w| w == from)
+        })
+        .collect();
+    let [(start, len)] = holding[..] else {
+        anyhow::bail!("{} records hold the bytes, not one", holding.len());
+    };
+    let payload = start + RECORD_HEADER..start + len;
+    let at = bytes[payload.clone()]
+        .windows(from.len())
+        .position(|w| w == from)
+        .context("held")?;
+    let at = payload.start + at;
+    bytes[at..at + to.len()].copy_from_slice(to);
+    let crc = crc32c::crc32c_append(
+        crc32c::crc32c(&bytes[start + 8..start + RECORD_HEADER]),
+        &bytes[payload],
+    );
+    bytes[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(path, bytes)?;
+    Ok(())
+}
+
 /// The name of a file, for matching output.
 pub fn file_name(path: &Path) -> String {
     path.file_name()

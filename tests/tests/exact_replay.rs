@@ -1,11 +1,11 @@
 //! Replay follows what was acknowledged, against the real binary: a batch acknowledged live is
 //! replayed after `kill -9` whatever fuel it would cost the restored instance (the fuel limit
 //! judged it once, live), with the same frames and no reset; new batches are judged by the limit
-//! of now.
+//! of now. A record a replay cannot reproduce halts its runtime alone.
 
 use anyhow::{ensure, Context as _};
-use viewtape_tests::logfiles::fail_closed;
-use viewtape_tests::server::config_file;
+use viewtape_tests::logfiles::{fail_closed, newest_segment, rewrite_record};
+use viewtape_tests::server::{config_file, ADMIN_TOKEN_ENV};
 use viewtape_tests::{expect, Server};
 
 /// The demo ticker with `fuel`, no periodic snapshot: a restart after `kill -9` replays the log.
@@ -66,5 +66,125 @@ async fn a_batch_acknowledged_live_is_replayed_whatever_its_fuel_now() -> anyhow
     let resp = server.ingest("demo", &ticks(1001, 1501)).await?;
     ensure!(resp.status() == 422, "{} {}", resp.status(), resp.text());
     ensure!(resp.text().contains("fuel"), "{}", resp.text());
+    Ok(())
+}
+
+/// Two runtimes of `builtin:json`, `alpha` (view `pa`) and `beta` (view `pb`), no periodic
+/// snapshot.
+const TWO: &str = "[server]\nsnapshot_interval = \"0s\"\n\n\
+    [[runtime]]\nname = \"alpha\"\nmodule = \"builtin:json\"\nviews = [\"pa\"]\n\n\
+    [[runtime]]\nname = \"beta\"\nmodule = \"builtin:json\"\nviews = [\"pb\"]\n";
+
+/// Keys `from..to`, each at `price`.
+fn priced(from: u64, to: u64, price: &str) -> String {
+    (from..to)
+        .map(|seq| {
+            format!("{{\"key\":\"k{seq}\",\"value\":{{\"price\":{price},\"seq\":{seq}}}}}\n")
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_the_replay_cannot_reproduce_halts_its_runtime_alone() -> anyhow::Result<()> {
+    let config = config_file(TWO)?;
+    let path = config.path().display().to_string();
+    let mut server =
+        Server::start_with_env(&["--config", &path], &[(ADMIN_TOKEN_ENV, "admin")]).await?;
+    for (runtime, ticks) in [
+        ("alpha", priced(1, 101, "1.5")),
+        ("beta", priced(1, 101, "1.5")),
+        ("alpha", priced(101, 201, "7.25")),
+        ("beta", priced(101, 201, "1.5")),
+    ] {
+        let resp = server.ingest(runtime, &ticks).await?;
+        ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    }
+    let (alpha, beta) = (
+        expect::tape(&server, "pa", 200).await?,
+        expect::tape(&server, "pb", 200).await?,
+    );
+    server.kill9().await?;
+
+    // Alpha's second batch now says another price than the one its digest was taken of.
+    let (segment, _) = newest_segment(&server)?;
+    rewrite_record(&segment, b"7.25", b"7.75")?;
+    server.restart().await?;
+    ensure!(
+        fail_closed(&server, "digest").await == 0.0,
+        "{}",
+        server.logs()
+    );
+    let ready = server.ready(std::time::Duration::from_secs(5)).await?;
+    let halt = &ready["halted"]["alpha"];
+    ensure!(halt["position"].as_u64() == Some(3), "{ready}");
+    let reason = halt["reason"].as_str().context("a reason")?;
+    ensure!(
+        reason.contains("another result than the logged one"),
+        "{reason}"
+    );
+    ensure!(ready["halted"].get("beta").is_none(), "{ready}");
+    ensure!(
+        server
+            .metric("viewtape_runtime_halted{runtime=\"alpha\"}")
+            .await?
+            == 1.0
+    );
+    ensure!(
+        server
+            .metric("viewtape_runtime_halted{runtime=\"beta\"}")
+            .await?
+            == 0.0
+    );
+
+    // Beta lost nothing: every frame, the same cursor.
+    ensure!(
+        expect::tape(&server, "pb", 200).await? == beta,
+        "beta's frames"
+    );
+    let last = expect::cursor_of(beta.last().context("a frame")?)?;
+    expect::resumes(&server, "pb", &last).await?;
+    // Alpha keeps what it reproduced, and serves nothing else under the cursors it issued:
+    // the second batch's cursors are ahead of its tape, and reset.
+    ensure!(
+        expect::tape(&server, "pa", 100).await? == alpha[..100],
+        "alpha's first batch"
+    );
+    let issued = expect::cursor_of(alpha.last().context("a frame")?)?;
+    expect::refused(&server, "pa", &issued).await?;
+    let kept = expect::cursor_of(&alpha[99])?;
+    expect::resumes(&server, "pa", &kept).await?;
+
+    let resp = server.ingest("alpha", &priced(201, 202, "1.5")).await?;
+    let error = expect::json_error(&resp, 503)?;
+    ensure!(error["error"] == "runtime_halted", "{error}");
+    ensure!(
+        error["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("log position 3")),
+        "{error}"
+    );
+    let resp = server.ingest("beta", &priced(201, 301, "1.5")).await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+
+    // Halted it stays, through a snapshot and a restart, until it is deleted.
+    server.stop_graceful().await?;
+    server.restart().await?;
+    let ready = server.ready(std::time::Duration::from_secs(5)).await?;
+    ensure!(
+        ready["halted"]["alpha"]["position"].as_u64() == Some(3),
+        "{ready}"
+    );
+    let listed = server
+        .admin("admin", "GET", "/admin/runtimes", &[], b"")
+        .await?
+        .json()?;
+    ensure!(
+        listed.to_string().contains("\"halted\":{\"position\":3"),
+        "{listed}"
+    );
+    ensure!(
+        expect::tape(&server, "pb", 300).await?[..200] == beta[..],
+        "beta's frames"
+    );
     Ok(())
 }

@@ -108,6 +108,12 @@ impl ApiError {
         self.with_header(header::CONNECTION, HeaderValue::from_static("close"))
     }
 
+    /// `503 runtime_halted`: the runtime stopped on this node (it could not reproduce its
+    /// logged history); `message` says since where, why, and what brings it back.
+    pub fn halted(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "runtime_halted", message)
+    }
+
     /// `503 outcome_unknown`: the request may yet take effect; `message` says how to learn
     /// whether it did.
     pub fn outcome_unknown(message: impl Into<String>) -> Self {

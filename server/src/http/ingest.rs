@@ -185,6 +185,7 @@ fn refusal(error: IngestError) -> ApiError {
             ..
         } => return ApiError::conflict("producer_epochs_used_up", error.to_string()),
         IngestError::Stopped { .. } => ApiError::unavailable(error.to_string()),
+        IngestError::Halted { .. } => ApiError::halted(error.to_string()),
         // The rest carries what the client must not see (paths, OS errors, chains): logged.
         IngestError::Log { .. } => ApiError::unavailable_hiding(
             "the log cannot take writes now; nothing of the batch was committed; send it again",

@@ -225,7 +225,9 @@ async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> 
     (status, Json(body)).into_response()
 }
 
-/// Whether the node is ready, and what `/readyz` says about it.
+/// Whether the node is ready, and what `/readyz` says about it. A runtime halted on this node
+/// ([`RuntimeHalt`](crate::runtime::RuntimeHalt)) is named under `halted`, with where and why;
+/// the node stays ready, since every other runtime is served.
 fn readiness(state: &AppState) -> (bool, serde_json::Value) {
     if *state.stopping.borrow() {
         return (
@@ -233,15 +235,20 @@ fn readiness(state: &AppState) -> (bool, serde_json::Value) {
             serde_json::json!({ "ready": false, "stopping": true }),
         );
     }
-    let Some(cluster) = &state.cluster else {
-        return (true, serde_json::json!({ "ready": true }));
+    let (ready, mut body) = match &state.cluster {
+        None => (true, serde_json::json!({ "ready": true })),
+        Some(cluster) => {
+            let readiness = cluster.readiness();
+            let ready = readiness.ready;
+            let body = serde_json::to_value(readiness).unwrap_or(serde_json::Value::Null);
+            (ready, body)
+        }
     };
-    let readiness = cluster.readiness();
-    let ready = readiness.ready;
-    (
-        ready,
-        serde_json::to_value(readiness).unwrap_or(serde_json::Value::Null),
-    )
+    let halted = state.runtimes.halted();
+    if let (false, Some(body)) = (halted.is_empty(), body.as_object_mut()) {
+        body.insert("halted".to_owned(), serde_json::json!(halted));
+    }
+    (ready, body)
 }
 
 async fn index() -> Html<&'static str> {

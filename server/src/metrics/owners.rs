@@ -137,6 +137,15 @@ impl OwnerCounters {
             "viewtape_runtime_deploys",
             "Modules deployed to a runtime (live, at start, or applied from the log).",
             per_runtime(|stats| &stats.deploys),
+        )?;
+        family(
+            e,
+            "viewtape_runtime_halted",
+            "1 for a runtime halted on this node (it could not reproduce its logged history: /readyz says where and why), 0 for one that runs.",
+            self.runtimes.iter().map(|(name, runtime)| {
+                let halted = runtime.handle.stats().halted().is_some();
+                ([("runtime", name)], ConstGauge::new(i64::from(halted)))
+            }),
         )
     }
 

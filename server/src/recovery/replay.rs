@@ -108,7 +108,8 @@ pub async fn replay(
     Ok(replayed)
 }
 
-/// Switches `runtime` to the module a logged deploy installed, from the store.
+/// Switches `runtime` to the module a logged deploy installed, from the store; a module the
+/// store no longer holds whole halts that runtime alone.
 async fn replay_deploy(
     runtime: &RuntimeHandle,
     deploy: DeployEntry,
@@ -116,25 +117,19 @@ async fn replay_deploy(
     modules: &ModuleStore,
     engine: &GuestEngine,
 ) -> Result<(), (Break, String)> {
-    let wasm = modules.get(&deploy.module).map_err(|error| {
-        let path = modules.path(&deploy.module);
-        (
-            Break::Module,
-            format!(
-                "deployed module {}: {}: {error}",
-                deploy.module,
-                path.display()
-            ),
-        )
-    })?;
-    let module = GuestModule::new(engine, &wasm).map_err(|error| {
-        (
-            Break::Module,
-            format!("deployed module {}: {error}", deploy.module),
-        )
-    })?;
+    let loaded = modules
+        .get(&deploy.module)
+        .map_err(|error| format!("{}: {error}", modules.path(&deploy.module).display()))
+        .and_then(|wasm| GuestModule::new(engine, &wasm).map_err(|error| error.to_string()));
+    let record = match loaded {
+        Ok(module) => Record::Deploy(deploy, module),
+        Err(error) => Record::Halt(format!(
+            "the module its logged deploy installed cannot be loaded: {}: {error}",
+            deploy.module
+        )),
+    };
     runtime
-        .apply(Record::Deploy(deploy, module), position)
+        .apply(record, position)
         .await
         .map_err(|error| (error.cause(), error.to_string()))
 }

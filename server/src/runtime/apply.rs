@@ -31,19 +31,103 @@ use super::group::{Staged, Staging};
 use super::guest::Fit;
 use super::task::Task;
 use super::verdict::{Place, Verdict};
-use super::{ApplyError, BatchSink, DeployError, Deployed, IngestError};
+use super::{ApplyError, BatchSink, DeployError, Deployed, IngestError, RuntimeHalt};
 use crate::host::GuestModule;
 use crate::log::producer::{InputDigest, Undo};
 use crate::log::{BatchEntry, DeployEntry, Digest, LogPosition, Outcome};
 
 impl<S: BatchSink> Task<S> {
-    /// Applies `record` at `position`; see the module docs.
+    /// Applies `record` at `position`; see the module docs. A record of the local log this node
+    /// cannot reproduce halts this runtime alone ([`RuntimeHalt`]); a halted runtime passes its
+    /// later records by.
     pub(super) async fn apply(
         &mut self,
         record: Record,
         position: LogPosition,
     ) -> Result<(), ApplyError> {
+        if let Some(halt) = self.last.halted.clone() {
+            return self.pass(record, halt, position).await;
+        }
+        let judged = record.judged();
+        match self.apply_record(record, position).await {
+            Err(error @ (ApplyError::Diverged { .. } | ApplyError::ModuleChanged { .. }))
+                if judged =>
+            {
+                self.halt(error.to_string(), position).await
+            }
+            applied => applied,
+        }
+    }
+
+    /// Halts this runtime at `position` for `reason` ([`RuntimeHalt`]), in its turn.
+    async fn halt(&mut self, reason: String, position: LogPosition) -> Result<(), ApplyError> {
+        let log = Arc::clone(&self.log);
+        let Some(turn) = log.turn_unless_abandoned(Some(position), 1).await else {
+            return Err(ApplyError::Abandoned {
+                runtime: self.name.to_string(),
+            });
+        };
+        tracing::error!(
+            position = position.get(),
+            reason,
+            "runtime halted on this node: it cannot reproduce its logged history from here; its views keep what they had and take nothing new; every other runtime goes on"
+        );
+        self.last.halted = Some(RuntimeHalt { position, reason });
+        self.note_state();
+        drop(turn);
+        Ok(())
+    }
+
+    /// A record of a halted runtime, passed by in its turn: a batch or a deploy published to a
+    /// cluster's stream is refused here, naming the halt.
+    async fn pass(
+        &mut self,
+        record: Record,
+        halt: RuntimeHalt,
+        position: LogPosition,
+    ) -> Result<(), ApplyError> {
+        let runtime = self.name.to_string();
+        let (indices, shared) = match record {
+            Record::Batch(entry) if entry.outcome == Outcome::Pending => (vec![0], false),
+            Record::Batches { batches, shared } => (
+                batches.into_iter().map(|(index, _)| index).collect(),
+                shared,
+            ),
+            Record::Deploy(entry, _) if entry.pending => {
+                drop(self.log.turn(Some(position), 1).await);
+                let refused = DeployError::Halted { runtime, halt };
+                self.give((position, 0), Verdict::Deploy(Err(refused)));
+                return Ok(());
+            }
+            Record::Batch(_) | Record::Deploy(..) | Record::Halt(_) => {
+                let log = Arc::clone(&self.log);
+                return match log.turn_unless_abandoned(Some(position), 1).await {
+                    Some(_turn) => Ok(()),
+                    None => Err(ApplyError::Abandoned { runtime }),
+                };
+            }
+        };
+        let log = Arc::clone(&self.log);
+        let turn = log.turn((!shared).then_some(position), 1).await;
+        for index in indices {
+            let refused = IngestError::Halted {
+                runtime: runtime.clone(),
+                halt: halt.clone(),
+            };
+            self.give((position, index), Verdict::Batch(Err(refused)));
+        }
+        drop(turn);
+        Ok(())
+    }
+
+    /// Applies `record` at `position` to a runtime that runs.
+    async fn apply_record(
+        &mut self,
+        record: Record,
+        position: LogPosition,
+    ) -> Result<(), ApplyError> {
         match record {
+            Record::Halt(reason) => self.halt(reason, position).await,
             Record::Batch(entry) if entry.outcome == Outcome::Pending => {
                 self.judge_batches(vec![(0, entry)], position, false).await
             }

@@ -37,6 +37,22 @@ pub enum Record {
     },
     /// A deploy, with its module loaded.
     Deploy(DeployEntry, GuestModule),
+    /// A record of the local log this node cannot apply (the module it deploys is gone), and
+    /// why: the runtime halts at its position ([`RuntimeHalt`](super::RuntimeHalt)).
+    Halt(String),
+}
+
+impl Record {
+    /// A record of the local log, which the runtime judged before it was logged (not one
+    /// published to a cluster's stream, which every node judges at its position).
+    pub fn judged(&self) -> bool {
+        match self {
+            Record::Batch(entry) => entry.outcome != crate::log::Outcome::Pending,
+            Record::Deploy(entry, _) => !entry.pending,
+            Record::Batches { .. } => false,
+            Record::Halt(_) => true,
+        }
+    }
 }
 
 pub(super) enum Command {

@@ -5,6 +5,8 @@ use crate::log::producer::{ClaimError, ProducerEpoch, ProducerSeq};
 use crate::log::Break;
 use crate::log::LogPosition;
 
+use super::RuntimeHalt;
+
 /// Why a batch was not committed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -80,6 +82,15 @@ pub enum IngestError {
         published: u32,
         /// The CRC-32C of the guest config the cluster decided.
         decided: u32,
+    },
+    /// The runtime stopped on this node ([`RuntimeHalt`]): it takes nothing until it is
+    /// deleted or a snapshot is restored.
+    #[error("runtime `{runtime}` is halted on this node since log position {}: {}; its views keep what they had; delete the runtime and define it again (its views reset), or restore a snapshot", halt.position, halt.reason)]
+    Halted {
+        /// The runtime.
+        runtime: String,
+        /// Where and why it stopped.
+        halt: RuntimeHalt,
     },
     /// The runtime's task has stopped (the server is shutting down).
     #[error("runtime `{runtime}` has stopped")]
@@ -203,6 +214,15 @@ pub enum DeployError {
         runtime: String,
         /// Why.
         reason: String,
+    },
+    /// The runtime stopped on this node ([`RuntimeHalt`]): it takes nothing until it is
+    /// deleted or a snapshot is restored.
+    #[error("runtime `{runtime}` is halted on this node since log position {}: {}; its views keep what they had; delete the runtime and define it again (its views reset), or restore a snapshot", halt.position, halt.reason)]
+    Halted {
+        /// The runtime.
+        runtime: String,
+        /// Where and why it stopped.
+        halt: RuntimeHalt,
     },
     /// The runtime's task has stopped.
     #[error("runtime `{runtime}` has stopped")]

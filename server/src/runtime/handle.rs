@@ -301,6 +301,10 @@ impl RuntimeHandle {
         source_gap: Option<String>,
         producer: Option<ProducerStamp>,
     ) -> Result<Accepted, IngestError> {
+        if let Some(halt) = self.stats.halted() {
+            let runtime = self.name.to_string();
+            return Err(IngestError::Halted { runtime, halt });
+        }
         if let Backend::Stream(stream) = self.log.backend() {
             let entry = BatchEntry {
                 runtime: self.name.to_string(),
@@ -370,6 +374,10 @@ impl RuntimeHandle {
     /// # Errors
     /// [`DeployError`], with nothing changed.
     pub async fn deploy(&self, module: GuestModule) -> Result<Deployed, DeployError> {
+        if let Some(halt) = self.stats.halted() {
+            let runtime = self.name.to_string();
+            return Err(DeployError::Halted { runtime, halt });
+        }
         match self.log.backend() {
             Backend::Stream(stream) => {
                 self.publish_deploy(stream, module.fingerprint().clone(), false)

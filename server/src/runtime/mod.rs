@@ -198,6 +198,24 @@ pub struct RuntimeSnapshot {
     /// is not ready.
     #[serde(default)]
     pub config: Option<u32>,
+    /// Set when this runtime stopped on this node: its log's history could not be reproduced
+    /// here. Kept in snapshots, so a restart does not run on from a state that skipped it.
+    #[serde(default)]
+    pub halted: Option<RuntimeHalt>,
+}
+
+/// A runtime stopped for good on this node ([`RuntimeSnapshot::halted`]): a logged record of it
+/// could not be reproduced (its guest gave other events than the record's digest, or failed,
+/// or the record names another module). Its views keep what they had, take nothing new, and
+/// never serve another event under a cursor already issued; every other runtime goes on. It
+/// takes no batch and no deploy until it is deleted (its views reset) or a snapshot is
+/// restored.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RuntimeHalt {
+    /// The position of the record it could not reproduce.
+    pub position: LogPosition,
+    /// Why, in the server's words.
+    pub reason: String,
 }
 
 impl RuntimeSnapshot {
@@ -229,6 +247,8 @@ pub struct RuntimeStats {
     pub state_bytes: AtomicU64,
     /// The guest's last failure since the process started.
     last_failure: Mutex<Option<GuestFailure>>,
+    /// Why the runtime stopped on this node, if it did ([`RuntimeSnapshot::halted`]).
+    halted: Mutex<Option<RuntimeHalt>>,
 }
 
 impl RuntimeStats {
@@ -239,6 +259,19 @@ impl RuntimeStats {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// Why the runtime stopped on this node, if it did (see [`RuntimeHalt`]).
+    pub fn halted(&self) -> Option<RuntimeHalt> {
+        self.halted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Notes the runtime's halt as its task has it now.
+    pub(crate) fn note_halt(&self, halt: Option<&RuntimeHalt>) {
+        *self.halted.lock().unwrap_or_else(PoisonError::into_inner) = halt.cloned();
     }
 
     /// Notes a failure of the guest, now.

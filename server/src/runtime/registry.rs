@@ -30,7 +30,7 @@ use viewtape_journal::ViewClaim;
 use crate::host::GuestModule;
 pub use crate::host::ModuleFingerprint;
 use crate::log::Definition;
-use crate::runtime::{IngestError, PauseGuard, RuntimeHandle, RuntimeSnapshot};
+use crate::runtime::{IngestError, PauseGuard, RuntimeHalt, RuntimeHandle, RuntimeSnapshot};
 
 /// One registered runtime.
 #[derive(Clone, Debug)]
@@ -205,6 +205,14 @@ impl Runtimes {
             let module = r.handle.running();
             (module.fingerprint() == fingerprint).then_some(module)
         })
+    }
+
+    /// The runtimes halted on this node ([`RuntimeHalt`]), by name.
+    pub fn halted(&self) -> BTreeMap<String, RuntimeHalt> {
+        self.read()
+            .iter()
+            .filter_map(|(name, r)| Some((name.clone(), r.handle.stats().halted()?)))
+            .collect()
     }
 
     /// How many runtimes run.

@@ -80,6 +80,7 @@ impl<S: BatchSink> Task<S> {
     pub fn note_state(&self) {
         let bytes = u64::try_from(self.last.state.len()).unwrap_or(u64::MAX);
         self.stats.state_bytes.store(bytes, Ordering::Relaxed);
+        self.stats.note_halt(self.last.halted.as_ref());
     }
 
     /// Every command but a batch.

@@ -161,6 +161,7 @@ fn describe(name: &str, registered: &Registered) -> serde_json::Value {
         "state_bytes": stats.state_bytes.load(Ordering::Relaxed),
         "batches": stats.batches.load(Ordering::Relaxed),
         "failures": stats.failures.load(Ordering::Relaxed),
+        "halted": stats.halted(),
     });
     let Some(definition) = registered.definition() else {
         return serde_json::json!({
