@@ -100,12 +100,36 @@ impl JournalScope {
     /// per view takes, so it may be called between two appends of a runtime
     /// that is publishing, or under a lock of the caller's.
     pub fn report_gap(&self) {
+        self.report_loss(0);
+    }
+
+    /// As [`JournalScope::report_gap`], for input whose events had taken up to `offsets` offsets
+    /// on each of this scope's views in a life of the server this journal does not remember
+    /// (records a restart could not reproduce): each view's numbering goes on past them, so
+    /// that no cursor issued for one of them ever names another event. The views' retained
+    /// records are dropped with them: every cursor before the gap fails anyway (as
+    /// [`ReplayError::Expired`](crate::ReplayError::Expired), which is checked first). A view the
+    /// scope names exactly gets a tape even if it has issued nothing in this life.
+    pub fn report_loss(&self, offsets: u64) {
         debug_assert!(
             self.views.windows(2).all(|pair| pair[0] < pair[1]),
             "a scope's views are sorted and each named once"
         );
+        let named: Vec<String> = match offsets {
+            0 => Vec::new(),
+            _ => self
+                .views
+                .iter()
+                .filter(|view| crate::ViewClaim::new(view).is_ok_and(|claim| !claim.is_pattern()))
+                .cloned()
+                .collect(),
+        };
+        let lost = crate::journal::Lost {
+            offsets,
+            named: &named,
+        };
         self.journal
-            .mark_gap_where(|view| crate::ViewClaim::any_takes(&self.views, view));
+            .mark_gap_where(|view| crate::ViewClaim::any_takes(&self.views, view), &lost);
     }
 
     /// The views a gap reported through this scope is marked on, sorted.
@@ -183,6 +207,46 @@ mod tests {
         assert_eq!(
             after.iter().map(|r| r.offset.get()).collect::<Vec<_>>(),
             [4]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_loss_numbers_on_past_the_offsets_lost_and_resets_every_cursor_below() {
+        let (journal, _) = journal_with(JournalConfig::default());
+        for _ in 0..3 {
+            append(&journal, "a", "k").await;
+            append(&journal, "b", "k").await;
+        }
+        let epoch = journal.epoch().await;
+        // A life that issued "a" up to 3 + 5 and "fresh" up to 5, which this journal forgot.
+        journal.scope(["a", "fresh", "pat.*"]).report_loss(5);
+
+        for (view, gap) in [("a", 9), ("fresh", 6)] {
+            assert_eq!(journal.window(view).await.next.get(), gap + 1, "{view}");
+            for issued in [1, gap - 1] {
+                // Before the tape's first offset now, or just before: expired, or a gap.
+                let replayed = journal
+                    .replay_after(view, Some(&Cursor::new(epoch, ViewOffset::new(issued))))
+                    .await;
+                assert!(
+                    matches!(
+                        replayed,
+                        Err(ReplayError::Expired { first, .. } | ReplayError::Gap { resume_from: first, .. })
+                            if first.get() == gap
+                    ),
+                    "{view} {issued}: {replayed:?}"
+                );
+            }
+        }
+        assert_eq!(journal.window("b").await.next.get(), 4, "another view");
+        append(&journal, "a", "k").await;
+        let after = journal
+            .replay_after("a", Some(&Cursor::new(epoch, ViewOffset::new(9))))
+            .await
+            .unwrap();
+        assert_eq!(
+            after.iter().map(|r| r.offset.get()).collect::<Vec<_>>(),
+            [10]
         );
     }
 

@@ -67,7 +67,15 @@ impl Tape {
     }
 
     /// Records a gap: an empty record whose offset becomes the gap floor.
-    pub(crate) fn push_gap(&mut self, now: i64) {
+    /// Pushes a gap record after `lost` offsets issued in a life the tape does not hold (0: right
+    /// after its last record): its retained records go with them, since every cursor before the
+    /// gap fails with [`ReplayError::Gap`] anyway.
+    pub(crate) fn push_gap(&mut self, now: i64, lost: u64) {
+        if lost > 0 {
+            self.first = self.next().saturating_add(lost);
+            self.records.clear();
+            self.bytes = 0;
+        }
         self.gap_floor = self.next();
         self.push(Slot {
             frame: Arc::new(Bytes::new()),

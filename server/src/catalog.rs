@@ -609,12 +609,14 @@ impl Catalog {
         Ok(position)
     }
 
-    /// Retires the views `previous` published to that `next` (if any) does not take.
+    /// Retires the views `previous` published to that `next` (if any) does not take; a halted
+    /// runtime's, past the offsets it lost.
     fn retire_views(&self, previous: &Registered, next: Option<&RuntimeHandle>, reason: &str) {
         let kept = |view: &str| next.is_some_and(|next| ViewClaim::any_takes(next.views(), view));
+        let lost = previous.handle.stats().halted().map_or(0, |halt| halt.lost);
         for view in self.hub.views() {
             if previous.takes(view.name()) && !kept(view.name()) {
-                self.hub.retire(view.name(), reason);
+                self.hub.retire(view.name(), reason, lost);
             }
         }
     }

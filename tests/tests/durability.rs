@@ -503,7 +503,8 @@ async fn a_module_changed_in_the_config_after_a_crash_is_a_deploy_at_start() -> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_guest_module_swapped_behind_the_servers_back_fails_closed() -> anyhow::Result<()> {
+async fn a_guest_module_swapped_behind_the_servers_back_starts_its_runtime_fresh_past_every_cursor(
+) -> anyhow::Result<()> {
     let mut crashed = Crashed::on_a_build_of_the_ticker().await?;
     let (server, feed, last) = (&mut crashed.server, &mut crashed.feed, crashed.last);
     let files: Vec<(PathBuf, Vec<u8>)> = segments(&log_dir(server))?
@@ -525,19 +526,51 @@ async fn a_guest_module_swapped_behind_the_servers_back_fails_closed() -> anyhow
         std::fs::remove_file(kept?.path())?;
     }
     server.restart().await?;
-    let (mut stream, synced) = failed_closed(server, "module", &last).await?;
+    // The runtime halted at its first record, and the module its config names started it
+    // fresh: no epoch is taken, nothing else is touched, the log goes on.
+    ensure!(
+        fail_closed(server, "module").await == 0.0,
+        "{}",
+        server.logs()
+    );
+    ensure!(!says_fresh_epoch(server), "{}", server.logs());
+    ensure!(
+        server.logs().contains("starts fresh on a new module"),
+        "{}",
+        server.logs()
+    );
+    let ready = server.ready(std::time::Duration::from_secs(5)).await?;
+    ensure!(ready.get("halted").is_none(), "{ready}");
     for (file, bytes) in &files {
         kept(file, bytes)?;
     }
-    // The new module runs: seq 7 follows whatever its state was rebuilt to, without a gap.
+    // Every cursor issued before is refused, and the tape numbers on past all of them.
+    let mut stream = expect::refused(server, "prices", &last).await?;
+    let (_, synced) = stream.until_synced(10_000).await?;
+    let synced = expect::cursor_of(&synced)?;
+    ensure!(synced.epoch() == last.epoch(), "{synced} vs {last}");
+    ensure!(synced.offset() > last.offset(), "{synced} vs {last}");
+    // The new module runs: seq 7 follows.
     receipt(&server.ingest_ok(&feed.batch(1)).await?, 1)?;
-    let fresh = expect::update(
+    expect::update(
         &stream.next_event().await?,
         synced.offset().get() + 1,
         feed.symbol_of(7),
         7,
     )?;
-    ensure!(fresh.epoch() == synced.epoch(), "{fresh} vs {synced}");
+    // And so it is after a crash: the log replays to the same place.
+    let tape = expect::tape(server, "prices", 1).await?;
+    server.kill9().await?;
+    server.restart().await?;
+    ensure!(server
+        .ready(std::time::Duration::from_secs(5))
+        .await?
+        .get("halted")
+        .is_none());
+    ensure!(
+        expect::tape(server, "prices", 1).await? == tape,
+        "the same frame"
+    );
     Ok(())
 }
 

@@ -5,7 +5,7 @@
 
 use anyhow::{ensure, Context as _};
 use viewtape_tests::logfiles::{fail_closed, newest_segment, rewrite_record};
-use viewtape_tests::server::{config_file, ADMIN_TOKEN_ENV};
+use viewtape_tests::server::{config_file, guest_wasm, with_custom_section, ADMIN_TOKEN_ENV};
 use viewtape_tests::{expect, Server};
 
 /// The demo ticker with `fuel`, no periodic snapshot: a restart after `kill -9` replays the log.
@@ -75,11 +75,11 @@ const TWO: &str = "[server]\nsnapshot_interval = \"0s\"\n\n\
     [[runtime]]\nname = \"alpha\"\nmodule = \"builtin:json\"\nviews = [\"pa\"]\n\n\
     [[runtime]]\nname = \"beta\"\nmodule = \"builtin:json\"\nviews = [\"pb\"]\n";
 
-/// Keys `from..to`, each at `price`.
-fn priced(from: u64, to: u64, price: &str) -> String {
+/// Keys `from..to` of `view`, each at `price`.
+fn priced(view: &str, from: u64, to: u64, price: &str) -> String {
     (from..to)
         .map(|seq| {
-            format!("{{\"key\":\"k{seq}\",\"value\":{{\"price\":{price},\"seq\":{seq}}}}}\n")
+            format!("{{\"view\":\"{view}\",\"key\":\"k{seq}\",\"value\":{{\"price\":{price},\"seq\":{seq}}}}}\n")
         })
         .collect()
 }
@@ -91,10 +91,10 @@ async fn a_record_the_replay_cannot_reproduce_halts_its_runtime_alone() -> anyho
     let mut server =
         Server::start_with_env(&["--config", &path], &[(ADMIN_TOKEN_ENV, "admin")]).await?;
     for (runtime, ticks) in [
-        ("alpha", priced(1, 101, "1.5")),
-        ("beta", priced(1, 101, "1.5")),
-        ("alpha", priced(101, 201, "7.25")),
-        ("beta", priced(101, 201, "1.5")),
+        ("alpha", priced("pa", 1, 101, "1.5")),
+        ("beta", priced("pb", 1, 101, "1.5")),
+        ("alpha", priced("pa", 101, 201, "7.25")),
+        ("beta", priced("pb", 101, 201, "1.5")),
     ] {
         let resp = server.ingest(runtime, &ticks).await?;
         ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
@@ -154,7 +154,9 @@ async fn a_record_the_replay_cannot_reproduce_halts_its_runtime_alone() -> anyho
     let kept = expect::cursor_of(&alpha[99])?;
     expect::resumes(&server, "pa", &kept).await?;
 
-    let resp = server.ingest("alpha", &priced(201, 202, "1.5")).await?;
+    let resp = server
+        .ingest("alpha", &priced("pa", 201, 202, "1.5"))
+        .await?;
     let error = expect::json_error(&resp, 503)?;
     ensure!(error["error"] == "runtime_halted", "{error}");
     ensure!(
@@ -163,7 +165,9 @@ async fn a_record_the_replay_cannot_reproduce_halts_its_runtime_alone() -> anyho
             .is_some_and(|m| m.contains("log position 3")),
         "{error}"
     );
-    let resp = server.ingest("beta", &priced(201, 301, "1.5")).await?;
+    let resp = server
+        .ingest("beta", &priced("pb", 201, 301, "1.5"))
+        .await?;
     ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
 
     // Halted it stays, through a snapshot and a restart, until it is deleted.
@@ -178,13 +182,47 @@ async fn a_record_the_replay_cannot_reproduce_halts_its_runtime_alone() -> anyho
         .admin("admin", "GET", "/admin/runtimes", &[], b"")
         .await?
         .json()?;
+    let halted = |listed: &serde_json::Value, name: &str| {
+        listed["runtimes"]
+            .as_array()
+            .and_then(|all| all.iter().find(|r| r["name"] == name))
+            .map(|r| r["halted"].clone())
+    };
     ensure!(
-        listed.to_string().contains("\"halted\":{\"position\":3"),
+        halted(&listed, "alpha").is_some_and(|h| h["position"] == 3),
+        "{listed}"
+    );
+    ensure!(
+        halted(&listed, "beta") == Some(serde_json::Value::Null),
         "{listed}"
     );
     ensure!(
         expect::tape(&server, "pb", 300).await?[..200] == beta[..],
         "beta's frames"
+    );
+
+    // A new module named in its config starts it fresh, numbering on past every cursor issued.
+    let build = with_custom_section(&std::fs::read(guest_wasm("json"))?, "build", b"2");
+    let wasm = tempfile::NamedTempFile::new()?;
+    std::fs::write(wasm.path(), build)?;
+    let module = wasm.path().display().to_string();
+    std::fs::write(config.path(), TWO.replacen("builtin:json", &module, 1))?;
+    server.stop_graceful().await?;
+    server.restart().await?;
+    let ready = server.ready(std::time::Duration::from_secs(5)).await?;
+    ensure!(ready.get("halted").is_none(), "{ready}");
+    let mut stream = expect::refused(&server, "pa", &issued).await?;
+    let (_, synced) = stream.until_synced(10_000).await?;
+    let synced = expect::cursor_of(&synced)?;
+    ensure!(synced.offset() > issued.offset(), "{synced} past {issued}");
+    let resp = server
+        .ingest("alpha", &priced("pa", 201, 202, "1.5"))
+        .await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    let event = stream.next_event().await?;
+    ensure!(
+        expect::cursor_of(&event)?.offset().get() == synced.offset().get() + 1,
+        "{event:?}"
     );
     Ok(())
 }

@@ -149,13 +149,13 @@ impl EventJournal {
     /// sealed no offset can be taken; the gap is then recorded as pending and
     /// takes its offset when an exact hydrate unseals the tape.
     pub async fn mark_gap(&self) {
-        self.mark_gap_where(|_| true);
+        self.mark_gap_where(|_| true, &Lost::default());
     }
 
-    /// [`EventJournal::mark_gap`] on the views `affected` selects: the one
-    /// implementation of a gap, which a [`JournalScope`](crate::JournalScope)
-    /// narrows to its runtime's views.
-    pub(crate) fn mark_gap_where(&self, affected: impl Fn(&str) -> bool) {
+    /// [`EventJournal::mark_gap`] on the views `affected` selects, after
+    /// `lost` offsets: the one implementation of a gap, which a
+    /// [`JournalScope`](crate::JournalScope) narrows to its runtime's views.
+    pub(crate) fn mark_gap_where(&self, affected: impl Fn(&str) -> bool, lost: &Lost<'_>) {
         let now = self.now();
         let mut inner = self.lock();
         let Inner {
@@ -164,14 +164,23 @@ impl EventJournal {
             stats,
             ..
         } = &mut *inner;
-        let tapes = views
-            .iter_mut()
-            .filter(|(name, tape)| tape.next() > ViewOffset::FIRST && affected(name.as_str()));
+        if lost.offsets > 0 {
+            // A view that issued nothing in this life may have issued offsets in the one lost.
+            for name in lost.named {
+                views
+                    .entry(name.clone())
+                    .or_insert_with(|| Tape::new(ViewOffset::FIRST, ViewOffset::ZERO));
+            }
+        }
+        let tapes = views.iter_mut().filter(|(name, tape)| {
+            (lost.offsets > 0 || tape.next() > ViewOffset::FIRST) && affected(name.as_str())
+        });
         for (_, tape) in tapes {
             if *sealed {
+                // No offset is issued again once sealed: none can be reused.
                 tape.gap_floor = tape.next();
             } else {
-                tape.push_gap(now);
+                tape.push_gap(now, lost.offsets);
                 tape.prune(&self.config, now, stats);
             }
         }
@@ -179,6 +188,15 @@ impl EventJournal {
         drop(inner);
         self.invalidations.send_modify(|n| *n += 1);
     }
+}
+
+/// Offsets a gap goes on past: `offsets` issued in a life of the server the journal does not
+/// remember, on each of its views, and the views `named` exactly, which get a tape if they
+/// have none (see [`JournalScope::report_loss`](crate::JournalScope::report_loss)).
+#[derive(Debug, Default)]
+pub(crate) struct Lost<'a> {
+    pub offsets: u64,
+    pub named: &'a [String],
 }
 
 #[cfg(test)]

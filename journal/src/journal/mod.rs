@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::watch;
 
 pub use append::Appender;
+pub(crate) use append::Lost;
 pub use read::{FramesWhere, JournalRecord, ReplayWindow};
 
 use crate::clock::{Clock, SystemClock};

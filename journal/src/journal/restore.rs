@@ -89,7 +89,7 @@ impl EventJournal {
                 }
                 if tape.gap_floor == next && next > ViewOffset::FIRST {
                     // A gap marked while sealed takes its offset now.
-                    tape.push_gap(now);
+                    tape.push_gap(now, 0);
                 }
                 tape
             } else {

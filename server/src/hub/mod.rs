@@ -429,8 +429,10 @@ impl Hub {
     /// Retires the view `name`: it is no longer listed or read, its streams end with a last
     /// `retired` event saying `reason`, and a gap on its tape makes every cursor issued so far
     /// reset, so that a view made again under this name never serves an old cursor for another
-    /// event (its offsets go on after the last one).
-    pub fn retire(&self, name: &str, reason: &str) {
+    /// event (its offsets go on after the last one, and after `lost` more a life of the server
+    /// issued that this one does not hold: see
+    /// [`JournalScope::report_loss`](viewtape_journal::JournalScope::report_loss)).
+    pub fn retire(&self, name: &str, reason: &str, lost: u64) {
         let removed = self
             .views
             .write()
@@ -440,7 +442,7 @@ impl Hub {
         if let Some(view) = &removed {
             let _ = view.retired.set(reason.to_owned());
         }
-        self.journal.scope([name]).report_gap();
+        self.journal.scope([name]).report_loss(lost);
         if let Some(view) = removed {
             view.wake_all();
             tracing::info!(view = name, reason, "view retired");

@@ -209,7 +209,7 @@ async fn a_retired_view_is_gone_and_its_old_cursors_reset() {
     let cursor = view.cut(&journal, &Narrow::All).cursor;
     ticks.borrow_and_update();
 
-    hub.retire("prices", "its runtime was deleted");
+    hub.retire("prices", "its runtime was deleted", 0);
     assert_eq!(view.retired(), Some("its runtime was deleted"));
     assert!(ticks.has_changed().unwrap(), "its subscribers are woken");
     assert!(hub.view("prices").is_none());

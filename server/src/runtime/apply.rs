@@ -48,44 +48,61 @@ impl<S: BatchSink> Task<S> {
         if let Some(halt) = self.last.halted.clone() {
             return self.pass(record, halt, position).await;
         }
-        let judged = record.judged();
+        let (judged, offsets) = (record.judged(), record.offsets());
         match self.apply_record(record, position).await {
-            Err(error @ (ApplyError::Diverged { .. } | ApplyError::ModuleChanged { .. }))
-                if judged =>
-            {
-                self.halt(error.to_string(), position).await
+            Err(
+                error @ (ApplyError::Diverged { .. }
+                | ApplyError::ModuleChanged { .. }
+                | ApplyError::Unloadable { .. }),
+            ) if judged => {
+                let halt = RuntimeHalt {
+                    position,
+                    reason: error.to_string(),
+                    lost: offsets,
+                };
+                self.halt(halt).await
             }
             applied => applied,
         }
     }
 
-    /// Halts this runtime at `position` for `reason` ([`RuntimeHalt`]), in its turn.
-    async fn halt(&mut self, reason: String, position: LogPosition) -> Result<(), ApplyError> {
+    /// Halts this runtime at `halt.position` ([`RuntimeHalt`]), in its turn.
+    async fn halt(&mut self, halt: RuntimeHalt) -> Result<(), ApplyError> {
         let log = Arc::clone(&self.log);
-        let Some(turn) = log.turn_unless_abandoned(Some(position), 1).await else {
+        let Some(turn) = log.turn_unless_abandoned(Some(halt.position), 1).await else {
             return Err(ApplyError::Abandoned {
                 runtime: self.name.to_string(),
             });
         };
         tracing::error!(
-            position = position.get(),
-            reason,
+            position = halt.position.get(),
+            reason = halt.reason,
             "runtime halted on this node: it cannot reproduce its logged history from here; its views keep what they had and take nothing new; every other runtime goes on"
         );
-        self.last.halted = Some(RuntimeHalt { position, reason });
+        self.last.halted = Some(halt);
         self.note_state();
         drop(turn);
         Ok(())
     }
 
-    /// A record of a halted runtime, passed by in its turn: a batch or a deploy published to a
-    /// cluster's stream is refused here, naming the halt.
+    /// A record of a halted runtime, passed by in its turn (the offsets it may have taken are
+    /// added to the halt's): a batch or a deploy published to a cluster's stream is refused
+    /// here, naming the halt. A logged deploy that started the runtime fresh applies: it does
+    /// not depend on the state the halt lost, and lifts the halt.
     async fn pass(
         &mut self,
         record: Record,
-        halt: RuntimeHalt,
+        mut halt: RuntimeHalt,
         position: LogPosition,
     ) -> Result<(), ApplyError> {
+        let record = match record {
+            Record::Deploy(entry, module) if entry.fresh && !entry.pending => {
+                return self.replay_deploy(&entry, module, position).await;
+            }
+            record => record,
+        };
+        halt.lost += record.offsets();
+        self.last.halted = Some(halt.clone());
         let runtime = self.name.to_string();
         let (indices, shared) = match record {
             Record::Batch(entry) if entry.outcome == Outcome::Pending => (vec![0], false),
@@ -127,7 +144,10 @@ impl<S: BatchSink> Task<S> {
         position: LogPosition,
     ) -> Result<(), ApplyError> {
         match record {
-            Record::Halt(reason) => self.halt(reason, position).await,
+            Record::Halt(reason) => Err(ApplyError::Unloadable {
+                runtime: self.name.to_string(),
+                reason,
+            }),
             Record::Batch(entry) if entry.outcome == Outcome::Pending => {
                 self.judge_batches(vec![(0, entry)], position, false).await
             }

@@ -7,7 +7,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::{Accepted, ApplyError, DeployError, Deployed, IngestError, RuntimeSnapshot};
 use crate::host::{GuestError, GuestModule};
 use crate::log::producer::ProducerStamp;
-use crate::log::{BatchEntry, DeployEntry, LogPosition};
+use crate::log::{BatchEntry, DeployEntry, LogPosition, Outcome};
 use crate::source::SourceCheckpoint;
 
 pub(super) type Reply = oneshot::Sender<Result<Accepted, IngestError>>;
@@ -47,10 +47,23 @@ impl Record {
     /// published to a cluster's stream, which every node judges at its position).
     pub fn judged(&self) -> bool {
         match self {
-            Record::Batch(entry) => entry.outcome != crate::log::Outcome::Pending,
+            Record::Batch(entry) => entry.outcome != Outcome::Pending,
             Record::Deploy(entry, _) => !entry.pending,
             Record::Batches { .. } => false,
             Record::Halt(_) => true,
+        }
+    }
+
+    /// How many offsets the record may take on each view of its runtime, at most: its events
+    /// and gaps, and one more for a gap of its source or its loss.
+    pub fn offsets(&self) -> u64 {
+        match self {
+            Record::Batch(BatchEntry {
+                outcome: Outcome::Committed(digest),
+                ..
+            }) => digest.per_view.values().sum::<u64>() + u64::from(digest.gaps) + 2,
+            Record::Batches { batches, .. } => batches.len() as u64 * 2,
+            Record::Batch(_) | Record::Deploy(..) | Record::Halt(_) => 2,
         }
     }
 }

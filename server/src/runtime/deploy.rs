@@ -28,7 +28,14 @@ impl<S: BatchSink> Task<S> {
     ) -> Result<Deployed, DeployError> {
         let previous = self.slot.module().fingerprint().clone();
         let next = module.fingerprint().clone();
-        if next == previous {
+        let halted = self.last.halted.clone();
+        if let (Some(halt), false) = (&halted, fresh_if_refused) {
+            return Err(DeployError::Halted {
+                runtime: self.name.to_string(),
+                halt: halt.clone(),
+            });
+        }
+        if next == previous && halted.is_none() {
             return Ok(Deployed {
                 previous,
                 module: next,
@@ -36,8 +43,15 @@ impl<S: BatchSink> Task<S> {
                 fresh: false,
             });
         }
-        let (prepared, fresh) = match self.prepare(&module, false).await {
-            Ok(prepared) => (prepared, false),
+        // The config names a module for a halted runtime: it starts fresh on it, whatever the
+        // state it had.
+        let fresh = halted.is_some();
+        let prepared = self
+            .prepare(&module, fresh)
+            .await
+            .map(|prepared| (prepared, fresh));
+        let (prepared, fresh) = match prepared {
+            Ok(prepared) => prepared,
             Err(error) if fresh_if_refused => {
                 tracing::warn!(%error, module = %next, "the new module refuses the saved state: it starts fresh, with a gap on this runtime's views");
                 let prepared = self
@@ -117,9 +131,17 @@ impl<S: BatchSink> Task<S> {
         position: Option<LogPosition>,
     ) -> Deployed {
         let Prepared { state, schemas } = prepared;
-        if fresh && !self.last.state.is_empty() {
-            tracing::warn!("the guest starts fresh: its earlier state is gone");
-            self.mark_gap();
+        match self.last.halted.take() {
+            Some(halt) if fresh => {
+                tracing::warn!(position = halt.position.get(), "the halted runtime starts fresh on a new module: a gap on its views, past every offset the records it could not apply may have taken");
+                self.mark_loss(halt.lost);
+            }
+            Some(halt) => self.last.halted = Some(halt),
+            None if fresh && !self.last.state.is_empty() => {
+                tracing::warn!("the guest starts fresh: its earlier state is gone");
+                self.mark_gap();
+            }
+            None => {}
         }
         let previous = self.slot.module().fingerprint().clone();
         let next = module.fingerprint().clone();

@@ -85,7 +85,7 @@ pub enum IngestError {
     },
     /// The runtime stopped on this node ([`RuntimeHalt`]): it takes nothing until it is
     /// deleted or a snapshot is restored.
-    #[error("runtime `{runtime}` is halted on this node since log position {}: {}; its views keep what they had; delete the runtime and define it again (its views reset), or restore a snapshot", halt.position, halt.reason)]
+    #[error("runtime `{runtime}` is halted on this node since log position {}: {}; its views keep what they had; name a new module in its config and restart (it starts fresh), delete it and define it again, or restore a snapshot", halt.position, halt.reason)]
     Halted {
         /// The runtime.
         runtime: String,
@@ -217,7 +217,7 @@ pub enum DeployError {
     },
     /// The runtime stopped on this node ([`RuntimeHalt`]): it takes nothing until it is
     /// deleted or a snapshot is restored.
-    #[error("runtime `{runtime}` is halted on this node since log position {}: {}; its views keep what they had; delete the runtime and define it again (its views reset), or restore a snapshot", halt.position, halt.reason)]
+    #[error("runtime `{runtime}` is halted on this node since log position {}: {}; its views keep what they had; name a new module in its config and restart (it starts fresh), delete it and define it again, or restore a snapshot", halt.position, halt.reason)]
     Halted {
         /// The runtime.
         runtime: String,
@@ -259,6 +259,14 @@ pub enum ApplyError {
         /// What differed.
         detail: String,
     },
+    /// This node cannot load what the record needs (the module a logged deploy installed).
+    #[error("runtime `{runtime}`: the record cannot be applied here: {reason}")]
+    Unloadable {
+        /// The runtime.
+        runtime: String,
+        /// Why.
+        reason: String,
+    },
     /// The runtime could not run the record now, for reasons that are not the record's (see
     /// [`IngestError::Unavailable`]); nothing changed, and it may be applied again.
     #[error("runtime `{runtime}` could not run the record: {reason}")]
@@ -287,7 +295,7 @@ impl ApplyError {
     /// The cause a start-up counts when this ends a replay.
     pub fn cause(&self) -> Break {
         match self {
-            ApplyError::ModuleChanged { .. } => Break::Module,
+            ApplyError::ModuleChanged { .. } | ApplyError::Unloadable { .. } => Break::Module,
             _ => Break::Digest,
         }
     }

@@ -407,7 +407,9 @@ impl RuntimeHandle {
 
     /// A deploy at start-up, when the config names another module than the one that saved the
     /// state: as [`RuntimeHandle::deploy`], except that a module refusing the state starts
-    /// fresh, with a gap on this runtime's views.
+    /// fresh, with a gap on this runtime's views; and a halted runtime
+    /// ([`RuntimeHalt`](super::RuntimeHalt)) starts fresh on it, running again, its views' numbering
+    /// going on past every offset the records it could not apply may have taken.
     ///
     /// # Errors
     /// [`DeployError`]: it could not be logged, or even a fresh start failed.

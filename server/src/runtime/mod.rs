@@ -216,6 +216,11 @@ pub struct RuntimeHalt {
     pub position: LogPosition,
     /// Why, in the server's words.
     pub reason: String,
+    /// How many offsets the records it could not apply (that one and those after it) may have
+    /// taken on each of its views when they were first applied, at most: numbering goes on past
+    /// them when it runs again, so that no cursor issued for their events names another.
+    #[serde(default)]
+    pub lost: u64,
 }
 
 impl RuntimeSnapshot {

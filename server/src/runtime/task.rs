@@ -157,7 +157,13 @@ impl<S: BatchSink> Task<S> {
     /// Marks a gap on this runtime's views, through its scope: the loss of its input touches
     /// nothing else.
     pub(super) fn mark_gap(&self) {
+        self.mark_loss(0);
+    }
+
+    /// Marks a gap on this runtime's views after `lost` offsets a life of the server issued
+    /// that this one does not hold ([`JournalScope::report_loss`]).
+    pub(super) fn mark_loss(&self, lost: u64) {
         self.stats.gaps.fetch_add(1, Ordering::Relaxed);
-        self.scope.report_gap();
+        self.scope.report_loss(lost);
     }
 }

@@ -431,10 +431,6 @@ async fn deploy_at_start(
     let Some(registered) = runtimes.get(name) else {
         return Ok(());
     };
-    if let Some(halt) = registered.handle.stats().halted() {
-        tracing::warn!(runtime = name, position = halt.position.get(), reason = %halt.reason, "the config names a new module for a halted runtime: not deployed (it takes nothing until it is deleted or a snapshot is restored)");
-        return Ok(());
-    }
     let module = GuestModule::new(engine, wasm)
         .map_err(|error| anyhow::anyhow!("runtime {name:?}: {error}"))?;
     let deployed = registered
