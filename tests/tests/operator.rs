@@ -125,6 +125,7 @@ async fn the_dashboard_and_the_alert_rules_name_only_metrics_the_server_exports(
         "ViewtapeLogFailedClosed",
         "ViewtapeNotReady",
         "ViewtapeClusterHalted",
+        "ViewtapeRuntimeHalted",
         "ViewtapeApplyLag",
     ] {
         ensure!(

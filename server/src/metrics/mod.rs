@@ -219,6 +219,7 @@ mod tests {
             "viewtape_runtime_guest_failures_total counter",
             "viewtape_runtime_gaps_total counter",
             "viewtape_runtime_deploys_total counter",
+            "viewtape_runtime_halted gauge",
             "viewtape_view_retained_records gauge",
             "viewtape_view_subscribers gauge",
         ]
