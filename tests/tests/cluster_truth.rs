@@ -6,7 +6,7 @@
 
 use anyhow::{ensure, Context as _};
 use serde_json::{json, Value};
-use viewtape_tests::cluster::{admin_node, admin_nodes, applied, position, CONVERGE};
+use viewtape_tests::cluster::{admin_node, admin_nodes, applied, operator, position, CONVERGE};
 use viewtape_tests::server::js_counter;
 use viewtape_tests::{expect, NatsServer, Server};
 
@@ -381,6 +381,111 @@ async fn a_node_joining_from_a_shared_snapshot_serves_the_same_frames() -> anyho
     ensure!(
         state["entries"]["k"] == json!({"calls": 1, "seen": 2, "n": 12}),
         "{state}"
+    );
+    // And the nodes checked it: what each applied at the same check points agreed.
+    let checks = |outcome: &str| format!("viewtape_cluster_checks_total{{outcome=\"{outcome}\"}}");
+    ensure!(
+        late.metric(&checks("agreed")).await? >= 1.0,
+        "{}",
+        late.logs()
+    );
+    for node in [&first, &late] {
+        ensure!(node.metric(&checks("differed")).await? == 0.0);
+        ensure!(node.get("/readyz").await?.json()?.get("halted").is_none());
+    }
+    Ok(())
+}
+
+/// A node that applied something else than the first node to check a batch halts that runtime
+/// alone: its views take nothing more there, their readers are reset, and every other runtime
+/// goes on. (The reference is forged here, as a diverged node would have written it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_applied_something_else_halts_that_runtime_alone() -> anyhow::Result<()> {
+    let nats = NatsServer::start().await?;
+    let node = admin_node(&nats, TOKEN, &[]).await?;
+    for name in ["chat", "notes"] {
+        let definition = json!({"module": "builtin:json", "views": [name]});
+        let path = format!("/admin/runtimes/{name}");
+        admin_ok(
+            &node,
+            "PUT",
+            &path,
+            &[],
+            definition.to_string().as_bytes(),
+            201,
+        )
+        .await?;
+    }
+    let line = |n: u32| format!("{{\"key\":\"k{n}\",\"value\":{n}}}\n");
+    let resp = node.ingest("chat", &line(0)).await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    let first = expect::cursor_of(&expect::tape(&node, "chat", 1).await?[0])?;
+
+    // The next sequences of the stream, as another node would have checked them.
+    let js = operator(&nats).await?;
+    let last = js
+        .get_stream("viewtape")
+        .await?
+        .info()
+        .await?
+        .state
+        .last_sequence;
+    let bucket = js.get_key_value("viewtape-checks").await?;
+    let runtime: String = "chat".bytes().map(|b| format!("{b:02x}")).collect();
+    for sequence in last + 1..=last + 9 {
+        let key = format!("{runtime}.{sequence}");
+        bucket
+            .create(&key, "1 00000000 00000000 elsewhere".into())
+            .await?;
+    }
+    // Within 9 sequences a batch begins a band of 8: a check point.
+    let mut ready = Value::Null;
+    for n in 1..=9 {
+        let resp = node.ingest("chat", &line(n)).await?;
+        ensure!(
+            resp.status() == 200 || resp.status() == 503,
+            "{} {}",
+            resp.status(),
+            resp.text()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        ready = node.get("/readyz").await?.json()?;
+        if ready.get("halted").is_some() {
+            break;
+        }
+    }
+    let reason = ready["halted"]["chat"]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    let metrics = node.get("/metrics").await?.text();
+    let checks: Vec<&str> = metrics.lines().filter(|l| l.contains("checks")).collect();
+    ensure!(
+        reason.contains("elsewhere"),
+        "{ready}\n{checks:?}\n{}",
+        node.logs()
+    );
+    ensure!(ready["ready"] == true, "{ready}");
+    ensure!(
+        node.metric("viewtape_cluster_checks_total{outcome=\"differed\"}")
+            .await?
+            == 1.0
+    );
+    ensure!(
+        node.metric("viewtape_runtime_halted{runtime=\"chat\"}")
+            .await?
+            == 1.0
+    );
+    // Its readers are reset; it takes nothing more; another runtime goes on.
+    expect::refused(&node, "chat", &first).await?;
+    let resp = node.ingest("chat", &line(10)).await?;
+    let error = expect::json_error(&resp, 503)?;
+    ensure!(error["error"] == "runtime_halted", "{error}");
+    let resp = node.ingest("notes", &line(11)).await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    ensure!(
+        node.metric("viewtape_runtime_halted{runtime=\"notes\"}")
+            .await?
+            == 0.0
     );
     Ok(())
 }

@@ -267,6 +267,22 @@ impl Cluster {
                 .await
                 .map_err(|error| failed(format!("the lease bucket {leases_name:?}: {error}")))?,
         };
+        let checks_name = format!("{}-checks", section.stream);
+        let checks = match js.get_key_value(&checks_name).await {
+            Ok(checks) => checks,
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: checks_name.clone(),
+                    description: "what each viewtape node applied, compared".into(),
+                    history: 1,
+                    max_age: crate::log::check::KEPT,
+                    storage: stream::StorageType::File,
+                    num_replicas: section.replicas,
+                    ..kv::Config::default()
+                })
+                .await
+                .map_err(|error| failed(format!("the check bucket {checks_name:?}: {error}")))?,
+        };
         let created_ns = info.created.unix_timestamp_nanos();
         let epoch = stream_epoch(&section.stream, created_ns);
         let durability = match info.config.num_replicas > 1 || section.stream_synced {
@@ -292,7 +308,7 @@ impl Cluster {
             (&section.stream, epoch),
             section.apply_timeout,
             durability,
-            section.batches_per_message,
+            (section.batches_per_message, checks),
         ));
         Ok(Arc::new(Self {
             js,

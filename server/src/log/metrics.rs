@@ -6,6 +6,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use viewtape_snapshots::log::{GroupWritten, Observer};
 
+use super::check::Checked;
 use super::{gauge, Break};
 
 /// The kinds of records a cluster's node counts; `batches` are several batches a node gathered
@@ -56,6 +57,9 @@ pub struct LogMetrics {
     pub records_by_kind: Family<[(&'static str, &'static str); 1], Counter>,
     /// On a cluster: 1 for each task whose lease this node holds (the demo feed, a file source).
     pub leases_held: Family<[(&'static str, String); 1], Gauge>,
+    /// On a cluster: checks of what this node applied against the other nodes, by outcome
+    /// ([`Checked::OUTCOMES`]).
+    pub checks: Family<[(&'static str, &'static str); 1], Counter>,
 }
 
 impl Default for LogMetrics {
@@ -73,7 +77,12 @@ impl Default for LogMetrics {
         for kind in RECORD_KINDS {
             drop(records_by_kind.get_or_create(&[("kind", kind)]));
         }
+        let checks = Family::<[(&'static str, &'static str); 1], Counter>::default();
+        for outcome in Checked::OUTCOMES {
+            drop(checks.get_or_create(&[("outcome", outcome)]));
+        }
         Self {
+            checks,
             foreign,
             position: Gauge::default(),
             bytes: Gauge::default(),
@@ -100,6 +109,13 @@ impl LogMetrics {
     pub fn counted_record(&self, kind: &'static str) {
         debug_assert!(RECORD_KINDS.contains(&kind));
         self.records_by_kind.get_or_create(&[("kind", kind)]).inc();
+    }
+
+    /// Counts a check of what this node applied.
+    pub fn checked(&self, checked: &Checked) {
+        self.checks
+            .get_or_create(&[("outcome", checked.as_str())])
+            .inc();
     }
 
     /// Counts a break of continuity.

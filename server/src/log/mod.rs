@@ -31,6 +31,7 @@
 //! | `entry` | what a record holds |
 //! | `producer` | idempotent producers |
 //! | `stream` | a cluster's stream as the log |
+//! | [`check`] | a cluster's nodes comparing what they applied |
 //! | `gather` | a cluster's group commit: a runtime's waiting batches in one stream message |
 //! | `publisher` | publishing to the stream: the shared connection, message ids, the record header and versions |
 //! | `metrics` | what `/metrics` renders of the log and the stream |
@@ -38,6 +39,7 @@
 //! Past 500 lines: [`Log`] is one object whose appends, turns and reopen share its state; the
 //! record formats, producers, metrics and the stream are in the files of the table above.
 
+pub mod check;
 mod definition;
 mod entry;
 mod gather;

@@ -85,6 +85,11 @@ impl Publisher {
         self.timeout
     }
 
+    /// This process's name among the nodes: the part of its message ids that is its own.
+    pub(super) fn node(&self) -> String {
+        format!("{:016x}", self.ids.nonce)
+    }
+
     /// A message id unique to this process.
     pub(super) fn own_id(&self) -> String {
         format!(

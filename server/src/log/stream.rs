@@ -12,8 +12,10 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use async_nats::jetstream::kv;
 use viewtape_journal::JournalEpoch;
 
+use super::check::Checks;
 use super::gather::{Gather, Placed};
 use super::publisher::Publisher;
 use super::publisher::{PublishError, Published};
@@ -61,6 +63,8 @@ pub struct StreamLog {
     /// them later finds its history missing wherever the stream held that history: on the
     /// runtime's subject, in messages of several runtimes, or aged out.
     passed_over: Mutex<BTreeMap<String, LogPosition>>,
+    /// The cluster's check bucket: what the nodes applied, compared.
+    checks: Checks,
 }
 
 impl StreamLog {
@@ -75,17 +79,21 @@ impl StreamLog {
     }
 
     /// Publishes to `stream` (whose history is `epoch`) through `client` (connected to `url`),
-    /// waiting at most `timeout`, with at most `batches_per_message` batches in a message.
+    /// waiting at most `timeout`, with at most `batches_per_message` batches in a message; checks
+    /// what it applied in the bucket `checks`.
     pub fn new(
         client: async_nats::Client,
         url: &str,
         (stream, epoch): (&str, JournalEpoch),
         timeout: Duration,
         durability: StreamDurability,
-        batches_per_message: usize,
+        (batches_per_message, checks): (usize, kv::Store),
     ) -> Self {
+        let publisher = Publisher::new(client, url, timeout);
+        let checks = Checks::new(checks, publisher.node());
         Self {
-            publisher: Publisher::new(client, url, timeout),
+            checks,
+            publisher,
             durability,
             refusing: Mutex::new(Refusing::Settling),
             epoch,
@@ -170,6 +178,11 @@ impl StreamLog {
             ),
             Refusing::For(reason) => Some(reason.clone()),
         }
+    }
+
+    /// The cluster's check bucket ([`Checks`]).
+    pub fn checks(&self) -> &Checks {
+        &self.checks
     }
 
     /// A message id for a record without a producer stamp: unique to this process.

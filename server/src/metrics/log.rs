@@ -87,6 +87,11 @@ fn register_cluster(registry: &mut Registry, log: &LogMetrics) {
         log.records_by_kind.clone(),
     );
     registry.register(
+        "viewtape_cluster_checks",
+        "On a cluster: checks of what this node applied of a runtime's batch against the first node to check it, by outcome (first, agreed, differed: the runtime halts here, unchecked: NATS did not answer)",
+        log.checks.clone(),
+    );
+    registry.register(
         "viewtape_cluster_lease_held",
         "On a cluster: 1 for each task whose lease this node holds (the demo feed, file sources)",
         log.leases_held.clone(),

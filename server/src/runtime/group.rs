@@ -305,6 +305,9 @@ impl<S: BatchSink> Task<S> {
             self.last.producers.committed(stamp, &receipt);
         }
         self.note_state();
+        if let (Some(position), Outcome::Committed(digest)) = (position, &entry.outcome) {
+            self.check(position, digest);
+        }
         receipt
     }
 }

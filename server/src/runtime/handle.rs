@@ -197,6 +197,7 @@ impl RuntimeHandle {
             schemas_now: Arc::clone(&handle.schemas),
             verdicts: Arc::clone(&handle.verdicts),
             stopping: false,
+            diverged: mpsc::unbounded_channel(),
         };
         task.note_state();
         let span = tracing::info_span!("runtime", runtime = %handle.name);

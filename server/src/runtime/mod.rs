@@ -202,6 +202,11 @@ pub struct RuntimeSnapshot {
     /// here. Kept in snapshots, so a restart does not run on from a state that skipped it.
     #[serde(default)]
     pub halted: Option<RuntimeHalt>,
+    /// The position of the last batch it committed: which of its batches a cluster's node
+    /// checks against the others ([`crate::log::check`]) follows from it, the same on every
+    /// node, also on one that started from a snapshot.
+    #[serde(default)]
+    pub last_batch: Option<LogPosition>,
 }
 
 /// A runtime stopped for good on this node ([`RuntimeSnapshot::halted`]): a logged record of it

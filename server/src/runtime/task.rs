@@ -9,12 +9,13 @@ use viewtape_journal::JournalScope;
 use super::command::Command;
 use super::guest::{Fit, GuestSlot, SlotError};
 use super::verdict::Verdicts;
-use super::{BatchSink, IngestError, RuntimeSnapshot, RuntimeStats, MAX_GROUP};
+use super::{BatchSink, IngestError, RuntimeHalt, RuntimeSnapshot, RuntimeStats, MAX_GROUP};
 use crate::host::{GuestBatch, GuestError, GuestModule};
-use crate::log::BatchEntry;
-use crate::log::Log;
+use crate::log::check::{Applied, Checked};
+use crate::log::{BatchEntry, Digest, Log, LogPosition};
 use crate::schema::ViewSchemas;
 use bytes::Bytes;
+use tracing::Instrument as _;
 
 /// The task owning one runtime's guest.
 pub(super) struct Task<S> {
@@ -40,11 +41,26 @@ pub(super) struct Task<S> {
     pub verdicts: Arc<Mutex<Verdicts>>,
     /// Set by a pause that ends the task ([`PauseGuard::stop`](super::PauseGuard::stop)).
     pub stopping: bool,
+    /// On a cluster: halts its checks found (the other nodes applied something else).
+    pub diverged: (
+        mpsc::UnboundedSender<RuntimeHalt>,
+        mpsc::UnboundedReceiver<RuntimeHalt>,
+    ),
 }
 
 impl<S: BatchSink> Task<S> {
     pub async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
-        while let Some(cmd) = rx.recv().await {
+        loop {
+            let cmd = tokio::select! {
+                cmd = rx.recv() => match cmd {
+                    Some(cmd) => cmd,
+                    None => break,
+                },
+                Some(halt) = self.diverged.1.recv() => {
+                    self.halt_diverged(halt);
+                    continue;
+                }
+            };
             let held = match cmd {
                 Command::Ingest(first) => {
                     // Everything already waiting joins the group, up to a command of another
@@ -147,6 +163,62 @@ impl<S: BatchSink> Task<S> {
             }
             Err(SlotError::Failed(source)) => Err(IngestError::Guest { runtime, source }),
         }
+    }
+
+    /// On a cluster: checks what this task applied of the batch at `position` (its events
+    /// `digest`, and the state after it) against the other nodes, if it is a check point
+    /// ([`crate::log::check`]); a difference halts the runtime here.
+    pub(super) fn check(&mut self, position: LogPosition, digest: &Digest) {
+        let previous = self.last.last_batch.replace(position);
+        let Some(stream) = self.log.stream() else {
+            return;
+        };
+        if !Applied::is_check_point(position, previous) {
+            return;
+        }
+        let applied = Applied {
+            events: digest.per_view.values().sum(),
+            crc: digest.crc,
+            state: crc32c::crc32c(&self.last.state),
+        };
+        let (stream, log) = (Arc::clone(stream), Arc::clone(&self.log));
+        let (runtime, diverged) = (Arc::clone(&self.name), self.diverged.0.clone());
+        let checking = async move {
+            let checked = stream.checks().check(&runtime, position, applied).await;
+            log.metrics().checked(&checked);
+            match checked {
+                Checked::Differed(theirs) => {
+                    let reason = format!("this node applied the batch at stream sequence {position} as \"{} {:08x} {:08x}\" (events, their CRC, the state's CRC); the first node to check it applied \"{theirs}\"", applied.events, applied.crc, applied.state);
+                    let _ = diverged.send(RuntimeHalt {
+                        position,
+                        reason,
+                        lost: 0,
+                    });
+                }
+                Checked::Unchecked(reason) => {
+                    tracing::debug!(position = position.get(), reason, "not checked");
+                }
+                Checked::First | Checked::Agreed => {}
+            }
+        };
+        tokio::spawn(checking.instrument(tracing::Span::current()));
+    }
+
+    /// Halts the runtime on this node, found to have applied something else than the other
+    /// nodes: its views take nothing more here, and a gap on them resets every cursor issued
+    /// for them, so that none is served another event than the other nodes serve.
+    fn halt_diverged(&mut self, halt: RuntimeHalt) {
+        if self.last.halted.is_some() {
+            return;
+        }
+        tracing::error!(
+            position = halt.position.get(),
+            reason = halt.reason,
+            "runtime halted on this node: it applied something else than the other nodes of the cluster; its views take nothing new here, and their readers are reset; every other runtime goes on"
+        );
+        self.mark_gap();
+        self.last.halted = Some(halt);
+        self.note_state();
     }
 
     /// Puts the guest back to `state`, an earlier good one: the next batch runs from it.
