@@ -96,7 +96,7 @@ pub(super) enum Command {
 pub(super) enum PauseOp {
     /// Instantiate a guest from this state, and keep it aside.
     Stage {
-        snapshot: RuntimeSnapshot,
+        snapshot: Box<RuntimeSnapshot>,
         reply: oneshot::Sender<Result<(), GuestError>>,
     },
     /// Swap the staged guest in (`false`: nothing was staged).

@@ -56,7 +56,10 @@ impl PauseGuard {
     pub async fn stage_restore(&self, snapshot: RuntimeSnapshot) -> Result<(), IngestError> {
         let (reply, rx) = oneshot::channel();
         self.control
-            .send(PauseOp::Stage { snapshot, reply })
+            .send(PauseOp::Stage {
+                snapshot: Box::new(snapshot),
+                reply,
+            })
             .await
             .map_err(|_| self.stopped())?;
         rx.await

@@ -19,7 +19,7 @@ impl<S: BatchSink> Task<S> {
                         .instantiate(self.slot.module(), Some(&snapshot.state[..]))
                         .await;
                     // The state is checked by an instance of the running module.
-                    let result = made.map(|_| staged = Some(snapshot));
+                    let result = made.map(|_| staged = Some(*snapshot));
                     let _ = reply.send(result);
                 }
                 PauseOp::Commit { reply } => {
