@@ -489,3 +489,78 @@ async fn a_node_that_applied_something_else_halts_that_runtime_alone() -> anyhow
     );
     Ok(())
 }
+
+/// A deploy whose module a node can neither find in its store nor fetch from the bucket halts
+/// that runtime on that node alone: the node stays ready and serves every other runtime, and the
+/// other nodes run the deploy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_a_node_cannot_load_halts_that_runtime_there_alone() -> anyhow::Result<()> {
+    let nats = NatsServer::start().await?;
+    let mut nodes = admin_nodes(&nats, TOKEN, 2).await?;
+    let mut second = nodes.pop().context("two nodes")?;
+    let first = &nodes[0];
+    for name in ["chat", "notes"] {
+        let definition = json!({"module": "builtin:json", "views": [name]});
+        let path = format!("/admin/runtimes/{name}");
+        let body = definition.to_string();
+        admin_ok(first, "PUT", &path, &[], body.as_bytes(), 201).await?;
+    }
+    let line = |n: u32| format!("{{\"key\":\"k{n}\",\"value\":{n}}}\n");
+    let receipt = ingested(first, "chat", &line(0)).await?;
+    applied(&second, position(&receipt)?).await?;
+    second.stop_graceful().await?;
+
+    // Another build of the module, deployed while the second node is down, then gone from
+    // the bucket: only the first node holds it.
+    let build = viewtape_tests::server::with_custom_section(
+        &std::fs::read(viewtape_tests::server::guest_wasm("json"))?,
+        "build",
+        b"2",
+    );
+    let path = "/admin/runtimes/chat/module";
+    admin_ok(first, "PUT", path, &[], &build, 200).await?;
+    let bucket = operator(&nats)
+        .await?
+        .get_object_store("viewtape-snapshots")
+        .await?;
+    let mut modules = Vec::new();
+    let mut list = bucket.list().await?;
+    while let Some(object) = futures_util::StreamExt::next(&mut list).await {
+        modules.extend(Some(object?.name).filter(|name| name.starts_with("module-")));
+    }
+    for name in modules {
+        bucket.delete(&name).await?;
+    }
+    let receipt = ingested(first, "chat", &line(1)).await?;
+
+    second.restart().await?;
+    let ready = second.ready(CONVERGE).await?;
+    applied(&second, position(&receipt)?).await?;
+    let ready = match ready.get("halted") {
+        Some(_) => ready,
+        None => second.get("/readyz").await?.json()?,
+    };
+    let reason = ready["halted"]["chat"]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    ensure!(
+        reason.contains("cannot be loaded here"),
+        "{ready}\n{}",
+        second.logs()
+    );
+    let resp = second.ingest("notes", &line(2)).await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    let resp = second.ingest("chat", &line(3)).await?;
+    ensure!(expect::json_error(&resp, 503)?["error"] == "runtime_halted");
+    // The first node runs the deploy, and takes the chat's batches.
+    ensure!(first.get("/readyz").await?.json()?.get("halted").is_none());
+    ingested(first, "chat", &line(4)).await?;
+    Ok(())
+}
+
+/// `ndjson` ingested into `runtime` through `server`, answered `200`: the receipt.
+async fn ingested(server: &Server, runtime: &str, ndjson: &str) -> anyhow::Result<Value> {
+    let resp = server.ingest(runtime, ndjson).await?;
+    ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+    resp.json()
+}

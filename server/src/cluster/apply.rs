@@ -283,18 +283,18 @@ impl Cluster {
                     return self.pass_over(log, [deploy.runtime], sequence).await;
                 };
                 kind("deploy");
-                let module = match self.load_module(appliers, &deploy.module).await {
-                    Ok(module) => module,
+                match self.load_module(appliers, &deploy.module).await {
+                    Ok(module) => (registered, Record::Deploy(deploy, module)),
+                    // This node cannot run what the others run from here: the runtime halts
+                    // here, alone.
                     Err(error) => {
-                        return Err(Halt::Module {
-                            sequence,
-                            module: deploy.module,
-                            runtime: deploy.runtime,
-                            source: Arc::from(error),
-                        })
+                        let reason = format!(
+                            "the module its deploy installs cannot be loaded here: {}: {error}",
+                            deploy.module
+                        );
+                        (registered, Record::Halt(reason))
                     }
-                };
-                (registered, Record::Deploy(deploy, module))
+                }
             }
             Entry::Define(define) => {
                 kind("define");

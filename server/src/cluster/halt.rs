@@ -71,14 +71,15 @@ pub enum Halt {
         /// Why it does not decode.
         source: Arc<rmp_serde::decode::Error>,
     },
-    /// A deploy of a module this node can neither fetch nor compile.
-    #[error("sequence {sequence} deploys module {module} to runtime {runtime:?}, which this node cannot load: {source}")]
+    /// A runtime defined on a module this node can neither fetch nor compile. (A deploy of
+    /// one halts only its runtime, on this node.)
+    #[error("sequence {sequence} defines runtime {runtime:?} on module {module}, which this node cannot load: {source}")]
     Module {
         /// The record's sequence.
         sequence: LogPosition,
-        /// The module deployed.
+        /// The module.
         module: ModuleFingerprint,
-        /// The runtime it is deployed to.
+        /// The runtime defined on it.
         runtime: String,
         /// Why it cannot be loaded.
         source: SharedError,
