@@ -7,7 +7,8 @@
 //! prototype changed by the module, `async`/`await` and promise jobs, garbage for the
 //! collector. One server runs uninterrupted. The other is killed with `kill -9`, stopped
 //! gracefully and snapshotted at random points, and each time restarts from its newest
-//! snapshot and its log. Every frame of every view must then be the same on both: its offset,
+//! snapshot and its log — or, with its newest snapshot deleted, from an older one and more of
+//! its log. Every frame of every view must then be the same on both: its offset,
 //! its kind and its data, byte for byte.
 //!
 //! `VIEWTAPE_SEED=N` runs seed `N` (the failure message names the seed it ran); CI runs a short
@@ -136,6 +137,16 @@ async fn frames(server: &Server, view: &str) -> anyhow::Result<Vec<(u64, String,
     Ok(frames)
 }
 
+/// The server's snapshot files, oldest first (their names sort by when they were written).
+fn snapshot_files(server: &Server) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let mut files: Vec<_> = std::fs::read_dir(server.data_dir().join("snapshots"))?
+        .map(|entry| entry.map(|entry| entry.path()))
+        .collect::<Result<_, _>>()?;
+    files.retain(|path| path.extension().is_some_and(|ext| ext == "vtsnap"));
+    files.sort();
+    Ok(files)
+}
+
 async fn ingest(server: &Server, runtime: &str, body: &str) -> anyhow::Result<()> {
     let resp = server.ingest(runtime, body).await?;
     ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
@@ -177,6 +188,20 @@ async fn run(seed: u64) -> anyhow::Result<()> {
                 interrupted.restart().await?;
                 interruptions.push(format!("{step}: graceful restart"));
             }
+            5 => {
+                // Back to an older snapshot: the newest is gone, so the log replays from the
+                // one before it.
+                interrupted.kill9().await?;
+                let mut snapshots = snapshot_files(&interrupted)?;
+                if snapshots.len() > 1 {
+                    let newest = snapshots.pop().context("a snapshot")?;
+                    std::fs::remove_file(&newest)?;
+                    interruptions.push(format!("{step}: kill -9, an older snapshot"));
+                } else {
+                    interruptions.push(format!("{step}: kill -9"));
+                }
+                interrupted.restart().await?;
+            }
             3 | 4 => {
                 let resp = interrupted
                     .admin(TOKEN, "POST", "/admin/snapshot", &[], b"")
@@ -187,6 +212,8 @@ async fn run(seed: u64) -> anyhow::Result<()> {
             _ => {}
         }
     }
+    // Shown with `--no-capture`: what the run did.
+    eprintln!("interruptions: {interruptions:?}");
     for view in ["prices", "notes", "stress"] {
         let expected = frames(&steady, view).await?;
         ensure!(!expected.is_empty(), "{view}: no frames");
