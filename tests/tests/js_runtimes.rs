@@ -501,3 +501,46 @@ async fn guest_text_is_escaped_and_bounded_in_the_servers_log() -> anyhow::Resul
     ensure!(logs.contains("guest log lines dropped"), "the drop is said");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guest_text_is_a_field_of_json_logs() -> anyhow::Result<()> {
+    let module = js_file(NOISY)?;
+    let config = config_file(&runtime("noisy", module.path(), "out", ""))?;
+    let path = config.path().display().to_string();
+    let server = Server::start_with_env(
+        &[
+            "--config",
+            &path,
+            "--demo-rate",
+            "0",
+            "--log-format",
+            "json",
+        ],
+        &[],
+    )
+    .await?;
+    let resp = server.ingest("noisy", "go\n").await?;
+    ensure!(resp.status() == 422, "{} {}", resp.status(), resp.text());
+    let logs = server.logs();
+    let lines: Vec<serde_json::Value> = logs
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("every line is one JSON object:\n{logs}"))?;
+    let guest: Vec<&str> = lines
+        .iter()
+        .filter_map(|line| line["guest"].as_str())
+        .collect();
+    ensure!(
+        guest.iter().any(|text| text.starts_with(r"ok\n2026-01-01")),
+        "the guest's text, escaped, in its own field: {guest:?}"
+    );
+    ensure!(
+        lines.iter().all(|line| line["message"]
+            .as_str()
+            .is_none_or(|message| !message.contains("forged"))),
+        "no guest text in a message of the server's"
+    );
+    Ok(())
+}
