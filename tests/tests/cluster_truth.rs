@@ -564,3 +564,27 @@ async fn ingested(server: &Server, runtime: &str, ndjson: &str) -> anyhow::Resul
     ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
     resp.json()
 }
+
+/// `nats_url` names several servers, separated by commas (spaces allowed): a node connects to
+/// one that answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_takes_several_nats_servers_separated_by_commas() -> anyhow::Result<()> {
+    let nats = NatsServer::start().await?;
+    let servers = format!("nats://127.0.0.1:1, {}", nats.url());
+    let node = Server::start(&["--nats", &servers]).await?;
+    node.ready(CONVERGE).await?;
+    ingested(
+        &node,
+        "demo",
+        "{\"symbol\":\"A\",\"price\":1.5,\"seq\":1}\n",
+    )
+    .await?;
+    let resp = Server::start(&["--nats", "nats://127.0.0.1:1,not a url"]).await;
+    let error = format!(
+        "{:#}",
+        resp.err()
+            .context("a server list with a bad entry is refused")?
+    );
+    ensure!(error.contains("not a url"), "{error}");
+    Ok(())
+}

@@ -196,10 +196,21 @@ impl Cluster {
             url: url.to_owned(),
             reason,
         };
+        // One server, or several separated by commas: the client moves between them.
+        let servers = url
+            .split(',')
+            .map(str::trim)
+            .filter(|server| !server.is_empty())
+            .map(|server| {
+                server
+                    .parse::<async_nats::ServerAddr>()
+                    .map_err(|error| failed(format!("NATS server {server:?} of {url:?}: {error}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let client = async_nats::ConnectOptions::new()
             .retry_on_initial_connect()
             .connection_timeout(Duration::from_secs(2))
-            .connect(url)
+            .connect(servers.as_slice())
             .await
             .map_err(|error| failed(error.to_string()))?;
         let js = jetstream::new(client.clone());
