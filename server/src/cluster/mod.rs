@@ -262,38 +262,32 @@ impl Cluster {
                     failed(format!("the snapshot bucket {:?}: {error}", section.bucket))
                 })?,
         };
-        let leases_name = format!("{}-leases", section.stream);
-        let leases = match js.get_key_value(&leases_name).await {
-            Ok(leases) => leases,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: leases_name.clone(),
-                    description: "which viewtape node runs what runs once per cluster".into(),
-                    history: 1,
-                    max_age: LEASE,
-                    storage: stream::StorageType::File,
-                    num_replicas: section.replicas,
-                    ..kv::Config::default()
-                })
-                .await
-                .map_err(|error| failed(format!("the lease bucket {leases_name:?}: {error}")))?,
+        let bucket_of = |suffix: &str, description: &str, max_age: Duration| {
+            let config = kv::Config {
+                bucket: format!("{}-{suffix}", section.stream),
+                description: description.to_owned(),
+                history: 1,
+                max_age,
+                storage: stream::StorageType::File,
+                num_replicas: section.replicas,
+                ..kv::Config::default()
+            };
+            key_value(&js, config)
         };
-        let checks_name = format!("{}-checks", section.stream);
-        let checks = match js.get_key_value(&checks_name).await {
-            Ok(checks) => checks,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: checks_name.clone(),
-                    description: "what each viewtape node applied, compared".into(),
-                    history: 1,
-                    max_age: crate::log::check::KEPT,
-                    storage: stream::StorageType::File,
-                    num_replicas: section.replicas,
-                    ..kv::Config::default()
-                })
-                .await
-                .map_err(|error| failed(format!("the check bucket {checks_name:?}: {error}")))?,
-        };
+        let leases = bucket_of(
+            "leases",
+            "which viewtape node runs what runs once per cluster",
+            LEASE,
+        )
+        .await
+        .map_err(|error| failed(format!("the lease bucket: {error}")))?;
+        let checks = bucket_of(
+            "checks",
+            "what each viewtape node applied, compared",
+            crate::log::check::KEPT,
+        )
+        .await
+        .map_err(|error| failed(format!("the check bucket: {error}")))?;
         let created_ns = info.created.unix_timestamp_nanos();
         let epoch = stream_epoch(&section.stream, created_ns);
         let durability = match info.config.num_replicas > 1 || section.stream_synced {
@@ -416,6 +410,20 @@ impl Cluster {
     /// Whether this node serves what the cluster has.
     pub fn readiness(&self) -> Readiness {
         self.readiness.borrow().clone()
+    }
+}
+
+/// The key-value bucket `config` names, made as `config` says if it is not there; `Err` says
+/// why neither worked.
+async fn key_value(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store, String> {
+    match js.get_key_value(&config.bucket).await {
+        Ok(store) => Ok(store),
+        Err(_) => {
+            let name = config.bucket.clone();
+            js.create_key_value(config)
+                .await
+                .map_err(|error| format!("{name:?}: {error}"))
+        }
     }
 }
 

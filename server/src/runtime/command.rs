@@ -68,10 +68,12 @@ impl Record {
     }
 }
 
+/// What a handle asks of its task. Its large parts are boxed: the queue of every runtime holds
+/// a block of commands from the start, idle or not.
 pub(super) enum Command {
-    Ingest(Ingest),
+    Ingest(Box<Ingest>),
     Apply {
-        record: Record,
+        record: Box<Record>,
         position: LogPosition,
         reply: oneshot::Sender<Result<(), ApplyError>>,
     },

@@ -324,13 +324,13 @@ impl RuntimeHandle {
             return self.publish_batch(stream, entry).await;
         }
         self.ask(|reply| {
-            Command::Ingest(Ingest {
+            Command::Ingest(Box::new(Ingest {
                 input,
                 checkpoint,
                 source_gap,
                 producer,
                 reply,
-            })
+            }))
         })
         .await
         .unwrap_or_else(|| Err(self.stopped()))
@@ -352,7 +352,7 @@ impl RuntimeHandle {
     pub async fn hand_over(&self, record: Record, position: LogPosition) -> Applied {
         let (reply, rx) = oneshot::channel();
         let command = Command::Apply {
-            record,
+            record: Box::new(record),
             position,
             reply,
         };

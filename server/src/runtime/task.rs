@@ -68,11 +68,11 @@ impl<S: BatchSink> Task<S> {
                 Command::Ingest(first) => {
                     // Everything already waiting joins the group, up to a command of another
                     // kind, which runs right after it.
-                    let mut group = vec![first];
+                    let mut group = vec![*first];
                     let mut held = None;
                     while group.len() < MAX_GROUP && held.is_none() {
                         match rx.try_recv() {
-                            Ok(Command::Ingest(next)) => group.push(next),
+                            Ok(Command::Ingest(next)) => group.push(*next),
                             Ok(other) => held = Some(other),
                             Err(_) => break,
                         }
@@ -106,14 +106,14 @@ impl<S: BatchSink> Task<S> {
     async fn other(&mut self, cmd: Command) {
         match cmd {
             Command::Ingest(ingest) => {
-                self.group(vec![ingest]).await;
+                self.group(vec![*ingest]).await;
             }
             Command::Apply {
                 record,
                 position,
                 reply,
             } => {
-                let result = self.apply(record, position).await;
+                let result = self.apply(*record, position).await;
                 let _ = reply.send(result);
             }
             Command::Deploy {
