@@ -11,12 +11,16 @@
 //! its log. Every frame of every view must then be the same on both: its offset,
 //! its kind and its data, byte for byte.
 //!
+//! A cluster's nodes, one of them killed, another joining late, take the same batches through
+//! random nodes, and must serve the same frames alike.
+//!
 //! `VIEWTAPE_SEED=N` runs seed `N` (the failure message names the seed it ran); CI runs a short
 //! fixed one.
 
 use anyhow::{ensure, Context as _};
+use viewtape_tests::cluster::{applied, position, CONVERGE};
 use viewtape_tests::server::{config_file, ADMIN_TOKEN_ENV};
-use viewtape_tests::{expect, Server};
+use viewtape_tests::{expect, NatsServer, Server};
 
 const TOKEN: &str = "determinism-token";
 
@@ -153,17 +157,22 @@ async fn ingest(server: &Server, runtime: &str, body: &str) -> anyhow::Result<()
     Ok(())
 }
 
-async fn run(seed: u64) -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let js = dir.path().join("stress.js");
+/// The config of the runtimes, the stress guest written into `dir`.
+fn runtimes(dir: &std::path::Path) -> anyhow::Result<tempfile::NamedTempFile> {
+    let js = dir.join("stress.js");
     std::fs::write(&js, STRESS_JS)?;
-    let config = config_file(&format!(
+    config_file(&format!(
         "[server]\nsnapshot_interval = \"0s\"\n\n\
          [[runtime]]\nname = \"demo\"\nmodule = \"builtin:ticker\"\nviews = [\"prices\"]\n\n\
          [[runtime]]\nname = \"notes\"\nmodule = \"builtin:json\"\nviews = [\"notes\"]\n\n\
          [[runtime]]\nname = \"stress\"\nmodule = {:?}\nviews = [\"stress\"]\n",
         js.display().to_string()
-    ))?;
+    ))
+}
+
+async fn run(seed: u64) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = runtimes(dir.path())?;
     let path = config.path().display().to_string();
     let args = ["--config", &path, "--demo-rate", "0"];
     let env = [(ADMIN_TOKEN_ENV, TOKEN)];
@@ -229,11 +238,98 @@ async fn run(seed: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The run's seed: `VIEWTAPE_SEED`, or CI's.
+fn seed() -> anyhow::Result<u64> {
+    match std::env::var("VIEWTAPE_SEED") {
+        Ok(seed) => seed.parse().context("VIEWTAPE_SEED is a number"),
+        Err(_) => Ok(20261207),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frames_are_the_same_however_often_the_server_was_interrupted() -> anyhow::Result<()> {
-    let seed = match std::env::var("VIEWTAPE_SEED") {
-        Ok(seed) => seed.parse().context("VIEWTAPE_SEED is a number")?,
-        Err(_) => 20261207,
-    };
+    let seed = seed()?;
     run(seed).await.with_context(|| format!("seed {seed}"))
+}
+
+/// Steps of the cluster's run.
+const CLUSTER_STEPS: usize = 24;
+
+/// The same batches through random nodes of a cluster on one NATS server: a node killed with
+/// `kill -9` at random points restarts from a snapshot (its own or a shared one) and the
+/// stream, snapshots are taken and shared, and a node joins late from a shared snapshot. Every
+/// node then serves every view's frames alike, byte for byte.
+async fn run_cluster(seed: u64) -> anyhow::Result<()> {
+    let nats = NatsServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let config = runtimes(dir.path())?;
+    let (path, url) = (config.path().display().to_string(), nats.url());
+    let args = ["--config", &path, "--demo-rate", "0", "--nats", &url];
+    let env = [(ADMIN_TOKEN_ENV, TOKEN)];
+    let mut nodes = Vec::new();
+    for _ in 0..2 {
+        let node = Server::start_with_env(&args, &env).await?;
+        node.ready(CONVERGE).await?;
+        nodes.push(node);
+    }
+    let mut rng = Rng(seed);
+    let (mut seq, mut last) = (0, 0);
+    let mut events = Vec::new();
+    for step in 0..CLUSTER_STEPS {
+        let (runtime, body) = batch(&mut rng, &mut seq);
+        let via = rng.below(nodes.len() as u64) as usize;
+        let resp = nodes[via].ingest(runtime, &body).await?;
+        ensure!(
+            resp.status() == 200,
+            "step {step} via node {via}, after {events:?}: {} {}",
+            resp.status(),
+            resp.text()
+        );
+        last = position(&resp.json()?)?;
+        match rng.below(10) {
+            0 | 1 => {
+                nodes[1].restart().await?;
+                nodes[1].ready(CONVERGE).await?;
+                events.push(format!("{step}: kill -9"));
+            }
+            2 => {
+                let resp = nodes[via]
+                    .admin(TOKEN, "POST", "/admin/snapshot", &[], b"")
+                    .await?;
+                ensure!(resp.status() == 200, "{} {}", resp.status(), resp.text());
+                events.push(format!("{step}: snapshot through node {via}"));
+            }
+            3 if nodes.len() < 3 => {
+                let late = Server::start_with_env(&args, &env).await?;
+                late.ready(CONVERGE).await?;
+                nodes.push(late);
+                events.push(format!("{step}: a node joined"));
+            }
+            _ => {}
+        }
+    }
+    eprintln!("cluster events: {events:?}");
+    for node in &nodes {
+        applied(node, last).await?;
+    }
+    for view in ["prices", "notes", "stress"] {
+        let expected = frames(&nodes[0], view).await?;
+        ensure!(!expected.is_empty(), "{view}: no frames");
+        for (i, node) in nodes.iter().enumerate().skip(1) {
+            let got = frames(node, view).await?;
+            ensure!(
+                got == expected,
+                "{view} on node {i}, after {events:?}:\n got {got:?}\n expected {expected:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_of_a_cluster_serves_the_same_frames() -> anyhow::Result<()> {
+    let seed = seed()?;
+    run_cluster(seed)
+        .await
+        .with_context(|| format!("seed {seed}"))
 }

@@ -207,6 +207,7 @@ mod tests {
             "viewtape_cluster_apply_lag_sequences gauge",
             "viewtape_cluster_apply_lag_seconds gauge",
             "viewtape_cluster_records_total counter",
+            "viewtape_cluster_checks_total counter",
             // viewtape_cluster_lease_held appears with the first task run once per cluster.
             "viewtape_events_published_total counter",
             "viewtape_events_cursorless_total counter",
