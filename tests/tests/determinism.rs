@@ -323,6 +323,19 @@ async fn run_cluster(seed: u64) -> anyhow::Result<()> {
             );
         }
     }
+    // And the nodes' own checks of each other found them alike.
+    let mut agreed = 0.0;
+    for node in &nodes {
+        let checks = |outcome| format!("viewtape_cluster_checks_total{{outcome=\"{outcome}\"}}");
+        agreed += node.metric(&checks("agreed")).await?;
+        ensure!(
+            node.metric(&checks("differed")).await? == 0.0,
+            "{}",
+            node.logs()
+        );
+        ensure!(node.get("/readyz").await?.json()?.get("halted").is_none());
+    }
+    ensure!(agreed >= 1.0, "no check was compared");
     Ok(())
 }
 
