@@ -131,17 +131,18 @@ impl<S: BatchSink> Task<S> {
         position: Option<LogPosition>,
     ) -> Deployed {
         let Prepared { state, schemas } = prepared;
-        match self.last.halted.take() {
-            Some(halt) if fresh => {
+        // Only a fresh start lifts a halt (a halted runtime takes no other deploy).
+        match (fresh, self.last.halted.take()) {
+            (true, Some(halt)) => {
                 tracing::warn!(position = halt.position.get(), "the halted runtime starts fresh on a new module: a gap on its views, past every offset the records it could not apply may have taken");
                 self.mark_loss(halt.lost);
             }
-            Some(halt) => self.last.halted = Some(halt),
-            None if fresh && !self.last.state.is_empty() => {
+            (true, None) if !self.last.state.is_empty() => {
                 tracing::warn!("the guest starts fresh: its earlier state is gone");
                 self.mark_gap();
             }
-            None => {}
+            (false, halted) => self.last.halted = halted,
+            (true, None) => {}
         }
         let previous = self.slot.module().fingerprint().clone();
         let next = module.fingerprint().clone();
