@@ -66,10 +66,9 @@ impl Tape {
         self.records.push_back(slot);
     }
 
-    /// Records a gap: an empty record whose offset becomes the gap floor.
-    /// Pushes a gap record after `lost` offsets issued in a life the tape does not hold (0: right
-    /// after its last record): its retained records go with them, since every cursor before the
-    /// gap fails with [`ReplayError::Gap`] anyway.
+    /// Records a gap: an empty record whose offset becomes the gap floor, after `lost` offsets
+    /// issued in a life the tape does not hold (0: right after its last record). With `lost`,
+    /// the retained records go too: every cursor before the gap is refused anyway.
     pub(crate) fn push_gap(&mut self, now: i64, lost: u64) {
         if lost > 0 {
             self.first = self.next().saturating_add(lost);

@@ -37,14 +37,16 @@ pub enum Record {
     },
     /// A deploy, with its module loaded.
     Deploy(DeployEntry, GuestModule),
-    /// A record of the local log this node cannot apply (the module it deploys is gone), and
-    /// why: the runtime halts at its position ([`RuntimeHalt`](super::RuntimeHalt)).
+    /// A deploy this node cannot apply (the module it installs is gone here, or cannot be
+    /// fetched), and why: the runtime halts at its position ([`RuntimeHalt`](super::RuntimeHalt)),
+    /// on a local log or a cluster's stream alike.
     Halt(String),
 }
 
 impl Record {
-    /// A record of the local log, which the runtime judged before it was logged (not one
-    /// published to a cluster's stream, which every node judges at its position).
+    /// A record whose failure to apply halts the runtime: one of the local log, which the
+    /// runtime judged before it was logged (not one published to a cluster's stream, which every
+    /// node judges at its position), and a [`Record::Halt`] wherever it comes from.
     pub fn judged(&self) -> bool {
         match self {
             Record::Batch(entry) => entry.outcome != Outcome::Pending,

@@ -83,9 +83,8 @@ pub enum IngestError {
         /// The CRC-32C of the guest config the cluster decided.
         decided: u32,
     },
-    /// The runtime stopped on this node ([`RuntimeHalt`]): it takes nothing until it is
-    /// deleted or a snapshot is restored.
-    #[error("runtime `{runtime}` is halted on this node since log position {}: {}; its views keep what they had; name a new module in its config and restart (it starts fresh), delete it and define it again, or restore a snapshot", halt.position, halt.reason)]
+    /// The runtime stopped on this node ([`RuntimeHalt`], which says what brings it back).
+    #[error("runtime `{runtime}` is {halt}")]
     Halted {
         /// The runtime.
         runtime: String,
@@ -215,9 +214,8 @@ pub enum DeployError {
         /// Why.
         reason: String,
     },
-    /// The runtime stopped on this node ([`RuntimeHalt`]): it takes nothing until it is
-    /// deleted or a snapshot is restored.
-    #[error("runtime `{runtime}` is halted on this node since log position {}: {}; its views keep what they had; name a new module in its config and restart (it starts fresh), delete it and define it again, or restore a snapshot", halt.position, halt.reason)]
+    /// The runtime stopped on this node ([`RuntimeHalt`], which says what brings it back).
+    #[error("runtime `{runtime}` is {halt}")]
     Halted {
         /// The runtime.
         runtime: String,

@@ -209,12 +209,13 @@ pub struct RuntimeSnapshot {
     pub last_batch: Option<LogPosition>,
 }
 
-/// A runtime stopped for good on this node ([`RuntimeSnapshot::halted`]): a logged record of it
-/// could not be reproduced (its guest gave other events than the record's digest, or failed,
-/// or the record names another module). Its views keep what they had, take nothing new, and
-/// never serve another event under a cursor already issued; every other runtime goes on. It
-/// takes no batch and no deploy until it is deleted (its views reset) or a snapshot is
-/// restored.
+/// A runtime stopped for good on this node ([`RuntimeSnapshot::halted`]): a record of it could
+/// not be reproduced here (its guest gave other events than the record's digest, or failed; the
+/// record names another module; the module a deploy installs cannot be loaded; or, on a
+/// cluster, another node applied something else). Its views keep what they had, take nothing
+/// new, and never serve another event under a cursor already issued; every other runtime goes
+/// on. It takes no batch and no deploy until a new module in its config starts it fresh, it is
+/// deleted, or a snapshot is restored. Its `Display` is what a refused request is told.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RuntimeHalt {
     /// The position of the record it could not reproduce.
@@ -226,6 +227,16 @@ pub struct RuntimeHalt {
     /// them when it runs again, so that no cursor issued for their events names another.
     #[serde(default)]
     pub lost: u64,
+}
+
+impl std::fmt::Display for RuntimeHalt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "halted on this node since log position {}: {}; its views keep what they had; name a new module in its config and restart (it starts fresh), delete it and define it again, or restore a snapshot",
+            self.position, self.reason
+        )
+    }
 }
 
 impl RuntimeSnapshot {
