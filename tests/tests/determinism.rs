@@ -14,8 +14,8 @@
 //! A cluster's nodes, one of them killed, another joining late, take the same batches through
 //! random nodes, and must serve the same frames alike.
 //!
-//! `VIEWTAPE_SEED=N` runs seed `N` (the failure message names the seed it ran); CI runs a short
-//! fixed one.
+//! `VIEWTAPE_SEED=N` runs seed `N` (the failure message names the seed it ran) and
+//! `VIEWTAPE_STEPS=N` takes `N` steps; CI runs a short fixed one.
 
 use anyhow::{ensure, Context as _};
 use viewtape_tests::cluster::{applied, position, CONVERGE};
@@ -25,7 +25,7 @@ use viewtape_tests::{expect, NatsServer, Server};
 const TOKEN: &str = "determinism-token";
 
 /// Steps a run takes: a batch each, and on the interrupted server maybe a crash, a graceful
-/// restart or a snapshot.
+/// restart or a snapshot. `VIEWTAPE_STEPS=N` takes `N` (a longer run than CI's).
 const STEPS: usize = 40;
 
 /// The JavaScript guest. Everything it publishes depends on its state and the batch only if
@@ -181,7 +181,7 @@ async fn run(seed: u64) -> anyhow::Result<()> {
     let mut rng = Rng(seed);
     let mut seq = 0;
     let mut interruptions = Vec::new();
-    for step in 0..STEPS {
+    for step in 0..steps(STEPS)? {
         let (runtime, body) = batch(&mut rng, &mut seq);
         ingest(&steady, runtime, &body).await?;
         ingest(&interrupted, runtime, &body)
@@ -246,13 +246,21 @@ fn seed() -> anyhow::Result<u64> {
     }
 }
 
+/// `VIEWTAPE_STEPS`, or `default`.
+fn steps(default: usize) -> anyhow::Result<usize> {
+    match std::env::var("VIEWTAPE_STEPS") {
+        Ok(steps) => steps.parse().context("VIEWTAPE_STEPS is a number"),
+        Err(_) => Ok(default),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frames_are_the_same_however_often_the_server_was_interrupted() -> anyhow::Result<()> {
     let seed = seed()?;
     run(seed).await.with_context(|| format!("seed {seed}"))
 }
 
-/// Steps of the cluster's run.
+/// Steps of the cluster's run (`VIEWTAPE_STEPS` too).
 const CLUSTER_STEPS: usize = 24;
 
 /// The same batches through random nodes of a cluster on one NATS server: a node killed with
@@ -275,7 +283,7 @@ async fn run_cluster(seed: u64) -> anyhow::Result<()> {
     let mut rng = Rng(seed);
     let (mut seq, mut last) = (0, 0);
     let mut events = Vec::new();
-    for step in 0..CLUSTER_STEPS {
+    for step in 0..steps(CLUSTER_STEPS)? {
         let (runtime, body) = batch(&mut rng, &mut seq);
         let via = rng.below(nodes.len() as u64) as usize;
         let resp = nodes[via].ingest(runtime, &body).await?;
