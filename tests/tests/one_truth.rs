@@ -389,3 +389,73 @@ async fn a_damaged_module_file_is_repaired_and_costs_no_data() -> anyhow::Result
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_no_start_can_read_halts_only_its_runtime_until_its_bytes_are_kept_again(
+) -> anyhow::Result<()> {
+    let mut server = Server::start_with_env(&[], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
+    put(
+        &server,
+        "docs",
+        json!({"module": "builtin:json", "views": ["doc"]}),
+        201,
+    )
+    .await?;
+    let custom = upload(&server, &js_counter(1)).await?;
+    put(
+        &server,
+        "counter",
+        json!({"module": custom, "views": ["count"]}),
+        201,
+    )
+    .await?;
+    ingest(&server, "docs", line("doc", "a", json!(1))).await?;
+    ensure!(tick(&server).await? == (1, 1));
+    ensure!(tick(&server).await? == (2, 1));
+
+    // Damaged while stopped, with no copy anywhere: the server starts all the same; the other
+    // runtime keeps its data and takes batches; this one keeps what it served and is halted,
+    // named in /readyz with the module, its ingest refused.
+    admin_ok(&server, "POST", "/admin/snapshot", b"", 200).await?;
+    server.stop_graceful().await?;
+    flip_a_byte(&module_file(&server, &custom))?;
+    server.restart().await?;
+    ensure!(entries(&server, "doc").await? == Some(json!({"a": 1})));
+    ingest(&server, "docs", line("doc", "b", json!(2))).await?;
+    let count = server.get("/views/count").await?.json()?;
+    ensure!(count["entries"]["c"]["count"] == 2, "{count}");
+    let ready = server.get("/readyz").await?;
+    ensure!(ready.status() == 200, "{} {}", ready.status(), ready.text());
+    let halted = &ready.json()?["halted"]["counter"];
+    ensure!(halted["unreadable"] == json!(custom), "{halted}");
+    ensure!(
+        halted["reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("POST /admin/modules")),
+        "{halted}"
+    );
+    let refused = server.ingest("counter", "tick\n").await?;
+    ensure!(
+        refused.status() == 503 && refused.text().contains("runtime_halted"),
+        "{} {}",
+        refused.status(),
+        refused.text()
+    );
+    let listed = admin_ok(&server, "GET", "/admin/runtimes", b"", 200).await?;
+    ensure!(listed.to_string().contains(&custom), "{listed}");
+
+    // A snapshot keeps the halt; the bytes kept again and a restart run it on from its state.
+    admin_ok(&server, "POST", "/admin/snapshot", b"", 200).await?;
+    ensure!(upload(&server, &js_counter(1)).await? == custom);
+    server.stop_graceful().await?;
+    server.restart().await?;
+    let ready = server.get("/readyz").await?.json()?;
+    ensure!(ready.get("halted").is_none(), "{ready}");
+    ensure!(tick(&server).await? == (3, 1));
+    ensure!(entries(&server, "doc").await? == Some(json!({"a": 1, "b": 2})));
+    ensure!(
+        server.logs().contains("reads again"),
+        "the start says the runtime runs on"
+    );
+    Ok(())
+}

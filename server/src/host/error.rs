@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use super::ModuleFingerprint;
+
 /// A boxed source error (wasmtime's `Error` is not a `std::error::Error` itself).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -222,6 +224,9 @@ pub enum GuestError {
     /// of bounds).
     #[error("guest broke the ABI: {0}")]
     Protocol(String),
+    /// The module's bytes cannot be had on this node ([`GuestModule::unavailable`](super::GuestModule::unavailable)).
+    #[error("module {0} cannot be read on this node (missing or damaged, with no copy to repair it from)")]
+    Unavailable(ModuleFingerprint),
     /// Creating the instance failed.
     #[error("failed to instantiate the guest: {0}")]
     Instantiate(#[source] BoxError),
@@ -293,6 +298,7 @@ impl GuestError {
             | Self::LoneSurrogate { .. }
             | Self::Schema(_)
             | Self::InstancesUsedUp { .. }
+            | Self::Unavailable(_)
             | Self::BatchTooLarge { .. } => self.to_string().into(),
         }
     }

@@ -94,7 +94,7 @@ impl GuestInstance {
             .fuel_async_yield_interval(Some(YIELD_FUEL))
             .map_err(|e| GuestError::Instantiate(e.into_boxed_dyn_error()))?;
         let instance = module
-            .pre()
+            .pre()?
             .instantiate_async(&mut store)
             .await
             .map_err(|e| {
@@ -127,7 +127,7 @@ impl GuestInstance {
             .get_typed_func::<(), i32>(&mut store, abi::EXPORT_SAVE)
             .map_err(|e| GuestError::Protocol(format!("export `{}`: {e}", abi::EXPORT_SAVE)))?;
         // A JavaScript guest's `init` is most of its instance's cost: its image is kept.
-        let imaged = module.is_js();
+        let imaged = module.is_javascript();
         let image = imaged
             .then(|| engine.image(module.fingerprint(), config))
             .flatten();

@@ -7,14 +7,15 @@ use viewtape_guest::abi;
 use wasmtime::{ExternType, InstancePre, Module, ValType};
 
 use super::engine::HostState;
-use super::{GuestEngine, LoadError, ModuleFingerprint};
+use super::{GuestEngine, GuestError, LoadError, ModuleFingerprint};
 
 /// A guest module: compiled once, checked against the ABI, pre-linked. Cheap to clone; every
 /// runtime running this guest instantiates from it.
 #[derive(Clone)]
 pub struct GuestModule {
     engine: GuestEngine,
-    pre: Arc<InstancePre<HostState>>,
+    /// `None` for a module whose bytes cannot be had ([`GuestModule::unavailable`]).
+    pre: Option<Arc<InstancePre<HostState>>>,
     fingerprint: ModuleFingerprint,
     kind: ModuleKind,
 }
@@ -29,6 +30,9 @@ enum ModuleKind {
         /// The module's source (UTF-8, checked to compile).
         source: Arc<[u8]>,
     },
+    /// Bytes this node cannot have (missing or damaged, with no copy anywhere): a runtime on
+    /// it is halted and never instantiates it.
+    Unavailable,
 }
 
 impl std::fmt::Debug for GuestModule {
@@ -77,7 +81,7 @@ impl GuestModule {
             super::js::check_syntax(engine, &pre, wasm)?;
             return Ok(Self {
                 engine: engine.clone(),
-                pre,
+                pre: Some(pre),
                 fingerprint: ModuleFingerprint::of(wasm),
                 kind: ModuleKind::JavaScript {
                     source: Arc::from(wasm),
@@ -105,15 +109,26 @@ impl GuestModule {
         };
         Ok(Self {
             engine: engine.clone(),
-            pre,
+            pre: Some(pre),
             fingerprint,
             kind: ModuleKind::Wasm,
         })
     }
 
-    /// Whether it is JavaScript, run by the engine guest.
-    pub(crate) fn is_js(&self) -> bool {
-        matches!(self.kind, ModuleKind::JavaScript { .. })
+    /// Stands for module `fingerprint`, whose bytes this node cannot have: it names the module
+    /// a halted runtime ran, and never runs.
+    pub fn unavailable(engine: &GuestEngine, fingerprint: ModuleFingerprint) -> Self {
+        Self {
+            engine: engine.clone(),
+            pre: None,
+            fingerprint,
+            kind: ModuleKind::Unavailable,
+        }
+    }
+
+    /// Whether it stands for a module this node cannot have ([`GuestModule::unavailable`]).
+    pub fn is_unavailable(&self) -> bool {
+        self.pre.is_none()
     }
 
     /// `"wasm"` or `"js"`: what kind of guest it is.
@@ -121,6 +136,7 @@ impl GuestModule {
         match self.kind {
             ModuleKind::Wasm => "wasm",
             ModuleKind::JavaScript { .. } => "js",
+            ModuleKind::Unavailable => "unavailable",
         }
     }
 
@@ -139,15 +155,21 @@ impl GuestModule {
         matches!(self.kind, ModuleKind::JavaScript { .. })
     }
 
-    pub(crate) fn pre(&self) -> &InstancePre<HostState> {
-        &self.pre
+    /// What its instances are made from.
+    ///
+    /// # Errors
+    /// [`GuestError::Unavailable`]: its bytes cannot be had here.
+    pub(crate) fn pre(&self) -> Result<&InstancePre<HostState>, GuestError> {
+        self.pre
+            .as_deref()
+            .ok_or_else(|| GuestError::Unavailable(self.fingerprint.clone()))
     }
 
     /// What `init` is given for a runtime with `config`: the config itself, or for JavaScript,
     /// the source and the config framed for the engine.
     pub(crate) fn init_input<'a>(&self, config: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
         match &self.kind {
-            ModuleKind::Wasm => config.into(),
+            ModuleKind::Wasm | ModuleKind::Unavailable => config.into(),
             ModuleKind::JavaScript { source } => {
                 abi::js_init_input(abi::JS_MODE_RUN, source, config).into()
             }

@@ -59,6 +59,7 @@ impl<S: BatchSink> Task<S> {
                     position,
                     reason: error.to_string(),
                     lost: offsets,
+                    unreadable: None,
                 };
                 self.halt(halt).await
             }
@@ -102,6 +103,8 @@ impl<S: BatchSink> Task<S> {
             record => record,
         };
         halt.lost += record.offsets();
+        // Its state no longer covers the log: a start that reads its module cannot run it on.
+        halt.unreadable = None;
         self.last.halted = Some(halt.clone());
         let runtime = self.name.to_string();
         let (indices, shared) = match record {

@@ -84,8 +84,17 @@ impl GuestSlot {
             typing,
             schemas: ViewSchemas::none(),
         };
-        let instance = slot.instantiate(&slot.module, state).await?;
-        slot.schemas = slot.schemas_of(&instance)?;
+        slot.schemas = if slot.module.is_unavailable() {
+            // A halted runtime's stand-in: held to what its config declares.
+            Arc::new(ViewSchemas::declared(
+                None,
+                &slot.typing.configured,
+                slot.typing.views.as_deref(),
+            )?)
+        } else {
+            let instance = slot.instantiate(&slot.module, state).await?;
+            slot.schemas_of(&instance)?
+        };
         Ok(slot)
     }
 

@@ -227,6 +227,11 @@ pub struct RuntimeHalt {
     /// them when it runs again, so that no cursor issued for their events names another.
     #[serde(default)]
     pub lost: u64,
+    /// Set when it halted only because a start could not read this module (missing or damaged,
+    /// with no copy to repair it from) and it passed no record since: a start that reads the
+    /// module again runs it on from its state.
+    #[serde(default)]
+    pub unreadable: Option<ModuleFingerprint>,
 }
 
 impl std::fmt::Display for RuntimeHalt {

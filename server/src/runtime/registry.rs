@@ -203,7 +203,7 @@ impl Runtimes {
     pub fn running_module(&self, fingerprint: &ModuleFingerprint) -> Option<GuestModule> {
         self.find_map(|_, r| {
             let module = r.handle.running();
-            (module.fingerprint() == fingerprint).then_some(module)
+            (module.fingerprint() == fingerprint && !module.is_unavailable()).then_some(module)
         })
     }
 

@@ -196,6 +196,7 @@ impl<S: BatchSink> Task<S> {
                         position,
                         reason,
                         lost: 0,
+                        unreadable: None,
                     });
                 }
                 Checked::Unchecked(reason) => {

@@ -30,9 +30,9 @@ use crate::config::{Config, RuntimeSection};
 use crate::deploy::Deployer;
 use crate::host::{EngineConfig, GuestEngine, GuestModule};
 use crate::hub::Hub;
-use crate::log::{Definition, Log};
+use crate::log::{Definition, Log, LogPosition};
 use crate::runtime::registry::{ModuleFingerprint, ModuleStore, Runtimes};
-use crate::runtime::{RuntimeConfig, RuntimeHandle};
+use crate::runtime::{RuntimeConfig, RuntimeHalt, RuntimeHandle, RuntimeSnapshot};
 use crate::snapshot::{RuntimeDump, Snapshots};
 
 /// A started server's parts, before it listens.
@@ -108,6 +108,8 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
     for (_, wasm) in crate::config::BUILTIN_GUESTS {
         modules.know(Bytes::from_static(wasm));
     }
+    // Where a runtime whose module cannot be read halts: the position the start begins at.
+    let at = begun.log.committed();
     let runtimes = Runtimes::default();
     let mut changed = BTreeMap::new();
     // Runtimes on the same module (the built-in ticker, say) share one compilation.
@@ -144,6 +146,7 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
             &engine,
             &mut compiled,
             cluster.as_deref(),
+            at,
         )
         .await?;
         let runtime_config = RuntimeConfig {
@@ -184,9 +187,11 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         if let Some(definition) = dump.definition {
             // The build that ran at the snapshot (older snapshots kept the defined one beside it).
             let definition = definition.running(&dump.module);
-            let module = defined_module(&definition, &modules, &engine, cluster.as_deref()).await?;
+            let mut saved = dump.saved;
+            let read = defined_module(&definition, &modules, &engine, cluster.as_deref()).await;
+            let module = module_or_halt(&engine, &dump.name, &dump.module, read, &mut saved, at);
             catalog
-                .start(&dump.name, definition, module, dump.saved)
+                .start(&dump.name, definition, module, saved)
                 .await
                 .map_err(|error| anyhow::anyhow!("{error}"))?;
         }
@@ -356,14 +361,17 @@ fn keep_configured_modules(
 }
 
 /// The module a runtime's task starts on, the state it restores, and whether its config names
-/// another module than when the state was saved (a deploy at start follows the replay).
+/// another module than when the state was saved (a deploy at start follows the replay). A
+/// module the snapshot's state belongs to that cannot be read halts the runtime
+/// ([`module_or_halt`]).
 async fn first_module(
     planned: &Planned<'_>,
     modules: &ModuleStore,
     engine: &GuestEngine,
     compiled: &mut HashMap<ModuleFingerprint, GuestModule>,
     cluster: Option<&Cluster>,
-) -> anyhow::Result<(GuestModule, Option<crate::runtime::RuntimeSnapshot>, bool)> {
+    at: LogPosition,
+) -> anyhow::Result<(GuestModule, Option<RuntimeSnapshot>, bool)> {
     let name = &planned.section.name;
     let mut compile = |wasm: &[u8]| -> anyhow::Result<GuestModule> {
         let fingerprint = ModuleFingerprint::of(wasm);
@@ -378,7 +386,7 @@ async fn first_module(
     let Some(dump) = &planned.dump else {
         return Ok((compile(&planned.configured_wasm)?, None, false));
     };
-    let saved = Some(dump.saved.clone());
+    let mut saved = dump.saved.clone();
     let kept = match modules.get(&dump.module) {
         Ok(wasm) => Ok(wasm),
         Err(_) if dump.module == planned.configured => Ok(planned.configured_wasm.clone()),
@@ -388,35 +396,80 @@ async fn first_module(
         // The stream decides: the module it ran at the snapshot, which another node may have
         // brought; the apply loop checks the config against the stream.
         let wasm = match kept {
-            Ok(wasm) => wasm,
+            Ok(wasm) => Ok(wasm),
             Err(error) => cluster.get_module(&dump.module).await.map_err(|fetch| {
                 anyhow::anyhow!(
-                    "runtime {name:?} ran module {} at the snapshot, which is neither in {} ({error}) nor in the cluster's bucket ({fetch})",
-                    dump.module,
+                    "it is neither in {} ({error}) nor in the cluster's bucket ({fetch})",
                     modules.dir().display()
                 )
-            })?,
+            }),
         };
-        modules.put(&wasm)?;
-        return Ok((compile(&wasm)?, saved, false));
+        let read = match wasm {
+            Ok(wasm) => {
+                modules.put(&wasm)?;
+                compile(&wasm)
+            }
+            Err(error) => Err(error),
+        };
+        let module = module_or_halt(engine, name, &dump.module, read, &mut saved, at);
+        return Ok((module, Some(saved), false));
     }
-    let ran = kept.ok();
     let base = dump.configured.as_ref().unwrap_or(&dump.module);
     let config_changed = *base != planned.configured;
-    match ran {
-        Some(wasm) => Ok((compile(&wasm)?, saved, config_changed)),
-        None if config_changed => {
+    let read = match kept {
+        Ok(wasm) => compile(&wasm),
+        Err(_) if config_changed => {
             // Kept by an older viewtape, which did not keep configured modules: the new build
             // takes the state over at once; a log after the snapshot cannot be replayed by it
             // and fails closed.
             tracing::warn!(runtime = %name, module = %dump.module, "the module that saved the state is not kept; the configured one takes the state over before the log is replayed");
-            Ok((compile(&planned.configured_wasm)?, saved, true))
+            return Ok((compile(&planned.configured_wasm)?, Some(saved), true));
         }
-        None => Err(anyhow::anyhow!(
-            "runtime {name:?} ran the deployed module {}, which cannot be read from {}",
-            dump.module,
+        Err(error) => Err(anyhow::anyhow!(
+            "{} cannot be read: {error}",
             modules.path(&dump.module).display()
         )),
+    };
+    let module = module_or_halt(engine, name, &dump.module, read, &mut saved, at);
+    Ok((module, Some(saved), config_changed))
+}
+
+/// Runtime `name`'s module `fingerprint` as `read` at a start. One that cannot be read or
+/// loaded halts that runtime alone at `at` ([`RuntimeHalt::unreadable`]): it starts on a
+/// stand-in that never runs, every other runtime starts as ever. A runtime halted for that
+/// reason alone runs on from its state once its module reads again.
+fn module_or_halt(
+    engine: &GuestEngine,
+    name: &str,
+    fingerprint: &ModuleFingerprint,
+    read: anyhow::Result<GuestModule>,
+    saved: &mut RuntimeSnapshot,
+    at: LogPosition,
+) -> GuestModule {
+    let waiting = saved
+        .halted
+        .as_ref()
+        .is_some_and(|halt| halt.unreadable.as_ref() == Some(fingerprint));
+    match read {
+        Ok(module) => {
+            if waiting {
+                tracing::info!(runtime = %name, module = %fingerprint, "the module of the halted runtime reads again: it runs on from its state");
+                saved.halted = None;
+            }
+            module
+        }
+        Err(error) => {
+            tracing::error!(runtime = %name, module = %fingerprint, %error, "the runtime's module cannot be loaded: this runtime is halted on this node; every other runtime starts");
+            if saved.halted.is_none() {
+                saved.halted = Some(RuntimeHalt {
+                    position: at,
+                    reason: format!("its module {fingerprint} cannot be loaded ({error}); keep its bytes again (POST /admin/modules) and restart, and it runs on from its state"),
+                    lost: 0,
+                    unreadable: Some(fingerprint.clone()),
+                });
+            }
+            GuestModule::unavailable(engine, fingerprint.clone())
+        }
     }
 }
 

@@ -8,7 +8,7 @@
 //! | `POST /admin/snapshot` | a snapshot now, through the same consistency cut as the timer, its file named `…-manual.vtsnap`: `{"name","size","records","exact":false}`; an empty body (or `{}`) |
 //! | `GET /admin/snapshots` | every file in `<data-dir>/snapshots`, newest first: `{"snapshots":[{"name","kind","exact","age_seconds","size","valid","error"}]}` |
 //! | `POST /admin/restore` | body `{"name": "snap-….vtsnap"}`: replace the running server's state with that snapshot's |
-//! | `GET /admin/runtimes` | every runtime, in name order: `{"runtimes":[{"name","module","state_bytes","batches","last_error","halted"}]}`, `last_error` being `null` or `{"kind","message","at_ms"}` ([`GuestFailure`]), `halted` `null` or `{"position","reason","lost"}` ([`RuntimeHalt`](crate::runtime::RuntimeHalt)) |
+//! | `GET /admin/runtimes` | every runtime, in name order: `{"runtimes":[{"name","module","state_bytes","batches","last_error","halted"}]}`, `last_error` being `null` or `{"kind","message","at_ms"}` ([`GuestFailure`]), `halted` `null` or `{"position","reason","lost","unreadable"}` ([`RuntimeHalt`](crate::runtime::RuntimeHalt)) |
 //! | `PUT /admin/runtimes/{runtime}/module` | body: a `.wasm` module or a JavaScript module's source (`Content-Type` not checked: `application/wasm`, `text/javascript`; at most 64 MiB): swap it into the runtime between two batches, the guest's state carried over; `{"runtime","module","previous","position"}`; 422 when it does not load or refuses the state (the old module keeps running) |
 //! | `POST /admin/modules`, `PUT`/`GET`/`DELETE /admin/runtimes/{runtime}` | runtimes as data: see [`runtimes`] |
 //!
