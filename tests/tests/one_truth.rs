@@ -459,3 +459,54 @@ async fn a_module_no_start_can_read_halts_only_its_runtime_until_its_bytes_are_k
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_of_a_user_shares_one_compilation_of_the_js_engine() -> anyhow::Result<()> {
+    // No cache named: the user's, as on a machine where nothing is set.
+    let home = tempfile::tempdir()?;
+    let home_path = home.path().to_string_lossy().into_owned();
+    let env = [
+        (ADMIN_TOKEN_ENV, TOKEN),
+        ("VIEWTAPE_CACHE_DIR", ""),
+        ("XDG_CACHE_HOME", home_path.as_str()),
+    ];
+    let cache = home.path().join("viewtape");
+    let compiled = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&cache)
+            .map(|dir| dir.flatten().map(|entry| entry.path()).collect())
+            .unwrap_or_default()
+    };
+    // The first node compiles the engine as it starts, before any JavaScript is defined.
+    let first = Server::start_with_env(&[], &env).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !first.logs().contains("kept in the cache") {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the engine was not compiled at start: {}",
+            first.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ensure!(compiled().len() == 1, "{:?}", compiled());
+    // A second node, on its own data directory, loads it: nothing is compiled again.
+    let second = Server::start_with_env(&[], &env).await?;
+    let custom = upload(&second, &js_counter(1)).await?;
+    put(
+        &second,
+        "counter",
+        json!({"module": custom, "views": ["count"]}),
+        201,
+    )
+    .await?;
+    ensure!(tick(&second).await? == (1, 1));
+    ensure!(
+        !second.logs().contains("kept in the cache"),
+        "{}",
+        second.logs()
+    );
+    ensure!(compiled().len() == 1, "{:?}", compiled());
+    for server in [&first, &second] {
+        ensure!(!server.data_dir().join("cache").exists());
+    }
+    Ok(())
+}

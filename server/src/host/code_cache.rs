@@ -71,8 +71,13 @@ pub(crate) fn load_or_compile(
         return Ok(module);
     }
     let module = compile()?;
-    if let Err(error) = store(&module, &path) {
-        tracing::warn!(path = %path.display(), %error, "could not keep compiled code in the cache");
+    match store(&module, &path) {
+        Ok(()) => {
+            tracing::info!(path = %path.display(), "compiled, and kept in the cache for every process that shares it")
+        }
+        Err(error) => {
+            tracing::warn!(path = %path.display(), %error, "could not keep compiled code in the cache")
+        }
     }
     Ok(module)
 }

@@ -94,10 +94,20 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
     };
 
     let engine = GuestEngine::new(EngineConfig {
-        cache_dir: crate::host::cache_dir(|| Some(data_dir.join("cache"))),
+        // One cache per user, not per data directory: every node of a machine shares it.
+        cache_dir: crate::host::cache_dir(|| {
+            crate::host::user_cache_dir().or_else(|| Some(data_dir.join("cache")))
+        }),
         pooled_instances: config.server.guest_instances,
         ..EngineConfig::default()
     })?;
+    // The JS engine, ready before the first JavaScript module is defined through any node.
+    let warming = engine.clone();
+    tokio::task::spawn_blocking(move || {
+        if let Err(error) = warming.js_engine() {
+            tracing::error!(%error, "the JavaScript engine does not load: JavaScript runtimes cannot run");
+        }
+    });
     let modules_dir = data_dir.join("modules");
     let modules =
         Arc::new(ModuleStore::open(&modules_dir).map_err(|error| {
