@@ -50,7 +50,7 @@ mod sse;
 
 // The command line.
 pub use cli::admin::{AdminAnswer, AdminClient};
-pub use cli::check::check_file;
+pub use cli::check::{check_file, declarations};
 pub use cli::deploy::{deploy_module, DeployOptions};
 pub use cli::inspect::{dump_log, inspect_file, inspect_log, verify_dir};
 pub use cli::run::{run, RunOptions};

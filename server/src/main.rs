@@ -11,9 +11,9 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
-use viewtape_server::check_file;
 use viewtape_server::Config;
 use viewtape_server::{admin_command, AdminCommand, RuntimeDefinition};
+use viewtape_server::{check_file, declarations};
 use viewtape_server::{serve, ServeOptions};
 
 /// The variable that sets `--log-format`.
@@ -85,6 +85,11 @@ enum Command {
     CheckConfig {
         /// The TOML config file.
         file: PathBuf,
+        /// Also say what the next start over this data directory does with each runtime the
+        /// file declares: runs it as declared, declares it by a record, or skips the
+        /// declaration because a change made through the API since stands.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
     },
     /// Deploy a new module to a runtime of a running server, without a restart: the guest's
     /// state carries over, no client notices. Needs the server's admin token in
@@ -364,7 +369,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             })
             .await
         }
-        Command::CheckConfig { file } => {
+        Command::CheckConfig { file, data_dir } => {
             let config = check_file(&file, |_| {})?;
             let runtimes: Vec<String> = config
                 .runtimes
@@ -376,6 +381,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 file.display(),
                 runtimes.join("; ")
             );
+            if let Some(data_dir) = data_dir {
+                let declaring = declarations(&config, &data_dir).map_err(|problem| {
+                    anyhow::anyhow!("{}: {}", data_dir.display(), problem.message)
+                })?;
+                println!("at the next start over {}:", data_dir.display());
+                for (runtime, declaring) in declaring {
+                    println!("  {runtime}: {declaring}");
+                }
+            }
             Ok(())
         }
         Command::Snapshot(SnapshotCommand::Inspect { file }) => {

@@ -257,8 +257,31 @@ async fn the_log_wins_over_a_config_read_again() -> anyhow::Result<()> {
         );
     }
 
+    // `check-config` with the data directory says the same of the next start.
+    let data_dir = server.data_dir().display().to_string();
+    let check = [
+        "check-config",
+        path.as_str(),
+        "--data-dir",
+        data_dir.as_str(),
+    ];
+    let (code, said) = viewtape_tests::server::cli(&check, &[]).await?;
+    ensure!(code == 0, "{said}");
+    ensure!(
+        said.contains("items: skipped: changed through the API"),
+        "{said}"
+    );
+    ensure!(
+        said.contains("gone: skipped: deleted through the API"),
+        "{said}"
+    );
+
     // The config's declaration of `items` changes: declared again at the next start.
     std::fs::write(config.path(), two_runtimes("config = \"{}\""))?;
+    let (code, said) = viewtape_tests::server::cli(&check, &[]).await?;
+    ensure!(code == 0, "{said}");
+    ensure!(said.contains("items: declared by a record"), "{said}");
+    ensure!(said.contains("gone: skipped: deleted"), "{said}");
     server.stop_graceful().await?;
     server.restart().await?;
     let got = admin_ok(&server, "GET", "/admin/runtimes/items", b"", 200).await?;

@@ -74,6 +74,68 @@ impl Definition {
     }
 }
 
+/// What the log holds of a runtime that a config declares, as far as declaring it goes.
+#[derive(Clone, Copy, Debug)]
+pub enum Logged<'a> {
+    /// It runs as a config declares it, untouched by any define record.
+    AsConfigured,
+    /// A define record made it this.
+    Defined(&'a Definition),
+    /// It does not run: deleted by a record, or never seen; the config declaration that last
+    /// declared it, if any ([`Definition::declared`]).
+    Absent(Option<&'a str>),
+}
+
+/// What a start does with a config's `[[runtime]]` declaration: the log wins. The config
+/// declares a runtime by a record only when the log never saw it, or when the declaration
+/// changed since the start that last declared it; a change through the API stands until then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Declaring {
+    /// Nothing to do: it runs as declared.
+    Keep,
+    /// Declared again by a record: new, or its declaration changed.
+    Declare,
+    /// Skipped: a change through the API since this declaration was last declared stands —
+    /// another definition, or (`deleted`) a delete.
+    Skip {
+        /// The change was a delete.
+        deleted: bool,
+    },
+}
+
+impl Definition {
+    /// What a start does with this declaration of a config's, given what the log holds of its
+    /// runtime ([`Declaring`]).
+    pub fn declaring(&self, logged: Logged<'_>) -> Declaring {
+        let digest = self.digest();
+        match logged {
+            Logged::AsConfigured => Declaring::Keep,
+            Logged::Defined(defined) if defined.declared.as_deref() == Some(digest.as_str()) => {
+                if defined.same_as(self) {
+                    Declaring::Keep
+                } else {
+                    Declaring::Skip { deleted: false }
+                }
+            }
+            Logged::Absent(Some(declared)) if declared == digest => {
+                Declaring::Skip { deleted: true }
+            }
+            Logged::Defined(_) | Logged::Absent(_) => Declaring::Declare,
+        }
+    }
+}
+
+impl std::fmt::Display for Declaring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Keep => "runs as declared",
+            Self::Declare => "declared by a record at the next start (new, or its declaration changed)",
+            Self::Skip { deleted: false } => "skipped: changed through the API since this declaration was last declared; the change stands until the declaration changes",
+            Self::Skip { deleted: true } => "skipped: deleted through the API since this declaration was last declared; it stays deleted until the declaration changes",
+        })
+    }
+}
+
 /// The bytes handed to a guest's `init`: `config`, but for a `builtin:json` runtime of one view
 /// without one, `{"view": VIEW}`, so that its lines may leave out the view.
 pub fn guest_config(module_name: &str, views: &[String], config: &str) -> Vec<u8> {

@@ -59,7 +59,7 @@ use viewtape_snapshots::log::{Lineage, WriterOptions};
 
 pub use viewtape_snapshots::log::LogPosition;
 
-pub use definition::{guest_config, DefineEntry, Definition, RetireEntry};
+pub use definition::{guest_config, Declaring, DefineEntry, Definition, Logged, RetireEntry};
 pub use entry::{BatchEntry, DeployEntry, Digest, Entry, Outcome, RestoreEntry};
 pub use metrics::LogMetrics;
 pub use publisher::PublishError;

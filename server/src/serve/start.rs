@@ -30,7 +30,7 @@ use crate::config::{Config, RuntimeSection};
 use crate::deploy::Deployer;
 use crate::host::{EngineConfig, GuestEngine, GuestModule};
 use crate::hub::Hub;
-use crate::log::{Definition, Log, LogPosition};
+use crate::log::{Declaring, Definition, Log, LogPosition, Logged};
 use crate::runtime::registry::{ModuleFingerprint, ModuleStore, Runtimes};
 use crate::runtime::{RuntimeConfig, RuntimeHalt, RuntimeHandle, RuntimeSnapshot};
 use crate::snapshot::{RuntimeDump, Snapshots};
@@ -303,27 +303,24 @@ async fn declare_configured(
     catalog: &Catalog,
 ) -> anyhow::Result<()> {
     for (name, definition) in configured {
-        let digest = definition.digest();
         let running = catalog.runtimes().get(name);
-        let logged = running.as_ref().map(|running| running.definition());
-        let declared = match &logged {
-            // It runs as the config says, untouched by the API.
-            Some(None) => continue,
-            Some(Some(logged)) => logged.declared.clone(),
-            None => catalog.runtimes().deleted(name),
+        let defined = running.as_ref().and_then(|running| running.definition());
+        let deleted = catalog.runtimes().deleted(name);
+        let logged = match (&running, &defined) {
+            (Some(_), Some(defined)) => Logged::Defined(defined),
+            (Some(_), None) => Logged::AsConfigured,
+            (None, _) => Logged::Absent(deleted.as_deref()),
         };
-        if declared.as_deref() == Some(digest.as_str()) {
-            let changed = match &logged {
-                Some(Some(logged)) => !logged.same_as(definition),
-                _ => true,
-            };
-            if changed {
-                tracing::info!(runtime = %name, deleted = logged.is_none(), "config declaration skipped: the log holds a newer change to this runtime, made through the API; it stands until the config's declaration of the runtime changes");
+        match definition.declaring(logged) {
+            Declaring::Keep => continue,
+            skipped @ Declaring::Skip { .. } => {
+                tracing::info!(runtime = %name, "config declaration {skipped}");
+                continue;
             }
-            continue;
+            Declaring::Declare => {}
         }
         let declaration = Definition {
-            declared: Some(digest),
+            declared: Some(definition.digest()),
             ..definition.clone()
         };
         match catalog.put(name, declaration).await {
