@@ -72,7 +72,7 @@ impl Cluster {
                 continue;
             };
             let saved = match declared {
-                Declared::Module(saved) => saved,
+                Declared::Module(saved) => *saved,
                 Declared::Defined => continue,
                 Declared::Refused(reason) => {
                     refused.push(format!("runtime {name:?}: {reason}"));
@@ -132,7 +132,7 @@ impl Cluster {
     ) -> Result<Declared, DeclareError> {
         let saved = registered.handle.save().await?;
         if !saved.modules.is_empty() {
-            return Ok(Declared::Module(saved));
+            return Ok(Declared::Module(Box::new(saved)));
         }
         // Its records on its own subject, and any this node passed over before (also those in
         // messages of several runtimes, and those the stream no longer holds).
@@ -168,7 +168,7 @@ impl Cluster {
             }
             _ => {
                 registered.handle.declare_module().await?;
-                Ok(Declared::Module(registered.handle.save().await?))
+                Ok(Declared::Module(Box::new(registered.handle.save().await?)))
             }
         }
     }
@@ -243,7 +243,7 @@ enum DeclareError {
 enum Declared {
     /// Its module is decided (now or before): the runtime's state then (the modules it has run
     /// on the stream, the guest config the stream decided).
-    Module(RuntimeSnapshot),
+    Module(Box<RuntimeSnapshot>),
     /// It is defined by a record: this node's, as its config says (the stream had no record of
     /// it), or another node's, applied here meanwhile.
     Defined,
