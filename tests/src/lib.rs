@@ -10,6 +10,8 @@
 //! - [`logfiles`]: a server's log segments on disk, for tests that damage them; the checks of a
 //!   start that fails closed.
 //! - [`nats`]: a real `nats-server` with JetStream, for clusters of nodes; kill and restart.
+//! - [`nemesis`]: DESIGN §19's harness: a NATS cluster, nodes behind link proxies, seeded
+//!   faults, producers and readers, and the checker of what they were told.
 //! - [`token`]: HS256 tokens for the server's `[auth]`.
 //! - [`feed`]: NDJSON ticks for the embedded `ticker` guest, and cursor helpers.
 //!
@@ -22,6 +24,7 @@ pub mod feed;
 pub mod http;
 pub mod logfiles;
 pub mod nats;
+pub mod nemesis;
 pub mod server;
 pub mod sse;
 pub mod stream;
