@@ -18,6 +18,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use tokio::time::Instant;
 
 use async_nats::jetstream::{consumer, stream};
 use futures_util::StreamExt as _;
@@ -26,7 +27,7 @@ use tracing::Instrument as _;
 
 use super::bucket::BoxError;
 use super::halt::SharedError;
-use super::{Cluster, Halt, APPLY_ATTEMPTS, RETRY, STREAM_CHECK};
+use super::{Cluster, Halt, APPLY_ATTEMPTS, RESUBSCRIBE, RETRY, STALL, STALL_CHECK, STREAM_CHECK};
 use crate::catalog::Catalog;
 use crate::host::{GuestEngine, GuestModule, ModuleFingerprint};
 use crate::log::stream::{RECORD_HEADER, RECORD_VERSION, SHARED_VERSION};
@@ -71,20 +72,28 @@ impl Cluster {
         }
         let mut next = log.committed().next();
         self.note_applied(&appliers, &log, next.prev());
+        let mut failures = 0u32;
         loop {
             let messages = match self.subscribe(next).await {
                 Ok(Some(messages)) => messages,
                 Ok(None) => return,
                 Err(error) => {
-                    tracing::warn!(%error, next = next.get(), "cluster: cannot read the stream; retrying");
-                    tokio::time::sleep(RETRY).await;
+                    // Tried again soon (a stream leader is elected in seconds), said now and then.
+                    if failures.is_multiple_of(20) {
+                        tracing::warn!(%error, next = next.get(), failures, "cluster: cannot read the stream; retrying");
+                    }
+                    failures += 1;
+                    self.note_behind(Some(format!("it cannot read the stream: {error}")));
+                    tokio::time::sleep(RESUBSCRIBE * 2).await;
                     continue;
                 }
             };
+            failures = 0;
             let mut messages = std::pin::pin!(messages);
             let mut check = tokio::time::interval(STREAM_CHECK);
             check.tick().await;
-            let mut checked_at = next;
+            let mut stall = tokio::time::interval(STALL_CHECK);
+            let mut delivered = Instant::now();
             loop {
                 let message = tokio::select! {
                     message = messages.next() => message,
@@ -96,14 +105,24 @@ impl Cluster {
                             Ok(None) => return,
                             Err(error) => tracing::debug!(%error, "cluster: cannot check the stream"),
                         }
-                        // A consumer that delivers nothing while the stream holds more (after
-                        // NATS came back, say) is replaced at once rather than left to its
-                        // heartbeats.
-                        let stalled = next == checked_at
-                            && self.stream_last.load(Ordering::Relaxed) >= next.get();
-                        checked_at = next;
+                        continue;
+                    }
+                    _ = stall.tick() => {
+                        // A reading that delivers nothing while the stream holds more (its
+                        // leader moved, NATS came back) is made again at once rather than left
+                        // to its heartbeats; meanwhile the node says it is behind.
+                        let last = self.known_last();
+                        let stalled = last >= next && delivered.elapsed() >= STALL;
+                        self.note_behind(match (self.stream_log.connected(), stalled) {
+                            (false, _) => Some("it is not connected to NATS".to_owned()),
+                            (true, true) => Some(format!(
+                                "the stream holds sequence {last}, this node applied {} and its reading delivered nothing for {STALL:?}",
+                                next.prev()
+                            )),
+                            (true, false) => None,
+                        });
                         if stalled {
-                            tracing::info!(next = next.get(), "cluster: the stream holds more than was delivered; resubscribing");
+                            tracing::info!(next = next.get(), last = last.get(), "cluster: the stream holds more than was delivered; reading it again");
                             break;
                         }
                         continue;
@@ -151,10 +170,36 @@ impl Cluster {
                     .apply_lag_seconds
                     .set((lag_ns as f64 / 1e9).max(0.0));
                 next = sequence.next();
+                delivered = Instant::now();
                 self.note_applied(&appliers, &log, sequence);
             }
-            tokio::time::sleep(RETRY).await;
+            tokio::time::sleep(RESUBSCRIBE).await;
         }
+    }
+
+    /// The last stream sequence this node knows the stream holds: the last it saw in the
+    /// stream's info, or the last NATS acknowledged to it.
+    fn known_last(&self) -> LogPosition {
+        let seen = self.stream_last.load(Ordering::Relaxed);
+        LogPosition::new(seen).max(self.stream_log.acked())
+    }
+
+    /// Notes why this node is behind the stream now (`None`: it is not).
+    fn note_behind(&self, behind: Option<String>) {
+        self.readiness.send_if_modified(|readiness| {
+            if readiness.behind == behind {
+                return false;
+            }
+            match &behind {
+                Some(why) => tracing::warn!(why, "cluster: behind the stream; not ready"),
+                None => tracing::info!("cluster: caught up with the stream again"),
+            }
+            readiness.ready = readiness.ready && behind.is_none();
+            readiness.behind = behind;
+            true
+        });
+        let (applied, last) = (self.applied(), self.known_last());
+        self.update_readiness(applied, last);
     }
 
     /// An ordered consumer from `next`; `None` when the stream no longer holds `next` (the
@@ -433,6 +478,7 @@ impl Cluster {
             let settled = self.settled.load(Ordering::Relaxed);
             let ready = readiness.broken.is_none()
                 && readiness.refused.is_none()
+                && readiness.behind.is_none()
                 && settled
                 && applied >= self.joined_at;
             let changed = readiness.applied != applied || readiness.ready != ready;

@@ -76,7 +76,18 @@ const LEASE: Duration = Duration::from_secs(6);
 const SHARED_KEPT: usize = 3;
 /// How often the apply loop checks that the stream is the one it joined and holds what it
 /// needs next.
-const STREAM_CHECK: Duration = Duration::from_secs(2);
+const STREAM_CHECK: Duration = Duration::from_secs(1);
+/// How often the client pings its NATS server: a server that answers no third ping in a row
+/// (a link that stopped forwarding, a stopped process) is left for another within
+/// `3 × PING_INTERVAL`, and what waits on it gives up then.
+const PING_INTERVAL: Duration = Duration::from_millis(500);
+/// How long the stream may hold more than this node's reading of it delivered before the
+/// reading is made again (after a stream leader moved, say) and the node says it is behind.
+const STALL: Duration = Duration::from_secs(1);
+/// How often the apply loop looks for a stalled reading.
+const STALL_CHECK: Duration = Duration::from_millis(250);
+/// How long the apply loop waits before it reads the stream again.
+const RESUBSCRIBE: Duration = Duration::from_millis(100);
 /// Pause before the apply loop retries after an error of NATS.
 const RETRY: Duration = Duration::from_secs(1);
 
@@ -122,12 +133,15 @@ pub struct Readiness {
     /// The runtime this node is settling with the stream (declaring its module or its
     /// definition), while it does.
     pub settling: Option<String>,
+    /// Why this node is behind the stream now, if it is: it is not connected to NATS, or the
+    /// stream holds more than its reading delivered for a while. Ready again once it caught up.
+    pub behind: Option<String>,
 }
 
 impl Serialize for Readiness {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct as _;
-        let mut fields = serializer.serialize_struct("Readiness", 8)?;
+        let mut fields = serializer.serialize_struct("Readiness", 9)?;
         fields.serialize_field("ready", &self.ready)?;
         fields.serialize_field("applied", &self.applied)?;
         fields.serialize_field("stream_last", &self.stream_last)?;
@@ -136,6 +150,7 @@ impl Serialize for Readiness {
         fields.serialize_field("halt", &broken.map(Halt::kind))?;
         fields.serialize_field("refused", &self.refused)?;
         fields.serialize_field("settling", &self.settling)?;
+        fields.serialize_field("behind", &self.behind)?;
         fields.serialize_field("passed_over", &self.passed_over)?;
         fields.end()
     }
@@ -207,9 +222,25 @@ impl Cluster {
                     .map_err(|error| failed(format!("NATS server {server:?} of {url:?}: {error}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        // The client's connection, followed from its events: waits on NATS end when it is lost.
+        let (connection, connected) = watch::channel(false);
+        let connection = Arc::new(connection);
         let client = async_nats::ConnectOptions::new()
+            .event_callback(move |event| {
+                let connection = Arc::clone(&connection);
+                async move {
+                    match event {
+                        async_nats::Event::Connected => connection.send_replace(true),
+                        async_nats::Event::Disconnected | async_nats::Event::Closed => {
+                            connection.send_replace(false)
+                        }
+                        _ => return,
+                    };
+                }
+            })
             .retry_on_initial_connect()
             .connection_timeout(Duration::from_secs(2))
+            .ping_interval(PING_INTERVAL)
             .connect(servers.as_slice())
             .await
             .map_err(|error| failed(error.to_string()))?;
@@ -308,7 +339,7 @@ impl Cluster {
             "cluster: joined the stream"
         );
         let stream_log = Arc::new(StreamLog::new(
-            client,
+            (client, connected),
             url,
             (&section.stream, epoch),
             section.apply_timeout,
@@ -339,6 +370,7 @@ impl Cluster {
                 refused: None,
                 passed_over: BTreeSet::new(),
                 settling: None,
+                behind: None,
             }),
         }))
     }
@@ -362,29 +394,67 @@ impl Cluster {
 
     /// Waits, at most `[cluster] ahead_wait`, until this node's `view` has reached `cursor`: a
     /// cursor another node issued may be ahead of this one for as long as this node's apply
-    /// lags, and is judged (and perhaps answered `ahead`) only after that.
-    pub async fn reach(&self, hub: &Hub, view: &str, cursor: &Cursor) {
+    /// lags. Every cursor any node issued names an event of what the stream holds now, so once
+    /// this node has applied that much a cursor still ahead is false, and judged (`ahead`).
+    ///
+    /// # Errors
+    /// The cursor is still ahead after the wait and this node has not applied what the stream
+    /// holds (or cannot learn what that is): it cannot tell a cursor of another node from a
+    /// false one, and says why rather than reset a cursor that may be valid.
+    pub async fn reach(&self, hub: &Hub, view: &str, cursor: &Cursor) -> Result<(), String> {
         let Some(view) = hub.view(view) else {
-            return;
+            return Ok(());
         };
-        let mut ticks = view.ticks();
         let ahead = || {
             let window = hub.journal().window_now(view.name());
             window.epoch == cursor.epoch() && cursor.offset() >= window.next
         };
-        let caught_up = async {
-            while ahead() {
-                if ticks.changed().await.is_err() {
+        if !ahead() {
+            return Ok(());
+        }
+        let last = self.stream_last_now().await;
+        let (mut ticks, mut readiness) = (view.ticks(), self.readiness.subscribe());
+        let judged = async {
+            loop {
+                let applied = readiness.borrow_and_update().applied;
+                if !ahead() || last.is_some_and(|last| applied >= last) {
+                    return;
+                }
+                let gone = tokio::select! {
+                    changed = ticks.changed() => changed.is_err(),
+                    changed = readiness.changed() => changed.is_err(),
+                };
+                if gone {
                     return;
                 }
             }
         };
-        if tokio::time::timeout(self.ahead_wait, caught_up)
-            .await
-            .is_err()
-        {
-            tracing::debug!(view = view.name(), %cursor, "cluster: a cursor stayed ahead of this node");
+        if tokio::time::timeout(self.ahead_wait, judged).await.is_ok() {
+            return Ok(());
         }
+        tracing::debug!(view = view.name(), %cursor, "cluster: a cursor stayed ahead of this node, which is behind the stream");
+        let readiness = self.readiness.borrow();
+        Err(match (&readiness.broken, last) {
+            (Some(broken), _) => format!("this node stopped applying the stream: {broken}"),
+            (None, Some(last)) => format!(
+                "this node has applied sequence {} of the stream's {last}",
+                readiness.applied
+            ),
+            (None, None) => "this node cannot read the stream now".to_owned(),
+        })
+    }
+
+    /// The stream's last sequence, asked for now; `None` if NATS does not answer within
+    /// [`STREAM_CHECK`].
+    async fn stream_last_now(&self) -> Option<LogPosition> {
+        let last = async {
+            let mut stream = self.js.get_stream(&self.stream).await.ok()?;
+            Some(stream.info().await.ok()?.state.last_sequence)
+        };
+        let last = tokio::time::timeout(STREAM_CHECK, last).await.ok()??;
+        self.stream_last
+            .fetch_max(last, std::sync::atomic::Ordering::Relaxed);
+        Some(LogPosition::new(last))
     }
 
     /// Waits, at most `[cluster] ahead_wait`, until this node has applied the stream up to

@@ -262,7 +262,14 @@ async fn events(
         None => Start::State,
     };
     if let (Some(cluster), Start::Cursor(cursor)) = (&state.cluster, &start) {
-        cluster.reach(&state.hub, &view, cursor).await;
+        cluster
+            .reach(&state.hub, &view, cursor)
+            .await
+            .map_err(|why| {
+                ApiError::unavailable_for_now(format!(
+                    "the cursor is ahead of this node and {why}; try again, or another node"
+                ))
+            })?;
     }
     let held = find_view(&state, &view).ok_or_else(|| no_view(&state, &view))?;
     let subscriber = state

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use bytes::Bytes;
+use tokio::sync::watch;
 
 use super::LogPosition;
 
@@ -20,6 +21,10 @@ pub const RECORD_VERSION: &str = "1";
 /// The version of a record holding batches of several runtimes, which each apply theirs at its
 /// position: a viewtape that reads only [`RECORD_VERSION`] stops at it and says to upgrade.
 pub const SHARED_VERSION: &str = "2";
+
+/// How often a wait on NATS looks at whether the connection is still up, besides the
+/// client's events.
+const LOST_POLL: Duration = Duration::from_secs(1);
 
 /// A published record: where the stream put it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +49,10 @@ pub enum PublishError {
     /// NATS did not acknowledge in time.
     #[error("NATS did not acknowledge within {0:?}")]
     Timeout(Duration),
+    /// The connection to NATS was lost while the record was sent: it may or may not be on the
+    /// stream.
+    #[error("the connection to NATS at {0} was lost before it acknowledged")]
+    Lost(String),
 }
 
 /// What publishing needs, shared with the tasks that publish gathered batches.
@@ -55,6 +64,12 @@ pub(super) struct Publisher {
     /// How long a publish may wait for its acknowledgement, and an ingest for its verdict.
     timeout: Duration,
     ids: Arc<Ids>,
+    /// The highest stream sequence NATS acknowledged to this node: the stream holds at least
+    /// that much, whether or not this node's reading of it has delivered it yet.
+    acked: Arc<AtomicU64>,
+    /// Changes when the client connects or loses its connection (its events), so that waits
+    /// on NATS give up when it is lost without looking again and again.
+    connection: watch::Receiver<bool>,
 }
 
 /// This process's part of the message ids it makes, and how many it made.
@@ -65,10 +80,15 @@ struct Ids {
 }
 
 impl Publisher {
-    /// Publishes through `client` (connected to `url`), waiting at most `timeout` for each
-    /// acknowledgement.
-    pub(super) fn new(client: async_nats::Client, url: &str, timeout: Duration) -> Self {
+    /// Publishes through `client` (connected to `url`, its connection's events on
+    /// `connection`), waiting at most `timeout` for each acknowledgement.
+    pub(super) fn new(
+        (client, connection): (async_nats::Client, watch::Receiver<bool>),
+        url: &str,
+        timeout: Duration,
+    ) -> Self {
         Self {
+            connection,
             js: jetstream::new(client.clone()),
             client,
             url: url.into(),
@@ -77,6 +97,28 @@ impl Publisher {
                 nonce: process_nonce(),
                 published: AtomicU64::new(0),
             }),
+            acked: Arc::default(),
+        }
+    }
+
+    /// The highest stream sequence NATS acknowledged to this node.
+    pub(super) fn acked(&self) -> LogPosition {
+        LogPosition::new(self.acked.load(Ordering::Relaxed))
+    }
+
+    /// Whether the connection to NATS is up.
+    pub(super) fn connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    /// Resolves once the connection to NATS is down: what waits on NATS gives up then rather
+    /// than at its timeout. A link that stops forwarding is found down by the client's pings
+    /// (`cluster::PING_INTERVAL`); the client's state is looked at again every [`LOST_POLL`]
+    /// besides its events.
+    pub(super) async fn lost(&self) {
+        let mut connection = self.connection.clone();
+        while self.connected() {
+            let _ = tokio::time::timeout(LOST_POLL, connection.changed()).await;
         }
     }
 
@@ -113,7 +155,7 @@ impl Publisher {
         payload: Vec<u8>,
         id: String,
     ) -> Result<Published, PublishError> {
-        if self.client.connection_state() != async_nats::connection::State::Connected {
+        if !self.connected() {
             return Err(PublishError::Disconnected(self.url.to_string()));
         }
         let message = jetstream::message::PublishMessage::build()
@@ -139,9 +181,13 @@ impl Publisher {
                 }
             }
         };
-        let ack = tokio::time::timeout(self.timeout, published)
-            .await
-            .map_err(|_| PublishError::Timeout(self.timeout))?;
+        let ack = tokio::select! {
+            ack = tokio::time::timeout(self.timeout, published) => {
+                ack.map_err(|_| PublishError::Timeout(self.timeout))?
+            }
+            () = self.lost() => return Err(PublishError::Lost(self.url.to_string())),
+        };
+        self.acked.fetch_max(ack.sequence, Ordering::Relaxed);
         Ok(Published {
             sequence: LogPosition::new(ack.sequence),
             duplicate: ack.duplicate,

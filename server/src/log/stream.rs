@@ -13,6 +13,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
+use tokio::sync::watch;
 use viewtape_journal::JournalEpoch;
 
 use super::check::Checks;
@@ -73,16 +74,32 @@ impl StreamLog {
         self.publisher.timeout()
     }
 
+    /// The highest stream sequence NATS acknowledged to this node: the stream holds at least
+    /// that much.
+    pub fn acked(&self) -> LogPosition {
+        self.publisher.acked()
+    }
+
+    /// Whether the connection to NATS is up.
+    pub fn connected(&self) -> bool {
+        self.publisher.connected()
+    }
+
+    /// Resolves once the connection to NATS is down.
+    pub async fn lost(&self) {
+        self.publisher.lost().await;
+    }
+
     /// The subject `runtime`'s records are published on.
     pub fn subject(&self, runtime: &str) -> String {
         self.gather.subject(runtime)
     }
 
-    /// Publishes to `stream` (whose history is `epoch`) through `client` (connected to `url`),
-    /// waiting at most `timeout`, with at most `batches_per_message` batches in a message; checks
+    /// Publishes to `stream` (whose history is `epoch`) through `client` (connected to `url`;
+    /// beside it, its connection's state from its events), waiting at most `timeout`, with at most `batches_per_message` batches in a message; checks
     /// what it applied in the bucket `checks`.
     pub fn new(
-        client: async_nats::Client,
+        client: (async_nats::Client, watch::Receiver<bool>),
         url: &str,
         (stream, epoch): (&str, JournalEpoch),
         timeout: Duration,

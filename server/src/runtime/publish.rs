@@ -12,12 +12,12 @@ use crate::log::{LogPosition, StreamLog};
 /// This node did not apply what it published within the publish timeout: the outcome is
 /// unknown here (the record may yet be applied).
 #[derive(Debug, thiserror::Error)]
-#[error("published at sequence {sequence}, not applied by this node within {waited:?}; send it again with its Producer-* headers to learn its outcome")]
+#[error("published at sequence {sequence}, {why}; send it again with its Producer-* headers to learn its outcome")]
 pub(crate) struct NotApplied {
     /// Where the record was published.
     sequence: LogPosition,
-    /// How long this node waited.
-    waited: std::time::Duration,
+    /// Why this node did not apply it.
+    why: String,
 }
 
 impl RuntimeHandle {
@@ -39,7 +39,7 @@ impl RuntimeHandle {
                 runtime: runtime(),
                 reason: error.to_string(),
             },
-            PublishError::Timeout(_) => IngestError::Unknown {
+            PublishError::Timeout(_) | PublishError::Lost(_) => IngestError::Unknown {
                 runtime: runtime(),
                 position: None,
                 reason: error.to_string(),
@@ -132,19 +132,29 @@ impl RuntimeHandle {
                 }
             }
         };
-        match tokio::time::timeout(stream.timeout(), applied).await {
-            Ok(Some(verdict)) => Ok(verdict),
-            _ => {
+        // A node that lost NATS answers at once: nothing more reaches it until it is back.
+        let applied = async {
+            tokio::select! {
+                verdict = tokio::time::timeout(stream.timeout(), applied) => verdict.ok().flatten(),
+                () = stream.lost() => None,
+            }
+        };
+        match applied.await {
+            Some(verdict) => Ok(verdict),
+            None => {
+                let why = match stream.connected() {
+                    true => format!("not applied by this node within {:?}", stream.timeout()),
+                    false => {
+                        "and this node lost its connection to NATS before it applied it".to_owned()
+                    }
+                };
                 if mine {
                     self.verdicts
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .stop_waiting(place);
                 }
-                Err(NotApplied {
-                    sequence,
-                    waited: stream.timeout(),
-                })
+                Err(NotApplied { sequence, why })
             }
         }
     }
