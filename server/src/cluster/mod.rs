@@ -548,13 +548,14 @@ mod tests {
             refused: None,
             passed_over: BTreeSet::new(),
             settling: None,
+            behind: None,
         };
         let body = serde_json::to_value(&readiness).unwrap();
         assert_eq!(
             body,
             serde_json::json!({
                 "ready": true, "applied": 7, "stream_last": 7, "broken": null, "halt": null,
-                "refused": null, "passed_over": [], "settling": null,
+                "refused": null, "passed_over": [], "settling": null, "behind": null,
             })
         );
         let halt = Halt::Recreated {

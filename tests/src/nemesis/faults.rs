@@ -65,28 +65,26 @@ pub async fn run_step(bed: &mut Testbed, step: &Step, started: Instant) -> StepR
 
 async fn apply(bed: &mut Testbed, fault: Fault) -> anyhow::Result<(Applied, String)> {
     match fault.kind {
-        FaultKind::KillNats | FaultKind::KillLeader => {
-            let (server, why) = match fault.kind {
-                FaultKind::KillLeader => match bed.nats.leader(&bed.js, STREAM).await {
-                    Some(leader) => (leader, "the stream's leader"),
-                    None => (fault.target, "no leader known"),
-                },
-                _ => (fault.target, "any"),
+        FaultKind::KillNats | FaultKind::KillLeader | FaultKind::PauseNats => {
+            let leader = bed.nats.leader(&bed.js, STREAM).await;
+            let (server, why) = match (fault.kind, leader) {
+                (FaultKind::KillLeader, Some(leader)) => (leader, "the stream's leader"),
+                (FaultKind::KillLeader, None) => (fault.target, "no leader known"),
+                (_, Some(leader)) if leader == fault.target => (fault.target, "the leader"),
+                (_, Some(_)) => (fault.target, "a follower"),
+                (_, None) => (fault.target, "no leader known"),
             };
             let peer = &mut bed.nats.peers[server];
             if peer.liveness() != Liveness::Running {
                 anyhow::bail!("{} is not running", peer.name);
             }
+            let what = format!("{} {} ({why})", fault.kind, peer.name);
+            if fault.kind == FaultKind::PauseNats {
+                peer.pause()?;
+                return Ok((Applied::PausedNats(server), what));
+            }
             peer.kill().await?;
-            Ok((
-                Applied::KilledNats(server),
-                format!("{} {} ({why})", fault.kind, peer.name),
-            ))
-        }
-        FaultKind::PauseNats => {
-            let peer = &mut bed.nats.peers[fault.target];
-            peer.pause()?;
-            Ok((Applied::PausedNats(fault.target), fault.to_string()))
+            Ok((Applied::KilledNats(server), what))
         }
         FaultKind::KillNode => {
             bed.nodes.kill(fault.target).await?;

@@ -135,7 +135,9 @@ const RECOVER_MS: (u64, u64) = (3_000, 8_000);
 const DOUBLE_ONE_IN: u64 = 4;
 
 /// The steps for `seed` that fill `duration` (each step's hold and recovery counted), drawing
-/// from `kinds` over `servers` NATS servers and `nodes` viewtape nodes.
+/// from `kinds` over `servers` NATS servers and `nodes` viewtape nodes. Each step's first fault
+/// comes from a shuffled bag of the kinds, refilled when empty, so that a short run still
+/// meets every kind; a second fault, when there is one, is any kind.
 pub fn plan(
     seed: u64,
     duration: Duration,
@@ -146,26 +148,34 @@ pub fn plan(
     let mut rng = Prng::new(seed);
     let mut steps = Vec::new();
     let mut planned = Duration::ZERO;
-    let draw = |rng: &mut Prng| -> Option<Fault> {
-        let kind = *kinds.get(rng.index(kinds.len()))?;
-        let target = if kind.takes_nats() {
+    let mut bag: Vec<FaultKind> = Vec::new();
+    let target = |rng: &mut Prng, kind: FaultKind| Fault {
+        kind,
+        target: if kind.takes_nats() {
             rng.index(servers)
         } else {
             rng.index(nodes)
-        };
-        Some(Fault { kind, target })
+        },
     };
     // Bounded: every step takes at least the shortest hold and recovery.
-    while planned < duration && steps.len() < 100_000 {
-        let Some(first) = draw(&mut rng) else { break };
+    while planned < duration && steps.len() < 100_000 && !kinds.is_empty() {
+        if bag.is_empty() {
+            bag = kinds.to_vec();
+            // Fisher–Yates.
+            for i in (1..bag.len()).rev() {
+                bag.swap(i, rng.index(i + 1));
+            }
+        }
+        let Some(kind) = bag.pop() else { break };
+        let first = target(&mut rng, kind);
         let mut faults = vec![first];
         if rng.one_in(DOUBLE_ONE_IN) {
-            if let Some(second) = draw(&mut rng) {
-                let both_nats = first.kind.takes_nats() && second.kind.takes_nats();
-                let same = second.kind == first.kind && second.target == first.target;
-                if !both_nats && !same {
-                    faults.push(second);
-                }
+            let kind = kinds[rng.index(kinds.len())];
+            let second = target(&mut rng, kind);
+            let both_nats = first.kind.takes_nats() && second.kind.takes_nats();
+            let same = second.kind == first.kind && second.target == first.target;
+            if !both_nats && !same {
+                faults.push(second);
             }
         }
         let hold = Duration::from_millis(rng.between(HOLD_MS.0, HOLD_MS.1));
@@ -194,6 +204,13 @@ mod tests {
             assert!(
                 step.faults.iter().filter(|f| f.kind.takes_nats()).count() <= 1,
                 "{step:?}"
+            );
+        }
+        let short = plan(19, Duration::from_secs(60), &FaultKind::ALL, 3, 3);
+        for kind in FaultKind::ALL {
+            assert!(
+                short.iter().any(|s| s.faults[0].kind == kind),
+                "{kind} in {short:?}"
             );
         }
         let only = plan(1, Duration::from_secs(60), &[FaultKind::KillNode], 3, 3);
