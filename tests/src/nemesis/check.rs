@@ -46,6 +46,8 @@ pub struct Report {
     header: String,
     /// Steps per kind, and each step's longest refusal (`true`: it had not ended by the run's end).
     by_kind: BTreeMap<String, Vec<(Duration, bool)>>,
+    /// One line per step: when, what, its longest refusal.
+    steps: Vec<String>,
     acknowledged: usize,
     frames: usize,
     duplicate_answers: usize,
@@ -125,7 +127,12 @@ impl Report {
             .flat_map(|p| &p.refusals)
             .map(|r| {
                 let end = r.to.unwrap_or(observed.elapsed);
-                (r.from, end.saturating_sub(r.from), r.to.is_none())
+                (
+                    r.failed_at,
+                    end.saturating_sub(r.from),
+                    r.to.is_none(),
+                    r.first.as_str(),
+                )
             })
             .collect();
         let first = observed
@@ -149,12 +156,20 @@ impl Report {
                 .steps
                 .get(i + 1)
                 .map_or(Duration::MAX, |s| s.started);
-            let longest = windows
+            let worst = windows
                 .iter()
                 .filter(|w| w.0 >= step.started && w.0 < end)
-                .map(|w| (w.1, w.2))
-                .max()
-                .unwrap_or_default();
+                .max_by_key(|w| (w.1, w.2));
+            let longest = worst.map(|w| (w.1, w.2)).unwrap_or_default();
+            self.steps.push(format!(
+                "| {:.1} s | {} | {:.1} s | {:.1} s{} | {} |",
+                step.started.as_secs_f64(),
+                step.faults.join(" + "),
+                step.healed.saturating_sub(step.started).as_secs_f64(),
+                longest.0.as_secs_f64(),
+                if longest.1 { " (never ended)" } else { "" },
+                worst.map_or("", |w| w.3),
+            ));
             self.by_kind
                 .entry(step.label.clone())
                 .or_default()
@@ -337,6 +352,14 @@ const SHOWN: usize = 8;
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "{}", self.header)?;
+        writeln!(
+            f,
+            "| at | faults | held | longest refusal after | its first failure |"
+        )?;
+        writeln!(f, "|---:|---|---:|---:|---|")?;
+        for step in &self.steps {
+            writeln!(f, "{step}")?;
+        }
         writeln!(f, "| fault kind | steps | refused: median | refused: max |")?;
         writeln!(f, "|---|---:|---:|---:|")?;
         for (kind, steps) in &self.by_kind {

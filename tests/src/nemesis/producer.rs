@@ -49,6 +49,9 @@ pub struct Refusal {
     pub from: Duration,
     /// The next acknowledgement.
     pub to: Option<Duration>,
+    /// When the first failed attempt's answer (or timeout) came: what the report attributes
+    /// the window to a fault by, since an attempt may start just before the fault that fails it.
+    pub failed_at: Duration,
     /// What the first failure was.
     pub first: String,
 }
@@ -131,6 +134,7 @@ pub async fn run(
                         log.refusals.push(Refusal {
                             from: attempt_start,
                             to: None,
+                            failed_at: started.elapsed(),
                             first: why,
                         });
                     }
