@@ -56,6 +56,11 @@ impl FaultKind {
         matches!(self, Self::KillNats | Self::KillLeader | Self::PauseNats)
     }
 
+    /// Whether it breaks a node's link to NATS.
+    pub fn is_link(self) -> bool {
+        matches!(self, Self::Blackhole | Self::CloseLink)
+    }
+
     /// The kinds a comma-separated list names (`all` or empty: every kind).
     ///
     /// # Errors
@@ -173,7 +178,9 @@ pub fn plan(
             let kind = kinds[rng.index(kinds.len())];
             let second = target(&mut rng, kind);
             let both_nats = first.kind.takes_nats() && second.kind.takes_nats();
-            let same = second.kind == first.kind && second.target == first.target;
+            // Two faults of one node's links would both hit the link it uses: one at a time.
+            let same = second.target == first.target
+                && (second.kind == first.kind || (first.kind.is_link() && second.kind.is_link()));
             if !both_nats && !same {
                 faults.push(second);
             }
