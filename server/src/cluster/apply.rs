@@ -100,10 +100,12 @@ impl Cluster {
                     _ = check.tick() => {
                         // The consumer follows a stream of the same name by itself; whether it
                         // is still the same stream, holding what comes next, is checked here.
-                        match self.check_stream(next).await {
-                            Ok(Some(_)) => {}
-                            Ok(None) => return,
-                            Err(error) => tracing::debug!(%error, "cluster: cannot check the stream"),
+                        // Bounded: NATS that does not answer must not hold up the reading.
+                        match tokio::time::timeout(STREAM_CHECK, self.check_stream(next)).await {
+                            Ok(Ok(Some(_))) => {}
+                            Ok(Ok(None)) => return,
+                            Ok(Err(error)) => tracing::debug!(%error, "cluster: cannot check the stream"),
+                            Err(_) => tracing::debug!("cluster: the stream's info did not come in time"),
                         }
                         continue;
                     }
