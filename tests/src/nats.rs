@@ -60,6 +60,21 @@ fn config_text(store: &Path, port: i32) -> String {
     )
 }
 
+/// What keeps the last [`LOG_TAIL`] bytes (or up to twice that) of a `nats-server`'s log in
+/// `logs`, a line at a time.
+pub(crate) fn log_tail(logs: Arc<Mutex<Vec<u8>>>) -> impl Fn(&str) + Send + 'static {
+    move |line: &str| {
+        if let Ok(mut logs) = logs.lock() {
+            logs.extend_from_slice(line.as_bytes());
+            logs.push(b'\n');
+            let len = logs.len();
+            if len > LOG_TAIL * 2 {
+                logs.drain(..len - LOG_TAIL);
+            }
+        }
+    }
+}
+
 /// The address at the end of a log line `... on 127.0.0.1:PORT`.
 fn addr_after_on(line: &str) -> Option<SocketAddr> {
     line.rsplit(" on ").next()?.trim().parse().ok()
@@ -132,17 +147,7 @@ impl NatsServer {
             .stderr
             .take()
             .ok_or_else(|| anyhow!("no stderr pipe"))?;
-        let logs = Arc::clone(&self.logs);
-        let keep = move |line: &str| {
-            if let Ok(mut logs) = logs.lock() {
-                logs.extend_from_slice(line.as_bytes());
-                logs.push(b'\n');
-                let len = logs.len();
-                if len > LOG_TAIL * 2 {
-                    logs.drain(..len - LOG_TAIL);
-                }
-            }
-        };
+        let keep = log_tail(Arc::clone(&self.logs));
         let mut lines = BufReader::new(stderr).lines();
         let ready = async {
             let (mut addr, mut monitor) = (None, None);

@@ -23,8 +23,6 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the cluster may take to elect its JetStream meta leader.
 const JETSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
-/// How much of each server's log is kept for a report.
-const LOG_TAIL: usize = 64 * 1024;
 /// The cluster's name (JetStream reports it in stream info).
 const CLUSTER_NAME: &str = "nemesis";
 
@@ -134,17 +132,7 @@ impl NatsPeer {
             .id()
             .ok_or_else(|| anyhow!("nats-server has no pid"))?;
         let stderr = child.stderr.take().ok_or_else(|| anyhow!("no stderr"))?;
-        let logs = Arc::clone(&self.logs);
-        let keep = move |line: &str| {
-            if let Ok(mut logs) = logs.lock() {
-                logs.extend_from_slice(line.as_bytes());
-                logs.push(b'\n');
-                let len = logs.len();
-                if len > LOG_TAIL * 2 {
-                    logs.drain(..len - LOG_TAIL);
-                }
-            }
-        };
+        let keep = crate::nats::log_tail(Arc::clone(&self.logs));
         let mut lines = BufReader::new(stderr).lines();
         let ready = async {
             while let Some(line) = lines.next_line().await? {
