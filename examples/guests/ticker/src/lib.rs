@@ -198,7 +198,16 @@ mod tests {
     #[test]
     fn lines_are_what_split_gives() {
         let long = "{\"symbol\":\"A\",\"price\":1,\"seq\":1}\n".repeat(40);
-        for input in ["", "\n", "a", "a\n", "\na", "a\n\nb", "a\r\nb\n\n", &long[..]] {
+        for input in [
+            "",
+            "\n",
+            "a",
+            "a\n",
+            "\na",
+            "a\n\nb",
+            "a\r\nb\n\n",
+            &long[..],
+        ] {
             let input = input.as_bytes();
             assert_eq!(
                 lines(input).collect::<Vec<_>>(),
