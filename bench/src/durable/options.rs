@@ -188,8 +188,9 @@ pub struct Options {
     /// The spawned viewtape's `[log]` (per-producer runtimes)
     #[arg(long, value_enum, default_value_t = Log::Fsync)]
     pub(super) log: Log,
-    /// The producer runtimes' module (per-producer runtimes)
-    #[arg(long, value_name = "FILE", default_value = "builtin:ticker")]
+    /// The producer runtimes' module (per-producer runtimes): `builtin:<guest>`, or a file,
+    /// relative to where the bench runs
+    #[arg(long, value_name = "FILE", default_value = "builtin:ticker", value_parser = module_arg)]
     pub(super) wasm: String,
     #[command(flatten)]
     pub(crate) server: ServerOptions,
@@ -197,6 +198,17 @@ pub struct Options {
     pub(crate) pin: PinOptions,
     #[command(flatten)]
     pub(crate) client: ClientOptions,
+}
+
+/// A module as the spawned server's config names it: a built-in as it is, a file as an absolute
+/// path (the config is written in a directory of its own, where a relative path would not
+/// resolve).
+fn module_arg(text: &str) -> Result<String, String> {
+    if text.starts_with("builtin:") {
+        return Ok(text.to_owned());
+    }
+    let path = std::path::absolute(text).map_err(|error| format!("{text}: {error}"))?;
+    Ok(path.display().to_string())
 }
 
 impl Options {
@@ -261,6 +273,17 @@ impl Options {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_module_file_is_named_by_its_absolute_path_a_builtin_as_it_is() {
+        assert_eq!(module_arg("builtin:ticker").unwrap(), "builtin:ticker");
+        let named = module_arg("server/guests/ticker.wasm").unwrap();
+        let here = std::env::current_dir().unwrap();
+        assert_eq!(
+            std::path::Path::new(&named),
+            here.join("server/guests/ticker.wasm")
+        );
+    }
 
     #[test]
     fn per_producer_config_names_runtimes() {
