@@ -156,6 +156,25 @@ impl Serialize for Readiness {
     }
 }
 
+/// Why a node cannot judge a cursor ahead of it now ([`Cluster::reach`]).
+#[derive(Debug, thiserror::Error)]
+pub enum Behind {
+    /// It stopped applying the stream.
+    #[error("this node stopped applying the stream: {0}")]
+    Stopped(String),
+    /// It has not applied all the stream holds.
+    #[error("this node has applied sequence {applied} of the stream's {last}")]
+    Applied {
+        /// What it applied.
+        applied: LogPosition,
+        /// What the stream holds.
+        last: LogPosition,
+    },
+    /// NATS did not say what the stream holds.
+    #[error("this node cannot read the stream now")]
+    Unreadable,
+}
+
 /// A node's place in its cluster.
 pub struct Cluster {
     js: jetstream::Context,
@@ -401,7 +420,7 @@ impl Cluster {
     /// The cursor is still ahead after the wait and this node has not applied what the stream
     /// holds (or cannot learn what that is): it cannot tell a cursor of another node from a
     /// false one, and says why rather than reset a cursor that may be valid.
-    pub async fn reach(&self, hub: &Hub, view: &str, cursor: &Cursor) -> Result<(), String> {
+    pub async fn reach(&self, hub: &Hub, view: &str, cursor: &Cursor) -> Result<(), Behind> {
         let Some(view) = hub.view(view) else {
             return Ok(());
         };
@@ -435,12 +454,12 @@ impl Cluster {
         tracing::debug!(view = view.name(), %cursor, "cluster: a cursor stayed ahead of this node, which is behind the stream");
         let readiness = self.readiness.borrow();
         Err(match (&readiness.broken, last) {
-            (Some(broken), _) => format!("this node stopped applying the stream: {broken}"),
-            (None, Some(last)) => format!(
-                "this node has applied sequence {} of the stream's {last}",
-                readiness.applied
-            ),
-            (None, None) => "this node cannot read the stream now".to_owned(),
+            (Some(broken), _) => Behind::Stopped(broken.to_string()),
+            (None, Some(last)) => Behind::Applied {
+                applied: readiness.applied,
+                last,
+            },
+            (None, None) => Behind::Unreadable,
         })
     }
 
@@ -483,17 +502,17 @@ impl Cluster {
     }
 }
 
-/// The key-value bucket `config` names, made as `config` says if it is not there; `Err` says
-/// why neither worked.
-async fn key_value(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store, String> {
+/// The key-value bucket `config` names, made as `config` says if it is not there.
+///
+/// # Errors
+/// Neither worked: why it could not be made.
+async fn key_value(
+    js: &jetstream::Context,
+    config: kv::Config,
+) -> Result<kv::Store, jetstream::context::CreateKeyValueError> {
     match js.get_key_value(&config.bucket).await {
         Ok(store) => Ok(store),
-        Err(_) => {
-            let name = config.bucket.clone();
-            js.create_key_value(config)
-                .await
-                .map_err(|error| format!("{name:?}: {error}"))
-        }
+        Err(_) => js.create_key_value(config).await,
     }
 }
 
