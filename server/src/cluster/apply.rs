@@ -18,11 +18,11 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tokio::time::Instant;
 
 use async_nats::jetstream::{consumer, stream};
 use futures_util::StreamExt as _;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use super::bucket::BoxError;
@@ -192,9 +192,11 @@ impl Cluster {
             if readiness.behind == behind {
                 return false;
             }
-            match &behind {
-                Some(why) => tracing::warn!(why, "cluster: behind the stream; not ready"),
-                None => tracing::info!("cluster: caught up with the stream again"),
+            // Said when it starts and when it ends, not at each new reason.
+            match (&readiness.behind, &behind) {
+                (None, Some(why)) => tracing::warn!(why, "cluster: behind the stream; not ready"),
+                (Some(_), None) => tracing::info!("cluster: caught up with the stream again"),
+                _ => {}
             }
             readiness.ready = readiness.ready && behind.is_none();
             readiness.behind = behind;
