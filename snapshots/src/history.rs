@@ -133,9 +133,38 @@ pub enum HistoryError {
     Damaged {
         /// The file.
         path: PathBuf,
-        /// What is wrong.
-        reason: String,
+        /// What is wrong (in the message already, so not its `source`).
+        reason: HistoryParseError,
     },
+}
+
+/// Why the text of a history file is not one this build reads.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HistoryParseError {
+    /// The first line is not the format's.
+    #[error("the first line is not {FIRST_LINE:?}")]
+    FirstLine,
+    /// A line that is not a key, a space and a value.
+    #[error("line {0:?} is not `key value`")]
+    NotKeyValue(String),
+    /// The value of a numeric key is not a number.
+    #[error("{key} {value:?} is not a number")]
+    NotANumber {
+        /// The key.
+        key: String,
+        /// Its value.
+        value: String,
+    },
+    /// The id is not 32 hex digits (or is all zeros).
+    #[error("id {0:?} is not 32 hex digits")]
+    BadId(String),
+    /// A key this build does not know.
+    #[error("unknown key {0:?}")]
+    UnknownKey(String),
+    /// No `id` line.
+    #[error("no id line")]
+    NoId,
 }
 
 impl DataHistory {
@@ -223,36 +252,42 @@ impl DataHistory {
         text
     }
 
-    fn parse(text: &str) -> Result<Self, String> {
+    fn parse(text: &str) -> Result<Self, HistoryParseError> {
         let mut lines = text.lines();
         if lines.next() != Some(FIRST_LINE) {
-            return Err(format!("the first line is not {FIRST_LINE:?}"));
+            return Err(HistoryParseError::FirstLine);
         }
         let mut id = None;
         let mut legacy = Legacy::default();
         for line in lines {
             let (key, value) = line
                 .split_once(' ')
-                .ok_or_else(|| format!("line {line:?} is not `key value`"))?;
-            fn number<N: std::str::FromStr>(key: &str, value: &str) -> Result<N, String> {
+                .ok_or_else(|| HistoryParseError::NotKeyValue(line.to_owned()))?;
+            fn number<N: std::str::FromStr>(
+                key: &str,
+                value: &str,
+            ) -> Result<N, HistoryParseError> {
                 value
                     .parse::<N>()
-                    .map_err(|_| format!("{key} {value:?} is not a number"))
+                    .map_err(|_| HistoryParseError::NotANumber {
+                        key: key.to_owned(),
+                        value: value.to_owned(),
+                    })
             }
             match key {
                 "id" => {
                     id = Some(
                         HistoryId::parse_hex(value)
-                            .ok_or_else(|| format!("id {value:?} is not 32 hex digits"))?,
+                            .ok_or_else(|| HistoryParseError::BadId(value.to_owned()))?,
                     )
                 }
                 "legacy-log-through" => legacy.log_through = Some(number(key, value)?),
                 "legacy-snapshot-seq" => legacy.snapshot_seq = Some(number(key, value)?),
-                _ => return Err(format!("unknown key {key:?}")),
+                _ => return Err(HistoryParseError::UnknownKey(key.to_owned())),
             }
         }
         Ok(Self {
-            id: id.ok_or("no id line")?,
+            id: id.ok_or(HistoryParseError::NoId)?,
             legacy,
         })
     }
@@ -285,6 +320,39 @@ mod tests {
         ));
         assert_ne!(HistoryId::random(), HistoryId::random());
         Ok(())
+    }
+
+    #[test]
+    fn a_damaged_history_file_is_told_in_the_words_a_reader_sees() {
+        let id = "id 6f1c0e4d9a2b7c3e5f60718293a4b5c6";
+        for (text, words) in [
+            ("", "the first line is not \"viewtape-history 1\""),
+            (
+                "viewtape-history 1\nsome",
+                "line \"some\" is not `key value`",
+            ),
+            (
+                "viewtape-history 1\nid 12",
+                "id \"12\" is not 32 hex digits",
+            ),
+            (
+                &format!("viewtape-history 1\n{id}\nlegacy-log-through x"),
+                "legacy-log-through \"x\" is not a number",
+            ),
+            ("viewtape-history 1\nsome thing", "unknown key \"some\""),
+            ("viewtape-history 1\n", "no id line"),
+        ] {
+            let error = DataHistory::parse(text).err().map(|e| e.to_string());
+            assert_eq!(error.as_deref(), Some(words), "{text:?}");
+        }
+        let damaged = HistoryError::Damaged {
+            path: PathBuf::from("/data/history"),
+            reason: HistoryParseError::NoId,
+        };
+        assert_eq!(
+            damaged.to_string(),
+            "history file /data/history is damaged: no id line"
+        );
     }
 
     #[test]

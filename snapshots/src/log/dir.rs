@@ -6,7 +6,7 @@ use super::read::{scan_segment, SegmentReader};
 use super::scan::{LogRecord, LogScan};
 use super::segment::Damage;
 use super::segment::{parse_header, record_at};
-use super::watermark::Watermark;
+use super::watermark::{Watermark, WatermarkError};
 use super::{LogError, LogPosition, SEGMENT_PREFIX, SEGMENT_SUFFIX, WATERMARK_FILE};
 
 /// A log directory.
@@ -115,7 +115,7 @@ impl LogDir {
     ///
     /// # Errors
     /// The file exists and cannot be read.
-    pub fn read_watermark(&self) -> Result<Option<Result<Watermark, String>>, LogError> {
+    pub fn read_watermark(&self) -> Result<Option<Result<Watermark, WatermarkError>>, LogError> {
         let path = self.watermark_path();
         match fs::read(&path) {
             Ok(bytes) => Ok(Some(Watermark::parse(&bytes))),

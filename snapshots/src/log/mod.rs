@@ -14,7 +14,7 @@
 //! | `read` | reading a segment's records front to back, and scanning it |
 //! | `scan` | what a scan reports: [`LogScan`], [`SegmentScan`], [`LogDamage`] |
 //! | `dir` | the directory: [`LogDir`] lists, scans, repairs, reads, cuts and deletes segments |
-//! | `watermark` | the end-of-log [`Watermark`] and its file |
+//! | `watermark` | the end-of-log [`Watermark`], its file, and why one is not valid ([`WatermarkError`]) |
 //! | `writer` | [`LogWriter`]: group commit on a thread of its own |
 //!
 //! ## Format
@@ -124,7 +124,7 @@ pub use dir::LogDir;
 pub use error::LogError;
 pub use scan::{LogDamage, LogDamageKind, LogRecord, LogScan, SegmentScan};
 pub use segment::{Damage, Lineage};
-pub use watermark::Watermark;
+pub use watermark::{Watermark, WatermarkError};
 pub use writer::{Completion, Durability, GroupWritten, LogWriter, Observer, WriterOptions};
 
 /// The first bytes of every segment.

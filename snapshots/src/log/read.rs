@@ -10,6 +10,7 @@ use super::scan::{LogRecord, SegmentScan};
 use super::segment::Damage;
 use super::segment::{
     intact, parse_header, payload_len, position_at, read_header, tail_damage, torn_header, Header,
+    SegmentHeaderError,
 };
 use super::{LogError, LogPosition, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
 
@@ -33,7 +34,7 @@ pub(super) struct SegmentReader {
 pub(super) struct BadHeader {
     /// Its first bytes, at most a header's worth.
     bytes: Vec<u8>,
-    reason: String,
+    reason: SegmentHeaderError,
     /// The file's size.
     len: u64,
 }
@@ -154,7 +155,7 @@ pub(super) fn scan_segment(path: PathBuf, first: LogPosition) -> Result<SegmentS
             } else {
                 Damage::Corrupt {
                     offset: 0,
-                    reason,
+                    reason: reason.to_string(),
                     intact_after: None,
                 }
             };

@@ -94,43 +94,65 @@ pub(super) struct Header {
     pub(super) len: usize,
 }
 
+/// Why a segment's first bytes are not a header this build reads (a scan reports it as
+/// [`Damage::Corrupt`], in these words).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub(super) enum SegmentHeaderError {
+    /// It does not start with [`LOG_MAGIC`].
+    #[error("not a viewtape log segment (bad magic)")]
+    BadMagic,
+    /// The file ends before the header does.
+    #[error("shorter than a segment header")]
+    Short,
+    /// A format version other than 1 and [`LOG_VERSION`].
+    #[error("segment format version {0}; this build reads 1 and {LOG_VERSION}")]
+    UnknownVersion(u16),
+    /// The header's checksum does not match its bytes.
+    #[error("segment header checksum mismatch")]
+    Checksum,
+    /// An intact header that names another first position than the file name.
+    #[error("header says first position {header}, the name says {name}")]
+    WrongFirst {
+        /// The first position the header holds.
+        header: LogPosition,
+        /// The first position the file name gives.
+        name: LogPosition,
+    },
+}
+
 /// Parses and checks a segment header — magic, version (1 or 2), length, checksum — and that it
 /// names `first`, as the file name does.
-pub(super) fn parse_header(bytes: &[u8], first: LogPosition) -> Result<Header, String> {
+pub(super) fn parse_header(bytes: &[u8], first: LogPosition) -> Result<Header, SegmentHeaderError> {
     let header = read_header(bytes)?;
     if header.first != first {
-        return Err(format!(
-            "header says first position {}, the name says {first}",
-            header.first
-        ));
+        return Err(SegmentHeaderError::WrongFirst {
+            header: header.first,
+            name: first,
+        });
     }
     Ok(header)
 }
 
 /// Parses and checks a segment header: magic, version (1 or 2), length and checksum; not the
 /// file name (a header that checks out says whose segment it is, under any name).
-pub(super) fn read_header(bytes: &[u8]) -> Result<Header, String> {
+pub(super) fn read_header(bytes: &[u8]) -> Result<Header, SegmentHeaderError> {
     let magic = bytes.len().min(LOG_MAGIC.len());
     if bytes[..magic] != LOG_MAGIC[..magic] {
-        return Err("not a viewtape log segment (bad magic)".to_owned());
+        return Err(SegmentHeaderError::BadMagic);
     }
     let Some(version) = bytes.get(8..10).map(|v| u16::from_le_bytes([v[0], v[1]])) else {
-        return Err("shorter than a segment header".to_owned());
+        return Err(SegmentHeaderError::Short);
     };
     let len = match version {
         1 => SEGMENT_HEADER_LEN_V1,
         LOG_VERSION => SEGMENT_HEADER_LEN,
-        _ => {
-            return Err(format!(
-                "segment format version {version}; this build reads 1 and {LOG_VERSION}"
-            ))
-        }
+        _ => return Err(SegmentHeaderError::UnknownVersion(version)),
     };
     let Some(header) = bytes.get(..len) else {
-        return Err("shorter than a segment header".to_owned());
+        return Err(SegmentHeaderError::Short);
     };
     if crc32c::crc32c(&header[..len - 4]) != u32_at(header, len - 4) {
-        return Err("segment header checksum mismatch".to_owned());
+        return Err(SegmentHeaderError::Checksum);
     }
     let (history, epoch) = match version {
         1 => (None, None),

@@ -416,6 +416,69 @@ fn a_segment_header_of_an_unknown_version_is_damage_and_nothing_of_it_is_read() 
 }
 
 #[test]
+fn bad_headers_and_watermarks_are_told_in_the_words_a_reader_sees() {
+    use super::segment::{parse_header, read_header, segment_header};
+    use super::watermark::WatermarkError;
+    let say = |result: Result<_, segment::SegmentHeaderError>| result.err().map(|e| e.to_string());
+    let first = LogPosition::new(7);
+    let good = segment_header(first, &Lineage::default());
+    let mut version = good.clone();
+    version[8] = 9;
+    let mut checksum = good.clone();
+    checksum[40] ^= 1;
+    let cases = [
+        (
+            read_header(b"nope"),
+            "not a viewtape log segment (bad magic)",
+        ),
+        (read_header(&good[..9]), "shorter than a segment header"),
+        (read_header(&good[..30]), "shorter than a segment header"),
+        (
+            read_header(&version),
+            "segment format version 9; this build reads 1 and 2",
+        ),
+        (read_header(&checksum), "segment header checksum mismatch"),
+        (
+            parse_header(&good, LogPosition::new(8)),
+            "header says first position 7, the name says 8",
+        ),
+    ];
+    for (result, words) in cases {
+        assert_eq!(say(result).as_deref(), Some(words));
+    }
+    assert!(parse_header(&good, first).is_ok());
+    let mark = Watermark {
+        history: None,
+        rolled_at: first,
+        through: first,
+    }
+    .to_bytes();
+    let (mut version, mut checksum) = (mark, mark);
+    version[8] = 2;
+    checksum[30] ^= 1;
+    for (bytes, error, words) in [
+        (
+            &mark[..47],
+            WatermarkError::NotAWatermark,
+            "not a viewtape log watermark",
+        ),
+        (
+            &version[..],
+            WatermarkError::UnknownVersion,
+            "unknown watermark version",
+        ),
+        (
+            &checksum[..],
+            WatermarkError::Checksum,
+            "watermark checksum mismatch",
+        ),
+    ] {
+        assert_eq!(Watermark::parse(bytes), Err(error));
+        assert_eq!(error.to_string(), words);
+    }
+}
+
+#[test]
 fn segments_carry_their_history_and_epoch_and_version_1_is_still_read() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let log = LogDir::create(tmp.path())?;

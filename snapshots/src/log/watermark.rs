@@ -17,6 +17,21 @@ pub struct Watermark {
     pub through: LogPosition,
 }
 
+/// Why the watermark file is not a valid watermark ([`super::LogDir::read_watermark`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WatermarkError {
+    /// Not the watermark's length or magic bytes.
+    #[error("not a viewtape log watermark")]
+    NotAWatermark,
+    /// A format version this build does not read.
+    #[error("unknown watermark version")]
+    UnknownVersion,
+    /// Its checksum does not match its bytes.
+    #[error("watermark checksum mismatch")]
+    Checksum,
+}
+
 impl Watermark {
     /// The highest position it shows was used: the last one made durable, or the one before
     /// the newest segment's first.
@@ -36,15 +51,15 @@ impl Watermark {
         out
     }
 
-    pub(super) fn parse(bytes: &[u8]) -> Result<Self, String> {
+    pub(super) fn parse(bytes: &[u8]) -> Result<Self, WatermarkError> {
         if bytes.len() != WATERMARK_LEN || bytes[..8] != WATERMARK_MAGIC {
-            return Err("not a viewtape log watermark".to_owned());
+            return Err(WatermarkError::NotAWatermark);
         }
         if u16::from_le_bytes([bytes[8], bytes[9]]) != 1 {
-            return Err("unknown watermark version".to_owned());
+            return Err(WatermarkError::UnknownVersion);
         }
         if crc32c::crc32c(&bytes[..44]) != u32_at(bytes, 44) {
-            return Err("watermark checksum mismatch".to_owned());
+            return Err(WatermarkError::Checksum);
         }
         let mut id = [0u8; 16];
         id.copy_from_slice(&bytes[12..28]);

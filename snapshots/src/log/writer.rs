@@ -273,11 +273,12 @@ impl WriterState {
             }
             bytes.clear();
             let mut position = self.next;
-            let result = self.write_group(&group, &mut bytes);
+            let written = self.write_group(&group, &mut bytes);
             for append in group.drain(..) {
-                let outcome = match &result {
+                // Every append of a failed group fails alike, each with an error of its own.
+                let outcome = match &written {
                     Ok(()) => Ok(position),
-                    Err(reason) => Err(LogError::Poisoned(reason.clone())),
+                    Err(_) => self.poisoned().map(|()| position),
                 };
                 position = position.saturating_add(append.payloads.len() as u64);
                 (append.done)(outcome);
@@ -306,16 +307,24 @@ impl WriterState {
             .map_err(|e| LogError::io("write", &self.dir.watermark_path(), e))
     }
 
-    /// Writes and (with [`Durability::Fsync`]) syncs one group; the first failure poisons.
-    fn write_group(&mut self, group: &[Append], bytes: &mut Vec<u8>) -> Result<(), String> {
-        if let Some(reason) = &self.poisoned {
-            return Err(reason.clone());
+    /// [`LogError::Poisoned`], with the first failure's words, once a write or sync has failed.
+    fn poisoned(&self) -> Result<(), LogError> {
+        match &self.poisoned {
+            Some(reason) => Err(LogError::Poisoned(reason.clone())),
+            None => Ok(()),
         }
-        let written = self.try_write_group(group, bytes);
-        if let Err(error) = &written {
+    }
+
+    /// Writes and (with [`Durability::Fsync`]) syncs one group; the first failure poisons.
+    ///
+    /// # Errors
+    /// [`LogError::Poisoned`]: this group's write or sync failed, or an earlier one did.
+    fn write_group(&mut self, group: &[Append], bytes: &mut Vec<u8>) -> Result<(), LogError> {
+        self.poisoned()?;
+        if let Err(error) = self.try_write_group(group, bytes) {
             self.poisoned = Some(error.to_string());
         }
-        written.map_err(|error| error.to_string())
+        self.poisoned()
     }
 
     fn try_write_group(&mut self, group: &[Append], bytes: &mut Vec<u8>) -> Result<(), LogError> {

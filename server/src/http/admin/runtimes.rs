@@ -23,7 +23,7 @@ use viewtape_journal::ViewName;
 use super::gate::{json_object, Admin, Authorized};
 use crate::catalog::{CatalogError, Changed};
 use crate::config::{LimitsSection, BUILTIN_GUESTS};
-use crate::deploy::MAX_MODULE_BYTES;
+use crate::deploy::{DeployActionError, MAX_MODULE_BYTES};
 use crate::host::ModuleFingerprint;
 use crate::http::body::read_body;
 use crate::http::ApiError;
@@ -238,7 +238,7 @@ async fn definition(
         (Some(module), _) => (
             module_of(admin, &module)
                 .await
-                .map_err(|message| invalid("module", message))?,
+                .map_err(|error| invalid("module", error.to_string()))?,
             module,
         ),
         (None, Some(running)) => {
@@ -265,39 +265,91 @@ async fn definition(
     })
 }
 
+/// Why a definition's `module` names no module this server can run: answered as `422
+/// invalid_definition` with field `module`, in these words.
+#[derive(Debug, thiserror::Error)]
+enum ModuleRefError {
+    /// `builtin:<guest>` with no such guest.
+    #[error("no built-in guest {guest:?} (built-in: {})", BUILTIN_GUESTS.map(|(guest, _)| guest).join(", "))]
+    NoSuchBuiltin {
+        /// The name after `builtin:`.
+        guest: String,
+    },
+    /// A built-in guest that could not be kept.
+    #[error(transparent)]
+    Keep(#[from] DeployActionError),
+    /// Neither `builtin:<guest>` nor a fingerprint.
+    #[error("{0:?} is neither builtin:<guest> nor sha256:<64 hex> of an uploaded module")]
+    Unrecognized(String),
+    /// A fingerprint of no module kept here or in the cluster's bucket.
+    #[error("module {0} is not kept here: upload it first (POST /admin/modules)")]
+    NotKept(ModuleFingerprint),
+    /// The module from the cluster's bucket could not be kept here.
+    #[error(transparent)]
+    Store(std::io::Error),
+}
+
 /// The module `name` names: a built-in (kept now, like an upload), or one kept already, here or
 /// in the cluster's bucket.
-async fn module_of(admin: &Admin, name: &str) -> Result<ModuleFingerprint, String> {
+async fn module_of(admin: &Admin, name: &str) -> Result<ModuleFingerprint, ModuleRefError> {
     if let Some(builtin) = name.strip_prefix("builtin:") {
         let (_, wasm) = BUILTIN_GUESTS
             .iter()
             .find(|(guest, _)| *guest == builtin)
-            .ok_or_else(|| {
-                format!(
-                    "no built-in guest {builtin:?} (built-in: {})",
-                    BUILTIN_GUESTS.map(|(guest, _)| guest).join(", ")
-                )
+            .ok_or_else(|| ModuleRefError::NoSuchBuiltin {
+                guest: builtin.to_owned(),
             })?;
         let module = admin
             .deployer()
             .keep(name, Bytes::from_static(wasm))
-            .await
-            .map_err(|error| error.to_string())?;
+            .await?;
         return Ok(module.fingerprint().clone());
     }
-    let fingerprint = ModuleFingerprint::parse(name).ok_or_else(|| {
-        format!("{name:?} is neither builtin:<guest> nor sha256:<64 hex> of an uploaded module")
-    })?;
+    let fingerprint = ModuleFingerprint::parse(name)
+        .ok_or_else(|| ModuleRefError::Unrecognized(name.to_owned()))?;
     let store = admin.catalog().modules();
     if store.get(&fingerprint).is_err() {
         let wasm = match admin.cluster() {
             Some(cluster) => cluster.get_module(&fingerprint).await.ok(),
             None => None,
         }
-        .ok_or_else(|| {
-            format!("module {fingerprint} is not kept here: upload it first (POST /admin/modules)")
-        })?;
-        store.put(&wasm).map_err(|error| error.to_string())?;
+        .ok_or_else(|| ModuleRefError::NotKept(fingerprint.clone()))?;
+        store.put(&wasm).map_err(ModuleRefError::Store)?;
     }
     Ok(fingerprint)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_module_that_names_nothing_is_told_in_the_words_a_client_sees() {
+        let fingerprint = ModuleFingerprint::of(b"wasm");
+        for (error, words) in [
+            (
+                ModuleRefError::NoSuchBuiltin {
+                    guest: "nope".to_owned(),
+                },
+                "no built-in guest \"nope\" (built-in: ticker, logstats, json)".to_owned(),
+            ),
+            (
+                ModuleRefError::Unrecognized("x".to_owned()),
+                "\"x\" is neither builtin:<guest> nor sha256:<64 hex> of an uploaded module"
+                    .to_owned(),
+            ),
+            (
+                ModuleRefError::NotKept(fingerprint.clone()),
+                format!(
+                    "module {fingerprint} is not kept here: upload it first (POST /admin/modules)"
+                ),
+            ),
+            (
+                ModuleRefError::Store(std::io::Error::other("disk full")),
+                "disk full".to_owned(),
+            ),
+        ] {
+            assert_eq!(error.to_string(), words);
+        }
+    }
 }
