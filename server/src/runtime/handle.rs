@@ -100,6 +100,18 @@ impl PauseGuard {
     }
 }
 
+/// The task's answer on `rx` to a command sent on `tx`; `None` once the task has stopped
+/// without answering it. The stop is watched for, not only the answer: a command sent just as
+/// the task stopped can stay in its queue unread (and its reply channel open) for as long as
+/// any handle lives — the waiting caller's own among them.
+async fn answer<T>(tx: &mpsc::Sender<Command>, rx: oneshot::Receiver<T>) -> Option<T> {
+    tokio::select! {
+        biased;
+        answer = rx => answer.ok(),
+        () = tx.closed() => None,
+    }
+}
+
 /// The cloneable handle of a runtime task. The task stops when every handle is dropped.
 #[derive(Clone, Debug)]
 pub struct RuntimeHandle {
@@ -360,9 +372,10 @@ impl RuntimeHandle {
         let stopped = ApplyError::Stopped {
             runtime: self.name.to_string(),
         };
+        let tx = self.tx.clone();
         Box::pin(async move {
             match sent {
-                true => rx.await.unwrap_or(Err(stopped)),
+                true => answer(&tx, rx).await.unwrap_or(Err(stopped)),
                 false => Err(stopped),
             }
         })
@@ -480,12 +493,36 @@ impl RuntimeHandle {
     async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
         let (reply, rx) = oneshot::channel();
         self.tx.send(make(reply)).await.ok()?;
-        rx.await.ok()
+        answer(&self.tx, rx).await
     }
 
     pub(super) fn stopped(&self) -> IngestError {
         IngestError::Stopped {
             runtime: self.name.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A command that reaches the queue of a task after its receiver closed (the sender had its
+    /// place before the close) stays there unread while any sender lives: its caller is answered
+    /// by the stop, not left waiting for good.
+    #[tokio::test]
+    async fn a_command_left_in_the_queue_of_a_stopped_task_is_answered() {
+        let (tx, rx) = mpsc::channel::<Command>(4);
+        let place = tx.reserve().await.unwrap();
+        drop(rx);
+        let (reply, answered) = oneshot::channel();
+        place.send(Command::Save { reply });
+        let answer = tokio::time::timeout(Duration::from_secs(5), answer(&tx, answered)).await;
+        assert!(
+            matches!(answer, Ok(None)),
+            "the caller waited with its command unread: {answer:?}"
+        );
     }
 }
