@@ -148,6 +148,7 @@ async fn a_stream_leader_killed_stops_ingest_no_longer_than_its_election() -> an
             .await
             .context("no leader, or no ingest, within the timeout")?;
     let taken = taken?;
+    println!("stream leader killed: elected after {elected:?}, ingest taken again after {taken:?}");
     ensure!(
         taken <= elected + Duration::from_millis(2500),
         "elected after {elected:?}, ingest taken again after {taken:?}\n{}",
