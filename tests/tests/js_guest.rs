@@ -263,7 +263,7 @@ async fn the_js_vwap_averages_each_symbols_last_n_trades() -> anyhow::Result<()>
     Ok(())
 }
 
-/// The compiled JS engine is kept in `DATA_DIR/cache` by default: a restart loads it instead of
+/// The compiled JS engine is kept in the user's cache by default: a restart loads it instead of
 /// compiling it again, and a damaged copy (here: after `kill -9`) is compiled again and replaced,
 /// never loaded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -271,14 +271,20 @@ async fn the_compiled_js_engine_is_kept_and_a_damaged_copy_is_replaced() -> anyh
     let module = js_ticker().display().to_string();
     let file = config_file(&config(&module))?;
     let path = file.path().display().to_string();
-    // An empty VIEWTAPE_CACHE_DIR is unset: the server's own default, not the tests' shared one.
-    let mut server =
-        Server::start_with_env(&["--config", &path], &[("VIEWTAPE_CACHE_DIR", "")]).await?;
+    // An empty VIEWTAPE_CACHE_DIR is unset: the server's own default (the user's cache, here a
+    // directory of this test's), not the tests' shared one.
+    let home = tempfile::tempdir()?;
+    let home_path = home.path().display().to_string();
+    let env = [
+        ("VIEWTAPE_CACHE_DIR", ""),
+        ("XDG_CACHE_HOME", home_path.as_str()),
+    ];
+    let mut server = Server::start_with_env(&["--config", &path], &env).await?;
     server.ready(Duration::from_secs(30)).await?;
     server
         .ingest_ok("{\"symbol\":\"ACME\",\"price\":1,\"seq\":1}\n")
         .await?;
-    let cache = server.data_dir().join("cache");
+    let cache = home.path().join("viewtape");
     let kept: Vec<PathBuf> = std::fs::read_dir(&cache)
         .with_context(|| format!("{} holds the compiled engine", cache.display()))?
         .map(|entry| entry.map(|e| e.path()))

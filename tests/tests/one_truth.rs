@@ -361,11 +361,12 @@ fn flip_a_byte(path: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_damaged_module_file_is_repaired_and_costs_no_data() -> anyhow::Result<()> {
-    let mut server = Server::start_with_env(&[], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
+/// Two runtimes made through the API, each with a batch: `docs` on the built-in JSON guest
+/// (`doc` holds `a: 1`) and `counter` on an uploaded JS build (count 1). Their modules:
+/// the built-in's and the upload's.
+async fn docs_and_counter(server: &Server) -> anyhow::Result<(String, String)> {
     let made = put(
-        &server,
+        server,
         "docs",
         json!({"module": "builtin:json", "views": ["doc"]}),
         201,
@@ -375,16 +376,23 @@ async fn a_damaged_module_file_is_repaired_and_costs_no_data() -> anyhow::Result
         .as_str()
         .context("running_module")?
         .to_owned();
-    let custom = upload(&server, &js_counter(1)).await?;
+    let custom = upload(server, &js_counter(1)).await?;
     put(
-        &server,
+        server,
         "counter",
         json!({"module": custom, "views": ["count"]}),
         201,
     )
     .await?;
-    ingest(&server, "docs", line("doc", "a", json!(1))).await?;
-    ensure!(tick(&server).await? == (1, 1));
+    ingest(server, "docs", line("doc", "a", json!(1))).await?;
+    ensure!(tick(server).await? == (1, 1));
+    Ok((builtin, custom))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_module_file_is_repaired_and_costs_no_data() -> anyhow::Result<()> {
+    let mut server = Server::start_with_env(&[], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
+    let (builtin, custom) = docs_and_counter(&server).await?;
 
     // Damaged while the server runs: the same bytes uploaded again repair the file.
     flip_a_byte(&module_file(&server, &custom))?;
@@ -417,23 +425,7 @@ async fn a_damaged_module_file_is_repaired_and_costs_no_data() -> anyhow::Result
 async fn a_module_no_start_can_read_halts_only_its_runtime_until_its_bytes_are_kept_again(
 ) -> anyhow::Result<()> {
     let mut server = Server::start_with_env(&[], &[(ADMIN_TOKEN_ENV, TOKEN)]).await?;
-    put(
-        &server,
-        "docs",
-        json!({"module": "builtin:json", "views": ["doc"]}),
-        201,
-    )
-    .await?;
-    let custom = upload(&server, &js_counter(1)).await?;
-    put(
-        &server,
-        "counter",
-        json!({"module": custom, "views": ["count"]}),
-        201,
-    )
-    .await?;
-    ingest(&server, "docs", line("doc", "a", json!(1))).await?;
-    ensure!(tick(&server).await? == (1, 1));
+    let (_, custom) = docs_and_counter(&server).await?;
     ensure!(tick(&server).await? == (2, 1));
 
     // Damaged while stopped, with no copy anywhere: the server starts all the same; the other

@@ -470,7 +470,7 @@ fn module_or_halt(
             if saved.halted.is_none() {
                 saved.halted = Some(RuntimeHalt {
                     position: at,
-                    reason: format!("its module {fingerprint} cannot be loaded ({error}); keep its bytes again (POST /admin/modules) and restart, and it runs on from its state"),
+                    reason: format!("its module {fingerprint} cannot be loaded here (missing or damaged, with no copy to repair it from; the server log says why); keep its bytes again (POST /admin/modules) and restart, and it runs on from its state"),
                     lost: 0,
                     unreadable: Some(fingerprint.clone()),
                 });
