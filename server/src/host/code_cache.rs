@@ -82,6 +82,11 @@ pub(crate) fn load_or_compile(
     Ok(module)
 }
 
+/// Whether `dir` holds a file of `wasm` compiled for `engine` (sound or not: a load checks).
+pub(crate) fn is_kept(engine: &Engine, wasm: &[u8], dir: &Path) -> bool {
+    dir.join(file_name(engine, wasm)).is_file()
+}
+
 fn file_name(engine: &Engine, wasm: &[u8]) -> String {
     let mut settings = DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut settings);

@@ -142,6 +142,24 @@ impl GuestEngine {
         &self.inner.linker
     }
 
+    /// Compiles the JS engine guest into the code cache now, in the background, unless the
+    /// cache holds it already (loading it is cheap, and left to its first use): the first
+    /// JavaScript runtime defined later does not wait seconds for the compile.
+    pub fn compile_js_engine_ahead(&self) {
+        let Some(dir) = self.inner.config.cache_dir.as_deref() else {
+            return;
+        };
+        if super::code_cache::is_kept(&self.inner.engine, super::guests::JS_ENGINE_WASM, dir) {
+            return;
+        }
+        let engine = self.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(error) = engine.js_engine() {
+                tracing::error!(%error, "the JavaScript engine does not load: JavaScript runtimes cannot run");
+            }
+        });
+    }
+
     /// The JS engine guest, compiled and pre-linked for this engine (once; see `js.rs`).
     ///
     /// # Errors

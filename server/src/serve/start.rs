@@ -101,13 +101,7 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         pooled_instances: config.server.guest_instances,
         ..EngineConfig::default()
     })?;
-    // The JS engine, ready before the first JavaScript module is defined through any node.
-    let warming = engine.clone();
-    tokio::task::spawn_blocking(move || {
-        if let Err(error) = warming.js_engine() {
-            tracing::error!(%error, "the JavaScript engine does not load: JavaScript runtimes cannot run");
-        }
-    });
+    engine.compile_js_engine_ahead();
     let modules_dir = data_dir.join("modules");
     let modules =
         Arc::new(ModuleStore::open(&modules_dir).map_err(|error| {
