@@ -29,7 +29,9 @@ use crate::host::{GuestEngine, GuestError, GuestModule, ModuleFingerprint};
 use crate::hub::Hub;
 use viewtape_snapshots::log::LogError;
 
-use crate::log::{unix_ms_now, DefineEntry, Definition, Entry, Log, LogPosition, RetireEntry};
+use crate::log::{
+    unix_ms_now, DefineEntry, Definition, Entry, Log, LogPosition, Publishing, RetireEntry,
+};
 use crate::runtime::registry::{ModuleStore, Registered, Runtimes};
 use crate::runtime::{BatchSink as _, RuntimeConfig, RuntimeHandle, RuntimeSnapshot};
 use crate::schema::{ConfiguredSchemas, ViewSchema};
@@ -43,6 +45,8 @@ pub enum Changed {
     Replaced,
     /// The runtime runs that definition already: nothing was logged.
     Unchanged,
+    /// The runtime was deleted.
+    Deleted,
 }
 
 /// Why a change did not happen; nothing changed.
@@ -229,7 +233,7 @@ impl Catalog {
         name: &str,
         definition: Definition,
     ) -> Result<(Changed, Option<LogPosition>), CatalogError> {
-        self.put_by(name, definition, false).await
+        self.put_by(name, definition, Publishing::Request).await
     }
 
     /// [`Catalog::put`] by a cluster's node that is settling its config's runtimes with the
@@ -242,14 +246,14 @@ impl Catalog {
         name: &str,
         definition: Definition,
     ) -> Result<(Changed, Option<LogPosition>), CatalogError> {
-        self.put_by(name, definition, true).await
+        self.put_by(name, definition, Publishing::Settle).await
     }
 
     async fn put_by(
         &self,
         name: &str,
         mut definition: Definition,
-        settling: bool,
+        by: Publishing,
     ) -> Result<(Changed, Option<LogPosition>), CatalogError> {
         let _changing = self.changing.lock().await;
         self.check(name, &definition)?;
@@ -285,7 +289,7 @@ impl Catalog {
                 pending: true,
                 ..entry
             });
-            return self.publish(stream, name, entry, settling).await;
+            return self.publish(stream, name, entry, by).await;
         }
         let (changed, position) = self.define(entry, module, None).await?;
         tracing::info!(runtime = name, ?changed, "runtime defined");
@@ -308,7 +312,7 @@ impl Catalog {
         };
         if let Some(stream) = self.log.stream() {
             return self
-                .publish(stream, name, Entry::Retire(entry), false)
+                .publish(stream, name, Entry::Retire(entry), Publishing::Request)
                 .await
                 .map(|(_, position)| position);
         }
@@ -368,7 +372,7 @@ impl Catalog {
         let outcome = self
             .retire(entry, Some(position))
             .await
-            .map(|_| Changed::Replaced);
+            .map(|_| Changed::Deleted);
         self.settle(true, position, outcome).await
     }
 
@@ -621,25 +625,24 @@ impl Catalog {
         }
     }
 
-    /// Publishes a runtime change to the cluster's stream (`settling`: while the node settles)
-    /// and waits for this node's verdict; the record's position.
+    /// Publishes a runtime change to the cluster's stream, as `by` may, and waits for this
+    /// node's verdict; the record's position.
     async fn publish(
         &self,
         stream: &crate::log::StreamLog,
         name: &str,
         entry: Entry,
-        settling: bool,
+        by: Publishing,
     ) -> Result<(Changed, Option<LogPosition>), CatalogError> {
         let shared = |reason: String| CatalogError::Shared {
             runtime: name.to_owned(),
             reason,
         };
         let (payload, id) = (entry.encode(), stream.own_id());
-        let published = match settling {
-            true => stream.publish_settling(name, payload, id).await,
-            false => stream.publish(name, payload, id).await,
-        }
-        .map_err(|error| shared(error.to_string()))?;
+        let published = stream
+            .publish(name, payload, id, by)
+            .await
+            .map_err(|error| shared(error.to_string()))?;
         let sequence = published.sequence;
         // The verdict is given once the record is applied (its position may count as applied a
         // moment before): wait for the verdict itself, within the stream's timeout.

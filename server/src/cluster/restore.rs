@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use super::apply::Appliers;
 use super::{restored_epoch, Cluster, Halt};
-use crate::log::{unix_ms_now, Entry, Log, LogPosition, RestoreEntry};
+use crate::log::{unix_ms_now, Entry, Log, LogPosition, Publishing, RestoreEntry};
 use crate::snapshot::{RestoreAt, Restored, SnapshotActionError, Snapshots};
 
 /// Outcomes of restores applied, by sequence, for the node that published them.
@@ -54,7 +54,12 @@ impl Cluster {
             at_ms: unix_ms_now(),
         });
         let published = stream
-            .publish("_restore", entry.encode(), stream.own_id())
+            .publish(
+                "_restore",
+                entry.encode(),
+                stream.own_id(),
+                Publishing::Request,
+            )
             .await
             .map_err(|error| shared(error.to_string()))?;
         let sequence = published.sequence;

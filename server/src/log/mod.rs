@@ -63,7 +63,7 @@ pub use definition::{guest_config, Declaring, DefineEntry, Definition, Logged, R
 pub use entry::{BatchEntry, DeployEntry, Digest, Entry, Outcome, RestoreEntry};
 pub use metrics::LogMetrics;
 pub use publisher::PublishError;
-pub use stream::{StreamDurability, StreamLog};
+pub use stream::{Publishing, StreamDurability, StreamLog};
 
 /// What an acknowledged batch was promised: the body of an ingest `200`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

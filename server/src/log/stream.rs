@@ -46,6 +46,21 @@ pub enum StreamDurability {
     Unsynced,
 }
 
+/// What a request is told while the node settles.
+const SETTLING: &str =
+    "this node is catching up with the cluster and settling its modules; send it again shortly";
+
+/// Who publishes a record ([`StreamLog::publish`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Publishing {
+    /// A request (an ingest, a deploy, a runtime's definition): taken only once the node has
+    /// settled its runtimes with the stream, and not once it refuses for good.
+    Request,
+    /// The node settling its config's runtimes with the stream (declaring their modules and
+    /// definitions): taken while it settles, not once it refuses for good.
+    Settle,
+}
+
 /// A node's way into its cluster's stream.
 #[derive(Debug)]
 pub struct StreamLog {
@@ -190,9 +205,7 @@ impl StreamLog {
     pub fn refusing(&self) -> Option<String> {
         match &*self.refusing.lock().unwrap_or_else(PoisonError::into_inner) {
             Refusing::No => None,
-            Refusing::Settling => Some(
-                "this node is catching up with the cluster and settling its modules; send it again shortly".into(),
-            ),
+            Refusing::Settling => Some(SETTLING.to_owned()),
             Refusing::For(reason) => Some(reason.clone()),
         }
     }
@@ -208,7 +221,8 @@ impl StreamLog {
     }
 
     /// Publishes `payload` for `runtime` under the message id `id`, sending it again while its
-    /// acknowledgement is lost (NATS restarting, say), for at most [`StreamLog::timeout`].
+    /// acknowledgement is lost (NATS restarting, say), for at most [`StreamLog::timeout`]; as
+    /// `by` may ([`Publishing`]).
     ///
     /// # Errors
     /// [`PublishError`]; a publish that timed out may still have been stored.
@@ -217,8 +231,17 @@ impl StreamLog {
         runtime: &str,
         payload: Vec<u8>,
         id: String,
+        by: Publishing,
     ) -> Result<Published, PublishError> {
-        if let Some(reason) = self.refusing() {
+        let refused = match (
+            &*self.refusing.lock().unwrap_or_else(PoisonError::into_inner),
+            by,
+        ) {
+            (Refusing::No, _) | (Refusing::Settling, Publishing::Settle) => None,
+            (Refusing::Settling, Publishing::Request) => Some(SETTLING.to_owned()),
+            (Refusing::For(reason), _) => Some(reason.clone()),
+        };
+        if let Some(reason) = refused {
             return Err(PublishError::Refusing(reason));
         }
         let subject = self.subject(runtime);
@@ -237,27 +260,5 @@ impl StreamLog {
             return Err(PublishError::Refusing(reason));
         }
         self.gather.publish(&self.publisher, entry).await
-    }
-
-    /// [`StreamLog::publish`], also while the node settles its modules (it declares them so),
-    /// but not once it refuses for good.
-    ///
-    /// # Errors
-    /// As [`StreamLog::publish`].
-    pub async fn publish_settling(
-        &self,
-        runtime: &str,
-        payload: Vec<u8>,
-        id: String,
-    ) -> Result<Published, PublishError> {
-        if let Refusing::For(reason) =
-            &*self.refusing.lock().unwrap_or_else(PoisonError::into_inner)
-        {
-            return Err(PublishError::Refusing(reason.clone()));
-        }
-        let subject = self.subject(runtime);
-        self.publisher
-            .send(subject, RECORD_VERSION, payload, id)
-            .await
     }
 }

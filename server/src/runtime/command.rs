@@ -70,6 +70,17 @@ impl Record {
     }
 }
 
+/// When a deploy happens, which decides what a module that refuses the state gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DeployWhen {
+    /// While the runtime runs: a module that refuses the state is refused, nothing changes;
+    /// a halted runtime takes no deploy.
+    Live,
+    /// At start-up, the config naming another module than the one that saved the state: a
+    /// module that refuses it starts fresh (a gap on the runtime's views); a halted runtime
+    /// starts fresh on it.
+    AtStart,
+}
 /// What a handle asks of its task. Its large parts are boxed: the queue of every runtime holds
 /// a block of commands from the start, idle or not.
 pub(super) enum Command {
@@ -84,8 +95,7 @@ pub(super) enum Command {
     },
     Deploy {
         module: GuestModule,
-        /// Start fresh (a gap on the runtime's views) if the module refuses the state.
-        fresh_if_refused: bool,
+        when: DeployWhen,
         reply: oneshot::Sender<Result<Deployed, DeployError>>,
     },
     Pause {

@@ -5,6 +5,7 @@ use std::sync::{Arc, PoisonError};
 
 use bytes::Bytes;
 
+use super::command::DeployWhen;
 use super::task::Task;
 use super::{BatchSink, DeployError, Deployed};
 use crate::host::{GuestError, GuestModule};
@@ -19,17 +20,17 @@ struct Prepared {
 }
 
 impl<S: BatchSink> Task<S> {
-    /// Swaps `module` in, carrying the state over, and logs it; with `fresh_if_refused`, a
+    /// Swaps `module` in, carrying the state over, and logs it; at start-up ([`DeployWhen`]), a
     /// module that refuses the state starts fresh instead of being refused.
     pub(super) async fn deploy(
         &mut self,
         module: GuestModule,
-        fresh_if_refused: bool,
+        when: DeployWhen,
     ) -> Result<Deployed, DeployError> {
         let previous = self.slot.module().fingerprint().clone();
         let next = module.fingerprint().clone();
         let halted = self.last.halted.clone();
-        if let (Some(halt), false) = (&halted, fresh_if_refused) {
+        if let (Some(halt), DeployWhen::Live) = (&halted, when) {
             return Err(DeployError::Halted {
                 runtime: self.name.to_string(),
                 halt: halt.clone(),
@@ -52,7 +53,7 @@ impl<S: BatchSink> Task<S> {
             .map(|prepared| (prepared, fresh));
         let (prepared, fresh) = match prepared {
             Ok(prepared) => prepared,
-            Err(error) if fresh_if_refused => {
+            Err(error) if when == DeployWhen::AtStart => {
                 tracing::warn!(%error, module = %next, "the new module refuses the saved state: it starts fresh, with a gap on this runtime's views");
                 let prepared = self
                     .prepare(&module, true)

@@ -13,7 +13,7 @@ use tracing::Instrument;
 use viewtape_journal::EventJournal;
 
 pub use super::command::Record;
-use super::command::{Command, Ingest, PauseOp};
+use super::command::{Command, DeployWhen, Ingest, PauseOp};
 use super::guest::{GuestSlot, Typing};
 use super::task::Task;
 use super::verdict::Verdicts;
@@ -21,7 +21,7 @@ use super::{Accepted, BatchSink, Deployed, RuntimeConfig, RuntimeSnapshot, Runti
 use super::{ApplyError, DeployError, IngestError};
 use crate::host::{GuestError, GuestModule, ModuleFingerprint};
 use crate::log::producer::ProducerStamp;
-use crate::log::{unix_ms_now, Backend, BatchEntry, Log, LogPosition, Outcome};
+use crate::log::{unix_ms_now, Backend, BatchEntry, Log, LogPosition, Outcome, Publishing};
 use crate::schema::ViewSchemas;
 use crate::source::SourceCheckpoint;
 
@@ -397,10 +397,10 @@ impl RuntimeHandle {
         }
         match self.log.backend() {
             Backend::Stream(stream) => {
-                self.publish_deploy(stream, module.fingerprint().clone(), false)
+                self.publish_deploy(stream, module.fingerprint().clone(), Publishing::Request)
                     .await
             }
-            Backend::Off | Backend::Segments(_) => self.ask_deploy(module, false).await,
+            Backend::Off | Backend::Segments(_) => self.ask_deploy(module, DeployWhen::Live).await,
         }
     }
 
@@ -412,7 +412,10 @@ impl RuntimeHandle {
     pub async fn declare_module(&self) -> Result<Deployed, DeployError> {
         let module = self.module();
         match self.log.backend() {
-            Backend::Stream(stream) => self.publish_deploy(stream, module, true).await,
+            Backend::Stream(stream) => {
+                self.publish_deploy(stream, module, Publishing::Settle)
+                    .await
+            }
             Backend::Off | Backend::Segments(_) => Ok(Deployed {
                 previous: module.clone(),
                 module,
@@ -431,17 +434,17 @@ impl RuntimeHandle {
     /// # Errors
     /// [`DeployError`]: it could not be logged, or even a fresh start failed.
     pub async fn deploy_at_start(&self, module: GuestModule) -> Result<Deployed, DeployError> {
-        self.ask_deploy(module, true).await
+        self.ask_deploy(module, DeployWhen::AtStart).await
     }
 
     async fn ask_deploy(
         &self,
         module: GuestModule,
-        fresh_if_refused: bool,
+        when: DeployWhen,
     ) -> Result<Deployed, DeployError> {
         self.ask(|reply| Command::Deploy {
             module,
-            fresh_if_refused,
+            when,
             reply,
         })
         .await

@@ -7,7 +7,7 @@ use super::verdict::{Place, Verdict};
 use super::{Accepted, DeployError, Deployed, IngestError, RuntimeHandle};
 use crate::host::ModuleFingerprint;
 use crate::log::{unix_ms_now, BatchEntry, DeployEntry, Entry, PublishError};
-use crate::log::{LogPosition, StreamLog};
+use crate::log::{LogPosition, Publishing, StreamLog};
 
 /// This node did not apply what it published within the publish timeout: the outcome is
 /// unknown here (the record may yet be applied).
@@ -64,7 +64,12 @@ impl RuntimeHandle {
             None => match again {
                 Some(entry) => {
                     let published = stream
-                        .publish(&self.name, Entry::Batch(entry).encode(), stream.own_id())
+                        .publish(
+                            &self.name,
+                            Entry::Batch(entry).encode(),
+                            stream.own_id(),
+                            Publishing::Request,
+                        )
                         .await
                         .map_err(unpublished)?;
                     (place, mine) = ((published.sequence, 0), true);
@@ -160,13 +165,13 @@ impl RuntimeHandle {
     }
 
     /// Publishes a deploy of `module` (which every node finds by its fingerprint) and waits for
-    /// this node's verdict on it; `settling`: a declaration of the first module, which a node
-    /// makes before it takes anything else.
+    /// this node's verdict on it; [`Publishing::Settle`]: a declaration of the first module,
+    /// which a node makes before it takes anything else.
     pub(super) async fn publish_deploy(
         &self,
         stream: &StreamLog,
         module: ModuleFingerprint,
-        settling: bool,
+        by: Publishing,
     ) -> Result<Deployed, DeployError> {
         let shared = |reason: String| DeployError::Shared {
             runtime: self.name.to_string(),
@@ -182,11 +187,10 @@ impl RuntimeHandle {
             guest_config: Some(self.guest_config_crc()),
         });
         let (payload, id) = (entry.encode(), stream.own_id());
-        let published = match settling {
-            true => stream.publish_settling(&self.name, payload, id).await,
-            false => stream.publish(&self.name, payload, id).await,
-        }
-        .map_err(|error: PublishError| shared(error.to_string()))?;
+        let published = stream
+            .publish(&self.name, payload, id, by)
+            .await
+            .map_err(|error: PublishError| shared(error.to_string()))?;
         match self
             .verdict(stream, (published.sequence, 0), true)
             .await

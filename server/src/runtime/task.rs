@@ -118,10 +118,10 @@ impl<S: BatchSink> Task<S> {
             }
             Command::Deploy {
                 module,
-                fresh_if_refused,
+                when,
                 reply,
             } => {
-                let result = self.deploy(module, fresh_if_refused).await;
+                let result = self.deploy(module, when).await;
                 let _ = reply.send(result);
             }
             Command::Save { reply } => {

@@ -109,7 +109,7 @@ pub(super) async fn put_runtime(
     tracing::info!(action = "define", %runtime, ?changed, "admin: runtime defined");
     let status = match changed {
         Changed::Created => StatusCode::CREATED,
-        Changed::Replaced | Changed::Unchanged => StatusCode::OK,
+        Changed::Replaced | Changed::Unchanged | Changed::Deleted => StatusCode::OK,
     };
     let registered = admin
         .catalog()
