@@ -93,89 +93,19 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         }
     };
 
-    let engine = GuestEngine::new(EngineConfig {
-        // One cache per user, not per data directory: every node of a machine shares it.
-        cache_dir: crate::host::cache_dir(|| {
-            crate::host::user_cache_dir().or_else(|| Some(data_dir.join("cache")))
-        }),
-        pooled_instances: config.server.guest_instances,
-        ..EngineConfig::default()
-    })?;
-    engine.compile_js_engine_ahead();
-    let modules_dir = data_dir.join("modules");
-    let modules =
-        Arc::new(ModuleStore::open(&modules_dir).map_err(|error| {
-            anyhow::anyhow!("cannot create {}: {error}", modules_dir.display())
-        })?);
-    // The built-ins are held here whatever the data directory holds: a damaged file of one
-    // is repaired from them.
-    for (_, wasm) in crate::config::BUILTIN_GUESTS {
-        modules.know(Bytes::from_static(wasm));
-    }
-    // Where a runtime whose module cannot be read halts: the position the start begins at.
-    let at = begun.log.committed();
-    let runtimes = Runtimes::default();
-    let mut changed = BTreeMap::new();
-    // Runtimes on the same module (the built-in ticker, say) share one compilation.
-    let mut compiled = HashMap::new();
+    let (engine, modules) = engine_and_modules(config, data_dir)?;
     let kept = keep_configured_modules(config, &modules)?;
     let definitions = configured_definitions(config, &kept)?;
-    for ((i, section), (fingerprint, wasm)) in config.runtimes.iter().enumerate().zip(kept) {
-        if begun
-            .dumps
-            .get(&section.name)
-            .is_some_and(|dump| dump.definition.is_some())
-        {
-            // A define record made it what it is: it starts from that, below.
-            continue;
-        }
-        if begun.deleted.contains_key(&section.name) && !begun.dumps.contains_key(&section.name) {
-            // A record deleted it: the config declares it again only if its declaration
-            // changed (`declare_configured`).
-            continue;
-        }
-        let planned = Planned {
-            section,
-            configured: fingerprint,
-            configured_wasm: wasm,
-            dump: begun.dumps.remove(&section.name),
-        };
-        for view in &section.views {
-            hub.declare(view);
-        }
-        let configured = planned.configured.clone();
-        let (module, restore, config_changed) = first_module(
-            &planned,
-            &modules,
-            &engine,
-            &mut compiled,
-            cluster.as_deref(),
-            at,
-        )
-        .await?;
-        let runtime_config = RuntimeConfig {
-            guest_config: Bytes::from(section.guest_config()),
-            limits: section.limits.to_limits(),
-            schemas: section
-                .load_schemas(i)
-                .map_err(|problem| anyhow::anyhow!("{}: {}", problem.key, problem.message))?,
-            ..RuntimeConfig::new(section.name.clone(), section.views.iter().cloned())
-        };
-        let handle = RuntimeHandle::spawn(
-            module,
-            runtime_config,
-            restore,
-            Arc::clone(&journal),
-            Arc::clone(&hub),
-            Arc::clone(&begun.log),
-        )
-        .await
-        .map_err(|error| anyhow::anyhow!("runtime {:?} failed to start: {error}", section.name))?;
-        if config_changed {
-            changed.insert(section.name.clone(), planned.configured_wasm);
-        }
-        runtimes.insert(handle, configured, None);
-    }
+    let placed = Placed {
+        hub: &hub,
+        journal: &journal,
+        modules: &modules,
+        engine: &engine,
+        cluster: cluster.as_deref(),
+        // Where a runtime whose module cannot be read halts: the position the start begins at.
+        at: begun.log.committed(),
+    };
+    let (runtimes, changed) = start_configured(config, kept, &mut begun, &placed).await?;
     runtimes.restore_deleted(std::mem::take(&mut begun.deleted));
     let runtimes = Arc::new(runtimes);
     let catalog = Arc::new(Catalog::new(
@@ -187,19 +117,7 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         definitions.clone(),
         config.server.max_runtimes,
     ));
-    for dump in std::mem::take(&mut begun.dumps).into_values() {
-        if let Some(definition) = dump.definition {
-            // The build that ran at the snapshot (older snapshots kept the defined one beside it).
-            let definition = definition.running(&dump.module);
-            let mut saved = dump.saved;
-            let read = defined_module(&definition, &modules, &engine, cluster.as_deref()).await;
-            let module = module_or_halt(&engine, &dump.name, &dump.module, read, &mut saved, at);
-            catalog
-                .start(&dump.name, definition, module, saved)
-                .await
-                .map_err(|error| anyhow::anyhow!("{error}"))?;
-        }
-    }
+    start_defined(std::mem::take(&mut begun.dumps), &catalog, &placed).await?;
     let replayed = crate::recovery::replay(&mut begun, &hub, &catalog, &engine).await?;
     for (name, wasm) in changed {
         deploy_at_start(&runtimes, &name, &wasm, &engine).await?;
@@ -243,6 +161,138 @@ pub async fn start(config: &Config, data_dir: &Path) -> anyhow::Result<Started> 
         catalog,
         cluster,
     })
+}
+
+/// What every runtime of a start is placed among: the views, the journal, the modules and
+/// their engine, the cluster, and the log position the start begins at.
+struct Placed<'a> {
+    hub: &'a Arc<Hub>,
+    journal: &'a Arc<EventJournal>,
+    modules: &'a ModuleStore,
+    engine: &'a GuestEngine,
+    cluster: Option<&'a Cluster>,
+    at: LogPosition,
+}
+
+/// The guest engine (its code cache the user's, shared by every node of a machine) and the
+/// data directory's module store, which holds the built-ins' bytes to repair their files from.
+fn engine_and_modules(
+    config: &Config,
+    data_dir: &Path,
+) -> anyhow::Result<(GuestEngine, Arc<ModuleStore>)> {
+    let engine = GuestEngine::new(EngineConfig {
+        cache_dir: crate::host::cache_dir(|| {
+            crate::host::user_cache_dir().or_else(|| Some(data_dir.join("cache")))
+        }),
+        pooled_instances: config.server.guest_instances,
+        ..EngineConfig::default()
+    })?;
+    engine.compile_js_engine_ahead();
+    let modules_dir = data_dir.join("modules");
+    let modules =
+        Arc::new(ModuleStore::open(&modules_dir).map_err(|error| {
+            anyhow::anyhow!("cannot create {}: {error}", modules_dir.display())
+        })?);
+    for (_, wasm) in crate::config::BUILTIN_GUESTS {
+        modules.know(Bytes::from_static(wasm));
+    }
+    Ok((engine, modules))
+}
+
+/// Starts the config's runtimes that no define record made (those start from their record,
+/// [`start_defined`]) and no record deleted, each on the module that ran at the snapshot; the
+/// runtimes, and the new modules to deploy once the log is replayed (by runtime).
+async fn start_configured(
+    config: &Config,
+    kept: Vec<(ModuleFingerprint, Vec<u8>)>,
+    begun: &mut crate::recovery::Begun,
+    placed: &Placed<'_>,
+) -> anyhow::Result<(Runtimes, BTreeMap<String, Vec<u8>>)> {
+    let runtimes = Runtimes::default();
+    let mut changed = BTreeMap::new();
+    // Runtimes on the same module (the built-in ticker, say) share one compilation.
+    let mut compiled = HashMap::new();
+    for ((i, section), (fingerprint, wasm)) in config.runtimes.iter().enumerate().zip(kept) {
+        if begun
+            .dumps
+            .get(&section.name)
+            .is_some_and(|dump| dump.definition.is_some())
+        {
+            // A define record made it what it is: it starts from that, below.
+            continue;
+        }
+        if begun.deleted.contains_key(&section.name) && !begun.dumps.contains_key(&section.name) {
+            // A record deleted it: the config declares it again only if its declaration
+            // changed (`declare_configured`).
+            continue;
+        }
+        let planned = Planned {
+            section,
+            configured: fingerprint,
+            configured_wasm: wasm,
+            dump: begun.dumps.remove(&section.name),
+        };
+        for view in &section.views {
+            placed.hub.declare(view);
+        }
+        let configured = planned.configured.clone();
+        let (module, restore, config_changed) =
+            first_module(&planned, &mut compiled, placed).await?;
+        let runtime_config = RuntimeConfig {
+            guest_config: Bytes::from(section.guest_config()),
+            limits: section.limits.to_limits(),
+            schemas: section
+                .load_schemas(i)
+                .map_err(|problem| anyhow::anyhow!("{}: {}", problem.key, problem.message))?,
+            ..RuntimeConfig::new(section.name.clone(), section.views.iter().cloned())
+        };
+        let handle = RuntimeHandle::spawn(
+            module,
+            runtime_config,
+            restore,
+            Arc::clone(placed.journal),
+            Arc::clone(placed.hub),
+            Arc::clone(&begun.log),
+        )
+        .await
+        .map_err(|error| anyhow::anyhow!("runtime {:?} failed to start: {error}", section.name))?;
+        if config_changed {
+            changed.insert(section.name.clone(), planned.configured_wasm);
+        }
+        runtimes.insert(handle, configured, None);
+    }
+    Ok((runtimes, changed))
+}
+
+/// Starts each runtime a define record made, as the snapshot holds it, on the build that ran
+/// then (a module that cannot be read halts that runtime alone, [`module_or_halt`]).
+async fn start_defined(
+    dumps: BTreeMap<String, RuntimeDump>,
+    catalog: &Catalog,
+    placed: &Placed<'_>,
+) -> anyhow::Result<()> {
+    for dump in dumps.into_values() {
+        let Some(definition) = dump.definition else {
+            continue;
+        };
+        // The build that ran at the snapshot (older snapshots kept the defined one beside it).
+        let definition = definition.running(&dump.module);
+        let mut saved = dump.saved;
+        let read = defined_module(&definition, placed.modules, placed.engine, placed.cluster).await;
+        let module = module_or_halt(
+            placed.engine,
+            &dump.name,
+            &dump.module,
+            read,
+            &mut saved,
+            placed.at,
+        );
+        catalog
+            .start(&dump.name, definition, module, saved)
+            .await
+            .map_err(|error| anyhow::anyhow!("{error}"))?;
+    }
+    Ok(())
 }
 
 /// The module a snapshot's defined runtime runs: from the store, else the cluster's bucket.
@@ -367,12 +417,10 @@ fn keep_configured_modules(
 /// ([`module_or_halt`]).
 async fn first_module(
     planned: &Planned<'_>,
-    modules: &ModuleStore,
-    engine: &GuestEngine,
     compiled: &mut HashMap<ModuleFingerprint, GuestModule>,
-    cluster: Option<&Cluster>,
-    at: LogPosition,
+    placed: &Placed<'_>,
 ) -> anyhow::Result<(GuestModule, Option<RuntimeSnapshot>, bool)> {
+    let (modules, engine, cluster, at) = (placed.modules, placed.engine, placed.cluster, placed.at);
     let name = &planned.section.name;
     let mut compile = |wasm: &[u8]| -> anyhow::Result<GuestModule> {
         let fingerprint = ModuleFingerprint::of(wasm);
