@@ -413,8 +413,9 @@ impl Cluster {
 
     /// Waits, at most `[cluster] ahead_wait`, until this node's `view` has reached `cursor`: a
     /// cursor another node issued may be ahead of this one for as long as this node's apply
-    /// lags. Every cursor any node issued names an event of what the stream holds now, so once
-    /// this node has applied that much a cursor still ahead is false, and judged (`ahead`).
+    /// lags. A cursor still ahead after the wait is judged (and answered `ahead`) only when this
+    /// node has applied all that the stream holds, asked for then: every cursor any node issued
+    /// names an event of that.
     ///
     /// # Errors
     /// The cursor is still ahead after the wait and this node has not applied what the stream
@@ -428,39 +429,33 @@ impl Cluster {
             let window = hub.journal().window_now(view.name());
             window.epoch == cursor.epoch() && cursor.offset() >= window.next
         };
-        if !ahead() {
-            return Ok(());
-        }
-        let last = self.stream_last_now().await;
-        let (mut ticks, mut readiness) = (view.ticks(), self.readiness.subscribe());
-        let judged = async {
-            loop {
-                let applied = readiness.borrow_and_update().applied;
-                if !ahead() || last.is_some_and(|last| applied >= last) {
-                    return;
-                }
-                let gone = tokio::select! {
-                    changed = ticks.changed() => changed.is_err(),
-                    changed = readiness.changed() => changed.is_err(),
-                };
-                if gone {
+        let mut ticks = view.ticks();
+        let caught_up = async {
+            while ahead() {
+                if ticks.changed().await.is_err() {
                     return;
                 }
             }
         };
-        if tokio::time::timeout(self.ahead_wait, judged).await.is_ok() {
+        if tokio::time::timeout(self.ahead_wait, caught_up)
+            .await
+            .is_ok()
+        {
             return Ok(());
         }
-        tracing::debug!(view = view.name(), %cursor, "cluster: a cursor stayed ahead of this node, which is behind the stream");
+        let last = self.stream_last_now().await;
         let readiness = self.readiness.borrow();
-        Err(match (&readiness.broken, last) {
+        let behind = match (&readiness.broken, last) {
             (Some(broken), _) => Behind::Stopped(broken.to_string()),
+            (None, Some(last)) if readiness.applied >= last => return Ok(()),
             (None, Some(last)) => Behind::Applied {
                 applied: readiness.applied,
                 last,
             },
             (None, None) => Behind::Unreadable,
-        })
+        };
+        tracing::debug!(view = view.name(), %cursor, %behind, "cluster: a cursor stayed ahead of this node, which is behind the stream");
+        Err(behind)
     }
 
     /// The stream's last sequence, asked for now; `None` if NATS does not answer within
@@ -468,12 +463,21 @@ impl Cluster {
     async fn stream_last_now(&self) -> Option<LogPosition> {
         let last = async {
             let mut stream = self.js.get_stream(&self.stream).await.ok()?;
-            Some(stream.info().await.ok()?.state.last_sequence)
+            let info = stream.info().await.ok()?;
+            // A replicated stream without a leader (one is being elected) is described from
+            // what the cluster last knew of it, which may lag what its nodes applied: nothing
+            // is judged on that.
+            if info.cluster.as_ref().is_some_and(|c| c.leader.is_none()) {
+                return None;
+            }
+            Some(info.state.last_sequence)
         };
         let last = tokio::time::timeout(STREAM_CHECK, last).await.ok()??;
-        self.stream_last
+        let seen = self
+            .stream_last
             .fetch_max(last, std::sync::atomic::Ordering::Relaxed);
-        Some(LogPosition::new(last))
+        // Never less than what this node saw the stream hold before.
+        Some(LogPosition::new(last.max(seen)))
     }
 
     /// Waits, at most `[cluster] ahead_wait`, until this node has applied the stream up to

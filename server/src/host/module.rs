@@ -131,7 +131,8 @@ impl GuestModule {
         self.pre.is_none()
     }
 
-    /// `"wasm"` or `"js"`: what kind of guest it is.
+    /// `"wasm"`, `"js"`, or `"unavailable"` ([`GuestModule::unavailable`]): what kind of guest
+    /// it is.
     pub fn kind_name(&self) -> &'static str {
         match self.kind {
             ModuleKind::Wasm => "wasm",
