@@ -117,7 +117,17 @@ impl Subscriber {
         // Past the last frame taken; past every record looked at when all
         // were taken (a narrowed stream passes over the others).
         let mut through = cursor.offset();
+        // A `?until=head` stream delivers nothing past the head it saw at open, though the tape
+        // may hold more by now.
+        let head = self
+            .until
+            .as_ref()
+            .filter(|head| head.epoch == cursor.epoch())
+            .map(|head| head.next);
         for (offset, frame) in &found.frames {
+            if head.is_some_and(|head| *offset >= head) {
+                break;
+            }
             if frame.len() >= SHARED_FRAME_BYTES {
                 if out.is_empty() {
                     self.shared = Some(Bytes::clone(frame));
